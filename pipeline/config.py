@@ -1,0 +1,315 @@
+"""The run's configuration: one pydantic model tree, loaded from YAML, overridden by `--set`.
+
+Precedence: field defaults < the YAML file < `--set dotted.key=value` overrides. The tree is
+validated once; the resolved config is written into the run as `config.yaml` and its sha256
+(over a canonical JSON form) names the run's settings in every manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import GRPOError
+from pipeline.grpo import LossConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """Where prompts come from and how they are rendered."""
+
+    train: str
+    """Training prompts: a .jsonl, .json or .parquet file (local path or fsspec URI)."""
+    eval: str | None = None
+    """Held-out prompts for periodic evaluation (same format as train); None disables eval."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
+    system_prompt: str | None = None
+    """System message prepended to every prompt when the chat template is applied."""
+    chat_template: bool = True
+    """Render prompts with the tokenizer's chat template; false feeds plain text prompts as they are."""
+
+
+class RolloutConfig(_Section):
+    """Sampling of G completions per prompt (stage 1)."""
+
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Generation engine: vllm (default) or hf (transformers generate, for machines without vLLM)."""
+    num_generations: int = Field(8, ge=2, le=1024)
+    """G: completions sampled per prompt; the group whose rewards are normalised together."""
+    prompts_per_iter: int = Field(16, ge=1)
+    """Prompts drawn per iteration (epoch-wise shuffle of data.train, seeded by `seed`)."""
+    groups_per_part: int = Field(64, ge=1)
+    """Groups (prompts) per Parquet part; parts are the unit of sharding and of resume."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Maximum completion length in tokens; longer completions are truncated (finish_reason=length)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; logprobs are computed from logits divided by it, as TRL does."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling; 0 disables."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Min-p sampling; 0 disables."""
+    stop: list[str] = []
+    """Extra stop strings (EOS always stops)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Engine dtype. fp32 keeps sampler logprobs close to the trainer's."""
+    max_model_len: int | None = Field(None, ge=16)
+    """vLLM context length; None = longest prompt + max_new_tokens, capped by the model's context."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """vLLM CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    """vLLM GPU memory fraction (GPU machines only)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallelism (GPU machines)."""
+    data_parallel_size: int = Field(1, ge=1)
+    """vLLM data parallelism (GPU machines)."""
+
+
+class RewardSpec(_Section):
+    """One reward function and its weight in the total."""
+
+    fn: str
+    """A built-in name (correct, format, contains, length_range, reward_model, overlong, code_tests), `module:function`, or `path/to/file.py:function`."""
+    weight: float = 1.0
+    """Weight in the total reward (weighted nansum over functions, as TRL)."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments passed to the function on every call."""
+    name: str | None = None
+    """Column/metric name; defaults to the function's name."""
+
+    @property
+    def column(self) -> str:
+        base = self.name or self.fn.rsplit(":", 1)[-1]
+        return base.replace("/", "_").replace(".", "_")
+
+
+class KLRewardConfig(_Section):
+    """KL placed in the reward (toxicity-workflow style) instead of the loss."""
+
+    coef: float = Field(0.0, ge=0.0)
+    """Initial KL coefficient subtracted from each completion's reward (sum over tokens of k1)."""
+    target: float | None = Field(None, gt=0.0)
+    """Adaptive controller target KL per completion; None keeps coef fixed."""
+    horizon: int = Field(10000, ge=1)
+    """Adaptive controller horizon (Ziegler et al.), in completions."""
+
+
+class AdvantageConfig(_Section):
+    """Group-relative normalisation of rewards into advantages (stage 2)."""
+
+    scale: Literal["group", "batch", "none"] = "group"
+    """Divide centred rewards by the group's std, the whole batch's std, or not at all (Dr. GRPO)."""
+    std: Literal["sample", "population"] = "sample"
+    """Std convention: sample (Bessel, torch.std and TRL) or population."""
+    eps: float = Field(1e-4, ge=0.0)
+    """Added to the std before dividing."""
+    std_floor: float | None = Field(None, gt=0.0)
+    """Clamp the std below at this floor instead of adding eps (seed notes: 0.1)."""
+    batch_renorm: bool = False
+    """Re-normalise the advantages over the whole batch after the group step."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards have no spread from training (recorded in the score part, not deleted)."""
+    kl_in_reward: KLRewardConfig = KLRewardConfig()
+    """Optional KL penalty folded into the reward before normalisation (applied at update time)."""
+
+
+class TrainConfig(_Section):
+    """The policy update (stage 4)."""
+
+    epochs: int = Field(1, ge=1)
+    """Passes over each iteration's completions (TRL's num_iterations)."""
+    mini_batch_size: int = Field(32, ge=1)
+    """Completions per optimizer step (before grad_accum)."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step; mini_batch_size must be divisible by it."""
+    lr: float = Field(1e-5, gt=0.0)
+    """Peak learning rate (AdamW)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule over total_iters iterations after warmup."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up, in optimizer steps."""
+    total_iters: int = Field(100, ge=1)
+    """Horizon for linear/cosine decay, in iterations."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Gradient clipping norm."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage."""
+    bf16: bool = False
+    """Train in bf16 (fp32 master weights)."""
+    token_budget: int = Field(8192, ge=64)
+    """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
+    keep_states: int = Field(1, ge=1)
+    """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
+
+
+class EvalConfig(_Section):
+    """Periodic evaluation on data.eval."""
+
+    every: int = Field(1, ge=0)
+    """Evaluate every N iterations (and on the initial policy); 0 disables."""
+    max_prompts: int = Field(200, ge=1)
+    """Evaluate on at most this many eval prompts (the first ones)."""
+    greedy: bool = True
+    """Greedy decoding (true) or sampling with the rollout settings."""
+    reward: str = "correct"
+    """Which reward column counts as accuracy (a reward > 0 is a hit)."""
+
+
+class TrackingConfig(_Section):
+    """MLflow tracking."""
+
+    mlflow: bool = True
+    """Log to MLflow."""
+    mlflow_uri: str | None = None
+    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory."""
+    experiment: str = "grpo"
+    """MLflow experiment name."""
+    sample_completions: int = Field(16, ge=0)
+    """Completions logged per iteration as an MLflow table."""
+
+
+class Config(_Section):
+    """A grpo run's settings."""
+
+    model: str
+    """The initial policy: a Hugging Face model directory (causal LM + tokenizer)."""
+    ref_model: str | None = None
+    """Reference model for the KL term; None = the initial `model`."""
+    data: DataConfig
+    """Prompts."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Stage 1: sampling."""
+    rewards: list[RewardSpec] = Field(min_length=1)
+    """Stage 2: reward functions (at least one)."""
+    advantages: AdvantageConfig = AdvantageConfig()
+    """Stage 2: advantages."""
+    loss: LossConfig = LossConfig()
+    """Stage 4: loss."""
+    train: TrainConfig = TrainConfig()
+    """Stage 4: optimisation."""
+    eval: EvalConfig = EvalConfig()
+    """Periodic evaluation."""
+    seed: int = Field(0, ge=0)
+    """The one seed: prompt order, sampling and update shuffles derive from it."""
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow."""
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "Config":
+        if self.train.mini_batch_size % self.train.grad_accum:
+            raise ValueError(
+                f"train.mini_batch_size ({self.train.mini_batch_size}) must be divisible by train.grad_accum ({self.train.grad_accum})"
+            )
+        names = [r.column for r in self.rewards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`")
+        if self.loss.type == "reinforce" and self.train.epochs > 1:
+            raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
+        return self
+
+    @property
+    def ref_model_path(self) -> str:
+        return self.ref_model or self.model
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.loss.kl_coef > 0 or self.advantages.kl_in_reward.coef > 0
+
+
+def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
+    """Apply `a.b.c=value` to a nested dict; value parsed as YAML (so 1e-5, true, [..] work)."""
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        if key.isdigit() and isinstance(node, list):
+            node = node[int(key)]
+            continue
+        if not isinstance(node.get(key, {}), dict):
+            raise GRPOError(f"--set {dotted}: {key!r} is not a section")
+        node = node.setdefault(key, {})
+    value = yaml.safe_load(raw) if raw != "" else ""
+    last = keys[-1]
+    if isinstance(node, list) and last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
+    out = []
+    for item in sets or []:
+        if "=" not in item:
+            raise GRPOError(f"--set {item!r}: expected dotted.key=value")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), raw))
+    return out
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    return f"{source}: {loc}: {msg}"
+
+
+def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -> Config:
+    """Validate a raw config tree with overrides applied; one-line GRPOError on failure."""
+    tree = json.loads(json.dumps(tree))  # deep copy, plain types only
+    for key, raw in parse_overrides(sets):
+        _set_dotted(tree, key, raw)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise GRPOError(_format_error(err, source)) from None
+
+
+def load(path: str | Path, sets: list[str] | None = None) -> Config:
+    """Load a YAML config file, apply `--set` overrides, validate once."""
+    path = Path(path)
+    if not path.is_file():
+        raise GRPOError(f"{path}: config file not found")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        line = getattr(getattr(err, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise GRPOError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(tree, dict):
+        raise GRPOError(f"{path}: expected a mapping of config keys at the top level")
+    return resolve(tree, sets, source=str(path))
+
+
+def canonical(cfg: Config) -> str:
+    """Canonical JSON of the resolved config: sorted keys, defaults filled in."""
+    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(canonical(cfg).encode()).hexdigest()
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def from_yaml_text(text: str, source: str) -> Config:
+    return resolve(yaml.safe_load(text) or {}, None, source=source)

@@ -1,0 +1,111 @@
+"""Held-out evaluation of policy K on data.eval: greedy (or sampled) completions scored by the
+run's reward functions; accuracy = share of completions whose `eval.reward` column is > 0.
+
+    policy/iter-K + data.eval -> iter-K/eval/part-00000.parquet + MANIFEST.json
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.data import derive_seed, load_dataset, make_prompts
+from pipeline.engines import make_engine, model_context
+from pipeline.errors import GRPOError
+from pipeline.parts import Shard, run_parts
+from pipeline.rewards import compute_rewards
+from pipeline.rollout import engine_max_len
+from pipeline.run import Run
+from pipeline.score import trl_inputs
+from pipeline.store import policy_rel
+from schemas.artifacts import EVAL, REWARD_PREFIX
+
+
+def eval_table(run: Run, k: int, engine) -> pa.Table:
+    cfg = run.cfg
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run.policy_dir(k))
+    df = load_dataset(cfg.data.eval, cfg.data.prompt_column)
+    ids = list(range(min(df.height, cfg.eval.max_prompts)))
+    context = model_context(run.policy_dir(k))
+    prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)
+    seeds = [derive_seed(cfg.seed, k, p.prompt_id, 1) for p in prompts]
+    samples = engine.generate([p.ids for p in prompts], seeds, n=1, greedy=cfg.eval.greedy)
+    rows = []
+    for p, group in zip(prompts, samples):
+        s = group[0]
+        rows.append({"prompt_id": p.prompt_id, "prompt": p.text, "prompt_raw": _json(p.raw), "completion": s.text,
+                     "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
+    table = pa.Table.from_pylist(rows)
+    prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt)
+    per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
+    names = [r.column for r in cfg.rewards]
+    if cfg.eval.reward not in names:
+        raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
+    hit = per_fn[:, names.index(cfg.eval.reward)]
+    weights = np.array([r.weight for r in cfg.rewards])
+    total = np.nansum(per_fn * weights, axis=1)
+    out = {
+        "prompt_id": table.column("prompt_id"),
+        "prompt": table.column("prompt"),
+        "completion": table.column("completion"),
+        "completion_length": table.column("completion_length"),
+        "reward": pa.array(total),
+        "correct": pa.array(np.nan_to_num(hit, nan=0.0) > 0),
+    }
+    for j, n in enumerate(names):
+        out[REWARD_PREFIX + n] = pa.array(per_fn[:, j], from_pandas=True)
+    return pa.table(out)
+
+
+def _json(raw):
+    import json
+
+    return json.dumps(raw, ensure_ascii=False)
+
+
+def run_eval(run: Run, k: int, engine=None) -> dict | None:
+    """Evaluate policy k (skipped when data.eval is unset); `engine` may be a warm one holding policy k."""
+    cfg = run.cfg
+    if cfg.data.eval is None:
+        return None
+    if run.done(k, "eval"):
+        return run.manifest(k, "eval")
+    owned = engine is None
+    stats = {}
+
+    def make_part(_: int) -> pa.Table:
+        nonlocal engine
+        t = time.time()
+        if engine is None:
+            engine = make_engine(run.policy_dir(k), cfg.rollout, engine_max_len(cfg, model_context(run.policy_dir(k))), cfg.seed)
+        table = eval_table(run, k, engine)
+        stats["seconds"] = round(time.time() - t, 3)
+        return table
+
+    def extra() -> dict:
+        return {"policy_hash": run.policy_hash(k), "stats": stats}
+
+    try:
+        inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": cfg.data.eval}
+        return run_parts(run, k, "eval", EVAL, 1, Shard(), inputs, make_part, manifest_extra=extra)
+    finally:
+        if owned and engine is not None:
+            engine.close()
+
+
+def eval_summary(run: Run, k: int) -> dict | None:
+    """accuracy, mean reward and mean length of policy k's eval, or None."""
+    if not run.done(k, "eval"):
+        return None
+    from pipeline.parts import read_parts
+
+    t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
+    return {
+        "eval/accuracy": float(np.mean(t.column("correct").to_numpy(zero_copy_only=False))),
+        "eval/reward": float(np.mean(t.column("reward").to_numpy())),
+        "eval/mean_length": float(np.mean(t.column("completion_length").to_numpy())),
+    }

@@ -1,0 +1,397 @@
+"""GRPO math as small pure torch functions (no I/O).
+
+Score stage: `combine_rewards` -> `group_advantages` (and `group_stats` for the stored group
+columns), optionally `kl_penalised_rewards` with a KL controller. Update stage: `policy_loss`
+per micro-batch. The formulas, one per loss type, are in docs/loss.md; every function here is
+checked against hand-derived numbers and a naive loop in tests/test_grpo.py:
+
+    .venv/bin/python -m pytest tests/test_grpo.py -q
+"""
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+StdKind = Literal["sample", "population"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+class LossConfig(BaseModel):
+    """Which surrogate loss the update optimises, and its coefficients."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "reinforce"] = "grpo"
+    """Loss aggregation: grpo (per-sequence mean), bnpo (per-token over the mini-batch), dr_grpo (fixed length normaliser), dapo (per-token over the generation batch), reinforce (plain policy gradient)."""
+    clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
+    """Lower clip range: the ratio is clipped below at 1 - clip_eps_low."""
+    clip_eps_high: float = Field(0.2, ge=0.0)
+    """Upper clip range: the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher sets it > clip_eps_low)."""
+    delta: float | None = Field(None, gt=1.0)
+    """Two-sided clipping: cap the unclipped ratio at delta (> 1) in the first term; None disables."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the KL(policy || reference) penalty in the loss (TRL's beta). 0 skips the reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (Schulman): k1 = -log r, k2 = (log r)^2 / 2, k3 = r - log r - 1 with r = ref/policy."""
+    importance_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or one per sequence from the mean log-ratio (GSPO)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus weight: the loss subtracts entropy_coef * mean token entropy."""
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+def combine_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Total reward per completion: the weighted sum over reward functions, skipping NaN.
+
+    per_function [N, F] holds NaN where a function returned None (it does not apply to that
+    completion). Its term is left out of the sum, as TRL does. A row where *every* function
+    returned None gets NaN, not 0: TRL's nansum gives 0 there (and warns), which would pass
+    for a real reward of 0 in the group statistics; NaN makes `group_advantages` leave the
+    completion out of its group's mean/std and give it advantage 0.
+    """
+    if per_function.dim() != 2 or weights.shape != (per_function.shape[1],):
+        raise ValueError(
+            "combine_rewards: expected per_function [N, F] and weights [F], "
+            f"got {tuple(per_function.shape)} and {tuple(weights.shape)}"
+        )
+    weighted = per_function * weights.to(per_function.dtype)[None, :]  # [N, F]
+    total = torch.nansum(weighted, dim=1)  # [N]
+    none_applied = torch.isnan(per_function).all(dim=1)  # [N]
+    return total.masked_fill(none_applied, float("nan"))
+
+
+def _as_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """rewards [N], group by group -> [N/G, G] in float64 (statistics are cheap; keep them exact)."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if num_generations < 1 or rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
+    return rewards.to(torch.float64).view(-1, num_generations)
+
+
+def _out_dtype(rewards: torch.Tensor) -> torch.dtype:
+    return rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+
+
+def _nanstd(x: torch.Tensor, dim: int, std: StdKind) -> torch.Tensor:
+    """Std over `dim` ignoring NaN; sample (Bessel, n - 1) or population (n). 0 when undefined."""
+    valid = ~torch.isnan(x)
+    count = valid.sum(dim)
+    dev = torch.where(valid, x - torch.nanmean(x, dim=dim, keepdim=True), 0.0)
+    ddof = {"sample": 1, "population": 0}[std]
+    return ((dev**2).sum(dim) / (count - ddof).clamp(min=1)).sqrt()
+
+
+def _group_stats(grouped: torch.Tensor, std: StdKind) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    valid = ~torch.isnan(grouped)  # [P, G]
+    count = valid.sum(dim=1)  # [P]
+    hi = torch.where(valid, grouped, -torch.inf).amax(dim=1)  # [P]
+    lo = torch.where(valid, grouped, torch.inf).amin(dim=1)  # [P]
+    # No signal: fewer than two rewards to compare, or all equal. Tested exactly (hi == lo), not
+    # by std < tol: the mean of [0.1, 0.1, 0.1] is not exactly 0.1 in floating point.
+    zero_std = (count < 2) | (hi == lo)  # [P]
+    mean = torch.where(zero_std & (count > 0), lo, torch.nanmean(grouped, dim=1))  # [P], NaN if empty
+    sd = torch.where(zero_std, 0.0, _nanstd(grouped, dim=1, std=std))  # [P]
+    sd = sd.masked_fill(count == 0, float("nan"))
+    return mean, sd, zero_std
+
+
+def group_stats(
+    rewards: torch.Tensor, num_generations: int, std: StdKind = "sample"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group (mean [P], std [P], zero_std [P] bool) of rewards [N = P * G], group by group.
+
+    NaN rewards are left out. zero_std marks groups without learning signal: all valid rewards
+    equal, or fewer than two of them. Their std is exactly 0 and their mean exactly the common
+    value; a group with no valid reward has mean and std NaN.
+    """
+    mean, sd, zero_std = _group_stats(_as_groups(rewards, num_generations), std)
+    return mean.to(_out_dtype(rewards)), sd.to(_out_dtype(rewards)), zero_std
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale: Literal["group", "batch", "none"] = "group",
+    std: StdKind = "sample",
+    eps: float = 1e-4,
+    std_floor: float | None = None,
+    batch_renorm: bool = False,
+) -> torch.Tensor:
+    """Group-relative advantages A_i = (r_i - mean_group) / (std + eps), [N] in rewards' order.
+
+    scale: divide by the group's std (GRPO), the whole batch's std (Lite PPO), or not at all
+    (Dr. GRPO). std_floor replaces "+ eps" by max(std, std_floor). Completions of a zero_std
+    group and completions whose reward is NaN get exactly 0. batch_renorm then re-centres and
+    re-scales (A - mean) / (std + eps) over the completions that carry a signal; the others stay
+    0 so that an all-equal group never pushes the policy.
+    """
+    grouped = _as_groups(rewards, num_generations)  # [P, G]
+    mean, group_std, zero_std = _group_stats(grouped, std)  # [P] each
+    centred = grouped - mean[:, None]  # [P, G]
+    if scale == "group":
+        denom = group_std[:, None]  # [P, 1]
+    elif scale == "batch":
+        denom = _nanstd(grouped.flatten(), dim=0, std=std)  # [] over every valid reward
+    elif scale == "none":
+        denom = None
+    else:
+        raise ValueError(f"scale must be group, batch or none, got {scale!r}")
+    if denom is None:
+        advantages = centred
+    elif std_floor is not None:
+        advantages = centred / denom.clamp(min=std_floor)
+    else:
+        advantages = centred / (denom + eps)
+    signal = ~zero_std[:, None] & ~torch.isnan(grouped)  # [P, G] completions that can teach something
+    advantages = torch.where(signal, advantages, 0.0)  # [P, G]
+    if batch_renorm and signal.any():
+        live = advantages[signal]  # [S]
+        renormed = (advantages - live.mean()) / (_nanstd(live, dim=0, std=std) + eps)
+        advantages = torch.where(signal, renormed, 0.0)
+    return advantages.flatten().to(_out_dtype(rewards))
+
+
+# --------------------------------------------------------------------------- KL
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) on tokens sampled from the policy (Schulman 2020).
+
+    With log r = ref - logp: k1 = -log r (unbiased, can be negative), k2 = (log r)^2 / 2,
+    k3 = r - 1 - log r (unbiased and >= 0).
+    """
+    log_r = ref_logprobs - logprobs  # [B, T]
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    if estimator == "k3":
+        # expm1 keeps r - 1 exact near r = 1, so the estimate never rounds below 0
+        return torch.expm1(log_r) - log_r
+    raise ValueError(f"kl estimator must be k1, k2 or k3, got {estimator!r}")
+
+
+def kl_penalised_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+) -> torch.Tensor:
+    """KL in the reward instead of the loss: score - kl_coef * sum_t k1, per completion [B].
+
+    k1 = logp - ref summed over the completion's active tokens is the sequence's log-ratio
+    log pi(o) / pi_ref(o), the single-sample KL estimate of the whole completion.
+    """
+    same_shape = logprobs.shape == ref_logprobs.shape == mask.shape
+    if not same_shape or scores.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"kl_penalised_rewards: expected scores [B] and logprobs/ref_logprobs/mask [B, T], got "
+            f"{tuple(scores.shape)}, {tuple(logprobs.shape)}, {tuple(ref_logprobs.shape)}, {tuple(mask.shape)}"
+        )
+    active = mask.bool()  # [B, T]
+    k1 = (logprobs.detach() - ref_logprobs.detach()).masked_fill(~active, 0.0)  # [B, T]
+    return scores - kl_coef * k1.sum(dim=1).to(scores.dtype)  # [B]
+
+
+class FixedKLController:
+    """A constant KL-in-reward coefficient, with the adaptive controller's interface."""
+
+    def __init__(self, coef: float):
+        if coef < 0:
+            raise ValueError(f"KL coefficient must be >= 0, got {coef}")
+        self.coef = float(coef)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"kind": "fixed", "coef": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_kind(state, "fixed")
+        self.coef = float(state["coef"])
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): steer the per-completion KL toward `target` over `horizon` completions.
+
+    error = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + error * n_steps / horizon.
+    Multiplicative, so a coefficient of 0 stays 0.
+    """
+
+    def __init__(self, init_coef: float, target: float, horizon: int):
+        if init_coef < 0 or target <= 0 or horizon <= 0:
+            raise ValueError(
+                f"adaptive KL needs init_coef >= 0, target > 0, horizon > 0; got {init_coef}, {target}, {horizon}"
+            )
+        self.coef = float(init_coef)
+        self.target = float(target)
+        self.horizon = int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        current_kl = float(current_kl)
+        if current_kl != current_kl or abs(current_kl) == float("inf"):
+            raise ValueError(f"adaptive KL controller got a non-finite KL ({current_kl})")
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)  # proportional error, +-20 % at most
+        self.coef *= 1.0 + error * n_steps / self.horizon
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"kind": "adaptive", "coef": self.coef, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_kind(state, "adaptive")
+        self.coef = float(state["coef"])
+        self.target = float(state["target"])
+        self.horizon = int(state["horizon"])
+
+
+def _check_kind(state: dict, kind: str) -> None:
+    if state.get("kind") != kind:
+        raise ValueError(f"KL controller state is of kind {state.get('kind')!r}, expected {kind!r}")
+
+
+def make_kl_controller(
+    coef: float, target: float | None = None, horizon: int = 10000
+) -> FixedKLController | AdaptiveKLController:
+    """Adaptive controller when a target KL is set, else a fixed coefficient."""
+    return FixedKLController(coef) if target is None else AdaptiveKLController(coef, target, horizon)
+
+
+# --------------------------------------------------------------------------- policy loss
+
+
+def _aggregate(
+    per_token: torch.Tensor,
+    m: torch.Tensor,
+    loss_type: str,
+    max_completion_length: int | None,
+    num_items: int | float | torch.Tensor | None,
+) -> torch.Tensor:
+    """Reduce a per-token loss [B, T] over active tokens (m = float mask) to a scalar, as TRL defines it."""
+    token_sum = (per_token * m).sum(dim=1)  # [B]
+    length = m.sum(dim=1)  # [B]
+    if loss_type == "grpo":  # each sequence weighs the same, whatever its length
+        return (token_sum / length.clamp(min=1)).mean()
+    if loss_type == "bnpo":  # each token of the micro-batch weighs the same
+        return token_sum.sum() / length.sum().clamp(min=1)
+    if loss_type == "dr_grpo":  # constant normaliser: no length bias
+        return token_sum.sum() / (per_token.shape[0] * max_completion_length)
+    if loss_type == "dapo":  # each token of the whole generation batch weighs the same
+        return token_sum.sum() / num_items
+    if loss_type == "reinforce":  # sequence log-prob times advantage, mean over sequences
+        return token_sum.mean()
+    raise ValueError(f"unknown loss type {loss_type!r}")
+
+
+def _check_loss_args(
+    logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy
+) -> None:
+    if logprobs.dim() != 2:
+        raise ValueError(f"policy_loss: logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs, "entropy": entropy}
+    for name, t in same_shape.items():
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"policy_loss: advantages must be [B] = [{logprobs.shape[0]}], got {tuple(advantages.shape)}")
+    if config.type == "dr_grpo" and not max_completion_length:
+        raise ValueError("policy_loss: loss type dr_grpo needs max_completion_length (the rollout's max_new_tokens)")
+    if config.type == "dapo" and (num_items is None or float(num_items) <= 0):
+        raise ValueError(
+            "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the whole generation batch"
+        )
+    if config.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(f"policy_loss: kl_coef={config.kl_coef} > 0 needs ref_logprobs")
+    if config.entropy_coef > 0 and entropy is None:
+        raise ValueError(f"policy_loss: entropy_coef={config.entropy_coef} > 0 needs the per-token entropy")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+    num_items: int | float | torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate (or plain REINFORCE) + KL - entropy, aggregated per `config.type`.
+
+    logprobs [B, T] (requires grad), old_logprobs / ref_logprobs / mask / entropy [B, T],
+    advantages [B]. Positions where mask is 0 may hold anything (0, -inf, NaN).
+    Aggregation uses this micro-batch's B and tokens, except dapo whose `num_items` counts the
+    active tokens of the whole generation batch. The engine then averages: DeepSpeed divides each
+    micro-batch loss by its gradient_accumulation_steps and averages gradients over data-parallel
+    ranks, so pass num_items = generation-batch tokens / (grad_accum * world_size) for the update
+    to be sum(tokens) / generation-batch tokens. The other types need no such care.
+    Returns (loss, metrics) with detached float metrics under flat `section/name` keys.
+    """
+    _check_loss_args(
+        logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy
+    )
+    active = mask.bool()  # [B, T]
+    # At least float32: bf16 cannot even count tokens past 256 exactly.
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    m = active.to(dtype)  # [B, T]
+    # Padding may hold -inf or NaN; zero it first so neither the sum nor the gradient sees it.
+    logp = logprobs.to(dtype).masked_fill(~active, 0.0)  # [B, T]
+    old = old_logprobs.detach().to(logp.dtype).masked_fill(~active, 0.0)  # [B, T]
+    A = advantages.detach().to(logp.dtype)[:, None]  # [B, 1], one advantage per completion
+
+    log_ratio = logp - old  # [B, T]
+    if config.importance_level == "sequence":  # GSPO: one ratio per sequence, geometric mean over its tokens
+        seq_log_ratio = (log_ratio * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
+        log_ratio = seq_log_ratio.expand_as(logp)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    capped = ratio.clamp(max=config.delta) if config.delta is not None else ratio  # [B, T]
+    clipped = ratio.clamp(1 - config.clip_eps_low, 1 + config.clip_eps_high)  # [B, T]
+
+    if config.type == "reinforce":
+        pg_loss = -logp * A  # [B, T] plain policy gradient: no ratio, no clipping
+    else:
+        pg_loss = -torch.minimum(capped * A, clipped * A)  # [B, T] pessimistic (clipped) surrogate
+    kl = ent = None
+    if ref_logprobs is not None:
+        ref = ref_logprobs.detach().to(logp.dtype).masked_fill(~active, 0.0)  # [B, T]
+        kl = kl_estimate(logp, ref, config.kl_estimator)  # [B, T]
+    if entropy is not None:
+        ent = entropy.to(logp.dtype).masked_fill(~active, 0.0)  # [B, T], keeps its graph: the bonus needs it
+    per_token_loss = pg_loss  # [B, T]
+    if config.kl_coef > 0:
+        per_token_loss = per_token_loss + config.kl_coef * kl  # stay near the reference policy
+    if config.entropy_coef > 0:
+        per_token_loss = per_token_loss - config.entropy_coef * ent  # entropy bonus keeps exploring
+    loss = _aggregate(per_token_loss, m, config.type, max_completion_length, num_items)
+
+    with torch.no_grad():
+        n_active = m.sum().clamp(min=1)
+
+        def token_mean(x: torch.Tensor) -> float:
+            return float((x * m).sum() / n_active)
+
+        if config.type == "reinforce":  # nothing is clipped
+            low = high = torch.zeros_like(active)
+        else:
+            low = (ratio < 1 - config.clip_eps_low) & (A < 0)  # [B, T] clipped term active below
+            high = (ratio > 1 + config.clip_eps_high) & (A > 0)  # [B, T] clipped term active above
+        metrics = {
+            "loss/total": float(loss),
+            "loss/policy": float(_aggregate(pg_loss, m, config.type, max_completion_length, num_items)),
+            "ratio/mean": token_mean(ratio),
+            "clip/ratio_low": token_mean(low.to(m.dtype)),
+            "clip/ratio_high": token_mean(high.to(m.dtype)),
+            "clip/ratio_region": token_mean((low | high).to(m.dtype)),
+        }
+        if kl is not None:
+            metrics["kl/mean"] = token_mean(kl)
+        if ent is not None:
+            metrics["entropy/mean"] = token_mean(ent)
+    return loss, metrics

@@ -1,0 +1,116 @@
+"""`iterate`: rollout -> score -> logprobs -> update for N iterations in one process.
+
+What is done is skipped and what died is redone, so rerunning the same command after a crash
+finishes the same N iterations, never more. The engines stay warm: vLLM receives each new
+policy in place (`reload_weights`), the logprob models and the DeepSpeed trainer are kept.
+The artifacts are the ones the four separate commands write (the tests compare hashes).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from pipeline.engines import make_engine, model_context
+from pipeline.evaluate import eval_summary, run_eval
+from pipeline.logprobs import load_model, run_logprobs
+from pipeline.rollout import engine_max_len, run_rollout
+from pipeline.run import Run
+from pipeline.score import run_score
+from pipeline.trainer import run_update
+
+
+class WarmEngines:
+    """The rollout engine, logprob models and trainer, created on first use and kept."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.engine = None
+        self.models: dict = {}
+        self.trainer = None
+
+    def rollout_engine(self, k: int):
+        cfg, policy = self.run.cfg, self.run.policy_dir(k)
+        if self.engine is None:
+            self.engine = make_engine(policy, cfg.rollout, engine_max_len(cfg, model_context(policy)), cfg.seed)
+        elif self.engine.model_dir != policy:
+            self.engine.load(policy)
+        return self.engine
+
+    def logprob_models(self, k: int) -> dict:
+        from safetensors.torch import load_file
+
+        policy = self.run.policy_dir(k)
+        if "old" not in self.models:
+            self.models["old"] = load_model(policy)
+            self.models["ref"] = load_model(self.run.ref_dir()) if self.run.cfg.uses_ref else None
+        elif self.models.get("old_dir") != policy:
+            state = {}
+            for f in sorted(policy.glob("*.safetensors")):
+                state.update(load_file(f))
+            self.models["old"].load_state_dict(state, strict=False)
+            self.models["old"].tie_weights()
+        self.models["old_dir"] = policy
+        return self.models
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self.trainer is not None:
+            self.trainer.close()
+
+
+def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
+    """Bring the run to `iters` completed iterations; returns one summary row per iteration run."""
+    warm = WarmEngines(run)
+    rows = []
+    try:
+        if run.cfg.eval.every and not run.done(0, "eval") and run.cfg.data.eval:
+            run_eval(run, 0, warm.rollout_engine(0))
+        for k in range(run.completed_iters(), iters):
+            t0 = time.time()
+            timings = {}
+            if not run.done(k, "rollout"):
+                run_rollout(run, k, engine=warm.rollout_engine(k))
+            timings["rollout"] = time.time() - t0
+            run_score(run, k)
+            timings["score"] = time.time() - t0 - sum(timings.values())
+            run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
+            timings["logprobs"] = time.time() - t0 - sum(timings.values())
+            _, warm.trainer = run_update(run, k, warm.trainer)
+            timings["update"] = time.time() - t0 - sum(timings.values())
+            every = run.cfg.eval.every
+            if every and run.cfg.data.eval and (k + 1) % every == 0:
+                run_eval(run, k + 1, warm.rollout_engine(k + 1))
+                timings["eval"] = time.time() - t0 - sum(timings.values())
+            row = iteration_summary(run, k)
+            row.update(eval_summary(run, k + 1) or {})  # the policy this iteration produced
+            row["seconds"] = time.time() - t0
+            row["timings"] = timings
+            rows.append(row)
+            if on_iteration:
+                on_iteration(row)
+    finally:
+        warm.close()
+    return rows
+
+
+def iteration_summary(run: Run, k: int) -> dict:
+    """The numbers a person checks per iteration: reward, eval accuracy (of policy k+1), KL."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.parts import read_parts
+    from schemas.artifacts import SCORE, UPDATE_METRICS
+
+    row: dict = {"iteration": k}
+    if run.done(k, "score"):
+        score = pa.concat_tables(read_parts(run, k, "score", SCORE))
+        rewards = score.column("reward").to_numpy(zero_copy_only=False)
+        row["reward/mean"] = float(np.nanmean(rewards))
+        row["frac_reward_zero_std"] = float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)))
+    if run.done(k, "update"):
+        m = run.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS)
+        kl = m.column("kl/mean").to_numpy(zero_copy_only=False)
+        row["kl/mean"] = float(np.nanmean(kl)) if len(kl) and not np.isnan(kl).all() else float("nan")
+    return row

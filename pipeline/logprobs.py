@@ -1,0 +1,158 @@
+"""Stage 3: teacher-forced per-token logprobs of every completion under the old policy and the
+reference model, with logits divided by the sampling temperature (as TRL does).
+
+    iter-k/rollout/part-p.parquet --policy/iter-k, ref--> iter-k/logprobs/part-p.parquet
+
+`token_logprobs` is also what the update uses for the current policy, so the two can never
+disagree on how a logprob is computed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipeline.errors import GRPOError
+from pipeline.parts import Shard, read_part, run_parts
+from pipeline.run import Run
+from pipeline.store import stage_rel
+from schemas.artifacts import LOGPROBS, ROLLOUT
+
+
+@dataclass
+class Batch:
+    """Right-padded prompt+completion sequences and where each completion starts."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens
+    completion_ids: torch.Tensor  # [B, T]
+    starts: torch.Tensor  # [B] index in input_ids of the first completion token
+
+    @classmethod
+    def build(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> "Batch":
+        B = len(prompt_ids)
+        L = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
+        T = max(1, max(len(c) for c in completion_ids))
+        ids = torch.full((B, L), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        comp = torch.full((B, T), pad_id, dtype=torch.long)
+        cmask = torch.zeros((B, T), dtype=torch.float32)
+        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            seq = list(p) + list(c)
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            comp[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            cmask[i, : len(c)] = 1.0
+        starts = torch.tensor([len(p) for p in prompt_ids])
+        return cls(ids, attn, cmask, comp, starts)
+
+
+def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
+    """Per-token logprobs [B, T] of the completion tokens (and entropies [B, T] if asked).
+
+    Only the completion positions go through the LM head, and the log-softmax is never
+    materialised over [B, L, V]: logp = logit[token] - logsumexp(logits).
+    """
+    B, T = batch.completion_ids.shape
+    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    # the logit predicting completion token t sits at position start + t - 1
+    pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
+    h = hidden.gather(1, pos.unsqueeze(-1).expand(B, T, hidden.shape[-1]))  # [B, T, H]
+    logits = model.get_output_embeddings()(h).float() / temperature  # [B, T, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
+    logp = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
+    logp = logp * batch.completion_mask
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
+        entropy = (lse - (probs * logits).sum(-1)) * batch.completion_mask  # [B, T]
+    return logp, entropy
+
+
+def budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive index groups whose padded size (count x longest) fits the token budget."""
+    out, cur, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def load_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, budget: int, pad_id: int = 0) -> list[np.ndarray]:
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    out: list[np.ndarray | None] = [None] * len(lengths)
+    for idx in budget_batches(lengths, budget):
+        batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id)
+        logp, _ = token_logprobs(model, batch, temperature)
+        for j, i in enumerate(idx):
+            out[i] = logp[j, : len(completion_ids[i])].numpy().astype(np.float32)
+    return out
+
+
+def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int) -> pa.Table:
+    prompts = rollout.column("prompt_ids").to_pylist()
+    comps = rollout.column("completion_ids").to_pylist()
+    old = sequence_logprobs(old_model, prompts, comps, temperature, budget)
+    ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget) if ref_model is not None else None
+    sampler = rollout.column("sampler_logprobs").to_pylist()
+    for name, values in (("old_logprobs", old), ("ref_logprobs", ref or [])):
+        for i, v in enumerate(values):
+            if not np.isfinite(v).all():
+                raise GRPOError(f"logprobs iteration {k} row {i} (prompt_id {rollout.column('prompt_id')[i]}): {name} has NaN/inf")
+    gaps = [np.abs(o - np.asarray(s, np.float32)) if len(o) else np.zeros(1, np.float32) for o, s in zip(old, sampler)]
+    return pa.table(
+        {
+            "prompt_id": rollout.column("prompt_id"),
+            "sample_idx": rollout.column("sample_idx"),
+            "old_logprobs": pa.array([o.tolist() for o in old], pa.list_(pa.float32())),
+            "ref_logprobs": pa.array([r.tolist() for r in ref] if ref is not None else [None] * len(old), pa.list_(pa.float32())),
+            "sampler_gap_mean": pa.array([float(g.mean()) for g in gaps], pa.float32()),
+            "sampler_gap_max": pa.array([float(g.max()) for g in gaps], pa.float32()),
+        }
+    )
+
+
+def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None = None) -> dict | None:
+    """`models` lets `iterate` pass warm {"old": model, "ref": model} instances."""
+    if run.done(k, "logprobs"):
+        return run.manifest(k, "logprobs")
+    rollout_m = run.require(k, "logprobs", "rollout")
+    cfg = run.cfg
+    models = dict(models or {})
+    stats = {"tokens": 0, "load_s": 0.0}
+
+    def make_part(p: int) -> pa.Table:
+        if "old" not in models:
+            t = time.time()
+            models["old"] = load_model(run.policy_dir(k))
+            models["ref"] = load_model(run.ref_dir()) if cfg.uses_ref else None
+            stats["load_s"] += time.time() - t
+        rollout = read_part(run, k, "rollout", ROLLOUT, p)
+        stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
+        return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature, cfg.train.token_budget, k)
+
+    inputs = {
+        "rollout": {"manifest_sha256": run.store.manifest_hash(stage_rel(k, "rollout"))},
+        "policy_hash": run.policy_hash(k),
+        "ref": "policy/iter-0000" if cfg.ref_model is None else cfg.ref_model,
+        "uses_ref": cfg.uses_ref,
+    }
+    return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m["outputs"]), shard, inputs, make_part,
+                     manifest_extra=lambda: {"stats": stats})

@@ -1,0 +1,157 @@
+"""The protocol every part-writing stage (rollout, score, logprobs) follows.
+
+Parts are fixed chunks of groups (`rollout.groups_per_part` prompts each), numbered the same
+however many workers run: `--shard i/N` makes worker i write the parts p with p % N == i, so
+N workers write byte-identical parts to one worker. Each part is stamped with the hash of
+everything it was computed from (`input_hash`); after its own parts, a worker checks whether
+all parts carry the current input hash and, if so, writes the manifest (under a lock, once).
+Parts from an attempt that died before its manifest are rewritten, never counted as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+
+from pipeline.errors import GRPOError
+from pipeline.run import Run
+from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
+from schemas.artifacts import ArtifactSchema
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Shard":
+        if not text:
+            return cls()
+        try:
+            i, n = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise GRPOError(f"--shard {text!r}: expected i/N, e.g. 0/2") from None
+        if n < 1 or not 0 <= i < n:
+            raise GRPOError(f"--shard {text!r}: need 0 <= i < N")
+        return cls(i, n)
+
+    def owns(self, part: int) -> bool:
+        return part % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def n_parts(num_groups: int, groups_per_part: int) -> int:
+    return max(1, -(-num_groups // groups_per_part))
+
+
+def part_groups(part: int, num_groups: int, groups_per_part: int) -> range:
+    start = part * groups_per_part
+    return range(start, min(num_groups, start + groups_per_part))
+
+
+def run_parts(
+    run: Run,
+    k: int,
+    stage: str,
+    schema: ArtifactSchema,
+    num_parts: int,
+    shard: Shard,
+    inputs: dict,
+    make_part: Callable[[int], pa.Table],
+    manifest_extra: Callable[[], dict] | None = None,
+) -> dict | None:
+    """Write this shard's parts of `stage` for iteration k, then the manifest if all are in.
+
+    Returns the manifest, or None when other shards' parts are still missing.
+    """
+    sd = stage_rel(k, stage)
+    store = run.store
+    if (m := store.manifest(sd)) is not None:
+        return m
+    input_hash = canonical_hash({"config": run.cfg_hash, "stage": stage, "iteration": k, "inputs": inputs})
+    t0 = time.time()
+    with store.lock(f"{sd}/.lock-shard-{shard.index}-of-{shard.count}", f"{stage} iteration {k} shard {shard}"):
+        if (m := store.manifest(sd)) is not None:
+            return m
+        for p in range(num_parts):
+            if not shard.owns(p):
+                continue
+            rel = f"{sd}/{part_name(p)}"
+            if store.table_meta(rel).get("input_hash") == input_hash:
+                continue  # written by an earlier attempt from exactly these inputs
+            table = make_part(p)
+            store.write_table(rel, table, schema, meta={"input_hash": input_hash, "part": p})
+    seconds = time.time() - t0
+    return finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra)
+
+
+def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra=None) -> dict | None:
+    sd = stage_rel(k, stage)
+    store = run.store
+    with store.lock(f"{sd}/.lock-manifest", f"{stage} iteration {k} manifest", wait=60):
+        if (m := store.manifest(sd)) is not None:
+            return m
+        outputs = {}
+        for p in range(num_parts):
+            rel = f"{sd}/{part_name(p)}"
+            if store.table_meta(rel).get("input_hash") != input_hash:
+                return None  # another shard has not written this part yet
+            data = store.read_bytes(rel)
+            outputs[part_name(p)] = {"sha256": sha256_bytes(data), "bytes": len(data), "rows": _rows(store, rel)}
+        _clean_leftovers(store, sd, set(outputs))
+        body = {
+            "stage": stage,
+            "iteration": k,
+            "schema_version": _version(stage),
+            "config_hash": run.cfg_hash,
+            "seed": run.cfg.seed,
+            "input_hash": input_hash,
+            "inputs": inputs,
+            "outputs": outputs,
+            "rows": sum(o["rows"] for o in outputs.values()),
+            "timings": {"seconds": round(seconds, 3)},
+            **(manifest_extra() if manifest_extra else {}),
+        }
+        return store.write_manifest(sd, body)
+
+
+def _rows(store, rel) -> int:
+    import pyarrow.parquet as pq
+
+    with store.fs.open(store.path(rel), "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def _version(stage: str) -> int:
+    from schemas.artifacts import BY_KIND
+
+    return BY_KIND[stage].version
+
+
+def _clean_leftovers(store, sd: str, keep: set[str]) -> None:
+    """Remove temporary files and parts beyond the expected ones (from a different config)."""
+    for name in store.listdir(sd):
+        if name.startswith(TMP_MARK) or (name.startswith("part-") and name not in keep):
+            store.remove(f"{sd}/{name}")
+
+
+def read_parts(run: Run, k: int, stage: str, schema: ArtifactSchema, shard: Shard | None = None) -> list[pa.Table]:
+    """The parts listed in a stage's manifest (or only this shard's), schema-checked."""
+    m = run.manifest(k, stage)
+    if m is None:
+        raise GRPOError(f"iteration {k}: {stage} is not done")
+    tables = []
+    for i, name in enumerate(sorted(m["outputs"])):
+        if shard is None or shard.owns(i):
+            tables.append(run.store.read_table(f"{stage_rel(k, stage)}/{name}", schema))
+    return tables
+
+
+def read_part(run: Run, k: int, stage: str, schema: ArtifactSchema, part: int) -> pa.Table:
+    return run.store.read_table(f"{stage_rel(k, stage)}/{part_name(part)}", schema)

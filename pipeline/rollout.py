@@ -1,0 +1,108 @@
+"""Stage 1: sample G completions for each of iteration k's prompts from policy k.
+
+    prompts(data.train, seed, k) --policy/iter-k--> iter-k/rollout/part-*.parquet + MANIFEST.json
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+
+from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
+from pipeline.engines import make_engine, model_context
+from pipeline.parts import Shard, n_parts, part_groups, run_parts
+from pipeline.run import Run
+from pipeline.store import policy_rel
+from schemas.artifacts import ROLLOUT
+
+
+def engine_max_len(cfg, context: int) -> int:
+    """One engine length for rollout and eval, so a warm engine serves both."""
+    return cfg.rollout.max_model_len or min(context, 4096)
+
+
+class RolloutPlan:
+    """Iteration k's prompts, rendered and tokenized, and how they split into parts."""
+
+    def __init__(self, run: Run, k: int):
+        from transformers import AutoTokenizer
+
+        cfg = run.cfg
+        self.run, self.k = run, k
+        self.policy_dir = run.policy_dir(k)
+        self.policy_hash = run.policy_hash(k)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
+        df = load_dataset(cfg.data.train, cfg.data.prompt_column)
+        ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
+        self.context = model_context(self.policy_dir)
+        self.prompts = make_prompts(df, ids, self.tokenizer, cfg.data, cfg.data.train, self.context - cfg.rollout.max_new_tokens)
+        self.num_parts = n_parts(len(self.prompts), cfg.rollout.groups_per_part)
+        self.max_model_len = engine_max_len(cfg, self.context)
+
+    def inputs(self) -> dict:
+        return {"policy": {"path": policy_rel(self.k), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
+
+    def group_seed(self, prompt_id: int) -> int:
+        return derive_seed(self.run.cfg.seed, self.k, prompt_id)
+
+
+def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
+    cfg = plan.run.cfg.rollout
+    groups = list(part_groups(part, len(plan.prompts), cfg.groups_per_part))
+    prompts = [plan.prompts[g] for g in groups]
+    samples = engine.generate([p.ids for p in prompts], [plan.group_seed(p.prompt_id) for p in prompts], cfg.num_generations)
+    rows = []
+    for g, p, group in zip(groups, prompts, samples):
+        for j, s in enumerate(group):
+            rows.append(
+                {
+                    "prompt_id": p.prompt_id,
+                    "sample_idx": j,
+                    "group_idx": g,
+                    "prompt": p.text,
+                    "prompt_raw": raw_to_json(p.raw),
+                    "prompt_ids": p.ids,
+                    "completion": s.text,
+                    "completion_ids": s.token_ids,
+                    "sampler_logprobs": s.logprobs,
+                    "finish_reason": s.finish_reason,
+                    "truncated": s.finish_reason == "length",
+                    "completion_length": len(s.token_ids),
+                    "policy_hash": plan.policy_hash,
+                    **p.columns,
+                }
+            )
+    return pa.Table.from_pylist(rows)
+
+
+def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict | None:
+    """Write this shard's rollout parts of iteration k; returns the manifest once all are in.
+
+    `engine` lets `iterate` pass a warm engine already holding policy k.
+    """
+    if run.done(k, "rollout"):
+        return run.manifest(k, "rollout")
+    plan = RolloutPlan(run, k)
+    stats = {"engine_start_s": 0.0, "tokens": 0, "generate_s": 0.0}
+    owned = {"engine": engine}
+
+    def make_part(part: int) -> pa.Table:
+        if owned["engine"] is None:
+            t = time.time()
+            owned["engine"] = make_engine(plan.policy_dir, run.cfg.rollout, plan.max_model_len, run.cfg.seed)
+            stats["engine_start_s"] += time.time() - t
+        t = time.time()
+        table = generate_part(plan, owned["engine"], part)
+        stats["generate_s"] += time.time() - t
+        stats["tokens"] += int(sum(table.column("completion_length").to_pylist()))
+        return table
+
+    try:
+        return run_parts(
+            run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
+            manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats},
+        )
+    finally:
+        if engine is None and owned["engine"] is not None:
+            owned["engine"].close()

@@ -1,0 +1,173 @@
+"""A run: its config, its policies and where each iteration stands.
+
+`init_run` creates RUN/config.yaml and RUN/policy/iter-0000 (a copy of the initial model with
+a MANIFEST.json of file hashes, so the run does not depend on the source directory staying
+as it was). Everything else reads a run through `Run`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from pipeline import config as config_mod
+from pipeline.config import Config
+from pipeline.errors import GRPOError
+from pipeline.store import (
+    MANIFEST,
+    STAGES,
+    RunStore,
+    canonical_hash,
+    hash_dir,
+    iter_name,
+    policy_rel,
+    stage_rel,
+)
+
+CONFIG = "config.yaml"
+RUN_MARK = "RUN.json"
+
+
+def check_model_dir(path: str | Path, what: str = "model") -> Path:
+    """A causal-LM Hugging Face directory with a tokenizer, else a one-line error."""
+    p = Path(path)
+    if not p.is_dir():
+        raise GRPOError(f"{what} {path}: model directory not found")
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise GRPOError(f"{what} {path}: no config.json (not a Hugging Face model directory)")
+    try:
+        archs = json.loads(cfg_file.read_text()).get("architectures") or []
+    except json.JSONDecodeError:
+        raise GRPOError(f"{cfg_file}: not valid JSON") from None
+    if not any(a.endswith("ForCausalLM") for a in archs):
+        raise GRPOError(f"{what} {path}: not a causal LM (architectures {archs or 'missing'})")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise GRPOError(f"{what} {path}: no tokenizer files")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise GRPOError(f"{what} {path}: no weights (*.safetensors)")
+    return p
+
+
+def policy_manifest(path: Path, iteration: int, source: str, lineage: dict | None = None) -> dict:
+    files = hash_dir(path)
+    return {
+        "stage": "policy",
+        "iteration": iteration,
+        "source": source,
+        "files": files,
+        "policy_hash": canonical_hash(files),
+        **({"lineage": lineage} if lineage else {}),
+    }
+
+
+@dataclass
+class Run:
+    uri: str
+
+    @cached_property
+    def store(self) -> RunStore:
+        return RunStore(self.uri)
+
+    @cached_property
+    def cfg(self) -> Config:
+        if not self.store.exists(CONFIG):
+            raise GRPOError(f"{self.store.display()}: not a grpo run (no {CONFIG}); create it with `grpo init`")
+        text = self.store.read_bytes(CONFIG).decode()
+        return config_mod.from_yaml_text(text, source=self.store.display(CONFIG))
+
+    @cached_property
+    def cfg_hash(self) -> str:
+        return config_mod.config_hash(self.cfg)
+
+    # -- policies ------------------------------------------------------------------------
+    def policy_done(self, k: int) -> bool:
+        return self.store.exists(f"{policy_rel(k)}/{MANIFEST}")
+
+    def policy_hash(self, k: int) -> str:
+        if not self.policy_done(k):
+            raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
+        return self.store.read_json(f"{policy_rel(k)}/{MANIFEST}")["policy_hash"]
+
+    def policy_dir(self, k: int) -> Path:
+        """Local directory of policy k (downloaded to the cache for remote runs)."""
+        self.policy_hash(k)
+        return self.store.local_dir(policy_rel(k))
+
+    def ref_dir(self) -> Path:
+        if self.cfg.ref_model is None:
+            return self.policy_dir(0)
+        return check_model_dir(self.cfg.ref_model, "ref_model")
+
+    # -- stages --------------------------------------------------------------------------
+    def done(self, k: int, stage: str) -> bool:
+        return self.store.exists(f"{stage_rel(k, stage)}/{MANIFEST}")
+
+    def manifest(self, k: int, stage: str) -> dict | None:
+        return self.store.manifest(stage_rel(k, stage))
+
+    def completed_iters(self) -> int:
+        """Iterations whose update is done (= index of the newest policy)."""
+        k = 0
+        while self.done(k, "update"):
+            k += 1
+        return k
+
+    def next_iter(self, stage: str) -> int:
+        """The first iteration whose `stage` is not done."""
+        k = 0
+        while self.done(k, stage):
+            k += 1
+        return k
+
+    def require(self, k: int, stage: str, needs: str) -> dict:
+        """The manifest of a stage another one depends on, or a one-line ordering error."""
+        m = self.manifest(k, needs)
+        if m is None:
+            raise GRPOError(f"{stage} iteration {k}: {needs} of iteration {k} is not done (run `grpo {needs} {self.uri} --iter {k}` first)")
+        return m
+
+    def iterations(self) -> list[int]:
+        ks = [int(n[5:]) for n in self.store.listdir("") if n.startswith("iter-") and n[5:].isdigit()]
+        return sorted(ks)
+
+
+def init_run(uri: str, cfg: Config) -> Run:
+    """Create a run; an existing run with the same config is reused, a different one refused."""
+    store = RunStore(uri)
+    new_yaml = config_mod.to_yaml(cfg)
+    if store.exists(CONFIG):
+        old = config_mod.from_yaml_text(store.read_bytes(CONFIG).decode(), source=store.display(CONFIG))
+        if config_mod.config_hash(old) != config_mod.config_hash(cfg):
+            raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
+    elif store.exists("") and store.listdir(""):
+        raise GRPOError(f"{store.display()}: directory exists and is not empty; choose a new run directory")
+    model = check_model_dir(cfg.model, "model")
+    if cfg.ref_model:
+        check_model_dir(cfg.ref_model, "ref_model")
+    run = Run(uri)
+    if not run.policy_done(0):
+        store.put_dir(model, policy_rel(0))
+        local = store.local_dir(policy_rel(0)) if store.local else model
+        store.write_json(f"{policy_rel(0)}/{MANIFEST}", policy_manifest(local, 0, source=str(model.resolve())))
+    if not store.exists(CONFIG):
+        store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
+    return run
+
+
+def status_rows(run: Run) -> list[dict]:
+    """One row per iteration: which stages are done, rows and seconds of each."""
+    rows = []
+    last = max(run.iterations() + [run.completed_iters()])
+    for k in range(last + 1):
+        row = {"iteration": k, "policy": run.policy_done(k)}
+        for stage in STAGES:
+            m = run.manifest(k, stage)
+            row[stage] = m
+        rows.append(row)
+    return rows
+
+
+__all__ = ["Run", "init_run", "check_model_dir", "status_rows", "iter_name", "stage_rel", "policy_rel"]

@@ -1,0 +1,96 @@
+"""Stage 2: score each completion with the reward functions and turn rewards into advantages.
+
+    iter-k/rollout/part-p.parquet --rewards--> iter-k/score/part-p.parquet + MANIFEST.json
+
+Advantages are group-relative (`pipeline.grpo.group_advantages`), so a part (whole groups)
+is scored on its own; `advantages.scale: batch` and `batch_renorm` need every group of the
+iteration and so are computed unsharded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipeline import grpo
+from pipeline.data import as_messages
+from pipeline.errors import GRPOError
+from pipeline.parts import Shard, read_part, run_parts
+from pipeline.rewards import compute_rewards
+from pipeline.run import Run
+from pipeline.store import stage_rel
+from schemas.artifacts import REWARD_PREFIX, ROLLOUT, SCORE
+
+
+def trl_inputs(rollout: pa.Table, system_prompt: str | None) -> tuple[list, list, list, dict]:
+    """prompts, completions, completion_ids and dataset columns in TRL's reward contract:
+    message lists for chat prompts, plain strings otherwise."""
+    raws = [json.loads(r) for r in rollout.column("prompt_raw").to_pylist()]
+    texts = rollout.column("completion").to_pylist()
+    chat = [not isinstance(r, str) for r in raws]
+    prompts = [as_messages(r, system_prompt) if c else r for r, c in zip(raws, chat)]
+    completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat)]
+    extra = [c for c in rollout.column_names if c not in ROLLOUT.schema.names]
+    columns = {c: rollout.column(c).to_pylist() for c in extra}
+    return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
+
+
+def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, float] | None = None) -> pa.Table:
+    cfg = run.cfg
+    G = cfg.rollout.num_generations
+    prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt)
+    per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k)  # [N, F]
+    weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
+    total = grpo.combine_rewards(torch.from_numpy(per_fn), weights)  # [N]
+    if not torch.isfinite(total[~torch.isnan(total)]).all():
+        raise GRPOError(f"score iteration {k}: a total reward is infinite")
+    a = cfg.advantages
+    adv = grpo.group_advantages(total, G, scale=a.scale, std=a.std, eps=a.eps, std_floor=a.std_floor, batch_renorm=a.batch_renorm)
+    mean, std, zero = grpo.group_stats(total, G, std=a.std)  # [N/G]
+    cols = {
+        "prompt_id": rollout.column("prompt_id"),
+        "sample_idx": rollout.column("sample_idx"),
+        "group_idx": rollout.column("group_idx"),
+    }
+    for j, spec in enumerate(cfg.rewards):
+        cols[REWARD_PREFIX + spec.column] = pa.array(per_fn[:, j], from_pandas=True)  # NaN -> null
+    zero_rows = zero.repeat_interleave(G).numpy()
+    cols.update(
+        reward=pa.array(total.numpy(), from_pandas=True),
+        advantage=pa.array(adv.float().numpy()),
+        group_mean=pa.array(mean.repeat_interleave(G).numpy()),
+        group_std=pa.array(std.repeat_interleave(G).numpy()),
+        zero_std=pa.array(zero_rows),
+        train=pa.array(~zero_rows if a.dynamic_sampling else np.ones(len(zero_rows), bool)),
+    )
+    return pa.table(cols)
+
+
+def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
+    if run.done(k, "score"):
+        return run.manifest(k, "score")
+    rollout_m = run.require(k, "score", "rollout")
+    a = run.cfg.advantages
+    if shard.count > 1 and (a.scale == "batch" or a.batch_renorm):
+        raise GRPOError("--shard: advantages.scale batch / batch_renorm need the whole iteration; run score unsharded")
+    num_parts = len(rollout_m["outputs"])
+    if a.scale == "batch" or a.batch_renorm:
+        full = pa.concat_tables([read_part(run, k, "rollout", ROLLOUT, p) for p in range(num_parts)])
+        scored = score_table(run, k, full)
+        bounds = np.cumsum([0] + [m["rows"] for _, m in sorted(rollout_m["outputs"].items())])
+
+        def make_part(p):
+            return scored.slice(bounds[p], bounds[p + 1] - bounds[p])
+    else:
+
+        def make_part(p):
+            return score_table(run, k, read_part(run, k, "rollout", ROLLOUT, p))
+
+    inputs = {"rollout": {"manifest_sha256": run.store.manifest_hash(stage_rel(k, "rollout"))}}
+    return run_parts(
+        run, k, "score", SCORE, num_parts, shard, inputs, make_part,
+        manifest_extra=lambda: {"rewards": [r.model_dump(mode="json") for r in run.cfg.rewards]},
+    )

@@ -1,0 +1,305 @@
+"""The run store: every read and write of a run directory goes through here.
+
+A run directory is a local path or any fsspec URI (s3://...). Writes are atomic: on a local
+disk a file is written to a temporary name and renamed into place; on an object store a PUT is
+atomic by itself. A stage's MANIFEST.json is written last and is the only proof that the stage
+happened: parts without a manifest are leftovers and are never counted.
+
+    RUN/config.yaml
+    RUN/policy/iter-0000/ (HF model dir + MANIFEST.json)
+    RUN/iter-0000/{rollout,score,logprobs}/part-00000.parquet ... MANIFEST.json
+    RUN/iter-0000/update/metrics.parquet MANIFEST.json state/
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import GRPOError
+from schemas.artifacts import ArtifactSchema, SchemaError
+
+STAGES = ("rollout", "score", "logprobs", "update")
+MANIFEST = "MANIFEST.json"
+TMP_MARK = ".tmp-"
+
+
+def iter_name(k: int) -> str:
+    return f"iter-{k:04d}"
+
+
+def stage_rel(k: int, stage: str) -> str:
+    return f"{iter_name(k)}/{stage}"
+
+
+def policy_rel(k: int) -> str:
+    return f"policy/{iter_name(k)}"
+
+
+def part_name(i: int) -> str:
+    return f"part-{i:05d}.parquet"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_hash(obj) -> str:
+    return sha256_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def code_version() -> str:
+    """Package version plus the git commit of the source tree when there is one."""
+    from pipeline import __version__
+
+    here = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True, text=True, timeout=5,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return f"{__version__}+{out.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return __version__
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    sha256: str
+    rows: int | None = None
+    bytes: int = 0
+
+    def as_dict(self) -> dict:
+        d = {"sha256": self.sha256, "bytes": self.bytes}
+        if self.rows is not None:
+            d["rows"] = self.rows
+        return d
+
+
+class RunStore:
+    """A run directory on a local disk or behind fsspec."""
+
+    def __init__(self, uri: str | os.PathLike):
+        self.uri = str(uri).rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(self.uri)
+        self.root = root.rstrip("/")
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    # -- paths ---------------------------------------------------------------------------
+    def path(self, rel: str = "") -> str:
+        return f"{self.root}/{rel}".rstrip("/") if rel else self.root
+
+    def display(self, rel: str = "") -> str:
+        """How a user names this file: the run URI plus the relative path."""
+        return f"{self.uri}/{rel}" if rel else self.uri
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self.path(rel))
+
+    def listdir(self, rel: str) -> list[str]:
+        """Names directly under `rel` (empty when it does not exist)."""
+        try:
+            entries = self.fs.ls(self.path(rel), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    # -- bytes ---------------------------------------------------------------------------
+    def read_bytes(self, rel: str) -> bytes:
+        try:
+            with self.fs.open(self.path(rel), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise GRPOError(f"{self.display(rel)}: not found") from None
+
+    def write_bytes(self, rel: str, data: bytes) -> FileInfo:
+        """Atomically write `data` to `rel` (temporary name + rename on local disks)."""
+        target = self.path(rel)
+        try:
+            if self.local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                tmp = f"{os.path.dirname(target)}/{TMP_MARK}{uuid.uuid4().hex}-{os.path.basename(target)}"
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, target)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+            else:
+                self.fs.makedirs(self.fs._parent(target), exist_ok=True)
+                with self.fs.open(target, "wb") as f:  # an object store PUT is atomic
+                    f.write(data)
+        except OSError as err:
+            raise GRPOError(f"{self.display(rel)}: write failed: {err.strerror or err}") from None
+        return FileInfo(sha256=sha256_bytes(data), bytes=len(data))
+
+    def read_json(self, rel: str) -> dict:
+        data = self.read_bytes(rel)
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError:
+            raise GRPOError(f"{self.display(rel)}: not valid JSON") from None
+
+    def write_json(self, rel: str, obj) -> FileInfo:
+        return self.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def remove(self, rel: str, recursive: bool = False) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(rel), recursive=recursive)
+
+    # -- tables --------------------------------------------------------------------------
+    def write_table(self, rel: str, table: pa.Table, schema: ArtifactSchema, meta: dict | None = None) -> FileInfo:
+        """Cast to the kind's schema, stamp the version, and write atomically. Bytes are
+        deterministic for the same table, so equal inputs give equal hashes."""
+        try:
+            table = schema.conform(table, meta)
+        except SchemaError as err:
+            raise GRPOError(f"{self.display(rel)}: {err}") from None
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd", write_statistics=False, store_schema=True)
+        info = self.write_bytes(rel, buf.getvalue())
+        return FileInfo(sha256=info.sha256, rows=table.num_rows, bytes=info.bytes)
+
+    def read_table(self, rel: str, schema: ArtifactSchema) -> pa.Table:
+        """Read a part and check its kind, version and columns; errors name the file."""
+        where = self.display(rel)
+        data = self.read_bytes(rel)
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except (pa.ArrowInvalid, OSError) as err:
+            raise GRPOError(f"{where}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+        try:
+            schema.check(table.schema, where)
+        except SchemaError as err:
+            raise GRPOError(str(err)) from None
+        return table
+
+    def table_meta(self, rel: str) -> dict[str, str]:
+        """The `grpo.*` key/values stamped into a part's Parquet metadata ({} if unreadable)."""
+        try:
+            with self.fs.open(self.path(rel), "rb") as f:
+                meta = pq.read_schema(f).metadata or {}
+        except Exception:  # a torn or foreign file is simply not ours
+            return {}
+        return {k.decode()[5:]: v.decode() for k, v in meta.items() if k.startswith(b"grpo.")}
+
+    # -- manifests -----------------------------------------------------------------------
+    def manifest_rel(self, stage_dir: str) -> str:
+        return f"{stage_dir}/{MANIFEST}"
+
+    def manifest(self, stage_dir: str) -> dict | None:
+        """The stage's manifest, or None when the stage has not happened."""
+        rel = self.manifest_rel(stage_dir)
+        if not self.exists(rel):
+            return None
+        return self.read_json(rel)
+
+    def manifest_hash(self, stage_dir: str) -> str | None:
+        rel = self.manifest_rel(stage_dir)
+        return sha256_bytes(self.read_bytes(rel)) if self.exists(rel) else None
+
+    def write_manifest(self, stage_dir: str, body: dict) -> dict:
+        body = {"created": now(), "code_version": code_version(), **body}
+        self.write_json(self.manifest_rel(stage_dir), body)
+        return body
+
+    # -- locks ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, rel: str, what: str, wait: float = 0.0) -> Iterator[None]:
+        """Exclusive lock on `rel`; a second holder fails with a clear message (or waits)."""
+        import filelock
+
+        if self.local:
+            lock_path = self.path(rel)
+            os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        else:  # object stores have no locks: serialise the workers of this machine
+            key = hashlib.sha256(self.display(rel).encode()).hexdigest()[:24]
+            lock_path = str(cache_dir() / "locks" / f"{key}.lock")
+            os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        lock = filelock.FileLock(lock_path, timeout=wait)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise GRPOError(f"{self.display(rel)}: another grpo process holds this lock ({what}); wait for it or stop it") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- directories (models) ------------------------------------------------------------
+    def local_dir(self, rel: str) -> Path:
+        """A local directory holding `rel`: itself on a local disk, else a cached download."""
+        if self.local:
+            return Path(self.path(rel))
+        dest = cache_dir() / "runs" / hashlib.sha256(self.display(rel).encode()).hexdigest()[:24]
+        done = dest / ".complete"
+        if not done.exists():
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir(parents=True)
+            self.fs.get(self.path(rel) + "/", str(dest) + "/", recursive=True)
+            done.write_text(self.display(rel))
+        return dest
+
+    def put_dir(self, local: Path, rel: str) -> None:
+        """Copy a local directory into the run (atomic: staged under a temporary name)."""
+        if self.local:
+            target = Path(self.path(rel))
+            tmp = target.parent / f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}"
+            shutil.copytree(local, tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        else:
+            for p in sorted(Path(local).rglob("*")):
+                if p.is_file():
+                    self.write_bytes(f"{rel}/{p.relative_to(local).as_posix()}", p.read_bytes())
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GRPO_CACHE_DIR", Path.home() / ".cache" / "grpo"))
+
+
+def hash_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_dir(path: Path) -> dict[str, str]:
+    """sha256 of every file under `path` except manifests, keyed by relative path."""
+    return {
+        p.relative_to(path).as_posix(): hash_file(p)
+        for p in sorted(Path(path).rglob("*"))
+        if p.is_file() and p.name != MANIFEST and TMP_MARK not in p.name and p.name != ".complete"
+    }
+
+
+def stage_tempdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"grpo-{prefix}-"))

@@ -1,0 +1,410 @@
+"""Stage 4: train policy k into policy k+1 with DeepSpeed on iteration k's stored completions.
+
+    iter-k/{rollout,score,logprobs} --policy/iter-k, iter-(k-1)/update/state-->
+        policy/iter-(k+1) + iter-k/update/{metrics.parquet, state/, MANIFEST.json}
+
+`train.epochs` passes over the shuffled completions, `train.mini_batch_size` completions per
+optimizer step split into `train.grad_accum` micro-batches; the loss is `pipeline.grpo.policy_loss`.
+The optimizer, scheduler, step count and KL controller carry over from iteration to iteration
+(as in one long TRL run) through `iter-k/update/state`. The update is deterministic on a given
+machine, so an update killed midway is simply redone from its start and gives the same weights.
+
+Single process here; under `deepspeed` / `torchrun` each rank takes its slice of every
+mini-batch (data parallel, same global batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import torch
+
+from pipeline import grpo
+from pipeline.config import Config
+from pipeline.errors import GRPOError
+from pipeline.logprobs import Batch, token_logprobs
+from pipeline.parts import read_parts
+from pipeline.run import Run, policy_manifest
+from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
+from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, UPDATE_METRICS
+
+STATE = "state"
+TRAINER_JSON = "trainer.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the launcher's process group, or make a one-process gloo group without one."""
+    import deepspeed
+
+    if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def steps_per_iter(cfg: Config) -> int:
+    n = cfg.rollout.prompts_per_iter * cfg.rollout.num_generations
+    return cfg.train.epochs * math.ceil(n / cfg.train.mini_batch_size)
+
+
+def lr_lambda(cfg: Config):
+    t = cfg.train
+    horizon = max(1, t.total_iters * steps_per_iter(cfg))
+
+    def f(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        frac = min(1.0, (step - t.warmup_steps) / max(1, horizon - t.warmup_steps))
+        if t.lr_schedule == "linear":
+            return 1.0 - frac
+        if t.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * frac))
+        return 1.0
+
+    return f
+
+
+def ds_config(cfg: Config, world: int) -> dict:
+    t = cfg.train
+    micro = t.mini_batch_size // t.grad_accum
+    if micro % world:
+        raise GRPOError(f"train.mini_batch_size / grad_accum ({micro}) must be divisible by the {world} processes")
+    return {
+        "train_micro_batch_size_per_gpu": micro // world,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.max_grad_norm,
+        "optimizer": {
+            "type": "AdamW",
+            # torch's AdamW: avoids a 30-50 s JIT build of FusedAdam on the CPU
+            "params": {"lr": t.lr, "betas": list(t.betas), "eps": 1e-8, "weight_decay": t.weight_decay, "torch_adam": True},
+        },
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": t.bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class Trainer:
+    """A DeepSpeed engine over the policy, kept alive across iterations by `iterate`."""
+
+    def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None):
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        from pipeline.engines import cpu_env
+
+        cpu_env()
+        self.cfg = cfg
+        self.rank, self.world = init_distributed()
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        model.config.use_cache = False
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=ds_config(cfg, self.world),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
+        )
+        self.global_step = 0
+        a = cfg.advantages.kl_in_reward
+        self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
+        if state_dir is not None:
+            self.load_state(state_dir)
+
+    # -- state ---------------------------------------------------------------------------
+    def save_state(self, out: Path) -> None:
+        self.engine.save_checkpoint(str(out), tag="state", save_latest=False)
+        if self.rank == 0:
+            (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
+
+    def load_state(self, src: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=True)
+        if path is None:
+            raise GRPOError(f"{src}: trainer state could not be loaded")
+        meta = json.loads((src / TRAINER_JSON).read_text())
+        self.global_step = meta["global_step"]
+        self.kl_ctl.load_state_dict(meta["kl_controller"])
+
+    def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> None:
+        """A plain HF model dir with the fp32 master weights (consolidated under ZeRO-3/bf16)."""
+        module = self.engine.module
+        if self.cfg.train.bf16 and self.cfg.train.zero_stage >= 1:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="state")
+        elif self.cfg.train.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+        else:
+            state = None
+        if self.rank == 0:
+            if state is not None:
+                module.save_pretrained(out, state_dict=state, safe_serialization=True)
+            else:
+                module.save_pretrained(out, safe_serialization=True)
+            for f in src_dir.iterdir():  # tokenizer and generation settings travel with the weights
+                if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
+                    shutil.copy2(f, out / f.name)
+
+    def close(self) -> None:
+        """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down."""
+        if torch.distributed.is_initialized():
+            _barrier()
+            torch.distributed.destroy_process_group()
+
+    # -- one iteration -------------------------------------------------------------------
+    def train_iteration(self, data: "UpdateData", k: int) -> list[dict]:
+        cfg, t = self.cfg, self.cfg.train
+        n = data.size
+        if n == 0:
+            return []
+        micro = t.mini_batch_size // t.grad_accum
+        rows = []
+        self.engine.train()
+        for epoch in range(t.epochs):
+            order = np.random.default_rng([cfg.seed, k, epoch]).permutation(n)
+            for b, start in enumerate(range(0, n, t.mini_batch_size)):
+                mb = order[start : start + t.mini_batch_size]
+                acc: dict[str, float] = {}
+                tokens = int(data.mask_sum(mb))
+                micros = [mb[i : i + micro] for i in range(0, len(mb), micro)]
+                lr = float(self.scheduler.get_last_lr()[0]) if self.scheduler else t.lr
+                for j, mi in enumerate(micros):
+                    # the boundary is set by hand so a short last mini-batch still steps
+                    self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+                    mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
+                    metrics = self.micro_step(data, mine, len(micros), tokens)
+                    for key, v in metrics.items():  # mini-batch value: mean over micro-batches (dapo loss: sum)
+                        w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
+                        acc[key] = acc.get(key, 0.0) + v * w
+                pre_norm = self._grad_norm()
+                self.engine.step()
+                self.global_step += 1
+                grad_norm = self.engine.get_global_grad_norm()
+                grad_norm = pre_norm if grad_norm is None else grad_norm
+                rows.append(
+                    {
+                        "step": self.global_step, "epoch": epoch, "batch": b,
+                        **{key: acc.get(key, float("nan")) for key in _METRICS},
+                        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                        "lr": lr,
+                        "tokens": tokens,
+                    }
+                )
+        return rows
+
+    def _grad_norm(self) -> float | None:
+        """Total gradient norm before clipping; ZeRO >= 1 optimizers report it themselves."""
+        if self.cfg.train.zero_stage > 0:
+            return None
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int) -> dict:
+        """Forward and backward of one micro-batch; the loss is scaled so that the
+        accumulated gradient is that of the mini-batch's loss."""
+        cfg = self.cfg
+        batch, old, ref, adv = data.batch(idx)
+        logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True)
+        if cfg.loss.entropy_coef == 0:
+            entropy = entropy.detach()
+        loss, metrics = grpo.policy_loss(
+            logp, old, adv, batch.completion_mask, cfg.loss,
+            ref_logprobs=ref if cfg.loss.kl_coef > 0 else None,
+            max_completion_length=cfg.rollout.max_new_tokens,
+            num_items=mb_tokens / self.world,  # DeepSpeed averages gradients over ranks
+            entropy=entropy,
+        )
+        if cfg.loss.kl_coef == 0 and ref is not None:
+            with torch.no_grad():
+                metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.completion_mask))
+        # dapo is already normalised by the whole mini-batch's tokens; the others are means per micro-batch
+        scale = 1.0 if cfg.loss.type == "dapo" else 1.0 / n_micro
+        self.engine.backward(loss * scale, scale_wrt_gas=False)
+        return metrics
+
+
+_METRICS = ["loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean"]
+
+
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (x * m).sum() / m.sum().clamp(min=1)
+
+
+class UpdateData:
+    """Iteration k's training rows: rollout + score + logprobs joined on (prompt_id, sample_idx)."""
+
+    def __init__(self, run: Run, k: int, kl_ctl=None):
+        cfg = run.cfg
+        roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(["prompt_id", "sample_idx", "prompt_ids", "completion_ids"]))
+        score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
+        lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
+        df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
+        if df.height != roll.height:
+            raise GRPOError(f"update iteration {k}: rollout, score and logprobs parts do not join ({roll.height} rollout rows, {df.height} joined)")
+        self.kl_stats = None
+        if cfg.advantages.kl_in_reward.coef > 0 and kl_ctl is not None:
+            df = self._kl_in_reward(df, cfg, kl_ctl)
+        df = df.filter(pl.col("train"))
+        self.df = df
+        self.size = df.height
+        self.prompt_ids = df["prompt_ids"].to_list()
+        self.completion_ids = df["completion_ids"].to_list()
+        self.old = df["old_logprobs"].to_list()
+        self.ref = df["ref_logprobs"].to_list()
+        self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
+        self.lengths = np.array([len(c) for c in self.completion_ids])
+
+    def _kl_in_reward(self, df: pl.DataFrame, cfg: Config, kl_ctl) -> pl.DataFrame:
+        """Fold KL(policy_old || ref) into each reward, then recompute group advantages."""
+        G = cfg.rollout.num_generations
+        comps = df["completion_ids"].to_list()
+        batch = Batch.build([[0]] * len(comps), comps)
+        T = batch.completion_mask.shape[1]
+        old = _pad(df["old_logprobs"].to_list(), T)
+        ref = _pad(df["ref_logprobs"].to_list(), T)
+        scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
+        penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
+        a = cfg.advantages
+        adv = grpo.group_advantages(penalised, G, scale=a.scale, std=a.std, eps=a.eps, std_floor=a.std_floor, batch_renorm=a.batch_renorm)
+        kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
+        self.kl_stats = float(kl_seq.mean())
+        return df.with_columns(pl.Series("advantage", adv.float().numpy()))
+
+    def mask_sum(self, idx) -> int:
+        return int(self.lengths[idx].sum())
+
+    def batch(self, idx):
+        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx])
+        T = b.completion_mask.shape[1]
+        old = _pad([self.old[i] for i in idx], T)
+        ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
+        return b, old, ref, self.adv[torch.as_tensor(idx)]
+
+
+def _pad(rows: list[list[float]], T: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), T), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
+
+
+def state_rel(k: int) -> str:
+    return f"{stage_rel(k, 'update')}/{STATE}"
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+
+
+def _work_dir(run: Run, k: int) -> Path:
+    """Scratch space every rank of this machine agrees on (checkpoint shards meet here)."""
+    if run.store.local:
+        return Path(run.store.path(stage_rel(k, "update"))) / ".work"
+    return cache_dir() / "update" / canonical_hash([run.store.display(), k])[:24]
+
+
+def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, Trainer | None]:
+    """Train policy k -> k+1. Returns the manifest and the (warm) trainer."""
+    if run.done(k, "update"):
+        return run.manifest(k, "update"), trainer
+    store, cfg = run.store, run.cfg
+    for needs in ("rollout", "score", "logprobs"):
+        run.require(k, "update", needs)
+    if k > 0 and not run.done(k - 1, "update"):
+        raise GRPOError(f"update iteration {k}: update of iteration {k - 1} is not done")
+    sd = stage_rel(k, "update")
+    t0 = time.time()
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if rank0 else contextlib.nullcontext()
+    with lock:
+        prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
+        if trainer is None:
+            trainer = Trainer(cfg, run.policy_dir(k), prev_state)
+        data = UpdateData(run, k, trainer.kl_ctl)
+        rows = trainer.train_iteration(data, k)
+        if data.kl_stats is not None:
+            trainer.kl_ctl.update(data.kl_stats, data.size)
+        train_s = time.time() - t0
+
+        work = _work_dir(run, k)
+        if trainer.rank == 0:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+        _barrier()
+        state_dir, policy_dir = work / STATE, work / "policy"
+        trainer.save_state(state_dir)
+        trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
+        _barrier()
+        manifest = None
+        if trainer.rank == 0:
+            manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s)
+        _barrier()
+    return manifest, trainer
+
+
+def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict:
+    """Write policy k+1, the trainer state, metrics, and last the update manifest."""
+    store, sd = run.store, stage_rel(k, "update")
+    try:
+        lineage = {
+            "update_iteration": k,
+            "inputs": {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")},
+            "from_policy_hash": run.policy_hash(k),
+        }
+        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage)
+        store.put_dir(work / "policy", policy_rel(k + 1))
+        store.write_json(f"{policy_rel(k + 1)}/{MANIFEST}", pm)
+        store.put_dir(work / STATE, state_rel(k))
+        metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    body = {
+        "stage": "update",
+        "iteration": k,
+        "schema_version": UPDATE_METRICS.version,
+        "config_hash": run.cfg_hash,
+        "seed": run.cfg.seed,
+        "inputs": {**lineage["inputs"], "policy_hash": lineage["from_policy_hash"],
+                   "state": None if prev_state is None else canonical_hash(hash_dir(prev_state))},
+        "outputs": {"metrics.parquet": metrics.as_dict(), "policy": {"path": policy_rel(k + 1), "policy_hash": pm["policy_hash"]}},
+        "policy_hash": pm["policy_hash"],
+        "rows": data.size,
+        "optimizer_steps": len(rows),
+        "global_step": trainer.global_step,
+        "kl_coef": trainer.kl_ctl.coef,
+        "world_size": trainer.world,
+        "timings": {"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
+    }
+    manifest = store.write_manifest(sd, body)
+    _prune_states(run, k)
+    return manifest
+
+
+def _prune_states(run: Run, k: int) -> None:
+    """Keep only the newest `train.keep_states` trainer states (they are large)."""
+    for old in range(0, k - run.cfg.train.keep_states + 1):
+        run.store.remove(state_rel(old), recursive=True)
+
+
+def _metrics_table(rows: list[dict]) -> pa.Table:
+    names = UPDATE_METRICS.schema.names
+    return pa.table({n: [r.get(n) for r in rows] for n in names}) if rows else UPDATE_METRICS.schema.empty_table()

@@ -1,0 +1,43 @@
+"""`grpo`: the command line. One module per command; heavy libraries load inside commands.
+
+    grpo init RUN --config configs/demo.yaml
+    grpo iterate RUN --iters 5        # or the four stages one by one:
+    grpo rollout RUN; grpo score RUN; grpo logprobs RUN; grpo update RUN
+"""
+
+import sys
+
+import typer
+
+from pipeline.errors import GRPOError
+from stages import eval, init, iterate, logprobs, make_model, rollout, score, status, update
+
+app = typer.Typer(
+    name="grpo",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="GRPO fine-tuning as four reproducible, resumable stages exchanging Parquet shards.",
+)
+app.command("init")(init.init)
+app.command("rollout")(rollout.rollout)
+app.command("score")(score.score)
+app.command("logprobs")(logprobs.logprobs)
+app.command("update")(update.update)
+app.command("iterate")(iterate.iterate)
+app.command("eval")(eval.evaluate)
+app.command("status")(status.status)
+app.command("make-data")(make_model.make_data)
+app.command("make-model")(make_model.make_model)
+
+
+def main() -> None:
+    try:
+        app()
+    except GRPOError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

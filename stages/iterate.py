@@ -1,0 +1,31 @@
+"""`grpo iterate RUN --iters N | --more K`: rollout -> score -> logprobs -> update, N times.
+
+Skips what is done and redoes what died: rerunning after a crash finishes the same N.
+Engines stay warm across iterations (vLLM weights reloaded in place).
+"""
+
+from typing import Annotated, Optional
+
+import typer
+
+from stages.options import RunArg
+
+
+def iterate(
+    run: RunArg,
+    iters: Annotated[Optional[int], typer.Option("--iters", min=0, help="Bring the run to N completed iterations.")] = None,
+    more: Annotated[Optional[int], typer.Option("--more", min=1, help="K iterations more than are done (for schedulers).")] = None,
+) -> None:
+    """Run whole iterations with warm engines and print a table as they finish."""
+    from pipeline.errors import GRPOError
+    from pipeline.iterate import iterate as run_iterate
+    from pipeline.run import Run
+    from stages.report import IterationTable
+
+    if (iters is None) == (more is None):
+        raise GRPOError("iterate: give exactly one of --iters N or --more K")
+    r = Run(run)
+    target = iters if iters is not None else r.completed_iters() + more
+    table = IterationTable(r)
+    run_iterate(r, target, on_iteration=table.add)
+    table.finish(target)
