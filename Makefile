@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_RUN ?= runs/demo
+DEMO_DIR ?= runs/demo
 ITERS ?= 12
 
 .PHONY: install demo test test-fast bench clean-demo
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m bench.demo --run $(DEMO_RUN) --iters $(ITERS)
+	$(BIN)/grpo demo --dir $(DEMO_DIR) --iters $(ITERS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -39,4 +39,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean-demo:
-	rm -rf $(DEMO_RUN) models/demo-tiny data/demo
+	rm -rf $(DEMO_DIR)

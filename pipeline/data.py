@@ -19,6 +19,8 @@ def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
     local = "://" not in path
     if local and not Path(path).is_file():
         raise GRPOError(f"{path}: dataset file not found")
+    if local and Path(path).stat().st_size == 0:
+        raise GRPOError(f"{path}: dataset is empty")  # polars' own message for this is about type inference
     try:
         if suffix in (".jsonl", ".ndjson"):
             df = pl.read_ndjson(path)

@@ -59,12 +59,17 @@ class VLLMEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",  # after temperature, like the trainer's logprobs
             enable_prefix_caching=False,
+            # a chunked prefill discards a sampled token and rewinds the request's generator,
+            # which seeded CPU generators cannot do: schedule whole prompts only
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_model_len, 16384),
         )
         self.model_dir = Path(model_dir)
 
     def load(self, model_dir: Path) -> None:
         """Swap in new weights without restarting the engine (same architecture)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        self.llm.collective_rpc(_retie_lm_head)
         self.model_dir = Path(model_dir)
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False) -> list[list[Sample]]:
@@ -101,6 +106,22 @@ class VLLMEngine:
 
         del self.llm
         gc.collect()
+
+
+def _retie_lm_head(worker) -> None:
+    """vLLM 0.32's layerwise in-place reload skips a tied LM head ("ParallelLMHead: Failed to
+    load weights"), so it keeps serving logits from the old embedding; on the CPU its GEMM was
+    also prepacked from the old weight. Re-tie it to the reloaded embedding and re-pack."""
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or lm_head is None or embed is None:
+        return
+    lm_head.weight = embed.weight
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)
 
 
 class HFEngine:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from pipeline import tracking
 from pipeline.engines import make_engine, model_context
 from pipeline.evaluate import eval_summary, run_eval
 from pipeline.logprobs import load_model, run_logprobs
@@ -90,6 +91,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             rows.append(row)
             if on_iteration:
                 on_iteration(row)
+        tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         warm.close()
     return rows

@@ -17,9 +17,8 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.parts import Shard, read_part, run_parts
+from pipeline.parts import Shard, read_part, run_parts, upstream
 from pipeline.run import Run
-from pipeline.store import stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT
 
 
@@ -149,7 +148,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
         return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature, cfg.train.token_budget, k)
 
     inputs = {
-        "rollout": {"manifest_sha256": run.store.manifest_hash(stage_rel(k, "rollout"))},
+        "rollout": upstream(run, k, "rollout"),
         "policy_hash": run.policy_hash(k),
         "ref": "policy/iter-0000" if cfg.ref_model is None else cfg.ref_model,
         "uses_ref": cfg.uses_ref,

@@ -6,6 +6,11 @@ N workers write byte-identical parts to one worker. Each part is stamped with th
 everything it was computed from (`input_hash`); after its own parts, a worker checks whether
 all parts carry the current input hash and, if so, writes the manifest (under a lock, once).
 Parts from an attempt that died before its manifest are rewritten, never counted as they are.
+
+A stage names an upstream stage it reads with `upstream()`: the sha256 of its MANIFEST.json
+(the lineage link `grpo audit` follows) and the hash of its outputs (what the data is). The
+input hash leaves the manifest sha256 out: a manifest also holds timestamps and timings, and
+two runs of the same config must stamp, and so write, byte-identical parts.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import Callable
 
 import pyarrow as pa
 
+from pipeline import tracking
 from pipeline.errors import GRPOError
 from pipeline.run import Run
-from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
+from pipeline.store import TMP_MARK, canonical_hash, fault_point, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
 
 
@@ -44,6 +50,23 @@ class Shard:
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
+
+
+def upstream(run: Run, k: int, stage: str) -> dict:
+    """How a stage's inputs name an upstream stage of iteration k (which must be done)."""
+    m = run.manifest(k, stage)
+    return {"manifest_sha256": run.store.manifest_hash(stage_rel(k, stage)), "outputs_sha256": canonical_hash(m["outputs"])}
+
+
+def input_hash(cfg_hash: str, stage: str, k: int, inputs: dict) -> str:
+    """The stamp of a stage's parts: config, stage, iteration and inputs, minus manifest sha256s."""
+
+    def content(x):
+        if isinstance(x, dict):
+            return {key: content(v) for key, v in x.items() if key != "manifest_sha256"}
+        return [content(v) for v in x] if isinstance(x, list) else x
+
+    return canonical_hash({"config": cfg_hash, "stage": stage, "iteration": k, "inputs": content(inputs)})
 
 
 def n_parts(num_groups: int, groups_per_part: int) -> int:
@@ -74,7 +97,7 @@ def run_parts(
     store = run.store
     if (m := store.manifest(sd)) is not None:
         return m
-    input_hash = canonical_hash({"config": run.cfg_hash, "stage": stage, "iteration": k, "inputs": inputs})
+    stamp = input_hash(run.cfg_hash, stage, k, inputs)
     t0 = time.time()
     with store.lock(f"{sd}/.lock-shard-{shard.index}-of-{shard.count}", f"{stage} iteration {k} shard {shard}"):
         if (m := store.manifest(sd)) is not None:
@@ -83,12 +106,13 @@ def run_parts(
             if not shard.owns(p):
                 continue
             rel = f"{sd}/{part_name(p)}"
-            if store.table_meta(rel).get("input_hash") == input_hash:
+            if store.table_meta(rel).get("input_hash") == stamp:
                 continue  # written by an earlier attempt from exactly these inputs
             table = make_part(p)
-            store.write_table(rel, table, schema, meta={"input_hash": input_hash, "part": p})
+            store.write_table(rel, table, schema, meta={"input_hash": stamp, "part": p})
+            fault_point(f"{stage}:part", k)
     seconds = time.time() - t0
-    return finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra)
+    return finalize(run, k, stage, num_parts, stamp, inputs, seconds, manifest_extra)
 
 
 def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra=None) -> dict | None:
@@ -118,7 +142,10 @@ def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_ext
             "timings": {"seconds": round(seconds, 3)},
             **(manifest_extra() if manifest_extra else {}),
         }
-        return store.write_manifest(sd, body)
+        fault_point(f"{stage}:manifest", k)
+        m = store.write_manifest(sd, body)
+    tracking.log_stage(run, k, stage)  # outside the lock; never raises, the manifest is written
+    return m
 
 
 def _rows(store, rel) -> int:
@@ -142,16 +169,19 @@ def _clean_leftovers(store, sd: str, keep: set[str]) -> None:
 
 
 def read_parts(run: Run, k: int, stage: str, schema: ArtifactSchema, shard: Shard | None = None) -> list[pa.Table]:
-    """The parts listed in a stage's manifest (or only this shard's), schema-checked."""
+    """The parts listed in a stage's manifest (or only this shard's), schema- and sha256-checked."""
     m = run.manifest(k, stage)
     if m is None:
         raise GRPOError(f"iteration {k}: {stage} is not done")
     tables = []
     for i, name in enumerate(sorted(m["outputs"])):
         if shard is None or shard.owns(i):
-            tables.append(run.store.read_table(f"{stage_rel(k, stage)}/{name}", schema))
+            tables.append(run.store.read_table(f"{stage_rel(k, stage)}/{name}", schema, sha256=m["outputs"][name]["sha256"]))
     return tables
 
 
 def read_part(run: Run, k: int, stage: str, schema: ArtifactSchema, part: int) -> pa.Table:
-    return run.store.read_table(f"{stage_rel(k, stage)}/{part_name(part)}", schema)
+    """One part of a done stage, checked against the sha256 its manifest lists."""
+    m = run.manifest(k, stage)
+    listed = (m or {}).get("outputs", {}).get(part_name(part), {})
+    return run.store.read_table(f"{stage_rel(k, stage)}/{part_name(part)}", schema, sha256=listed.get("sha256"))

@@ -18,10 +18,9 @@ import torch
 from pipeline import grpo
 from pipeline.data import as_messages
 from pipeline.errors import GRPOError
-from pipeline.parts import Shard, read_part, run_parts
+from pipeline.parts import Shard, read_part, run_parts, upstream
 from pipeline.rewards import compute_rewards
 from pipeline.run import Run
-from pipeline.store import stage_rel
 from schemas.artifacts import REWARD_PREFIX, ROLLOUT, SCORE
 
 
@@ -89,7 +88,7 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
         def make_part(p):
             return score_table(run, k, read_part(run, k, "rollout", ROLLOUT, p))
 
-    inputs = {"rollout": {"manifest_sha256": run.store.manifest_hash(stage_rel(k, "rollout"))}}
+    inputs = {"rollout": upstream(run, k, "rollout")}
     return run_parts(
         run, k, "score", SCORE, num_parts, shard, inputs, make_part,
         manifest_extra=lambda: {"rewards": [r.model_dump(mode="json") for r in run.cfg.rewards]},

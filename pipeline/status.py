@@ -1,29 +1,34 @@
-"""Where a run stands, as plain data (printed by `grpo status`, logged by tracking)."""
+"""Where a run stands, as plain data (printed by `grpo status`).
+
+Per iteration: the stages done (rows, seconds), the headline metrics of `inspect_run.history`
+(mean reward, eval accuracy of policy k, KL, ...), and the diagnostics' warnings.
+"""
 
 from __future__ import annotations
 
-from pipeline.iterate import iteration_summary
+from pipeline.diagnostics import diagnose
+from pipeline.inspect_run import history
 from pipeline.run import Run
 from pipeline.store import STAGES
 
 
 def status_report(run: Run) -> dict:
+    from pipeline.tracking import tracking_info
+
+    rows = history(run)
     iters = []
-    last = max(run.iterations() + [run.completed_iters()])
-    for k in range(last + 1):
+    for row in rows:
+        k = row["iteration"]
         stages = {}
         for stage in STAGES:
-            m = run.manifest(k, stage)
+            m = run.manifest(k, stage) if stage in row["done"] else None
             stages[stage] = {"rows": m.get("rows", 0), "seconds": m.get("timings", {}).get("seconds", 0.0)} if m else None
-        row = {"iteration": k, "stages": stages, **iteration_summary(run, k)}
-        from pipeline.evaluate import eval_summary
-
-        row.update(eval_summary(run, k) or {})  # eval of policy k (the one iteration k starts from)
-        iters.append(row)
+        iters.append({"stages": stages, **row})
     return {
         "run": run.store.display(),
         "config_hash": run.cfg_hash,
         "completed": run.completed_iters(),
         "iterations": iters,
-        "warnings": [],
+        "warnings": [f.as_dict() for f in diagnose(rows)],
+        "mlflow": tracking_info(run),
     }

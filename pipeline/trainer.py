@@ -29,13 +29,13 @@ import polars as pl
 import pyarrow as pa
 import torch
 
-from pipeline import grpo
+from pipeline import grpo, tracking
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.logprobs import Batch, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.run import Run, policy_manifest
-from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
+from pipeline.store import MANIFEST, cache_dir, canonical_hash, fault_point, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, UPDATE_METRICS
 
 STATE = "state"
@@ -190,7 +190,10 @@ class Trainer:
                     # the boundary is set by hand so a short last mini-batch still steps
                     self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
                     mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
-                    metrics = self.micro_step(data, mine, len(micros), tokens)
+                    weight = self._rank_weight(data, mine, mi)
+                    # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
+                    metrics = self.micro_step(data, mine if len(mine) else mi[:1], len(micros), tokens, weight)
+                    metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
                     for key, v in metrics.items():  # mini-batch value: mean over micro-batches (dapo loss: sum)
                         w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
                         acc[key] = acc.get(key, 0.0) + v * w
@@ -217,7 +220,36 @@ class Trainer:
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
-    def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int) -> dict:
+    def _rank_weight(self, data: "UpdateData", mine: np.ndarray, mi: np.ndarray) -> float:
+        """DeepSpeed averages the ranks' gradients: weigh this rank's micro-batch loss by its share
+        of the micro-batch (rows, or tokens for bnpo) x world, so that the average is the whole
+        micro-batch's loss even when a short last mini-batch splits unevenly. 1.0 on one process."""
+        loss_type = self.cfg.loss.type
+        if loss_type == "dapo":  # num_items already spreads the mini-batch's tokens over the ranks
+            return 1.0 if len(mine) else 0.0
+        if loss_type == "bnpo":
+            return self.world * data.mask_sum(mine) / max(1, data.mask_sum(mi))
+        return self.world * len(mine) / len(mi)
+
+    def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
+        """A micro-batch's metrics over all ranks, as one process computes them: token means
+        weighted by each rank's tokens, the loss by what its type averages over (rows, or tokens
+        for bnpo); dapo's loss, already divided by the mini-batch's tokens / world, adds up."""
+        if self.world == 1:
+            return metrics
+        loss_type = self.cfg.loss.type
+        keys = sorted(metrics)
+        w = [float(tokens if not k.startswith("loss/") or loss_type == "bnpo" else rows) for k in keys]
+        w = [min(wk, 1.0) if loss_type == "dapo" and k.startswith("loss/") else wk for k, wk in zip(keys, w)]
+        t = torch.tensor([metrics[k] * wk if wk else 0.0 for k, wk in zip(keys, w)] + w, dtype=torch.float64)  # [2K]
+        torch.distributed.all_reduce(t)
+        K = len(keys)
+        return {
+            k: float(t[i] / (self.world if loss_type == "dapo" and k.startswith("loss/") else max(float(t[K + i]), 1.0)))
+            for i, k in enumerate(keys)
+        }
+
+    def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch; the loss is scaled so that the
         accumulated gradient is that of the mini-batch's loss."""
         cfg = self.cfg
@@ -237,7 +269,7 @@ class Trainer:
                 metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.completion_mask))
         # dapo is already normalised by the whole mini-batch's tokens; the others are means per micro-batch
         scale = 1.0 if cfg.loss.type == "dapo" else 1.0 / n_micro
-        self.engine.backward(loss * scale, scale_wrt_gas=False)
+        self.engine.backward(loss * scale * weight, scale_wrt_gas=False)
         return metrics
 
 
@@ -336,6 +368,8 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, 
     rank0 = int(os.environ.get("RANK", "0")) == 0
     lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if rank0 else contextlib.nullcontext()
     with lock:
+        if run.done(k, "update"):  # another process finished it while this one waited to start
+            return run.manifest(k, "update"), trainer
         prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
         if trainer is None:
             trainer = Trainer(cfg, run.policy_dir(k), prev_state)
@@ -344,6 +378,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, 
         if data.kl_stats is not None:
             trainer.kl_ctl.update(data.kl_stats, data.size)
         train_s = time.time() - t0
+        fault_point("update:train", k)
 
         work = _work_dir(run, k)
         if trainer.rank == 0:
@@ -373,6 +408,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict
         pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage)
         store.put_dir(work / "policy", policy_rel(k + 1))
         store.write_json(f"{policy_rel(k + 1)}/{MANIFEST}", pm)
+        fault_point("update:publish", k)
         store.put_dir(work / STATE, state_rel(k))
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
     finally:
@@ -395,6 +431,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict
         "timings": {"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
     }
     manifest = store.write_manifest(sd, body)
+    tracking.log_stage(run, k, "update")  # never raises: the manifest is already written
     _prune_states(run, k)
     return manifest
 

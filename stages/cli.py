@@ -10,7 +10,9 @@ import sys
 import typer
 
 from pipeline.errors import GRPOError
-from stages import eval, init, iterate, logprobs, make_model, rollout, score, status, update
+from stages import demo, eval, export, init, iterate, logprobs, make_model, rollout, score, status, update
+from stages import inspect
+from stages import audit, replay
 
 app = typer.Typer(
     name="grpo",
@@ -27,6 +29,11 @@ app.command("update")(update.update)
 app.command("iterate")(iterate.iterate)
 app.command("eval")(eval.evaluate)
 app.command("status")(status.status)
+app.command("inspect")(inspect.inspect)
+app.command("demo")(demo.demo)
+app.command("export")(export.export)
+app.command("audit")(audit.audit)
+app.command("replay")(replay.replay)
 app.command("make-data")(make_model.make_data)
 app.command("make-model")(make_model.make_model)
 

@@ -1,0 +1,114 @@
+"""`python -m bench [--quick]`: run every workload, write bench/results.md and bench/results.json.
+
+Per workload, one after the other on the same machine:
+    1. `grpo iterate` (pipeline.iterate, warm engines) with probes, the bare engines between
+       its iterations (bench/ours.py)
+    2. the four separate commands for the next iteration(s), one process each (bench/commands.py)
+    3. TRL's GRPOTrainer on the same work (bench/trl_run.py)
+Each runs in its own process, so no engine's memory or threads leak into another's numbers.
+`--quick` runs one small workload (for developing the harness); `--report` re-renders the
+markdown from an existing results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import commands, report
+from bench.probes import loadavg, machine_info
+from bench.workloads import ROOT, WORK, build_assets, workloads
+
+
+def worker_env(threads: int | None) -> dict:
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)  # each run logs to its own embedded store
+    env["GRPO_CACHE_DIR"] = str(WORK / "cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_worker(module: str, workload, out: Path, env: dict) -> dict:
+    t = time.time()
+    log = out.with_suffix(".log")
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", module, json.dumps(workload.as_dict()), str(out)],
+                              cwd=ROOT.parent, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0 or not out.exists():
+        tail = log.read_text()[-4000:]
+        raise RuntimeError(f"{module} {workload.name} failed ({proc.returncode}); log {log}:\n{tail}")
+    for line in log.read_text().splitlines():
+        if line.startswith("["):
+            print("  " + line, flush=True)
+    result = json.loads(out.read_text())
+    result["process_wall_s"] = time.time() - t
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one tiny workload, fewer iterations (harness development)")
+    ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2)")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every worker (default: unset)")
+    ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
+    ap.add_argument("--out", type=Path, default=None, help="markdown results, the JSON next to it (default bench/results.md; --quick: bench/work/results-quick.md)")
+    ap.add_argument("--report", action="store_true", help="only re-render the markdown from the existing JSON")
+    args = ap.parse_args()
+    args.out = args.out or (WORK / "results-quick.md" if args.quick else ROOT / "results.md")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    json_path = args.out.with_suffix(".json")
+    if args.report:
+        args.out.write_text(report.render(json.loads(json_path.read_text())))
+        print(f"wrote {args.out}")
+        return
+
+    t0 = time.time()
+    chosen = [w for w in workloads(args.quick) if not args.only or w.name in args.only]
+    env = worker_env(args.threads)
+    os.environ.update({k: v for k, v in env.items() if k in ("GRPO_CACHE_DIR", "OMP_NUM_THREADS")})
+    results: dict = {
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine_info(),
+        "threads_setting": args.threads,
+        "workloads": {},
+    }
+    scratch = WORK / "results"
+    scratch.mkdir(parents=True, exist_ok=True)
+    print(f"bench: {len(chosen)} workload(s) on {results['machine']['cores']} cores, load {results['machine']['loadavg']}", flush=True)
+    t = time.time()
+    results["assets"] = build_assets(sorted({w.size for w in chosen}, key=["tiny", "small"].index))
+    results["assets_s"] = time.time() - t
+    print(f"assets ready in {results['assets_s']:.0f}s", flush=True)
+    for w in chosen:
+        entry: dict = {"workload": w.as_dict(), "loadavg_start": loadavg()}
+        print(f"== {w.name}: grpo iterate x{w.iters} + bare engines", flush=True)
+        entry["iterate"] = run_worker("bench.ours", w, scratch / f"{w.name}-iterate.json", env)
+        if w.commands:
+            print(f"== {w.name}: separate commands x{w.commands}", flush=True)
+            run = WORK / "runs" / w.name
+            entry["commands"] = [commands.run_iteration(run, k, env) for k in range(w.iters, w.iters + w.commands)]
+        if not args.skip_trl:
+            print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps}", flush=True)
+            entry["trl"] = run_worker("bench.trl_run", w, scratch / f"{w.name}-trl.json", env)
+        entry["loadavg_end"] = loadavg()
+        results["workloads"][w.name] = entry
+        json_path.write_text(json.dumps(results, indent=1, default=str))  # partial results survive a crash
+    results["total_s"] = time.time() - t0
+    results["loadavg_end"] = loadavg()
+    json_path.write_text(json.dumps(results, indent=1, default=str))
+    args.out.write_text(report.render(results))
+    print(f"wrote {args.out} and {json_path} in {results['total_s'] / 60:.1f} min", flush=True)
+
+
+if __name__ == "__main__":
+    main()

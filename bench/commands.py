@@ -1,0 +1,74 @@
+"""The four separate commands, one process each, as a scheduler would run them:
+
+    grpo rollout RUN --iter K; grpo score RUN --iter K; grpo logprobs RUN --iter K; grpo update RUN --iter K
+
+They continue the run `grpo iterate` left (its MLflow store and trainer state are there), so
+the per-iteration difference to the warm loop is what a process per stage costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.probes import by_phase, loadavg
+from bench.workloads import ROOT
+
+STAGE_ORDER = ("rollout", "score", "logprobs", "update")
+
+
+def import_seconds(stderr: str) -> float:
+    """Total import time from `-X importtime`: the cumulative times of the outermost imports."""
+    total = 0
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = line[len("import time:"):].split("|", 2)
+        if cumulative.strip().isdigit() and not name.startswith("  "):  # one leading space: top level
+            total += int(cumulative)
+    return total / 1e6
+
+
+def run_command(stage: str, run: Path, k: int, env: dict) -> dict:
+    """One `grpo STAGE RUN --iter K` process: wall, peak RSS and the probe's breakdown."""
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        out = Path(tmp) / "probe.json"
+        err_path = Path(tmp) / "stderr.txt"
+        cmd = [sys.executable, "-X", "importtime", "-m", "bench.cli_probe", str(out), stage, str(run), "--iter", str(k)]
+        with open(err_path, "w") as err, open(Path(tmp) / "stdout.txt", "w") as so:
+            t0 = time.time()
+            proc = subprocess.Popen(cmd, cwd=ROOT.parent, env=env, stdout=so, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.time() - t0
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        stderr = err_path.read_text()
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join(line for line in stderr.splitlines() if not line.startswith("import time:"))[-3000:]
+            raise RuntimeError(f"grpo {stage} {run} --iter {k} failed ({proc.returncode}):\n{tail}")
+        probe = json.loads(out.read_text())
+    marks = probe["marks"]
+    return {
+        "stage": stage,
+        "iteration": k,
+        "wall_s": wall,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "startup_s": marks["enter"] - t0,  # interpreter + site + the bench shim's first line
+        "imports": probe["imports"],
+        "preimport_s": sum(probe["imports"].values()),
+        "main_s": marks["done"] - marks["main"],
+        "exit_s": t0 + wall - marks["done"],
+        "import_total_s": import_seconds(stderr),
+        "categories": by_phase(probe["probes"]["seconds"]),
+        "loadavg": loadavg(),
+    }
+
+
+def run_iteration(run: Path, k: int, env: dict) -> dict:
+    stages = [run_command(s, run, k, env) for s in STAGE_ORDER]
+    print(f"[commands] iteration {k}: " + " ".join(f"{s['stage']}={s['wall_s']:.1f}s" for s in stages), flush=True)
+    return {"iteration": k, "stages": stages, "wall_s": sum(s["wall_s"] for s in stages)}

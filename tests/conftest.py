@@ -1,0 +1,93 @@
+"""Shared fixtures: one tiny model and demo data set built once per session, and runs on them.
+
+Everything is real: the model is a Qwen2 built and briefly trained here, loaded through the
+Hugging Face code; vLLM, DeepSpeed, MLflow and Parquet run as they do for users.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep the user's ~/.cache/grpo and MLflow settings out of the tests."""
+    os.environ["GRPO_CACHE_DIR"] = str(tmp_path_factory.mktemp("grpo-cache"))
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory) -> dict:
+    """Demo data (small) and a tiny warm-started model, built once for the whole session."""
+    from pipeline.demo_task import SYSTEM_PROMPT, write_demo_data
+    from pipeline.tinymodel import make_model
+
+    root = tmp_path_factory.mktemp("assets")
+    train, eval_ = write_demo_data(root / "data", n_train=400, n_eval=24, seed=0)
+    make_model(root / "model", size="tiny", seed=0, data_dir=root / "data", sft_steps=40)
+    return {"root": root, "train": str(train), "eval": str(eval_), "model": str(root / "model"), "system_prompt": SYSTEM_PROMPT}
+
+
+def base_config(assets: dict, **sections) -> dict:
+    """A small run config on the session's tiny model; `sections` override top-level keys."""
+    cfg = {
+        "model": assets["model"],
+        "data": {"train": assets["train"], "eval": assets["eval"], "system_prompt": assets["system_prompt"]},
+        "rollout": {"num_generations": 4, "prompts_per_iter": 4, "groups_per_part": 2, "max_new_tokens": 24},
+        "rewards": [{"fn": "correct"}, {"fn": "format", "weight": 0.5}],
+        "train": {"mini_batch_size": 8, "lr": 1e-4},
+        "eval": {"every": 0, "max_prompts": 8},
+        "tracking": {"mlflow": False},
+        "seed": 0,
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def grpo(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real `grpo` command line in a separate process."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"grpo {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture
+def make_run(assets, tmp_path):
+    """make_run(name, **sections) -> run path: `grpo init` on base_config with overrides (in-process)."""
+    from pipeline import config as config_mod
+    from pipeline.run import init_run
+
+    def _make(name: str = "run", **sections) -> str:
+        cfg = config_mod.resolve(base_config(assets, **sections))
+        path = tmp_path / name
+        init_run(str(path), cfg)
+        return str(path)
+
+    return _make

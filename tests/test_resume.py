@@ -1,0 +1,146 @@
+"""Resumable: SIGKILL a stage anywhere, rerun the same command, and the run equals an
+uninterrupted one; a second process on a stage that is being run fails with a clear message.
+
+The kill points are hit exactly by the fault hook `GRPO_FAULT=<stage>:<point>[:<iteration>]`
+(`pipeline.store.fault_point`: the process SIGKILLs itself there, e.g. between a stage's last
+part and its manifest), and once by the test itself at a moment it does not pick precisely
+(while DeepSpeed writes the update's checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, base_config, grpo, write_config
+from test_reproduce import copy_run, manifest, record, reference_run
+
+pytestmark = pytest.mark.slow
+KILLED = -signal.SIGKILL
+
+
+def killed(*args: str, fault: str) -> None:
+    out = grpo(*args, env={"GRPO_FAULT": fault}, check=False)
+    assert out.returncode == KILLED, (args, fault, out.returncode, out.stderr[-3000:])
+
+
+def killed_when(path: Path, *args: str) -> None:
+    """Run the CLI and SIGKILL it as soon as `path` appears."""
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == KILLED, f"exited {proc.returncode} before {path} appeared:\n{err.decode()[-3000:]}"
+
+
+def parts(run: Path, rel: str) -> list[str]:
+    return sorted(p.name for p in (run / rel).glob("part-*.parquet"))
+
+
+def done(run: Path, rel: str) -> bool:
+    return (run / rel / "MANIFEST.json").exists()
+
+
+def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_factory, tmp_path):
+    from pipeline.audit import audit_run
+    from pipeline.run import Run
+
+    ref = reference_run(tmp_path_factory, assets)
+    run = tmp_path / "run"
+    R = str(run)
+    grpo("init", R, "--config", str(write_config(tmp_path / "config.yaml", base_config(assets))))
+
+    # rollout: after its first part, then between its last part and its manifest
+    killed("rollout", R, fault="rollout:part")
+    assert parts(run, "iter-0000/rollout") == ["part-00000.parquet"] and not done(run, "iter-0000/rollout")
+    first = (run / "iter-0000/rollout/part-00000.parquet").stat()
+    killed("rollout", R, fault="rollout:manifest")
+    assert parts(run, "iter-0000/rollout") == ["part-00000.parquet", "part-00001.parquet"] and not done(run, "iter-0000/rollout")
+    again = (run / "iter-0000/rollout/part-00000.parquet").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # kept, not sampled again
+    grpo("rollout", R)  # only the manifest was missing
+    assert done(run, "iter-0000/rollout")
+
+    # score and logprobs: after a part and before the manifest; the last one inside iterate
+    killed("score", R, fault="score:part")
+    killed("score", R, fault="score:manifest")
+    assert parts(run, "iter-0000/score") == ["part-00000.parquet", "part-00001.parquet"] and not done(run, "iter-0000/score")
+    killed("logprobs", R, fault="logprobs:part")
+    assert parts(run, "iter-0000/logprobs") == ["part-00000.parquet"]
+    killed("iterate", R, "--iters", "2", fault="logprobs:manifest:0")
+    assert done(run, "iter-0000/score") and not done(run, "iter-0000/logprobs")
+
+    # update: while it writes its checkpoint, after training, and after publishing policy 1
+    killed_when(run / "iter-0000/update/.work", "iterate", R, "--iters", "2")
+    assert done(run, "iter-0000/logprobs") and not done(run, "iter-0000/update")
+    killed("update", R, fault="update:train")
+    assert not (run / "policy/iter-0001").exists()
+    killed("update", R, fault="update:publish")
+    assert done(run, "policy/iter-0001") and not done(run, "iter-0000/update")
+
+    # iterate: iteration 1's rollout before its manifest, then its update after publishing
+    killed("iterate", R, "--iters", "2", fault="rollout:manifest:1")
+    assert done(run, "iter-0000/update") and parts(run, "iter-0001/rollout") == ["part-00000.parquet", "part-00001.parquet"]
+    killed("iterate", R, "--iters", "2", fault="update:publish:1")
+    assert done(run, "policy/iter-0002") and not done(run, "iter-0001/update")
+    grpo("iterate", R, "--iters", "2")
+
+    assert record(run) == record(ref)  # the same parts, metrics and policies (the update too)
+    report = audit_run(Run(R))
+    assert report.ok, report.problems
+    assert report.skipped == []
+    leftovers = [p for p in run.rglob("*") if p.name.startswith(".tmp-") or p.name == ".work"]
+    assert leftovers == []
+    for k in range(2):
+        for stage in ("rollout", "score", "logprobs"):  # no part beyond the listed ones, no duplicated rows
+            rel = f"iter-{k:04d}/{stage}"
+            assert parts(run, rel) == sorted(manifest(run, rel)["outputs"]) == ["part-00000.parquet", "part-00001.parquet"]
+            assert manifest(run, rel)["rows"] == 16
+
+    # the same command once more: nothing to do, never a third iteration
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("MANIFEST.json")}
+    grpo("iterate", R, "--iters", "2")
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("MANIFEST.json")} == before
+    assert not (run / "iter-0002").exists()
+
+
+def test_a_second_process_on_a_running_stage_fails_clearly(assets, tmp_path_factory, tmp_path):
+    from pipeline.run import Run
+    from pipeline.score import run_score
+
+    ref = reference_run(tmp_path_factory, assets)
+    run = copy_run(ref, tmp_path / "run")
+    for rel in ("iter-0001/score", "iter-0001/update", "policy/iter-0002"):
+        shutil.rmtree(run / rel)
+    r = Run(str(run))
+
+    # another process is writing iteration 1's score: a second one is refused, nothing written
+    with r.store.lock("iter-0001/score/.lock-shard-0-of-1", "held by the test"):
+        out = grpo("score", str(run), "--iter", "1", check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: {run}/iter-0001/score/.lock-shard-0-of-1: another grpo process holds this lock "
+        "(score iteration 1 shard 0/1); wait for it or stop it"
+    ]
+    assert parts(run, "iter-0001/score") == [] and not done(run, "iter-0001/score")
+
+    run_score(r, 1)  # the first process finishes: exactly the uninterrupted run's parts
+    assert manifest(run, "iter-0001/score")["outputs"] == manifest(ref, "iter-0001/score")["outputs"]
+
+    with r.store.lock("iter-0001/update/.lock", "held by the test"):
+        out = grpo("update", str(run), "--iter", "1", check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: {run}/iter-0001/update/.lock: another grpo process holds this lock (update iteration 1); wait for it or stop it"
+    ]
+    assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
+    assert os.listdir(run / "iter-0001/update") == [".lock"]

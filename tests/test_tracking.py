@@ -1,0 +1,289 @@
+"""MLflow tracking against a real `mlflow server` on loopback and against the embedded store.
+
+The pipeline runs once for the module (real stages on the tiny model, two `grpo iterate`
+processes so the second resumes the first); everything MLflow holds is then read back with
+`MlflowClient` and compared with the run directory's own artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import base_config, grpo
+
+from pipeline import tracking
+from pipeline.evaluate import eval_summary
+from pipeline.run import Run
+from pipeline.store import hash_file, stage_rel
+
+ITERATION_METRICS = [
+    "reward/mean", "reward/std", "rewards/correct/mean", "rewards/format/mean", "frac_reward_zero_std",
+    "completions/mean_length", "completions/clipped_ratio", "kl/mean", "entropy/mean", "clip/ratio_low",
+    "clip/ratio_high", "clip/ratio_region", "loss/policy", "grad_norm", "lr", "logprobs/sampler_gap_max",
+    "time/rollout_s", "time/score_s", "time/logprobs_s", "time/update_s",
+    "tokens_per_s/rollout", "tokens_per_s/logprobs", "tokens_per_s/update",
+]
+
+
+# -- cheap checks: where a run logs, how the config becomes params ----------------------------------
+def test_resolve_target_precedence(make_run, monkeypatch):
+    path = make_run("target", tracking={"mlflow": True})
+    run = Run(path)
+    local = tracking.resolve_target(run)
+    root = Path(path).resolve()
+    assert (local.uri, local.key) == (f"sqlite:///{root}/mlflow.db", "embedded")
+    assert local.artifact_location == (root / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert tracking.resolve_target(run).uri == "http://127.0.0.1:1"
+    run.cfg.tracking.mlflow_uri = "http://127.0.0.1:2"  # the config wins over the environment
+    assert tracking.resolve_target(run).uri == "http://127.0.0.1:2"
+    run.cfg.tracking.mlflow = False
+    assert tracking.resolve_target(run) is None
+
+
+def test_remote_run_dir_tracks_to_local_cache(assets, monkeypatch):
+    from pipeline import config as config_mod
+    from pipeline.run import init_run
+    from pipeline.store import cache_dir
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"memory://grpo-tracking-{uuid.uuid4().hex}/run"
+    run = init_run(uri, config_mod.resolve(base_config(assets, tracking={"mlflow": True})))
+    target = tracking.resolve_target(run)
+    assert target.uri.startswith(f"sqlite:///{cache_dir() / 'mlflow'}")
+    assert "is remote" in target.note and uri in target.note
+
+
+def test_flat_params():
+    tree = {"a": {"b": 1, "c": [1, 2]}, "rewards": [{"fn": "x", "kwargs": {"key!": "v"}}], "e": {}, "n": None}
+    assert tracking.flat_params(tree) == {
+        "a.b": "1", "a.c": "[1, 2]", "rewards.0.fn": "x", "rewards.0.kwargs.key_": "v", "e": "{}", "n": "None",
+    }
+
+
+def test_disabled_tracking_logs_nothing(make_run):
+    path = make_run("off")  # base_config: tracking.mlflow false
+    run = Run(path)
+    assert tracking.sync(run) == []
+    tracking.log_stage(run, 0, "rollout")
+    assert not (Path(path) / "mlflow.db").exists() and not (Path(path) / "tracking.json").exists()
+
+
+def test_unreachable_server_is_a_warning(make_run, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = Run(make_run("unreachable", tracking={"mlflow": True, "mlflow_uri": f"http://127.0.0.1:{port}"}))
+    with caplog.at_level(logging.WARNING, logger="grpo.tracking"):
+        tracking.log_stage(run, 0, "update")  # must not raise
+    assert "could not log update of iteration 0" in caplog.text
+    assert not (Path(run.uri) / "tracking.json").exists()
+
+
+# -- a real server and a real run ----------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` on loopback: SQLite backend, artifacts proxied into a temp dir."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    log = open(root / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300  # the machine is shared; the server takes 10-30 s to start
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(1)
+    yield {"url": url, "root": root}
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def server_run(assets, mlflow_server, tmp_path_factory) -> dict:
+    """Two iterations with eval and a KL term, logged to the server; the second `grpo iterate`
+    process resumes the first (it must find the same MLflow run)."""
+    from pipeline import config as config_mod
+    from pipeline.run import init_run
+
+    cfg = base_config(
+        assets, eval={"every": 1, "max_prompts": 8}, loss={"kl_coef": 0.04},
+        tracking={"mlflow": True, "mlflow_uri": mlflow_server["url"], "sample_completions": 8},
+    )
+    path = tmp_path_factory.mktemp("server-run") / "run"
+    init_run(str(path), config_mod.resolve(cfg))
+    grpo("iterate", str(path), "--iters", "1")
+    first = json.loads((path / "tracking.json").read_text())
+    second = grpo("iterate", str(path), "--iters", "2")
+    info = json.loads((path / "tracking.json").read_text())["runs"][mlflow_server["url"]]
+    return {"path": path, "url": mlflow_server["url"], "first": first, "info": info, "iterate": second}
+
+
+def _parts(path: Path, k: int, stage: str) -> pa.Table:
+    m = json.loads((path / stage_rel(k, stage) / "MANIFEST.json").read_text())
+    return pa.concat_tables([pq.read_table(path / stage_rel(k, stage) / n) for n in sorted(m["outputs"])])
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+def test_one_mlflow_run_found_again_on_resume(server_run):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server_run["url"])
+    run_id = server_run["info"]["run_id"]
+    assert server_run["first"]["runs"][server_run["url"]]["run_id"] == run_id
+    exp = client.get_experiment_by_name("grpo")
+    same = client.search_runs([exp.experiment_id], f"tags.`grpo.run_uri` = '{server_run['path']}'")
+    assert [r.info.run_id for r in same] == [run_id]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    before = _history(client, run_id, "reward/mean")
+    assert [s for s, _ in before] == [0, 1]  # one value per iteration across the two processes
+    grpo("iterate", str(server_run["path"]), "--iters", "2")  # nothing to do: nothing logged twice
+    assert _history(client, run_id, "reward/mean") == before
+    assert len(client.search_runs([exp.experiment_id], f"tags.`grpo.run_uri` = '{server_run['path']}'")) == 1
+
+
+@pytest.mark.slow
+def test_params_and_tags(server_run):
+    from mlflow.tracking import MlflowClient
+
+    data = MlflowClient(server_run["url"]).get_run(server_run["info"]["run_id"]).data
+    assert data.params["rollout.num_generations"] == "4"
+    assert data.params["rewards.0.fn"] == "correct" and data.params["rewards.1.weight"] == "0.5"
+    assert data.params["loss.kl_coef"] == "0.04"
+    run = Run(str(server_run["path"]))
+    assert data.tags["grpo.config_hash"] == run.cfg_hash
+    assert data.tags["grpo.code_version"] == run.manifest(1, "update")["code_version"]
+    assert data.tags["grpo.final_policy"] == "policy/iter-0002"
+
+
+@pytest.mark.slow
+def test_metrics_match_the_artifacts(server_run):
+    from mlflow.tracking import MlflowClient
+
+    client, run_id, path = MlflowClient(server_run["url"]), server_run["info"]["run_id"], server_run["path"]
+    for key in ITERATION_METRICS:
+        assert [s for s, _ in _history(client, run_id, key)] == [0, 1], key
+    for k in (0, 1):  # recomputed here from the Parquet parts, independently of pipeline.inspect_run
+        score, rollout = _parts(path, k, "score"), _parts(path, k, "rollout")
+        steps = pq.read_table(path / stage_rel(k, "update") / "metrics.parquet")
+        expect = {
+            "reward/mean": float(np.nanmean(score.column("reward").to_numpy())),
+            "completions/mean_length": float(np.mean(rollout.column("completion_length").to_numpy())),
+            "completions/clipped_ratio": float(np.mean(rollout.column("truncated").to_numpy(zero_copy_only=False))),
+            "frac_reward_zero_std": float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)[::4])),  # G=4
+            "kl/mean": float(np.nanmean(steps.column("kl/mean").to_numpy())),
+            "lr": steps.column("lr").to_pylist()[-1],
+        }
+        for key, value in expect.items():
+            assert dict(_history(client, run_id, key))[k] == pytest.approx(value, rel=1e-6, abs=1e-9), (key, k)
+    for k in (0, 1, 2):  # eval of policy k at step k
+        ev = eval_summary(Run(str(path)), k)
+        assert dict(_history(client, run_id, "eval/accuracy"))[k] == pytest.approx(ev["eval/accuracy"])
+        assert dict(_history(client, run_id, "eval/reward"))[k] == pytest.approx(ev["eval/reward"])
+    # per optimizer step: step = the global step of metrics.parquet, across both iterations
+    steps = pa.concat_tables([pq.read_table(path / stage_rel(k, "update") / "metrics.parquet") for k in (0, 1)])
+    logged = _history(client, run_id, "step/loss/policy")
+    assert [s for s, _ in logged] == steps.column("step").to_pylist()
+    assert [v for _, v in logged] == pytest.approx(steps.column("loss/policy").to_pylist(), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_artifacts(server_run, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client, run_id, path = MlflowClient(server_run["url"]), server_run["info"]["run_id"], server_run["path"]
+
+    def ls(p):
+        return {f.path for f in client.list_artifacts(run_id, p)}
+
+    for k in (0, 1):
+        assert ls(f"manifests/iter-000{k}") == {f"manifests/iter-000{k}/{s}" for s in ("rollout", "score", "logprobs", "update", "eval")}
+    assert ls("manifests/iter-0002") == {"manifests/iter-0002/eval"}
+    got = client.download_artifacts(run_id, "manifests/iter-0001/update/MANIFEST.json", str(tmp_path))
+    assert Path(got).read_bytes() == (path / "iter-0001/update/MANIFEST.json").read_bytes()
+
+    assert ls("completions") == {"completions/iter-0000.json", "completions/iter-0001.json"}
+    table = json.loads(Path(client.download_artifacts(run_id, "completions/iter-0001.json", str(tmp_path))).read_text())
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert len(rows) == 8  # tracking.sample_completions: two whole groups of 4
+    assert {"prompt", "completion", "reward", "reward_correct", "reward_format", "advantage"} <= set(table["columns"])
+    score = _parts(path, 1, "score").to_pylist()
+    by_key = {(r["prompt_id"], r["sample_idx"]): r for r in score}
+    for row in rows:
+        src = by_key[(row["prompt_id"], row["sample_idx"])]
+        assert row["advantage"] == pytest.approx(src["advantage"], abs=1e-8)
+        assert row["reward"] == pytest.approx(src["reward"]) and row["reward_format"] == pytest.approx(src["reward_format"])
+    assert len({r["prompt_id"] for r in rows}) == 2
+
+    assert ls("plots") == {f"plots/{n}" for n in ("reward.png", "eval_accuracy.png", "kl.png", "completion_length.png")}
+    png = Path(client.download_artifacts(run_id, "plots/kl.png", str(tmp_path)))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    weights = Path(client.download_artifacts(run_id, "policy/iter-0002/model.safetensors", str(tmp_path)))
+    assert hash_file(weights) == hash_file(path / "policy/iter-0002/model.safetensors")
+    assert isinstance(json.loads(Path(client.download_artifacts(run_id, "diagnostics.json", str(tmp_path))).read_text()), list)
+
+
+@pytest.mark.slow
+def test_embedded_store_catches_up(server_run, monkeypatch):
+    """The same run logged into the default embedded store (sqlite in the run dir) by `sync`:
+    everything the server got, and nothing twice on a second sync."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    path = server_run["path"]
+    run = Run(str(path))
+    run.cfg_hash  # noqa: B018 - the run's hash, taken before the target is switched below
+    run.cfg.tracking.mlflow_uri = None
+    logged = tracking.sync(run)
+    assert logged == [stage_rel(k, s) for k in (0, 1) for s in ("rollout", "score", "logprobs", "update", "eval")] + ["iter-0002/eval"]
+    info = tracking.tracking_info(run)
+    assert info["tracking_uri"] == f"sqlite:///{path.resolve()}/mlflow.db"
+    local = MlflowClient(info["tracking_uri"])
+    server = MlflowClient(server_run["url"])
+    for key in ("reward/mean", "kl/mean", "eval/accuracy", "step/loss/policy"):
+        assert _history(local, info["run_id"], key) == _history(server, server_run["info"]["run_id"], key)
+    assert (path / "mlartifacts" / info["run_id"] / "artifacts" / "plots" / "reward.png").is_file()
+    assert tracking.sync(run) == []
+    assert len(_history(local, info["run_id"], "reward/mean")) == 2
+    assert os.path.exists(path / "tracking.json")
+    both = json.loads((path / "tracking.json").read_text())["runs"]
+    assert set(both) == {server_run["url"], "embedded"}
