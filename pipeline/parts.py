@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from pipeline import tracking
 from pipeline.errors import GRPOError
+from pipeline.progress import progress
 from pipeline.run import Run
 from pipeline.store import TMP_MARK, canonical_hash, fault_point, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
@@ -102,15 +103,15 @@ def run_parts(
     with store.lock(f"{sd}/.lock-shard-{shard.index}-of-{shard.count}", f"{stage} iteration {k} shard {shard}"):
         if (m := store.manifest(sd)) is not None:
             return m
-        for p in range(num_parts):
-            if not shard.owns(p):
-                continue
-            rel = f"{sd}/{part_name(p)}"
-            if store.table_meta(rel).get("input_hash") == stamp:
-                continue  # written by an earlier attempt from exactly these inputs
-            table = make_part(p)
-            store.write_table(rel, table, schema, meta={"input_hash": stamp, "part": p})
-            fault_point(f"{stage}:part", k)
+        mine = [p for p in range(num_parts) if shard.owns(p)]
+        with progress(f"{stage} iteration {k} parts", len(mine)) as bar:
+            for p in mine:
+                rel = f"{sd}/{part_name(p)}"
+                if store.table_meta(rel).get("input_hash") != stamp:  # else: an earlier attempt wrote it from these inputs
+                    table = make_part(p)
+                    store.write_table(rel, table, schema, meta={"input_hash": stamp, "part": p})
+                    fault_point(f"{stage}:part", k)
+                bar.advance()
     seconds = time.time() - t0
     return finalize(run, k, stage, num_parts, stamp, inputs, seconds, manifest_extra)
 

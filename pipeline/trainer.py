@@ -34,6 +34,7 @@ from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.logprobs import Batch, token_logprobs
 from pipeline.parts import read_parts
+from pipeline.progress import progress
 from pipeline.run import Run, policy_manifest
 from pipeline.store import MANIFEST, cache_dir, canonical_hash, fault_point, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, UPDATE_METRICS
@@ -171,46 +172,53 @@ class Trainer:
 
     # -- one iteration -------------------------------------------------------------------
     def train_iteration(self, data: "UpdateData", k: int) -> list[dict]:
-        cfg, t = self.cfg, self.cfg.train
-        n = data.size
+        t = self.cfg.train
+        n, rows = data.size, []
         if n == 0:
-            return []
-        micro = t.mini_batch_size // t.grad_accum
-        rows = []
+            return rows
         self.engine.train()
-        for epoch in range(t.epochs):
-            order = np.random.default_rng([cfg.seed, k, epoch]).permutation(n)
-            for b, start in enumerate(range(0, n, t.mini_batch_size)):
-                mb = order[start : start + t.mini_batch_size]
-                acc: dict[str, float] = {}
-                tokens = int(data.mask_sum(mb))
-                micros = [mb[i : i + micro] for i in range(0, len(mb), micro)]
-                lr = float(self.scheduler.get_last_lr()[0]) if self.scheduler else t.lr
-                for j, mi in enumerate(micros):
-                    # the boundary is set by hand so a short last mini-batch still steps
-                    self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                    mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
-                    weight = self._rank_weight(data, mine, mi)
-                    # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
-                    metrics = self.micro_step(data, mine if len(mine) else mi[:1], len(micros), tokens, weight)
-                    metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
-                    for key, v in metrics.items():  # mini-batch value: mean over micro-batches (dapo loss: sum)
-                        w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
-                        acc[key] = acc.get(key, 0.0) + v * w
-                pre_norm = self._grad_norm()
-                self.engine.step()
-                self.global_step += 1
-                grad_norm = self.engine.get_global_grad_norm()
-                grad_norm = pre_norm if grad_norm is None else grad_norm
-                rows.append(
-                    {
-                        "step": self.global_step, "epoch": epoch, "batch": b,
-                        **{key: acc.get(key, float("nan")) for key in _METRICS},
-                        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                        "lr": lr,
-                        "tokens": tokens,
-                    }
-                )
+        steps = t.epochs * -(-n // t.mini_batch_size)
+        with progress(f"update iteration {k} optimizer steps", steps) as bar:
+            for epoch in range(t.epochs):
+                rows += self._epoch(data, k, epoch, bar)
+        return rows
+
+    def _epoch(self, data: "UpdateData", k: int, epoch: int, bar) -> list[dict]:
+        cfg, t = self.cfg, self.cfg.train
+        n, micro, rows = data.size, t.mini_batch_size // t.grad_accum, []
+        order = np.random.default_rng([cfg.seed, k, epoch]).permutation(n)
+        for b, start in enumerate(range(0, n, t.mini_batch_size)):
+            mb = order[start : start + t.mini_batch_size]
+            acc: dict[str, float] = {}
+            tokens = int(data.mask_sum(mb))
+            micros = [mb[i : i + micro] for i in range(0, len(mb), micro)]
+            lr = float(self.scheduler.get_last_lr()[0]) if self.scheduler else t.lr
+            for j, mi in enumerate(micros):
+                # the boundary is set by hand so a short last mini-batch still steps
+                self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+                mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
+                weight = self._rank_weight(data, mine, mi)
+                # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
+                metrics = self.micro_step(data, mine if len(mine) else mi[:1], len(micros), tokens, weight)
+                metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
+                for key, v in metrics.items():  # mini-batch value: mean over micro-batches (dapo loss: sum)
+                    w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
+                    acc[key] = acc.get(key, 0.0) + v * w
+            pre_norm = self._grad_norm()
+            self.engine.step()
+            self.global_step += 1
+            grad_norm = self.engine.get_global_grad_norm()
+            grad_norm = pre_norm if grad_norm is None else grad_norm
+            rows.append(
+                {
+                    "step": self.global_step, "epoch": epoch, "batch": b,
+                    **{key: acc.get(key, float("nan")) for key in _METRICS},
+                    "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                    "lr": lr,
+                    "tokens": tokens,
+                }
+            )
+            bar.advance()
         return rows
 
     def _grad_norm(self) -> float | None:
