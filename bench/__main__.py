@@ -47,7 +47,7 @@ def run_worker(module: str, workload, out: Path, env: dict) -> dict:
         tail = log.read_text()[-4000:]
         raise RuntimeError(f"{module} {workload.name} failed ({proc.returncode}); log {log}:\n{tail}")
     for line in log.read_text().splitlines():
-        if line.startswith("["):
+        if line.startswith(f"[{workload.name}]") or line.startswith(f"[trl {workload.name}]"):
             print("  " + line, flush=True)
     result = json.loads(out.read_text())
     result["process_wall_s"] = time.time() - t
@@ -58,7 +58,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one tiny workload, fewer iterations (harness development)")
     ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2)")
-    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every worker (default: unset)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS for every process (default 1: robust when other processes share the cores; 0 leaves it unset)")
     ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
     ap.add_argument("--out", type=Path, default=None, help="markdown results, the JSON next to it (default bench/results.md; --quick: bench/work/results-quick.md)")
     ap.add_argument("--report", action="store_true", help="only re-render the markdown from the existing JSON")
@@ -96,7 +97,8 @@ def main() -> None:
         if w.commands:
             print(f"== {w.name}: separate commands x{w.commands}", flush=True)
             run = WORK / "runs" / w.name
-            entry["commands"] = [commands.run_iteration(run, k, env) for k in range(w.iters, w.iters + w.commands)]
+            first = w.iters + (1 if w.profile else 0)  # after the iterations `grpo iterate` did
+            entry["commands"] = [commands.run_iteration(run, k, env) for k in range(first, first + w.commands)]
         if not args.skip_trl:
             print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps}", flush=True)
             entry["trl"] = run_worker("bench.trl_run", w, scratch / f"{w.name}-trl.json", env)

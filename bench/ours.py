@@ -9,14 +9,17 @@ every iteration, their first round being their own warm-up.
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
+import pstats
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from bench import bare
-from bench.probes import Probes, by_phase, diff, install_product_probes, loadavg, machine_info
+from bench.probes import Probes, by_phase, diff, install_import_probe, install_product_probes, loadavg, machine_info
 from bench.workloads import WORK, config_tree, load_workload
 
 
@@ -38,6 +41,7 @@ def main(workload_json: str, out: str) -> None:
     run = init_run(str(path), cfg)
 
     probes = Probes()
+    install_import_probe(probes)
     install_product_probes(probes)
     probes.rss.start()
 
@@ -53,8 +57,14 @@ def main(workload_json: str, out: str) -> None:
     mark = {"snap": probes.snapshot(), "cpu": probes.snapshot(cpu=True), "phase_cpu": dict(probes.phase_cpu)}
     bare_ds: dict = {}
 
+    profiler = cProfile.Profile()
+
     def on_iteration(row: dict) -> None:
         k = row["iteration"]
+        if k == w.iters:  # the extra, profiled iteration: not timed, no baselines
+            profiler.disable()
+            rows.append({"iteration": k, "profiled": True, "seconds": row["seconds"], "reward/mean": row.get("reward/mean")})
+            return
         probes.set_phase("bare")
         row["categories"] = by_phase(diff(probes.snapshot(), mark["snap"]))
         row["cpu_categories"] = by_phase(diff(probes.snapshot(cpu=True), mark["cpu"]))
@@ -77,10 +87,12 @@ def main(workload_json: str, out: str) -> None:
               + " | bare " + " ".join(f"{s}={v['seconds']:.2f}" for s, v in row["bare"].items()), flush=True)
         probes.set_phase("final")
         mark.update(snap=probes.snapshot(), cpu=probes.snapshot(cpu=True), phase_cpu=dict(probes.phase_cpu))
+        if w.profile and k == w.iters - 1:
+            profiler.enable()
 
     info = machine_info()
     t0 = time.perf_counter()
-    iterate_mod.iterate(run, w.iters, on_iteration=on_iteration)
+    iterate_mod.iterate(run, w.iters + (1 if w.profile else 0), on_iteration=on_iteration)
     wall = time.perf_counter() - t0
     final = by_phase(diff(probes.snapshot(), mark["snap"]))
     probes.rss.stop()
@@ -93,8 +105,20 @@ def main(workload_json: str, out: str) -> None:
         "final": final,
         "probes": probes.report(),
         "config": cfg.model_dump(mode="json"),
+        "profile": profile_text(profiler) if w.profile else None,
     }
     Path(out).write_text(json.dumps(result, indent=1, default=str))
+
+
+def profile_text(profiler: cProfile.Profile, n: int = 25) -> dict:
+    """The profiled iteration's top functions, by own time and by cumulative time."""
+    out = {}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).strip_dirs().sort_stats(key).print_stats(n)
+        text = buf.getvalue()
+        out[key] = text[text.find("   ncalls"):].rstrip()
+    return out
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ class Probes:
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
         self.phase_cpu: dict[str, float] = defaultdict(float)  # process CPU seconds per phase, probed or not
         self._phase_cpu_start = time.process_time()
-        self.stack: list[list] = []  # [category, segment start, absorbs io]
+        self.stack: list[list] = []  # [category, wall segment start, absorbs io, cpu segment start]
+        self.main_thread = threading.get_ident()  # the product runs here; other threads pass through
         self.patched: list[tuple[object, str, object]] = []
         self.rss = RssSampler(self)
 
@@ -68,7 +69,7 @@ class Probes:
 
         @functools.wraps(fn)
         def probed(*args, **kwargs):
-            if io and probes._absorbed():
+            if (io and probes._absorbed()) or threading.get_ident() != probes.main_thread:
                 return fn(*args, **kwargs)
             probes._enter(category, absorb)
             try:
@@ -136,6 +137,16 @@ class Probes:
             "rss_peak_mb": dict(self.rss.peak_mb),
             "process_peak_rss_mb": peak_rss_mb(),
         }
+
+
+def install_import_probe(probes: Probes) -> None:
+    """Books every module load (the first `import` of a module, wherever it happens: lazy imports
+    inside engine start included) to the category "imports". The interpreter looks the loader up
+    on the frozen importlib module at each import, so wrapping it there sees them all."""
+    bootstrap = sys.modules["_frozen_importlib"]
+    original = bootstrap._find_and_load
+    bootstrap._find_and_load = probes.wrap(original, "imports")
+    probes.patched.append((bootstrap, "_find_and_load", original))
 
 
 def diff(after: dict, before: dict) -> dict:

@@ -43,16 +43,19 @@ def cat_means(rows: list[dict], phase: str) -> dict[str, float]:
 def summarize(entry: dict) -> dict:
     """The numbers the tables show, for one workload."""
     it = entry["iterate"]
-    rows = measured(it["iterations"])
+    timed = [r for r in it["iterations"] if not r.get("profiled")]
+    rows = measured(timed)
     w = entry["workload"]
     s: dict = {"workload": w, "n": len(rows), "iter_s": mean(r["seconds"] for r in rows)}
+    s["iter_cpu_s"] = mean(sum(r["cpu"].get(p, 0.0) for p in STAGES + ("summary",)) for r in rows)
     s["tokens"] = mean(r["tokens"] for r in rows)
-    s["cold_s"] = it["iterations"][0]["seconds"]
-    s["cold_engine_start_s"] = sum(c.get("engine_start", 0.0) for c in it["iterations"][0]["categories"].values())
+    s["cold_s"] = timed[0]["seconds"]
+    s["cold_engine_start_s"] = sum(c.get("engine_start", 0.0) for c in timed[0]["categories"].values())
+    s["cold_imports_s"] = sum(c.get("imports", 0.0) for c in timed[0]["categories"].values())
     s["stages"] = {}
     for st in STAGES + ("summary",):
-        secs = mean(r["timings"].get(st, 0.0) for r in rows) if st != "summary" else mean(
-            sum(r["categories"].get("summary", {}).values()) for r in rows)
+        # summary: iteration_summary, the rest of the iteration after the four stages
+        secs = mean(r["timings"][st] if st != "summary" else r["seconds"] - sum(r["timings"].values()) for r in rows)
         cats = cat_means(rows, st)
         row = {"seconds": secs, "categories": cats, "other": max(0.0, secs - sum(cats.values())),
                "peak_rss_mb": it["probes"]["rss_peak_mb"].get(st)}
@@ -67,10 +70,11 @@ def summarize(entry: dict) -> dict:
             row["ratio"] = ours_sum / bare_sum
             row["engine_s"] = eng_sum / len(rows)
             row["engine_ratio"] = eng_sum / bare_sum
+            row["cpu_ratio"] = sum(r["cpu"].get(st, 0.0) for r in rows) / sum(r["bare"][st]["cpu_s"] for r in rows)
         s["stages"][st] = row
     s["bare_checks"] = {
-        "same_tokens": all(r["bare"]["rollout"]["same_tokens"] for r in it["iterations"]),
-        "logprob_max_abs_diff": max(r["bare"]["logprobs"]["max_abs_diff_vs_ours"] for r in it["iterations"]),
+        "same_tokens": all(r["bare"]["rollout"]["same_tokens"] for r in timed),
+        "logprob_max_abs_diff": max(r["bare"]["logprobs"]["max_abs_diff_vs_ours"] for r in timed),
     }
     art = {c: mean(sum(r["categories"].get(p, {}).get(c, 0.0) for p in STAGES + ("summary",)) for r in rows) for c in ARTIFACT + ("code_version", "checkpoint")}
     s["artifact"] = art
@@ -78,14 +82,17 @@ def summarize(entry: dict) -> dict:
     s["artifact_frac"] = s["artifact_s"] / s["iter_s"]
     s["checkpoint_frac"] = art["checkpoint"] / s["iter_s"]
     s["rewards"] = [r.get("reward/mean") for r in it["iterations"]]
-    s["loadavg"] = [r["loadavg"][0] for r in it["iterations"]]
+    s["loadavg"] = [r["loadavg"][0] for r in timed]
+    s["profile"] = it.get("profile")
     s["peak_rss_mb"] = it["probes"]["process_peak_rss_mb"]
     if "trl" in entry:
         t = entry["trl"]
         cyc = measured(t["cycles"])
         s["trl"] = {
             "cycle_s": mean(c["seconds"] for c in cyc),
+            "cycle_cpu_s": mean(c["cpu_s"] for c in cyc),
             "generate_s": mean(c["generate_s"] for c in cyc),
+            "generate_cpu_s": mean(c.get("generate_cpu_s", float("nan")) for c in cyc),
             "tokens_per_s": sum(c["tokens"] for c in cyc) / sum(c["seconds"] for c in cyc),
             "rewards": [c["reward/mean"] for c in t["cycles"]],
             "setup_s": t["setup_s"],
@@ -94,6 +101,7 @@ def summarize(entry: dict) -> dict:
             "loadavg": [c["loadavg"][0] for c in t["cycles"]],
         }
         s["trl"]["ratio"] = s["iter_s"] / s["trl"]["cycle_s"]
+        s["trl"]["cpu_ratio"] = s["iter_cpu_s"] / s["trl"]["cycle_cpu_s"]
     s["ours_tokens_per_s"] = s["tokens"] / s["iter_s"]
     if entry.get("commands"):
         s["commands"] = summarize_commands(entry["commands"], s["iter_s"])
@@ -109,21 +117,24 @@ def summarize_commands(iterations: list[dict], warm_iter_s: float) -> dict:
             for phase in c["categories"].values():
                 for k, v in phase.items():
                     cats[k] = cats.get(k, 0.0) + v / len(cs)
-        per_stage[st] = {
-            "wall_s": mean(c["wall_s"] for c in cs),
+        wall = mean(c["wall_s"] for c in cs)
+        row = {
+            "wall_s": wall,
             "startup_s": mean(c["startup_s"] for c in cs),
-            "preimport_s": mean(c["preimport_s"] for c in cs),
-            "import_total_s": mean(c["import_total_s"] for c in cs),
-            "main_s": mean(c["main_s"] for c in cs),
             "exit_s": mean(c["exit_s"] for c in cs),
+            "import_total_s": mean(c["import_total_s"] for c in cs),
+            "imports_s": cats.get("imports", 0.0),
             "engine_start_s": cats.get("engine_start", 0.0),
             "mlflow_s": cats.get("mlflow", 0.0) + cats.get("diagnostics", 0.0),
             "compute_s": sum(cats.get(k, 0.0) for k in ("generate", "forward", "train", "rewards")),
+            "artifact_s": sum(cats.get(k, 0.0) for k in ARTIFACT + ("code_version", "checkpoint") if k not in ("mlflow", "diagnostics")),
             "peak_rss_mb": max(c["peak_rss_mb"] for c in cs),
-            "imports": {k: mean(c["imports"].get(k, 0.0) for c in cs) for k in cs[0]["imports"]},
+            "top_imports": {k: mean(c.get("top_imports", {}).get(k, 0.0) for c in cs) for k in cs[0].get("top_imports", {})},
         }
+        row["other_s"] = wall - sum(row[k] for k in ("startup_s", "exit_s", "imports_s", "engine_start_s", "mlflow_s", "compute_s", "artifact_s"))
+        per_stage[st] = row
     total = mean(it["wall_s"] for it in iterations)
-    fixed = {k: sum(p[k] for p in per_stage.values()) for k in ("startup_s", "preimport_s", "engine_start_s", "exit_s", "mlflow_s")}
+    fixed = {k: sum(p[k] for p in per_stage.values()) for k in ("startup_s", "imports_s", "engine_start_s", "exit_s", "mlflow_s", "other_s")}
     return {"stages": per_stage, "iteration_s": total, "extra_s": total - warm_iter_s, "fixed": fixed}
 
 
@@ -168,12 +179,13 @@ def render(results: dict) -> str:
     out += ["## Targets", "", "| workload | target | measured | |", "|---|---|---|---|"]
     for name, s in sums.items():
         if "trl" in s:
-            out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL s/step | {s['trl']['ratio']:.2f} x "
-                       f"({s['iter_s']:.1f} s vs {s['trl']['cycle_s']:.1f} s) | {_ok(s['trl']['ratio'], TRL_TARGET)} |")
+            t = s["trl"]
+            out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL's for the same work | {t['ratio']:.2f} x "
+                       f"({s['iter_s']:.1f} s vs {t['cycle_s']:.1f} s; CPU {t['cpu_ratio']:.2f} x) | {_ok(t['ratio'], TRL_TARGET)} |")
         for st in BARE:
             r = s["stages"][st]
             out.append(f"| {name} | {st} <= {TARGETS[st]} x bare {BARE[st]} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "
-                       f"engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st])} |")
+                       f"CPU {r['cpu_ratio']:.2f} x; engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st])} |")
         target_note = "" if name.startswith("small") else " (target is for small)"
         out.append(f"| {name} | artifact overhead <= {ARTIFACT_TARGET:.0%} of an iteration{target_note} | {s['artifact_frac']:.1%} "
                    f"({s['artifact_s']:.2f} s; + checkpoints {s['checkpoint_frac']:.1%}) | "
@@ -196,11 +208,11 @@ def render(results: dict) -> str:
                    f"({s['ours_tokens_per_s']:.0f} tok/s end to end); cold first iteration {s['cold_s']:.1f} s "
                    f"(engine start {s['cold_engine_start_s']:.1f} s); process peak RSS {s['peak_rss_mb']:.0f} MB.")
         out.append("")
-        out.append("| stage | seconds | tok/s | peak RSS MB | bare s | bare tok/s | ratio | engine call s (ratio) | where the time goes (s) |")
+        out.append("| stage | seconds | tok/s | peak RSS MB | bare s | bare tok/s | ratio (CPU) | engine call s (ratio) | where the time goes (s) |")
         out.append("|---|---|---|---|---|---|---|---|---|")
         for st, r in s["stages"].items():
             out.append(f"| {st} | {r['seconds']:.2f} | {_f(r['tokens_per_s'], '.0f')} | {_f(r['peak_rss_mb'], '.0f')} | "
-                       f"{_f(r.get('bare_s'))} | {_f(r.get('bare_tokens_per_s'), '.0f')} | {_f(r.get('ratio'))} | "
+                       f"{_f(r.get('bare_s'))} | {_f(r.get('bare_tokens_per_s'), '.0f')} | {_f(r.get('ratio'))} ({_f(r.get('cpu_ratio'))}) | "
                        f"{_f(r.get('engine_s'))} ({_f(r.get('engine_ratio'))}) | {_top(r['categories'], r['other'], 6)} |")
         a = s["artifact"]
         out.append("")
@@ -215,25 +227,32 @@ def render(results: dict) -> str:
     if any("commands" in s for s in sums.values()):
         out += ["## Separate commands (one process per stage)", "",
                 "Each command is `grpo STAGE RUN --iter K` continuing the run above (`python -X importtime -m bench.cli_probe`, "
-                "which calls `stages.cli.main`). start = interpreter start until the first line runs; imports = the libraries "
-                "the stage imports anyway, timed up front; engine = vLLM `LLM(...)` / HF model load / DeepSpeed init with "
-                "trainer-state load; exit = interpreter shutdown.", ""]
+                "which calls `stages.cli.main`). interpreter start = Popen until the first line runs; imports = every module "
+                "load, wherever it happens (the lazy ones inside engine start too; the process total from -X importtime in "
+                "brackets); engine start = vLLM `LLM(...)` / HF model load / DeepSpeed init with the trainer-state load; "
+                "MLflow = client start and logging; artifacts = Parquet, hashing, manifests, checkpoints; exit = interpreter "
+                "shutdown after the command returned.", ""]
         for name, s in sums.items():
             if "commands" not in s:
                 continue
             c = s["commands"]
             out.append(f"### {name}")
             out.append("")
-            out.append("| command | wall s | start | imports (all, -X importtime) | engine start | MLflow | compute | exit | peak RSS MB |")
-            out.append("|---|---|---|---|---|---|---|---|---|")
+            out.append("| command | wall s | interpreter start | imports (-X importtime) | engine start | MLflow | compute | artifacts | other | exit | peak RSS MB |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for st, p in c["stages"].items():
-                out.append(f"| {st} | {p['wall_s']:.2f} | {p['startup_s']:.2f} | {p['preimport_s']:.2f} ({p['import_total_s']:.2f}) | "
-                           f"{p['engine_start_s']:.2f} | {p['mlflow_s']:.2f} | {p['compute_s']:.2f} | {p['exit_s']:.2f} | {p['peak_rss_mb']:.0f} |")
+                out.append(f"| {st} | {p['wall_s']:.2f} | {p['startup_s']:.2f} | {p['imports_s']:.2f} ({p['import_total_s']:.2f}) | "
+                           f"{p['engine_start_s']:.2f} | {p['mlflow_s']:.2f} | {p['compute_s']:.2f} | {p['artifact_s']:.2f} | "
+                           f"{p['other_s']:.2f} | {p['exit_s']:.2f} | {p['peak_rss_mb']:.0f} |")
             f = c["fixed"]
             out.append("")
-            out.append(f"Per iteration: {c['iteration_s']:.1f} s as four commands vs {s['iter_s']:.1f} s warm: +{c['extra_s']:.1f} s, of which "
-                       f"interpreter start {f['startup_s']:.1f}, imports {f['preimport_s']:.1f}, engine start {f['engine_start_s']:.1f}, "
-                       f"exit {f['exit_s']:.1f}, MLflow (client + logging, per process) {f['mlflow_s']:.1f}.")
+            out.append(f"Per iteration: {c['iteration_s']:.1f} s as four commands vs {s['iter_s']:.1f} s warm: +{c['extra_s']:.1f} s. "
+                       f"Summed over the four processes: interpreter start {f['startup_s']:.1f}, imports {f['imports_s']:.1f}, "
+                       f"engine start {f['engine_start_s']:.1f}, MLflow (client start + logging) {f['mlflow_s']:.1f}, "
+                       f"other {f['other_s']:.1f}, interpreter exit {f['exit_s']:.1f}.")
+            out.append("")
+            out.append("Largest imports per command (s, -X importtime, outermost): " + "; ".join(
+                f"{st}: " + ", ".join(f"{k} {v:.1f}" for k, v in list(p["top_imports"].items())[:5]) for st, p in c["stages"].items()))
             out.append("")
 
     if any("trl" in s for s in sums.values()):
@@ -241,19 +260,29 @@ def render(results: dict) -> str:
                 f"TRL {m['versions'].get('trl')}, HF `generate` (use_vllm=False), same model, prompts, rewards, G, completions per "
                 "generation, max new tokens, epochs (num_iterations), mini-batch, optimizer and DAPO loss; gradient checkpointing "
                 "and bf16 off. One TRL cycle (one generation + its optimizer steps) = one of our iterations.", ""]
-        out.append("| workload | TRL s/iteration (steps) | ours s/iteration | ratio | TRL generate s | TRL tok/s | ours tok/s | TRL peak RSS MB | reward per iteration: ours | TRL |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("| workload | TRL s/iteration (steps) | ours s/iteration | ratio | CPU s per iteration: TRL, ours (ours/TRL) | TRL generate s (CPU) | TRL tok/s | ours tok/s | TRL peak RSS MB | reward per iteration: ours | TRL |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sums.items():
             if "trl" not in s:
                 continue
             t = s["trl"]
-            out.append(f"| {name} | {t['cycle_s']:.2f} ({t['steps_per_cycle']}) | {s['iter_s']:.2f} | {t['ratio']:.2f} | {t['generate_s']:.2f} | "
+            out.append(f"| {name} | {t['cycle_s']:.2f} ({t['steps_per_cycle']}) | {s['iter_s']:.2f} | {t['ratio']:.2f} | "
+                       f"{t['cycle_cpu_s']:.2f}, {s['iter_cpu_s']:.2f} ({t['cpu_ratio']:.2f}) | {t['generate_s']:.2f} ({_f(t['generate_cpu_s'])}) | "
                        f"{t['tokens_per_s']:.0f} | {s['ours_tokens_per_s']:.0f} | {t['peak_rss_mb']:.0f} | "
                        f"{' '.join(_f(x, '.3f') for x in s['rewards'])} | {' '.join(_f(x, '.3f') for x in t['rewards'])} |")
         out.append("")
+        out.append("TRL generate = TRL's `_generate_and_score_completions`: HF generate, the old-policy logprob pass and the rewards. "
+                   "CPU s = process CPU seconds (all threads): on a loaded machine it is the steadier measure of work.")
         out.append("Rewards are the mean total reward (correct + 0.1 x format) of each iteration's samples, same task and seed; "
                    "the prompts differ (each samples its own), and a few iterations are too few to tell the two apart.")
         out.append("")
+    profiled = [(n, s["profile"]) for n, s in sums.items() if s.get("profile")]
+    if profiled:
+        out += ["## Profiles", "", "One extra `grpo iterate` iteration per profiled workload under cProfile (not counted above): "
+                "the top functions by own time and by cumulative time.", ""]
+        for name, prof in profiled:
+            for key in ("tottime", "cumulative"):
+                out += [f"<details><summary>{name}: by {key}</summary>", "", "```", prof[key], "```", "", "</details>", ""]
     out += ["## Definitions", "",
             "- tokens/s: completion tokens processed per second (update: once per epoch).",
             "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "

@@ -127,9 +127,9 @@ def main(workload_json: str, out: str) -> None:
     generate = trainer._generate_and_score_completions
 
     def timed_generate(*a, **kw):  # generation + old logprobs + rewards, once per cycle
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = generate(*a, **kw)
-        gen.append({"seconds": time.perf_counter() - t, "tokens": int(out["completion_mask"].sum())})
+        gen.append({"seconds": time.perf_counter() - t, "cpu_s": time.process_time() - c, "tokens": int(out["completion_mask"].sum())})
         return out
 
     trainer._generate_and_score_completions = timed_generate
@@ -150,6 +150,7 @@ def main(workload_json: str, out: str) -> None:
                 "seconds": seconds,
                 "cpu_s": step_cpu[(c + 1) * per_cycle] - step_cpu[c * per_cycle],
                 "generate_s": gen[c]["seconds"] if c < len(gen) else math.nan,
+                "generate_cpu_s": gen[c]["cpu_s"] if c < len(gen) else math.nan,
                 "tokens": gen[c]["tokens"] if c < len(gen) else 0,
                 "reward/mean": float(total.mean()),
                 "accuracy": float(np.nanmean(per_fn["correct"])),

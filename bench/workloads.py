@@ -35,6 +35,8 @@ class Workload:
     """Further iterations run as the four separate commands (one process each)."""
     trl_steps: int
     """TRL generation cycles (one cycle = one of our iterations); the first is not counted."""
+    profile: bool = False
+    """Run one more `grpo iterate` iteration under cProfile (not counted in the timings)."""
     num_generations: int = 8
     prompts_per_iter: int = 16
     max_new_tokens: int = 64
@@ -52,11 +54,11 @@ class Workload:
 
 def workloads(quick: bool) -> list[Workload]:
     if quick:
-        return [Workload("tiny", 1, iters=2, commands=1, trl_steps=2)]
+        return [Workload("tiny", 1, iters=2, commands=1, trl_steps=2, profile=True)]
     return [
-        Workload("tiny", 1, iters=3, commands=1, trl_steps=3),
+        Workload("tiny", 1, iters=3, commands=1, trl_steps=3, profile=True),
         Workload("tiny", 2, iters=3, commands=0, trl_steps=3),
-        Workload("small", 1, iters=3, commands=1, trl_steps=3),
+        Workload("small", 1, iters=3, commands=1, trl_steps=3, profile=True),
         Workload("small", 2, iters=3, commands=0, trl_steps=3),
     ]
 

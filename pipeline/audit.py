@@ -244,7 +244,8 @@ class _Auditor:
         meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items()}
         if meta.get("grpo.input_hash") != stamp:
             self.audit.problem(rel, "stamped with another input_hash than its manifest's (a part of another attempt or run)")
-        if meta.get("grpo.part") != str(int(name[5:10])):
+        index = name[len("part-") : -len(".parquet")]
+        if not index.isdigit() or meta.get("grpo.part") != str(int(index)):
             self.audit.problem(rel, f"stamped as part {meta.get('grpo.part')}, listed as {name}")
 
     def check_rollout_link(self, k: int, mrel: str, ref: dict, outputs: dict) -> None:
@@ -326,14 +327,21 @@ class _Auditor:
             self.audit.problem(mrel, f"outputs.policy does not match {nxt}/{MANIFEST}")
 
     # -- the whole run -------------------------------------------------------------------
+    def guarded(self, rel: str, check, *args) -> None:
+        """A hand-edited manifest can hold anything: a field of the wrong shape is a problem, not a crash."""
+        try:
+            check(*args)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            self.audit.problem(f"{rel}/{MANIFEST}", f"malformed ({type(err).__name__}: {err})")
+
     def run_all(self) -> Audit:
         policies = [int(n[5:]) for n in self.store.listdir("policy") if n.startswith("iter-") and n[5:].isdigit()]
         last = max(policies + self.run.iterations() + [0])
         for k in range(last + 1):
-            self.check_policy(k)
+            self.guarded(policy_rel(k), self.check_policy, k)
             for stage in PART_STAGES:
-                self.check_stage(k, stage)
-            self.check_update(k)
+                self.guarded(stage_rel(k, stage), self.check_stage, k, stage)
+            self.guarded(stage_rel(k, "update"), self.check_update, k)
         self.audit.iterations = self.run.completed_iters()
         if self.config_mismatch:
             first = self.config_mismatch[0]

@@ -103,7 +103,7 @@ def make_prompts(df: pl.DataFrame, ids: list[int], tokenizer, data: DataConfig, 
         raw = row.pop(data.prompt_column)
         where = f"{source} row {pid}"
         text = render(tokenizer, raw, data, where)
-        tok = tokenizer(text, add_special_tokens=False)["input_ids"]
+        tok = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # the length check is ours, below
         if len(tok) > max_prompt_len:
             raise GRPOError(f"{where}: prompt has {len(tok)} tokens, more than the {max_prompt_len} the model's context leaves for it")
         out.append(Prompt(prompt_id=pid, raw=raw, text=text, ids=list(tok), columns=row))

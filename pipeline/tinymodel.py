@@ -57,7 +57,7 @@ SIZES = {
 }
 Size = Literal["tiny", "small"]
 
-SFT_STEPS, SFT_LR, SFT_BATCH = 150, 1e-3, 16
+SFT_STEPS, SFT_LR, SFT_BATCH = 200, 1e-3, 16
 """Defaults of the warm start (see make_model); measured in make_model.json."""
 
 

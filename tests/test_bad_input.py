@@ -209,14 +209,16 @@ def test_nan_logprobs(iter1_undone, cli):
 
 # -- disk full -----------------------------------------------------------------------------
 
+REAL_FSYNC = os.fsync
+
+
 def no_space_for(monkeypatch, pattern: str) -> None:
     """fsync (where the store's writes reach the disk) fails with ENOSPC for files matching `pattern`."""
-    real = os.fsync
 
     def fsync(fd):
         if re.search(pattern, os.readlink(f"/proc/self/fd/{fd}")):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd)
+        REAL_FSYNC(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
 
@@ -224,7 +226,6 @@ def no_space_for(monkeypatch, pattern: str) -> None:
 @pytest.mark.slow
 def test_disk_full_while_writing_parts_and_manifest(ref, iter1_undone, cli, monkeypatch):
     score = iter1_undone / "iter-0001/score"
-    real_fsync = os.fsync
     no_space_for(monkeypatch, r"part-\d+\.parquet$")
     assert cli("score", iter1_undone, "--iter", 1) == f"{score}/part-00000.parquet: write failed: No space left on device"
     assert nothing_in(score)
@@ -233,7 +234,7 @@ def test_disk_full_while_writing_parts_and_manifest(ref, iter1_undone, cli, monk
     assert cli("score", iter1_undone, "--iter", 1) == f"{score}/MANIFEST.json: write failed: No space left on device"
     assert sorted(p.name for p in score.iterdir() if not p.name.startswith(".lock")) == ["part-00000.parquet", "part-00001.parquet"]
 
-    monkeypatch.setattr(os, "fsync", real_fsync)  # space again: the same command finishes from the parts written
+    monkeypatch.setattr(os, "fsync", REAL_FSYNC)  # space again: the same command finishes from the parts written
     from pipeline.run import Run
     from pipeline.score import run_score
 

@@ -6,10 +6,12 @@ ZeRO-3 (so the policy is consolidated from both ranks' partitions). Each rank ta
 every micro-batch, DeepSpeed averages the gradients, so the global batch is the same and the
 weights agree up to float summation order.
 
-Tolerance (measured on this machine, 16 completions, 2 AdamW steps at lr 1e-4): the largest
-weight difference was 9.2e-7 against a largest update of 3.0e-4 (a few ULPs of fp32 through
-Adam's normalisation). We allow 1e-5 absolute, still 30x below the update, and require the
-difference to stay below 2 % of the update for every tensor.
+Tolerance, measured on this machine (AdamW at lr 1e-4): with this test's config (ZeRO-3, KL
+term, 16 completions, 2 steps) the largest weight difference was 2.8e-6 against a largest
+update of 2.0e-4; with ZeRO-0 and 24 completions in 3 steps, 9.2e-7 against 3.0e-4. Both are
+float summation order amplified by Adam's normalisation. We allow 1e-5 absolute, 3.5x the
+largest measured and 20x below the update, and at most 2 % of every tensor's update (measured
+0.017 %).
 """
 
 from __future__ import annotations

@@ -161,4 +161,6 @@ def test_workflow_steps_move_a_tiny_run_forward(assets, tmp_path):
     status = json.loads((temp / "grpo-status.json").read_text())
     assert status["completed"] == 2
     assert (run / "policy/iter-0002/MANIFEST.json").is_file()
-    assert summary.read_text().count("```") == 4  # one status table per report step
+    text = summary.read_text()  # one markdown table per report step
+    assert f"### {run}: 1 iterations done" in text and f"### {run}: 2 iterations done" in text
+    assert "| 1 | rollout, score, logprobs, update |" in text
