@@ -19,16 +19,22 @@ class IterationTable:
     HEAD = f"{'iter':>4}  {'reward':>7}  {'eval acc':>8}  {'KL':>8}  {'zero-std':>8}  {'seconds':>7}"
 
     def __init__(self, run):
+        self.run = run
+        self.start = None
+        print(self.HEAD, flush=True)
+
+    def _before(self, k: int) -> None:
+        """The eval of the policy the first printed iteration starts from (iterate makes it)."""
         from pipeline.evaluate import eval_summary
 
-        self.run = run
-        print(self.HEAD, flush=True)
-        start = run.completed_iters()
-        ev = eval_summary(run, start) or {}
+        ev = eval_summary(self.run, k) or {}
         if ev:
-            print(f"{'':>4}  {'':>7}  {_fmt(ev.get('eval/accuracy'), '8.3f')}  (policy {start}, before training)", flush=True)
+            print(f"{'':>4}  {'':>7}  {_fmt(ev.get('eval/accuracy'), '8.3f')}  (policy {k}, before these iterations)", flush=True)
 
     def add(self, row: dict) -> None:
+        if self.start is None:
+            self.start = row["iteration"]
+            self._before(self.start)
         print(
             f"{row['iteration']:>4}  {_fmt(row.get('reward/mean'), '7.3f')}  {_fmt(row.get('eval/accuracy'), '8.3f')}  "
             f"{_fmt(row.get('kl/mean'), '8.4f')}  {_fmt(row.get('frac_reward_zero_std'), '8.2f')}  {row['seconds']:7.1f}",
