@@ -47,6 +47,8 @@ class VLLMEngine:
             from vllm import LLM
         except ImportError:
             raise GRPOError("rollout.engine vllm: vLLM is not installed (pip install 'grpo[cpu]' or 'grpo[gpu]'), or set rollout.engine: hf") from None
+        if cfg.data_parallel_size > 1:  # vLLM 0.32's offline LLM raises on it
+            raise GRPOError("rollout.data_parallel_size > 1 is not supported by vLLM's offline engine; run --shard i/N workers instead")
         self.cfg = cfg
         self.llm = LLM(
             model=str(model_dir),

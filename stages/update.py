@@ -1,7 +1,7 @@
 """`grpo update RUN [--iter K]`: train policy K into policy K+1 with DeepSpeed.
 
 iter-K/{rollout,score,logprobs} + policy/iter-K -> policy/iter-(K+1) + iter-K/update/
-Multi-process: `deepspeed --num_gpus 2 -m stages.cli update RUN` or
+Multi-process: `deepspeed --num_gpus 2 --no_local_rank --module stages.cli update RUN` or
 `torchrun --nproc_per_node 2 -m stages.cli update RUN`.
 """
 

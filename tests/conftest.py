@@ -19,6 +19,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# DeepSpeed JIT-builds its shm comm op once per environment; a cache shared between venvs
+# rebuilds it back and forth (100-200 s each), so each venv keeps its own
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 REPO = Path(__file__).resolve().parent.parent
 

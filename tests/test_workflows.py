@@ -2,7 +2,8 @@
 executed here, in order, against a tiny local run.
 
 The executor reads the YAML the way the runner does for what these workflows use: jobs in
-`needs` order, a matrix expanded into one job per value, workflow and job `env` with their
+`needs` order (the jobs whose needs are met side by side), a matrix expanded into one job per
+value, workflow and job `env` with their
 `${{ }}` expressions (contexts inputs, vars, secrets, needs, matrix, steps, github, runner),
 `run:` steps under `bash --noprofile --norc -eo pipefail`, and step outputs through
 $GITHUB_OUTPUT. `uses:` steps (checkout, setup-python, upload-artifact) and the `install`
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,50 +83,71 @@ def expand(value, ctx: dict):
     return EXPR.sub(lambda m: str(evaluate(m.group(1), ctx)), value)
 
 
-def job_order(jobs: dict) -> list[str]:
-    order: list[str] = []
-    while len(order) < len(jobs):
-        for name, job in jobs.items():
-            needs = job.get("needs", [])
-            needs = [needs] if isinstance(needs, str) else needs
-            if name not in order and all(n in order for n in needs):
-                order.append(name)
-    return order
+def waves(jobs: dict) -> list[list[str]]:
+    """Jobs grouped as the runner starts them: each wave needs only jobs of earlier waves."""
+    done: list[str] = []
+    out = []
+    while len(done) < len(jobs):
+        ready = [n for n, job in jobs.items() if n not in done and all(d in done for d in needs_of(job))]
+        out.append(ready)
+        done += ready
+    return out
+
+
+def needs_of(job: dict) -> list[str]:
+    needs = job.get("needs", [])
+    return [needs] if isinstance(needs, str) else needs
+
+
+def run_job(wf: dict, job_name: str, mctx: dict, base_env: dict, temp: Path, skipped: list, logs: list) -> None:
+    """One job (one matrix value): its steps in order, each in a fresh bash, outputs via $GITHUB_OUTPUT."""
+    job = wf["jobs"][job_name]
+    env = {**base_env, **{k: str(expand(v, mctx)) for k, v in wf.get("env", {}).items()}}
+    env.update({k: str(expand(v, mctx)) for k, v in job.get("env", {}).items()})
+    tag = "-".join([job_name, *map(str, mctx["matrix"].values())])
+    for i, step in enumerate(job["steps"]):
+        if "uses" in step or step.get("id") == "install":
+            skipped.append(step.get("uses") or step["id"])
+            continue
+        out_file = temp / f"output-{tag}-{i}"
+        out_file.write_text("")
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+            cwd=REPO, env={**env, "GITHUB_OUTPUT": str(out_file)}, capture_output=True, text=True, timeout=900,
+        )
+        logs.append((job_name, mctx["matrix"], step.get("name"), proc.stdout, proc.stderr, proc.returncode))
+        if proc.returncode != 0:
+            return  # later steps of a failed job do not run; the caller reports it
+        if "id" in step:
+            lines = [line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line]
+            mctx["steps"][step["id"]] = {"outputs": dict(lines)}
 
 
 def run_workflow(name: str, inputs: dict, base_env: dict, temp: Path) -> dict:
-    """Run a workflow's steps here; returns {"outputs": job outputs, "skipped": skipped steps, "logs": ...}."""
+    """Run a workflow's steps here; returns {"outputs": job outputs, "skipped": skipped steps,
+    "logs": (job, matrix, step, stdout, stderr, returncode) per step run}. The jobs of a wave,
+    matrix values included, run side by side as on GitHub."""
     wf = load(name)
     ctx = {"inputs": inputs, "vars": {}, "secrets": {}, "github": {"run_id": "1"}, "runner": {"temp": str(temp)}}
     outputs, skipped, logs = {}, [], []
-    for job_name in job_order(wf["jobs"]):
-        job = wf["jobs"][job_name]
-        needs = job.get("needs", [])
-        jctx = {**ctx, "needs": {n: {"outputs": outputs[n]} for n in ([needs] if isinstance(needs, str) else needs)}}
-        matrix = job.get("strategy", {}).get("matrix", {})
-        combos = [{}]
-        for key, values in matrix.items():
-            combos = [{**c, key: v} for c in combos for v in expand(values, jctx)]
-        for combo in combos:
-            mctx = {**jctx, "matrix": combo, "steps": {}}
-            env = {**base_env, **{k: str(expand(v, mctx)) for k, v in wf.get("env", {}).items()}}
-            env.update({k: str(expand(v, mctx)) for k, v in job.get("env", {}).items()})
-            for i, step in enumerate(job["steps"]):
-                if "uses" in step or step.get("id") == "install":
-                    skipped.append(step.get("uses") or step["id"])
-                    continue
-                out_file = temp / f"output-{job_name}-{len(logs)}-{i}"
-                out_file.write_text("")
-                proc = subprocess.run(
-                    ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
-                    cwd=REPO, env={**env, "GITHUB_OUTPUT": str(out_file)}, capture_output=True, text=True, timeout=900,
-                )
-                logs.append((job_name, combo, step.get("name"), proc.stdout, proc.stderr))
-                assert proc.returncode == 0, f"{name} job {job_name} {combo} step {step.get('name')!r}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-                if "id" in step:
-                    lines = [line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line]
-                    mctx["steps"][step["id"]] = {"outputs": dict(lines)}
-            outputs[job_name] = {k: expand(v, mctx) for k, v in job.get("outputs", {}).items()}
+    for wave in waves(wf["jobs"]):
+        instances = []
+        for job_name in wave:
+            job = wf["jobs"][job_name]
+            jctx = {**ctx, "needs": {n: {"outputs": outputs[n]} for n in needs_of(job)}}
+            combos = [{}]
+            for key, values in job.get("strategy", {}).get("matrix", {}).items():
+                combos = [{**c, key: v} for c in combos for v in expand(values, jctx)]
+            instances += [(job_name, {**jctx, "matrix": combo, "steps": {}}) for combo in combos]
+        threads = [threading.Thread(target=run_job, args=(wf, n, m, base_env, temp, skipped, logs)) for n, m in instances]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = [log for log in logs if log[5] != 0]
+        assert not failed, "\n".join(f"{name} job {f[0]} {f[1]} step {f[2]!r}:\n{f[3][-3000:]}\n{f[4][-3000:]}" for f in failed)
+        for job_name, mctx in instances:
+            outputs[job_name] = {k: expand(v, mctx) for k, v in wf["jobs"][job_name].get("outputs", {}).items()}
     return {"outputs": outputs, "skipped": skipped, "logs": logs}
 
 
@@ -148,9 +171,9 @@ def test_workflow_steps_move_a_tiny_run_forward(assets, tmp_path):
 
     sharded = run_workflow("grpo-sharded.yml", inputs, base_env, temp)
     assert sharded["outputs"]["plan"] == {"iteration": "0", "shards": "[0, 1]"}
-    rollout_jobs = [log for log in sharded["logs"] if log[0] == "rollout"]
-    assert [log[1] for log in rollout_jobs] == [{"shard": 0}, {"shard": 1}]
-    assert "manifest follows" in rollout_jobs[0][3] and "rollout iteration 0: done" in rollout_jobs[1][3]
+    rollout_jobs = sorted((log for log in sharded["logs"] if log[0] == "rollout"), key=lambda log: log[1]["shard"])
+    assert [log[1] for log in rollout_jobs] == [{"shard": 0}, {"shard": 1}]  # two parallel jobs
+    assert any("rollout iteration 0: done" in log[3] for log in rollout_jobs)  # the last one wrote the manifest
     assert set(sharded["skipped"]) == {"actions/checkout@v4", "actions/setup-python@v5", "install", "actions/upload-artifact@v4"}
     rollout = json.loads((run / "iter-0000/rollout/MANIFEST.json").read_text())
     assert sorted(rollout["outputs"]) == [f"part-{p:05d}.parquet" for p in range(4)]
