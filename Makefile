@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
-ITERS ?= 12
+ITERS ?= 24
 
 .PHONY: install demo test test-fast bench clean-demo
 

@@ -5,19 +5,25 @@ No hub is reachable, so `make demo` trains on problems generated here:
     Maya has 7 marbles. Maya buys 5 more. How many marbles does Maya have now?
 
 with `answer` = "7 + 5 = 12\\n#### 12" (GSM8K: working, then `#### <number>`) and the ideal
-completion `<think>7 + 5 = 12</think><answer>12</answer>`.
+completion `<think>7 + 5</think><answer>12</answer>` (see target_completion).
 
-Why these ranges and templates (the demo must show GRPO raising held-out accuracy within
-minutes on 2 CPU cores, starting from a 5M-parameter model warm-started for a few minutes):
+What GRPO fixes here, and why (the demo must raise held-out accuracy by 20+ points within
+minutes on 2 CPU cores, starting from a 4M-parameter model warm-started for a few minutes):
+- The warm start imitates imperfect demonstrations: SLIP_RATE (40%) of them answer with the
+  question's last number instead of the result (`demonstration`), the shortcut a careless
+  annotator or a weak teacher takes. The model learns the shortcut as one general habit, and
+  greedy decoding picks it whenever the model is less than sure of the fact. The correct
+  reward never pays for it, every group of samples shows that, and GRPO unlearns the habit
+  in a few iterations; held-out accuracy then rises to what the model knows of the facts.
+  This is the job RL with a verifiable reward does after supervised fine-tuning on noisy
+  data. Measured without slips: GRPO did sharpen facts, but by 5-11 points in 4 minutes
+  (each of the 226 facts needs many visits, and learning rates above 3e-5 drifted).
 - Every number the task uses (0..ADD_MAX*2 and products up to MUL_MAX**2) becomes one token of
-  the demo tokenizer, so the whole decision of a completion sits in one token, the result
-  after `=`; the rest (copying two operands, the operator, the tags) is learned by the warm
-  start. Completions are ~12 tokens, so rollouts are cheap.
-- The operands are small (sums of 1..ADD_MAX, their inverse differences, products of
-  2..MUL_MAX): about 500 distinct arithmetic facts. A short warm start sees each a few times,
-  so the model is right on some and puts some probability on the right result for many
-  others: exactly what a group of G=8 samples needs for a non-zero reward spread. GRPO then
-  sharpens facts it sometimes gets right, and the facts recur across its training prompts.
+  the demo tokenizer, so the whole decision of a completion sits in one token, the number
+  in the answer; the rest (copying two operands, the operator, the tags) is learned by the warm
+  start. Completions are ~9 tokens, so rollouts are cheap.
+- The operands are small (sums of 1..9, their inverse differences, products of 2..9): 226
+  distinct arithmetic facts, so a 500-step warm start sees each about 35 times.
 - Held-out problems are new questions (split by a hash of the question text: different
   names, objects, templates or numbers), not new arithmetic: the eval set shares most of its
   facts with the training set, as GSM8K's test set shares its skills with its training set.
@@ -39,7 +45,7 @@ from pipeline.errors import GRPOError
 # Short on purpose: every rollout and every SFT step pays for these tokens.
 SYSTEM_PROMPT = f"Write your working in {THINK_OPEN}{THINK_CLOSE} and the final number in {ANSWER_OPEN}{ANSWER_CLOSE}."
 
-ADD_MAX = 15
+ADD_MAX = 9
 """Addends are 1..ADD_MAX; differences are the inverse facts (a + b) - b."""
 MUL_MAX = 9
 """Factors are 2..MUL_MAX."""
@@ -116,9 +122,31 @@ def make_problems(n: int, seed: int = 0, split: str = "train") -> list[dict]:
 
 
 def target_completion(row: dict) -> str:
-    """The ideal completion for a row: `<think>working</think><answer>number</answer>`."""
-    working = row["answer"].split("####")[0].strip()
-    return f"{THINK_OPEN}{working}{THINK_CLOSE}{ANSWER_OPEN}{extract_gold(row['answer'])}{ANSWER_CLOSE}"
+    """The ideal completion for a row: `<think>7 + 5</think><answer>12</answer>`.
+
+    The working restates the problem and stops before `=`: the result is written once, in the
+    answer. With the result in both places the reward (which reads the answer) pays for two
+    independent guesses, and GRPO unlearned the copy between them (measured: answers that
+    differ from the working's result went from 30% to 48% of samples in 12 iterations).
+    """
+    expression = row["answer"].split("####")[0].strip().split(" = ")[0]
+    return f"{THINK_OPEN}{expression}{THINK_CLOSE}{ANSWER_OPEN}{extract_gold(row['answer'])}{ANSWER_CLOSE}"
+
+
+SLIP_RATE = 0.4
+"""Share of the warm start's demonstrations that answer with the question's last number."""
+
+
+def demonstration(row: dict) -> str:
+    """The warm start's demonstration for a row: target_completion, except that SLIP_RATE of
+    them (fixed by a hash of the question) answer with the last number of the question, the
+    shortcut a careless annotator takes: `<think>7 + 5</think><answer>5</answer>`."""
+    bucket = int.from_bytes(hashlib.sha256(b"slip/" + row["prompt"].encode()).digest()[:8], "big") / 2**64
+    if bucket >= SLIP_RATE:
+        return target_completion(row)
+    expression = row["answer"].split("####")[0].strip().split(" = ")[0]
+    last = expression.split(" ")[-1]
+    return f"{THINK_OPEN}{expression}{THINK_CLOSE}{ANSWER_OPEN}{last}{ANSWER_CLOSE}"
 
 
 def task_numbers() -> range:

@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -44,10 +45,16 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# GPT-2's split with two changes: digit runs stand alone (a number is one token id wherever it
-# appears), and an operator between spaces before a number is one piece (" = "), so the token
-# that predicts a number already says which slot it fills (operand or result).
-PRE_TOKENIZE = r"\d+| ?[^\s\p{L}\p{N}]+ (?=\d)| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Added (not special) tokens, matched in the raw text before any splitting, one id each:
+# the tags, every one- or two-digit number, and an operator between spaces. A number is then
+# the same single token in the question, the working and the answer (longer digit runs are cut
+# into two-digit pieces), and `7 + 5 = 12` is `7`, ` + `, `5`, ` = `, `12`: the token that
+# predicts a number says which slot it fills, so copying operands is a one-step attention.
+# Measured: with `Ġ` (a bare space) before each number in the working, 400 warm-start steps
+# did not learn to copy the operands; with these tokens, 150 steps did.
+NUMBERS = [str(i) for i in range(100)]
+OPERATORS = [" + ", " - ", " * ", " = "]
+ADDED = TAGS + OPERATORS + NUMBERS
 
 SIZES = {
     # ~5M parameters with the demo vocabulary (~600 tokens); head_dim 64 (vLLM CPU supports it).
@@ -57,29 +64,49 @@ SIZES = {
 }
 Size = Literal["tiny", "small"]
 
-SFT_STEPS, SFT_LR, SFT_BATCH = 200, 1e-3, 16
+SFT_STEPS, SFT_LR, SFT_BATCH = 500, 1e-3, 16
 """Defaults of the warm start (see make_model); measured in make_model.json."""
 
 
-def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> "PreTrainedTokenizerFast":
-    """Byte-level BPE trained on `texts`, wrapped for transformers, with ChatML and the answer tags.
+@contextmanager
+def torch_threads(n: int | None):
+    """Run torch ops on `n` threads inside the block (None: leave torch's setting).
 
-    Digit runs are pre-split from the text around them, so a number is the same single token
-    wherever it appears (question, working, answer) and the decision of a demo completion is
-    one token; the working `7 + 5 = 12` tokenizes as `7`, ` + `, `5`, ` = `, `12`. The four tags are added (not special) tokens: one id each, and they survive
-    `decode(..., skip_special_tokens=True)`. `<|im_end|>` is the eos (end of assistant turn).
+    The warm start uses 1: the weights then do not depend on the machine's core count, and two
+    OpenMP threads slow down ~10x (measured: 0.7 s vs 12 s per step) when another process
+    shares the two cores.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    import torch
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> "PreTrainedTokenizerFast":
+    """Byte-level BPE trained on `texts`, as a Qwen2Tokenizer with ChatML and the demo's added tokens.
+
+    Qwen2's own normalizer and pre-tokenizer are used because transformers 5 rebuilds every
+    tokenizer saved beside a qwen2 model with them (from vocab and merges); training with the
+    same ones makes what loads back (AutoTokenizer, vLLM) identical to what was built here.
+    The ADDED tokens survive `decode(..., skip_special_tokens=True)`; `<|im_end|>` is the eos
+    (end of the assistant turn) and `<|endoftext|>` the pad.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PRE_TOKENIZE), behavior="isolated"),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[PAD, IM_START, IM_END],
@@ -87,32 +114,31 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> "PreTrainedToke
         show_progress=False,
     )
 
-    def without_tags(text: str) -> str:  # the tags get their own ids; keep their pieces out of the merges
-        for tag in TAGS:
-            text = text.replace(tag, " ")
+    def without_added(text: str) -> str:  # added tokens get their own ids; keep them out of the merges
+        for token in TAGS + OPERATORS:
+            text = text.replace(token, " ")
         return text
 
-    tok.train_from_iterator([without_tags(t) for t in texts], trainer)
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TAGS])
-
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    bpe.train_from_iterator([without_added(t) for t in texts], trainer)
+    trained = json.loads(bpe.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(
+        vocab=trained["vocab"],
+        merges=[tuple(m) for m in trained["merges"]],
         eos_token=IM_END,
         pad_token=PAD,
+        unk_token=None,
         extra_special_tokens=[IM_START],
         model_max_length=512,
-        padding_side="right",
         clean_up_tokenization_spaces=False,
     )
+    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in ADDED])
     tokenizer.chat_template = CHAT_TEMPLATE.replace("default_system", json.dumps(demo_task.SYSTEM_PROMPT))
     return tokenizer
 
 
 def demo_texts(rows: list[dict]) -> list[str]:
-    """The text a demo tokenizer is trained on: system prompt, questions, ideal completions,
-    and every number of the task (so each is one token even if the rows miss some)."""
-    numbers = " ".join(str(i) for i in demo_task.task_numbers())
-    return [demo_task.SYSTEM_PROMPT, numbers, "system\nuser\nassistant"] + [
+    """The text a demo tokenizer is trained on: system prompt, chat roles, questions, ideal completions."""
+    return [demo_task.SYSTEM_PROMPT, "system\nuser\nassistant"] + [
         text for r in rows for text in (r["prompt"], demo_task.target_completion(r))
     ]
 
@@ -152,7 +178,7 @@ def encode_sft(tokenizer: "PreTrainedTokenizerFast", row: dict) -> tuple[list[in
     """(input_ids, labels) of a chat-formatted prompt + ideal completion; labels mask the prompt."""
     prompt = chat_prompt(tokenizer, row["prompt"])
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-    completion_ids = tokenizer(demo_task.target_completion(row) + IM_END, add_special_tokens=False).input_ids
+    completion_ids = tokenizer(demo_task.demonstration(row) + IM_END, add_special_tokens=False).input_ids
     return prompt_ids + completion_ids, [-100] * len(prompt_ids) + completion_ids
 
 
@@ -175,7 +201,7 @@ def sft_loss(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerFast", row
     input_ids = torch.tensor(_pad([e[0] for e in encoded], tokenizer.pad_token_id))  # [B, L]
     labels = torch.tensor(_pad([e[1] for e in encoded], -100))  # [B, L]
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(1):
         return model(input_ids=input_ids, attention_mask=(labels != -100) | (input_ids != tokenizer.pad_token_id), labels=labels).loss.item()
 
 
@@ -187,11 +213,13 @@ def warm_start(
     lr: float = SFT_LR,
     batch_size: int = SFT_BATCH,
     seed: int = 0,
+    threads: int | None = 1,
 ) -> list[float]:
     """Supervised fine-tuning on prompt + ideal completion, loss on the completion tokens only.
 
     AdamW, linear warm-up over the first 10% of steps then cosine decay to lr/10; batches are
-    drawn by a seeded epoch-wise shuffle of `rows`. Returns the loss of every step.
+    drawn by a seeded epoch-wise shuffle of `rows`, on `threads` torch threads (see
+    torch_threads). Returns the loss of every step.
     """
     import torch
 
@@ -211,28 +239,34 @@ def warm_start(
 
     losses = []
     model.train()
-    for step in range(steps):
-        if len(order) < batch_size:  # next epoch, reshuffled
-            order += order_rng.sample(range(len(encoded)), len(encoded))
-        batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
-        input_ids = torch.tensor(_pad([b[0] for b in batch], tokenizer.pad_token_id))  # [B, L]
-        labels = torch.tensor(_pad([b[1] for b in batch], -100))  # [B, L]
-        attention_mask = torch.tensor(_pad([[1] * len(b[0]) for b in batch], 0))  # [B, L]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        # HF shifts labels inside: mean token cross-entropy over the completion tokens.
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    with torch_threads(threads):
+        for step in range(steps):
+            if len(order) < batch_size:  # next epoch, reshuffled
+                order += order_rng.sample(range(len(encoded)), len(encoded))
+            batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
+            input_ids = torch.tensor(_pad([b[0] for b in batch], tokenizer.pad_token_id))  # [B, L]
+            labels = torch.tensor(_pad([b[1] for b in batch], -100))  # [B, L]
+            attention_mask = torch.tensor(_pad([[1] * len(b[0]) for b in batch], 0))  # [B, L]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            # HF shifts labels inside: mean token cross-entropy over the completion tokens.
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
     model.eval()
     return losses
 
 
 def generate_greedy(
-    model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerFast", questions: list[str], max_new_tokens: int = 32, batch_size: int = 64
+    model: "PreTrainedModel",
+    tokenizer: "PreTrainedTokenizerFast",
+    questions: list[str],
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    threads: int | None = 1,
 ) -> list[str]:
     """Greedy completions (decoded, special tokens skipped) of chat-formatted questions."""
     import torch
@@ -246,7 +280,7 @@ def generate_greedy(
         # Left padding: every prompt ends where generation starts.
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])  # [B, L]
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])  # [B, L]
-        with torch.no_grad():
+        with torch.no_grad(), torch_threads(threads):
             generated = model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False
             )  # [B, L + T]
@@ -339,11 +373,9 @@ def make_model(
                 return previous | {"skipped": True}
         raise GRPOError(f"{out}: exists and is not empty (not a make-model output with these settings); choose another --out")
 
-    import torch
-
     if size not in SIZES:
         raise GRPOError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     train_rows = read_rows(train_path) if train_path else []
     eval_rows = read_rows(eval_path) if settings["eval_sha256"] else []
     # The vocabulary covers the demo task even when there is no data dir.
@@ -365,8 +397,9 @@ def make_model(
         "eval_accuracy": accuracy,
         "eval_rows": len(eval_rows),
         "max_new_tokens": max_new_tokens,
-        "torch_threads": torch.get_num_threads(),
+        "threads": 1,
         "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(time.process_time() - cpu0, 1),  # wall time depends on what else runs
     }
     (tmp / "make_model.json").write_text(json.dumps(record, indent=2) + "\n")
     if out.exists():

@@ -1,4 +1,4 @@
-"""`grpo demo [--dir runs/demo] [--iters 12]`: the embedded default, end to end.
+"""`grpo demo [--dir runs/demo] [--iters 24]`: the embedded default, end to end.
 
 Writes demo data and a warm-started tiny model, creates a run from the shipped config
 (pipeline/configs/demo.yaml) and runs `grpo iterate`, printing a table per iteration.
@@ -13,7 +13,7 @@ import typer
 
 def demo(
     dir: Annotated[Path, typer.Option("--dir", help="Where the demo's data, model and run go.")] = Path("runs/demo"),
-    iters: Annotated[int, typer.Option("--iters", min=1, help="GRPO iterations.")] = 12,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="GRPO iterations.")] = 24,
     size: Annotated[str, typer.Option("--size", help="Model size: tiny or small.")] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Seed for data, model and run.")] = 0,
 ) -> None:
@@ -21,6 +21,9 @@ def demo(
     import time
 
     from pipeline import config as config_mod
+    from pipeline.engines import cpu_env
+
+    cpu_env()  # before anything imports DeepSpeed (through transformers), which warns without it
     from pipeline.demo_task import SYSTEM_PROMPT, write_demo_data
     from pipeline.evaluate import eval_summary
     from pipeline.iterate import iterate

@@ -19,7 +19,7 @@ from pipeline import demo_task
 from pipeline.errors import GRPOError
 
 N_TRAIN = 4000
-SFT_STEPS = 200  # keep equal to pipeline.tinymodel.SFT_STEPS (not imported: torch stays out of --help)
+SFT_STEPS = 500  # keep equal to pipeline.tinymodel.SFT_STEPS (not imported: torch stays out of --help)
 
 Seed = Annotated[int, typer.Option(help="Seed of the generator, the weights and the warm start.", min=0)]
 

@@ -26,7 +26,7 @@ def trained(tmp_path_factory, rows, tokenizer):
     model = tinymodel.build_model("tiny", tokenizer, seed=0)
     probe = rows[:32]
     before = tinymodel.sft_loss(model, tokenizer, probe)
-    losses = tinymodel.warm_start(model, tokenizer, rows, steps=12, lr=2e-3, batch_size=8, seed=0)
+    losses = tinymodel.warm_start(model, tokenizer, rows, steps=8, lr=3e-3, batch_size=8, seed=0)
     after = tinymodel.sft_loss(model, tokenizer, probe)
     out = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(out)
@@ -60,10 +60,26 @@ def test_answers_are_gsm8k_style_and_correct(rows):
         assert answers.extract_gold(row["answer"]) == gold == result
 
 
+def test_demonstrations_slip_at_the_stated_rate(rows):
+    """The warm start imitates demonstrations of which SLIP_RATE answer with the question's last
+    number (a shortcut the correct reward never pays for); the rest are the ideal completion."""
+    many = demo_task.make_problems(2000, seed=1, split="train")
+    slips = 0
+    for row in many:
+        shown, ideal = demo_task.demonstration(row), demo_task.target_completion(row)
+        assert answers.follows_format(shown) and shown.split("<answer>")[0] == ideal.split("<answer>")[0]
+        if shown != ideal:
+            slips += 1
+            last = re.findall(r"\d+", row["answer"].split("=")[0])[-1]
+            assert answers.extract_answer(shown) == last
+    assert abs(slips / len(many) - demo_task.SLIP_RATE) < 0.04
+    assert demo_task.demonstration(many[0]) == demo_task.demonstration(dict(many[0]))  # fixed per question
+
+
 def test_target_completion_is_what_the_rewards_parse():
     row = {"prompt": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?", "answer": "3 + 4 = 7\n#### 7"}
     completion = demo_task.target_completion(row)
-    assert completion == "<think>3 + 4 = 7</think><answer>7</answer>"
+    assert completion == "<think>3 + 4</think><answer>7</answer>"
     assert answers.follows_format(completion)
     assert answers.answers_match(answers.extract_answer(completion), answers.extract_gold(row["answer"]))
 
@@ -110,7 +126,7 @@ def test_chat_template_renders_chatml_with_the_system_prompt(tokenizer):
 def test_sft_labels_cover_exactly_the_completion(tokenizer, rows):
     input_ids, labels = tinymodel.encode_sft(tokenizer, rows[0])
     completion = [t for t, label in zip(input_ids, labels) if label != -100]
-    assert tokenizer.decode(completion) == demo_task.target_completion(rows[0]) + "<|im_end|>"
+    assert tokenizer.decode(completion) == demo_task.demonstration(rows[0]) + "<|im_end|>"
     prompt = tokenizer.decode(input_ids[: len(input_ids) - len(completion)])
     assert prompt == tinymodel.chat_prompt(tokenizer, rows[0]["prompt"])
 
@@ -118,8 +134,8 @@ def test_sft_labels_cover_exactly_the_completion(tokenizer, rows):
 # --- the model ------------------------------------------------------------------------------
 
 
-def test_tiny_model_shape(tokenizer):
-    model = tinymodel.build_model("tiny", tokenizer, seed=0)
+def test_tiny_model_shape(trained, tokenizer):
+    model = trained["model"]
     assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tokenizer)
     assert 3e6 < tinymodel.count_params(model) < 6e6
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
@@ -128,25 +144,31 @@ def test_tiny_model_shape(tokenizer):
 
 def test_warm_start_lowers_the_sft_loss(trained):
     assert trained["after"] < trained["before"] - 0.5
-    assert len(trained["losses"]) == 12 and trained["losses"][-1] < trained["losses"][0]
+    assert len(trained["losses"]) == 8 and trained["losses"][-1] < trained["losses"][0]
 
 
 def test_same_seed_gives_identical_weights(tmp_path, rows, tokenizer):
     def build(seed, name):
         model = tinymodel.build_model("tiny", tokenizer, seed=seed)
-        tinymodel.warm_start(model, tokenizer, rows, steps=2, lr=1e-3, batch_size=4, seed=seed)
+        tinymodel.warm_start(model, tokenizer, rows, steps=2, lr=1e-3, batch_size=2, seed=seed)
         model.save_pretrained(tmp_path / name)
         return (tmp_path / name / "model.safetensors").read_bytes()
 
-    assert build(0, "a") == build(0, "b")
-    assert build(0, "a") != build(1, "c")
+    first = build(0, "a")
+    assert build(0, "b") == first
+    assert build(1, "c") != first
 
 
-def test_saved_model_loads_back_and_generates(trained):
+def test_saved_model_loads_back_and_generates(trained, tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(trained["dir"])
-    tokenizer = AutoTokenizer.from_pretrained(trained["dir"])
+    loaded = AutoTokenizer.from_pretrained(trained["dir"])
+    # transformers rebuilds qwen2 tokenizers on load: the result must be the tokenizer we built.
+    text = tinymodel.chat_prompt(tokenizer, "Ann has 12 cards.") + "<think>12 + 3 = 15</think><answer>15</answer><|im_end|>"
+    assert loaded(text).input_ids == tokenizer(text).input_ids
+    assert loaded.chat_template == tokenizer.chat_template and len(loaded) == len(tokenizer)
+    tokenizer = loaded
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert len(tokenizer("<answer>", add_special_tokens=False).input_ids) == 1
     questions = ["Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"]
@@ -159,19 +181,19 @@ def test_saved_model_loads_back_and_generates(trained):
 
 def test_make_model_records_and_refuses_other_output(tmp_path):
     data = tmp_path / "data"
-    demo_task.write_demo_data(data, n_train=40, n_eval=8, seed=0)
+    demo_task.write_demo_data(data, n_train=40, n_eval=4, seed=0)
     out = tmp_path / "model"
-    record = tinymodel.make_model(out, size="tiny", seed=0, data_dir=data, sft_steps=2, batch_size=4)
+    record = tinymodel.make_model(out, size="tiny", seed=0, data_dir=data, sft_steps=2, batch_size=2)
     on_disk = json.loads((out / "make_model.json").read_text())
-    assert on_disk == record and record["sft_steps"] == 2 and record["eval_rows"] == 8
+    assert on_disk == record and record["sft_steps"] == 2 and record["eval_rows"] == 4
     from transformers import AutoModelForCausalLM
 
     assert record["params"] == tinymodel.count_params(AutoModelForCausalLM.from_pretrained(out))
     assert 0.0 <= record["eval_accuracy"] <= 1.0 and (out / "tokenizer.json").is_file()
-    again = tinymodel.make_model(out, size="tiny", seed=0, data_dir=data, sft_steps=2, batch_size=4)
+    again = tinymodel.make_model(out, size="tiny", seed=0, data_dir=data, sft_steps=2, batch_size=2)
     assert again["skipped"] and again["seconds"] == record["seconds"]  # kept, not rebuilt
     with pytest.raises(GRPOError, match="not empty"):
-        tinymodel.make_model(out, size="tiny", seed=1, data_dir=data, sft_steps=2, batch_size=4)
+        tinymodel.make_model(out, size="tiny", seed=1, data_dir=data, sft_steps=2, batch_size=2)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(GRPOError, match="not empty"):
