@@ -156,6 +156,9 @@ class Trainer:
         else:
             state = None
         if self.rank == 0:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
             if state is not None:
                 module.save_pretrained(out, state_dict=state, safe_serialization=True)
             else:
@@ -205,6 +208,10 @@ class Trainer:
                     w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
                     acc[key] = acc.get(key, 0.0) + v * w
             pre_norm = self._grad_norm()
+            for key, v in (("loss/policy", acc.get("loss/policy", 0.0)), ("grad_norm", pre_norm or 0.0)):
+                if not math.isfinite(v):  # stepping would write non-finite weights into the next policy
+                    raise GRPOError(f"update iteration {k}: {key} is {v} at epoch {epoch} mini-batch {b}; "
+                                    "nothing was published (try a lower train.lr)")
             self.engine.step()
             self.global_step += 1
             grad_norm = self.engine.get_global_grad_norm()
@@ -350,6 +357,21 @@ def state_rel(k: int) -> str:
     return f"{stage_rel(k, 'update')}/{STATE}"
 
 
+def _agreed_done(run: Run, k: int) -> bool:
+    """Whether update k is done, as rank 0 (the lock holder) sees it. Ranks deciding on their
+    own could split: one returning, the others training and waiting forever in a collective."""
+    done = run.done(k, "update")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from pipeline.engines import cpu_env
+
+        cpu_env()
+        init_distributed()
+        flag = [done]
+        torch.distributed.broadcast_object_list(flag, src=0)
+        done = bool(flag[0])
+    return done
+
+
 def _barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
@@ -376,7 +398,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, 
     rank0 = int(os.environ.get("RANK", "0")) == 0
     lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if rank0 else contextlib.nullcontext()
     with lock:
-        if run.done(k, "update"):  # another process finished it while this one waited to start
+        if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
         prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
         if trainer is None:

@@ -4,6 +4,7 @@ loss against `policy_loss` recomputed from the stored parts, multi-epoch clippin
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -111,12 +112,12 @@ def test_second_epoch_ratios_move_and_clip(two_runs):
 
 
 def test_a_rewarded_behaviour_grows(assets, tmp_path):
-    """Reward short completions only (<= 9 tokens: rare for the warm-started model, which
-    writes its working); a few iterations raise the mean reward."""
+    """Reward short completions only (<= 6 tokens: about a quarter of the warm-started model's
+    samples, which mostly write their working in 9); a few iterations raise the mean reward."""
     cfg = base_config(
         assets,
         rollout={"num_generations": 8, "prompts_per_iter": 8, "groups_per_part": 8, "max_new_tokens": 24},
-        rewards=[{"fn": "length_range", "kwargs": {"min_tokens": 1, "max_tokens": 9}}],
+        rewards=[{"fn": "length_range", "kwargs": {"min_tokens": 1, "max_tokens": 6}}],
         train={"mini_batch_size": 16, "lr": 1e-3},
     )
     run = tmp_path / "run"
@@ -125,3 +126,18 @@ def test_a_rewarded_behaviour_grows(assets, tmp_path):
     means = [pl.read_parquet(run / f"iter-{k:04d}/score/*.parquet")["reward"].mean() for k in range(3)]
     assert means[0] < 0.5, means  # the behaviour starts out rare...
     assert means[2] > means[0] + 0.3, means  # ...and GRPO makes it common
+
+
+def test_a_diverging_update_publishes_nothing(make_run):
+    """A learning rate that blows the weights up: the first step is finite, the next mini-batch's
+    loss is not, and the update stops there with one line instead of publishing a broken policy."""
+    run = Path(make_run(train={"mini_batch_size": 8, "lr": 1e30}))
+    proc = grpo("iterate", str(run), "--iters", "1", check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: update iteration 0: (loss/policy|grad_norm) is (nan|inf|-inf) at epoch 0 mini-batch 1; "
+        r"nothing was published \(try a lower train.lr\)", errors[0]), errors
+    assert not (run / "policy/iter-0001").exists()
+    assert not (run / "iter-0000/update/MANIFEST.json").exists()
+    assert (run / "iter-0000/logprobs/MANIFEST.json").exists()  # what came before stands
