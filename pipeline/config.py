@@ -180,6 +180,9 @@ class TrackingConfig(_Section):
     """MLflow experiment name."""
     sample_completions: int = Field(16, ge=0)
     """Completions logged per iteration as an MLflow table."""
+    plots_every: int = Field(10, ge=0)
+    """Redraw the PNG plots and diagnostics.json every N iterations (0: only when `iterate`
+    ends or on `grpo sync`); drawing them reads the whole history, so it is not done per stage."""
 
 
 class Config(_Section):

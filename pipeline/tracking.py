@@ -104,7 +104,9 @@ def log_final(run: Run) -> None:
         tracker = _tracker(run)
         if tracker is None:
             return
-        tracker.sync(run)
+        tracker.sync(run, plots=False)
+        if run.iterations():
+            tracker.log_plots(run)
         if (k := run.completed_iters()) > 0:
             tracker.log_policy(run, k)
         tracker.client.set_terminated(tracker.run_id, "FINISHED")
@@ -121,7 +123,7 @@ def sync(run: Run) -> list[str]:
 
 def _sync(run: Run) -> None:
     if (tracker := _tracker(run)) is not None:
-        tracker.sync(run)
+        tracker.sync(run, plots=False)
 
 
 def _guard(what: str, fn) -> None:
@@ -267,8 +269,10 @@ class Tracker:
         return run_id
 
     # -- logging ----------------------------------------------------------------------------
-    def sync(self, run: Run) -> list[str]:
-        """Log each stage with a manifest and no ledger tag, in iteration order; refresh plots."""
+    def sync(self, run: Run, plots: bool = True) -> list[str]:
+        """Log each stage with a manifest and no ledger tag, in iteration order; then refresh the
+        plots if an update or eval was logged and `plots` (else only every tracking.plots_every
+        iterations)."""
         from pipeline.inspect_run import TRACKED_STAGES
 
         with run.store.lock(LOCK, "MLflow logging", wait=300):
@@ -280,10 +284,12 @@ class Tracker:
                     tag = f"{LEDGER}{iter_name(k)}.{stage}"
                     if tag not in tags and run.done(k, stage):
                         self.log_stage(run, k, stage, tag)
-                        done.append(stage_rel(k, stage))
-            if any(d.endswith(("/update", "/eval")) for d in done):
+                        done.append((k, stage))
+            every = run.cfg.tracking.plots_every
+            due = plots or (every > 0 and any(stage == "update" and (k + 1) % every == 0 for k, stage in done))
+            if due and any(stage in ("update", "eval") for _, stage in done):
                 self.log_plots(run)
-        return done
+        return [stage_rel(k, stage) for k, stage in done]
 
     def log_stage(self, run: Run, k: int, stage: str, tag: str) -> None:
         """Artifacts first (re-logging overwrites them), then metrics + ledger tag in one batch."""
