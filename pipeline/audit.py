@@ -180,16 +180,24 @@ class _Auditor:
             self.audit.problem(f"{rel}/{MANIFEST}", f"lineage.from_policy_hash does not match {policy_rel(k - 1)}")
 
     # -- part stages ---------------------------------------------------------------------
-    def check_stage(self, k: int, stage: str) -> None:
+    def open_stage(self, k: int, stage: str) -> tuple[str, dict] | None:
+        """The stage dir and its manifest, counted; None when the stage is absent or unfinished
+        (recorded as skipped) or its manifest is unreadable (recorded as a problem)."""
         sd = stage_rel(k, stage)
         if not self.store.exists(sd):
-            return
+            return None
         m = self.manifest(sd)
         if m is None:
             if not self.store.exists(f"{sd}/{MANIFEST}"):
                 self.audit.skipped.append(sd)
-            return
+            return None
         self.audit.manifests += 1
+        return sd, m
+
+    def check_stage(self, k: int, stage: str) -> None:
+        if (opened := self.open_stage(k, stage)) is None:
+            return
+        sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
         schema = BY_KIND[stage]
         self.check_fields(mrel, m, stage, k, schema.version)
@@ -284,15 +292,9 @@ class _Auditor:
 
     # -- updates -------------------------------------------------------------------------
     def check_update(self, k: int) -> None:
-        sd = stage_rel(k, "update")
-        if not self.store.exists(sd):
+        if (opened := self.open_stage(k, "update")) is None:
             return
-        m = self.manifest(sd)
-        if m is None:
-            if not self.store.exists(f"{sd}/{MANIFEST}"):
-                self.audit.skipped.append(sd)
-            return
-        self.audit.manifests += 1
+        sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
         self.check_fields(mrel, m, "update", k, UPDATE_METRICS.version)
         outputs = m.get("outputs") or {}

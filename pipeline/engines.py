@@ -65,6 +65,7 @@ class VLLMEngine:
             # which seeded CPU generators cannot do: schedule whole prompts only
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_model_len, 16384),
+            use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
         )
         self.model_dir = Path(model_dir)
 
