@@ -64,6 +64,9 @@ SIZES = {
 }
 Size = Literal["tiny", "small"]
 
+RECIPE = 2
+"""Version of what make_model builds from the same settings (tokenizer, demonstrations); an
+output with another recipe is not reused."""
 SFT_STEPS, SFT_LR, SFT_BATCH = 500, 1e-3, 16
 """Defaults of the warm start (see make_model); measured in make_model.json."""
 
@@ -356,6 +359,7 @@ def make_model(
     if train_path is not None and not train_path.is_file():
         raise GRPOError(f"{train_path}: not found (write it with `grpo make-data {data}`)")
     settings = {
+        "recipe": RECIPE,
         "size": size,
         "seed": seed,
         "sft_steps": sft_steps if train_path else 0,
