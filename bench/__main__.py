@@ -30,6 +30,10 @@ def worker_env(threads: int | None) -> dict:
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)  # each run logs to its own embedded store
     env["GRPO_CACHE_DIR"] = str(WORK / "cache")
+    # DeepSpeed JIT-builds its shm op into ~/.cache/torch_extensions, shared by every Python
+    # environment of the user: two environments rebuild it in turn (60-170 s each time on a busy
+    # 2-core machine). A private directory builds it once per bench/work.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(WORK / "torch_extensions"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if threads:
@@ -75,7 +79,7 @@ def main() -> None:
     t0 = time.time()
     chosen = [w for w in workloads(args.quick) if not args.only or w.name in args.only]
     env = worker_env(args.threads)
-    os.environ.update({k: v for k, v in env.items() if k in ("GRPO_CACHE_DIR", "OMP_NUM_THREADS")})
+    os.environ.update({k: v for k, v in env.items() if k in ("GRPO_CACHE_DIR", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR")})
     results: dict = {
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import bare
 from bench.probes import Probes, by_phase, diff, install_import_probe, install_product_probes, loadavg, machine_info
-from bench.workloads import WORK, config_tree, load_workload
+from bench.workloads import WORK, load_workload, resolved_config
 
 
 def run_dir(name: str) -> Path:
@@ -28,7 +28,6 @@ def run_dir(name: str) -> Path:
 
 
 def main(workload_json: str, out: str) -> None:
-    from pipeline import config as config_mod
     from pipeline import iterate as iterate_mod
     from pipeline.engines import cpu_env
     from pipeline.run import init_run
@@ -37,7 +36,7 @@ def main(workload_json: str, out: str) -> None:
     w = load_workload(workload_json)
     path = run_dir(w.name)
     shutil.rmtree(path, ignore_errors=True)
-    cfg = config_mod.resolve(config_tree(w), source=f"bench workload {w.name}")
+    cfg = resolved_config(w)
     run = init_run(str(path), cfg)
 
     probes = Probes()
@@ -54,7 +53,7 @@ def main(workload_json: str, out: str) -> None:
 
     iterate_mod.WarmEngines = Warm
     rows: list[dict] = []
-    mark = {"snap": probes.snapshot(), "cpu": probes.snapshot(cpu=True), "phase_cpu": dict(probes.phase_cpu)}
+    mark = {"snap": probes.snapshot(), "cpu": probes.snapshot(cpu=True), "phase_cpu": dict(probes.phase_cpu), "gc": dict(probes.gc_seconds)}
     bare_ds: dict = {}
 
     profiler = cProfile.Profile()
@@ -69,6 +68,7 @@ def main(workload_json: str, out: str) -> None:
         row["categories"] = by_phase(diff(probes.snapshot(), mark["snap"]))
         row["cpu_categories"] = by_phase(diff(probes.snapshot(cpu=True), mark["cpu"]))
         row["cpu"] = diff(dict(probes.phase_cpu), mark["phase_cpu"])  # CPU seconds per stage
+        row["gc"] = by_phase(diff(dict(probes.gc_seconds), mark["gc"]))  # GC pauses per stage and generation
         roll = run.manifest(k, "rollout")
         row["tokens"] = roll["stats"]["tokens"]
         row["completions"] = roll["rows"]
@@ -76,17 +76,19 @@ def main(workload_json: str, out: str) -> None:
         # the bare engines, same work, on the warm engines (vLLM and the logprob model hold policy k)
         warm = held["warm"]
         data = bare.iteration_data(run, k)
+        gc_before = sum(probes.gc_seconds.values())
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
         row["bare"]["logprobs"] = bare.hf_forward(warm.models["old"], cfg, data)
         if "engine" not in bare_ds:
             bare_ds["engine"] = bare.BareDeepSpeed(cfg, run.policy_dir(0))
         row["bare"]["update"] = bare_ds["engine"].step_loop(k, data)
+        row["bare_gc_s"] = sum(probes.gc_seconds.values()) - gc_before
         rows.append(row)
         print(f"[{w.name}] iteration {k}: {row['seconds']:.1f}s "
               + " ".join(f"{s}={v:.2f}" for s, v in row["timings"].items())
               + " | bare " + " ".join(f"{s}={v['seconds']:.2f}" for s, v in row["bare"].items()), flush=True)
         probes.set_phase("final")
-        mark.update(snap=probes.snapshot(), cpu=probes.snapshot(cpu=True), phase_cpu=dict(probes.phase_cpu))
+        mark.update(snap=probes.snapshot(), cpu=probes.snapshot(cpu=True), phase_cpu=dict(probes.phase_cpu), gc=dict(probes.gc_seconds))
         if w.profile and k == w.iters - 1:
             profiler.enable()
 
@@ -107,6 +109,8 @@ def main(workload_json: str, out: str) -> None:
         "config": cfg.model_dump(mode="json"),
         "profile": profile_text(profiler) if w.profile else None,
     }
+    if w.profile:  # the raw stats, for digging further: python -m pstats bench/work/results/NAME.prof
+        profiler.dump_stats(str(Path(out).with_name(f"{w.name}.prof")))
     Path(out).write_text(json.dumps(result, indent=1, default=str))
 
 

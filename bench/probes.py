@@ -14,6 +14,7 @@ stage entry points.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import platform
 import resource
@@ -36,6 +37,9 @@ class Probes:
         self.cpu: dict[tuple[str, str], float] = defaultdict(float)  # process CPU seconds (all threads)
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
         self.phase_cpu: dict[str, float] = defaultdict(float)  # process CPU seconds per phase, probed or not
+        self.gc_seconds: dict[str, float] = defaultdict(float)  # garbage-collector pauses per phase (inside the above)
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
         self._phase_cpu_start = time.process_time()
         self.stack: list[list] = []  # [category, wall segment start, absorbs io, cpu segment start]
         self.main_thread = threading.get_ident()  # the product runs here; other threads pass through
@@ -60,6 +64,12 @@ class Probes:
         if self.stack:
             self.stack[-1][1] = now
             self.stack[-1][3] = cpu
+
+    def _gc(self, event: str, info: dict) -> None:
+        if event == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_seconds[f"{self.phase}|gen{info['generation']}"] += time.perf_counter() - self._gc_start
 
     def _absorbed(self) -> bool:
         return any(frame[2] for frame in self.stack)
@@ -133,6 +143,7 @@ class Probes:
             "seconds": self.snapshot(),
             "cpu_seconds": {f"{p}|{c}": s for (p, c), s in self.cpu.items()},
             "phase_cpu_seconds": dict(self.phase_cpu),
+            "gc_seconds": dict(self.gc_seconds),
             "calls": {f"{p}|{c}": n for (p, c), n in self.calls.items()},
             "rss_peak_mb": dict(self.rss.peak_mb),
             "process_peak_rss_mb": peak_rss_mb(),

@@ -58,7 +58,8 @@ def summarize(entry: dict) -> dict:
         secs = mean(r["timings"][st] if st != "summary" else r["seconds"] - sum(r["timings"].values()) for r in rows)
         cats = cat_means(rows, st)
         row = {"seconds": secs, "categories": cats, "other": max(0.0, secs - sum(cats.values())),
-               "peak_rss_mb": it["probes"]["rss_peak_mb"].get(st)}
+               "peak_rss_mb": it["probes"]["rss_peak_mb"].get(st),
+               "gc_s": mean(sum(r.get("gc", {}).get(st, {}).values()) for r in rows)}
         toks = s["tokens"] * (w["epochs"] if st == "update" else 1)
         row["tokens_per_s"] = toks / secs if secs and st in ("rollout", "logprobs", "update") else None
         if st in BARE:
@@ -143,8 +144,11 @@ def _f(x, spec=".2f", none="-") -> str:
     return none if x is None or x != x else format(x, spec)
 
 
-def _ok(ratio: float, target: float) -> str:
-    return "met" if ratio <= target else "**missed**"
+def _ok(ratio: float, target: float, cpu: float | None = None) -> str:
+    wall = "met" if ratio <= target else "**missed**"
+    if cpu is None or (ratio <= target) == (cpu <= target):
+        return wall
+    return f"{wall} (by CPU: {'met' if cpu <= target else '**missed**'})"
 
 
 def _top(cats: dict[str, float], other: float, n: int = 4) -> str:
@@ -181,11 +185,11 @@ def render(results: dict) -> str:
         if "trl" in s:
             t = s["trl"]
             out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL's for the same work | {t['ratio']:.2f} x "
-                       f"({s['iter_s']:.1f} s vs {t['cycle_s']:.1f} s; CPU {t['cpu_ratio']:.2f} x) | {_ok(t['ratio'], TRL_TARGET)} |")
+                       f"({s['iter_s']:.1f} s vs {t['cycle_s']:.1f} s; CPU {t['cpu_ratio']:.2f} x) | {_ok(t['ratio'], TRL_TARGET, t['cpu_ratio'])} |")
         for st in BARE:
             r = s["stages"][st]
             out.append(f"| {name} | {st} <= {TARGETS[st]} x bare {BARE[st]} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "
-                       f"CPU {r['cpu_ratio']:.2f} x; engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st])} |")
+                       f"CPU {r['cpu_ratio']:.2f} x; engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st], r['cpu_ratio'])} |")
         target_note = "" if name.startswith("small") else " (target is for small)"
         out.append(f"| {name} | artifact overhead <= {ARTIFACT_TARGET:.0%} of an iteration{target_note} | {s['artifact_frac']:.1%} "
                    f"({s['artifact_s']:.2f} s; + checkpoints {s['checkpoint_frac']:.1%}) | "
@@ -208,12 +212,12 @@ def render(results: dict) -> str:
                    f"({s['ours_tokens_per_s']:.0f} tok/s end to end); cold first iteration {s['cold_s']:.1f} s "
                    f"(engine start {s['cold_engine_start_s']:.1f} s); process peak RSS {s['peak_rss_mb']:.0f} MB.")
         out.append("")
-        out.append("| stage | seconds | tok/s | peak RSS MB | bare s | bare tok/s | ratio (CPU) | engine call s (ratio) | where the time goes (s) |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
+        out.append("| stage | seconds | tok/s | peak RSS MB | bare s | bare tok/s | ratio (CPU) | engine call s (ratio) | where the time goes (s) | GC pauses s |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
         for st, r in s["stages"].items():
             out.append(f"| {st} | {r['seconds']:.2f} | {_f(r['tokens_per_s'], '.0f')} | {_f(r['peak_rss_mb'], '.0f')} | "
                        f"{_f(r.get('bare_s'))} | {_f(r.get('bare_tokens_per_s'), '.0f')} | {_f(r.get('ratio'))} ({_f(r.get('cpu_ratio'))}) | "
-                       f"{_f(r.get('engine_s'))} ({_f(r.get('engine_ratio'))}) | {_top(r['categories'], r['other'], 6)} |")
+                       f"{_f(r.get('engine_s'))} ({_f(r.get('engine_ratio'))}) | {_top(r['categories'], r['other'], 6)} | {_f(r['gc_s'])} |")
         a = s["artifact"]
         out.append("")
         out.append("Artifact overhead per iteration (s): " + ", ".join(f"{k} {a[k]:.3f}" for k in ARTIFACT + ("code_version",))

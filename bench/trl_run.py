@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.probes import loadavg, machine_info, peak_rss_mb
-from bench.workloads import WORK, data_dir, load_workload, model_dir
+from bench.workloads import WORK, load_workload, resolved_config
 
 
 def main(workload_json: str, out: str) -> None:
@@ -35,57 +35,58 @@ def main(workload_json: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from pipeline.config import RewardSpec
-    from pipeline.demo_task import SYSTEM_PROMPT
     from pipeline.rewards import load_reward
 
     w = load_workload(workload_json)
-    rows = [json.loads(line) for line in (data_dir() / "train.jsonl").read_text().splitlines() if line.strip()]
+    cfg = resolved_config(w)  # the run's config: TRL gets the same numbers
+    rows = [json.loads(line) for line in Path(cfg.data.train).read_text().splitlines() if line.strip()]
+    system = cfg.data.system_prompt
     dataset = Dataset.from_list(
-        [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
+        [{"prompt": [{"role": "system", "content": system}, {"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
     )
-    weights = {"correct": 1.0, "format": 0.1}  # the demo config's rewards
+    weights = {spec.column: spec.weight for spec in cfg.rewards}
     calls: list[dict] = []
 
-    def reward_fn(name: str):
-        fn = load_reward(RewardSpec(fn=name))
+    def reward_fn(spec):
+        fn = load_reward(spec)
 
-        def reward(prompts, completions, **kwargs):
+        def reward(prompts, completions, **kwargs):  # the run's reward function, recording what it returns
             values = fn(prompts, completions, **kwargs)
-            calls.append({"name": name, "values": values})
+            calls.append({"name": spec.column, "values": values})
             return values
 
-        reward.__name__ = name
+        reward.__name__ = spec.column
         return reward
 
-    batch = w.prompts_per_iter * w.num_generations
-    steps_per_generation = batch // w.mini_batch_size
-    per_cycle = steps_per_generation * w.epochs
+    r, t, loss = cfg.rollout, cfg.train, cfg.loss
+    batch = r.prompts_per_iter * r.num_generations
+    steps_per_generation = batch // t.mini_batch_size
+    per_cycle = steps_per_generation * t.epochs
     args = GRPOConfig(
         output_dir=str(WORK / "trl" / f"{w.name}"),
-        per_device_train_batch_size=w.mini_batch_size,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=t.mini_batch_size // t.grad_accum,
+        gradient_accumulation_steps=t.grad_accum,
         steps_per_generation=steps_per_generation,
-        num_generations=w.num_generations,
-        max_completion_length=w.max_new_tokens,
-        num_iterations=w.epochs,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        loss_type="dapo",
-        epsilon=0.2,
-        epsilon_high=0.28,
-        scale_rewards="group",
-        reward_weights=[weights["correct"], weights["format"]],
-        learning_rate=w.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
+        num_generations=r.num_generations,
+        max_completion_length=r.max_new_tokens,
+        num_iterations=t.epochs,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        beta=loss.kl_coef,
+        loss_type=loss.type,
+        epsilon=loss.clip_eps_low,
+        epsilon_high=loss.clip_eps_high,
+        scale_rewards=cfg.advantages.scale,
+        reward_weights=[spec.weight for spec in cfg.rewards],
+        learning_rate=t.lr,
+        lr_scheduler_type=t.lr_schedule,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
         adam_epsilon=1e-8,
-        max_grad_norm=1.0,
+        max_grad_norm=t.max_grad_norm,
         max_steps=w.trl_steps * per_cycle,
         gradient_checkpointing=False,
         bf16=False,
@@ -102,10 +103,10 @@ def main(workload_json: str, out: str) -> None:
         log_completions=False,
     )
     t_load = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir(w.size), dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir(w.size))
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward_fn("correct"), reward_fn("format")], args=args,
+        model=model, reward_funcs=[reward_fn(spec) for spec in cfg.rewards], args=args,
         train_dataset=dataset, processing_class=tokenizer,
     )
     setup_s = time.perf_counter() - t_load
@@ -141,7 +142,8 @@ def main(workload_json: str, out: str) -> None:
     cycles = []
     for c in range(w.trl_steps):
         seconds = step_end[(c + 1) * per_cycle] - step_end[c * per_cycle]
-        group = calls[2 * c : 2 * c + 2]  # correct, format: one call each per generation
+        n_fn = len(cfg.rewards)
+        group = calls[n_fn * c : n_fn * (c + 1)]  # one call per reward function per generation
         per_fn = {x["name"]: np.array([np.nan if v is None else v for v in x["values"]], dtype=float) for x in group}
         total = np.nansum(np.stack([weights[n] * per_fn[n] for n in per_fn]), axis=0)
         cycles.append(
@@ -153,7 +155,7 @@ def main(workload_json: str, out: str) -> None:
                 "generate_cpu_s": gen[c]["cpu_s"] if c < len(gen) else math.nan,
                 "tokens": gen[c]["tokens"] if c < len(gen) else 0,
                 "reward/mean": float(total.mean()),
-                "accuracy": float(np.nanmean(per_fn["correct"])),
+                "accuracy": float(np.nanmean(per_fn["correct"])) if "correct" in per_fn else math.nan,
                 "loadavg": loadavg(),
             }
         )

@@ -2,8 +2,11 @@
 
 Every workload is the demo task with G=8, 16 prompts per iteration and up to 64 new tokens;
 they differ in model size and update epochs. The run config starts from the shipped demo
-config (pipeline/configs/demo.yaml) with evaluation off (TRL's loop has no periodic eval)
-and MLflow on (its cost is part of what is measured).
+config (pipeline/configs/demo.yaml) for data and rewards, with evaluation off (TRL's loop has
+no periodic eval) and MLflow on (its cost is part of what is measured). Everything that sets
+the amount of work (sampling, loss, optimizer) is pinned here, so a change to the demo's
+defaults cannot change what the bench compares; TRL and the bare engines read the same values.
+The loss has no KL term (TRL's beta 0): no reference model on either side.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ def workloads(quick: bool) -> list[Workload]:
     if quick:
         return [Workload("tiny", 1, iters=2, commands=1, trl_steps=2, profile=True)]
     return [
-        Workload("tiny", 1, iters=3, commands=1, trl_steps=3, profile=True),
+        Workload("tiny", 1, iters=4, commands=1, trl_steps=4, profile=True),
         Workload("tiny", 2, iters=3, commands=0, trl_steps=3),
         Workload("small", 1, iters=3, commands=1, trl_steps=3, profile=True),
-        Workload("small", 2, iters=3, commands=0, trl_steps=3),
+        Workload("small", 2, iters=2, commands=0, trl_steps=2),  # the longest: one measured iteration each
     ]
 
 
@@ -91,15 +94,26 @@ def config_tree(w: Workload) -> dict:
     tree = yaml.safe_load(DEMO_CONFIG.read_text())
     tree["model"] = str(model_dir(w.size))
     tree["data"].update(train=str(data_dir() / "train.jsonl"), eval=None, system_prompt=SYSTEM_PROMPT)
-    tree["rollout"].update(
-        num_generations=w.num_generations, prompts_per_iter=w.prompts_per_iter,
-        groups_per_part=w.prompts_per_iter, max_new_tokens=w.max_new_tokens,
-    )
-    tree["train"].update(epochs=w.epochs, mini_batch_size=w.mini_batch_size, lr=w.lr)
+    tree["rollout"] = {
+        "engine": "vllm", "num_generations": w.num_generations, "prompts_per_iter": w.prompts_per_iter,
+        "groups_per_part": w.prompts_per_iter, "max_new_tokens": w.max_new_tokens, "temperature": 1.0,
+    }
+    tree["advantages"] = {"scale": "group", "std": "sample"}
+    tree["loss"] = {"type": "dapo", "clip_eps_low": 0.2, "clip_eps_high": 0.28, "kl_coef": 0.0}
+    tree["train"] = {"epochs": w.epochs, "mini_batch_size": w.mini_batch_size, "lr": w.lr, "zero_stage": 0}
     tree["eval"] = {"every": 0}
     tree["seed"] = w.seed
     tree["tracking"] = {"mlflow": True}
     return tree
+
+
+def resolved_config(w: Workload):
+    """The validated run config; the comparisons assume no reference model."""
+    from pipeline import config as config_mod
+
+    cfg = config_mod.resolve(config_tree(w), source=f"bench workload {w.name}")
+    assert not cfg.uses_ref, "bench workloads compare without a reference model (TRL beta 0)"
+    return cfg
 
 
 def load_workload(text: str) -> Workload:
