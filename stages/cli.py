@@ -6,6 +6,7 @@
 """
 
 import sys
+import warnings
 
 import typer
 
@@ -39,6 +40,9 @@ app.command("make-model")(make_model.make_model)
 
 
 def main() -> None:
+    # vLLM 0.32 touches torch.distributed.reduce_op, deprecated in torch 2.13: two FutureWarnings
+    # per process that say nothing about the user's run
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     try:
         app()
     except GRPOError as err:
