@@ -81,9 +81,14 @@ TEMPLATES = {
 }
 
 
+def _hash64(text: str) -> int:
+    """A stable 64-bit hash of `text` (the first 8 bytes of its sha256)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
 def _split_of(question: str) -> str:
     """'eval' or 'train', fixed by the question text alone, so the splits never overlap."""
-    bucket = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") % EVAL_BUCKETS
+    bucket = _hash64(question) % EVAL_BUCKETS
     return "eval" if bucket == 0 else "train"
 
 
@@ -129,8 +134,16 @@ def target_completion(row: dict) -> str:
     independent guesses, and GRPO unlearned the copy between them (measured: answers that
     differ from the working's result went from 30% to 48% of samples in 12 iterations).
     """
-    expression = row["answer"].split("####")[0].strip().split(" = ")[0]
-    return f"{THINK_OPEN}{expression}{THINK_CLOSE}{ANSWER_OPEN}{extract_gold(row['answer'])}{ANSWER_CLOSE}"
+    return _completion(_expression(row), extract_gold(row["answer"]))
+
+
+def _expression(row: dict) -> str:
+    """The working's left-hand side: `7 + 5` of `7 + 5 = 12`."""
+    return row["answer"].split("####")[0].strip().split(" = ")[0]
+
+
+def _completion(expression: str, answer: str) -> str:
+    return f"{THINK_OPEN}{expression}{THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
 SLIP_RATE = 0.4
@@ -141,12 +154,10 @@ def demonstration(row: dict) -> str:
     """The warm start's demonstration for a row: target_completion, except that SLIP_RATE of
     them (fixed by a hash of the question) answer with the last number of the question, the
     shortcut a careless annotator takes: `<think>7 + 5</think><answer>5</answer>`."""
-    bucket = int.from_bytes(hashlib.sha256(b"slip/" + row["prompt"].encode()).digest()[:8], "big") / 2**64
-    if bucket >= SLIP_RATE:
+    if _hash64("slip/" + row["prompt"]) / 2**64 >= SLIP_RATE:
         return target_completion(row)
-    expression = row["answer"].split("####")[0].strip().split(" = ")[0]
-    last = expression.split(" ")[-1]
-    return f"{THINK_OPEN}{expression}{THINK_CLOSE}{ANSWER_OPEN}{last}{ANSWER_CLOSE}"
+    expression = _expression(row)
+    return _completion(expression, expression.split(" ")[-1])
 
 
 def task_numbers() -> range:

@@ -67,6 +67,8 @@ Size = Literal["tiny", "small"]
 RECIPE = 2
 """Version of what make_model builds from the same settings (tokenizer, demonstrations); an
 output with another recipe is not reused."""
+THREADS = 1
+"""Torch threads of the warm start and its greedy eval (see torch_threads)."""
 SFT_STEPS, SFT_LR, SFT_BATCH = 500, 1e-3, 16
 """Defaults of the warm start (see make_model); measured in make_model.json."""
 
@@ -216,7 +218,7 @@ def warm_start(
     lr: float = SFT_LR,
     batch_size: int = SFT_BATCH,
     seed: int = 0,
-    threads: int | None = 1,
+    threads: int | None = THREADS,
 ) -> list[float]:
     """Supervised fine-tuning on prompt + ideal completion, loss on the completion tokens only.
 
@@ -269,7 +271,7 @@ def generate_greedy(
     questions: list[str],
     max_new_tokens: int = 32,
     batch_size: int = 64,
-    threads: int | None = 1,
+    threads: int | None = THREADS,
 ) -> list[str]:
     """Greedy completions (decoded, special tokens skipped) of chat-formatted questions."""
     import torch
@@ -401,7 +403,7 @@ def make_model(
         "eval_accuracy": accuracy,
         "eval_rows": len(eval_rows),
         "max_new_tokens": max_new_tokens,
-        "threads": 1,
+        "threads": THREADS,
         "seconds": round(time.perf_counter() - t0, 1),
         "cpu_seconds": round(time.process_time() - cpu0, 1),  # wall time depends on what else runs
     }
