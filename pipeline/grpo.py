@@ -39,6 +39,11 @@ class LossConfig(BaseModel):
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus weight: the loss subtracts entropy_coef * mean token entropy."""
 
+    @property
+    def kind(self) -> "LossType":
+        """The object that owns this type's arithmetic."""
+        return LOSS_TYPES[self.type]
+
 
 # --------------------------------------------------------------------------- rewards
 
@@ -266,27 +271,103 @@ def make_kl_controller(
 # --------------------------------------------------------------------------- policy loss
 
 
-def _aggregate(
-    per_token: torch.Tensor,
-    m: torch.Tensor,
-    loss_type: str,
-    max_completion_length: int | None,
-    num_items: int | float | torch.Tensor | None,
-) -> torch.Tensor:
-    """Reduce a per-token loss [B, T] over active tokens (m = float mask) to a scalar, as TRL defines it."""
-    token_sum = (per_token * m).sum(dim=1)  # [B]
-    length = m.sum(dim=1)  # [B]
-    if loss_type == "grpo":  # each sequence weighs the same, whatever its length
-        return (token_sum / length.clamp(min=1)).mean()
-    if loss_type == "bnpo":  # each token of the micro-batch weighs the same
-        return token_sum.sum() / length.sum().clamp(min=1)
-    if loss_type == "dr_grpo":  # constant normaliser: no length bias
-        return token_sum.sum() / (per_token.shape[0] * max_completion_length)
-    if loss_type == "dapo":  # each token of the whole generation batch weighs the same
-        return token_sum.sum() / num_items
-    if loss_type == "reinforce":  # sequence log-prob times advantage, mean over sequences
-        return token_sum.mean()
-    raise ValueError(f"unknown loss type {loss_type!r}")
+class LossType:
+    """How one loss type reduces its per-token losses, and how micro-batches and ranks add up.
+
+    The default is grpo's: each sequence weighs the same, whatever its length. The trainer asks
+    these objects and never names a type, so a new type is one subclass here."""
+
+    name = "grpo"
+    clipped = True
+    """Whether the surrogate uses the clipped importance ratio (reinforce: plain policy gradient)."""
+    sums_micro_batches = False
+    """True when each micro-batch's loss is already a share of the whole mini-batch's (dapo),
+    so micro-batch losses add up; otherwise they are averaged."""
+
+    def reduce(self, per_token: torch.Tensor, m: torch.Tensor, max_completion_length, num_items) -> torch.Tensor:
+        """Reduce a per-token loss [B, T] over active tokens (m = float mask) to a scalar, as TRL defines it."""
+        token_sum = (per_token * m).sum(dim=1)  # [B]
+        return (token_sum / m.sum(dim=1).clamp(min=1)).mean()
+
+    def check(self, max_completion_length, num_items) -> None:
+        """Raise ValueError when an argument this type needs is missing."""
+
+    def micro_batch_scale(self, n_micro: int) -> float:
+        """Factor on a micro-batch's loss so the accumulated gradient is the mini-batch's."""
+        return 1.0 if self.sums_micro_batches else 1.0 / n_micro
+
+    def rank_weight(self, world: int, rows: int, all_rows: int, tokens: int, all_tokens: int) -> float:
+        """DeepSpeed averages the ranks' gradients: a rank's loss is weighed by its share of the
+        micro-batch (in the units this type averages over) x world. 1.0 on one process."""
+        return world * rows / all_rows
+
+    def rank_units(self, rows: int, tokens: int) -> float:
+        """What a rank's loss metric counts for when the ranks' metrics are averaged."""
+        return float(rows)
+
+
+class BNPOLoss(LossType):
+    """Each token of the micro-batch weighs the same."""
+
+    name = "bnpo"
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / m.sum().clamp(min=1)
+
+    def rank_weight(self, world, rows, all_rows, tokens, all_tokens):
+        return world * tokens / max(1, all_tokens)
+
+    def rank_units(self, rows, tokens):
+        return float(tokens)
+
+
+class DrGRPOLoss(LossType):
+    """Constant normaliser (batch size x max completion length): no length bias."""
+
+    name = "dr_grpo"
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / (per_token.shape[0] * max_completion_length)
+
+    def check(self, max_completion_length, num_items):
+        if not max_completion_length:
+            raise ValueError("policy_loss: loss type dr_grpo needs max_completion_length (the rollout's max_new_tokens)")
+
+
+class DAPOLoss(LossType):
+    """Each token of the whole generation batch weighs the same: `num_items` counts them, spread
+    over the ranks, so micro-batch and rank losses add up instead of averaging."""
+
+    name = "dapo"
+    sums_micro_batches = True
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / num_items
+
+    def check(self, max_completion_length, num_items):
+        if num_items is None or float(num_items) <= 0:
+            raise ValueError(
+                "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the whole generation batch"
+            )
+
+    def rank_weight(self, world, rows, all_rows, tokens, all_tokens):
+        return 1.0 if rows else 0.0
+
+    def rank_units(self, rows, tokens):
+        return min(float(rows), 1.0)
+
+
+class ReinforceLoss(LossType):
+    """Sequence log-prob times advantage, mean over sequences: no ratio, no clipping."""
+
+    name = "reinforce"
+    clipped = False
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum(dim=1).mean()
+
+
+LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (LossType(), BNPOLoss(), DrGRPOLoss(), DAPOLoss(), ReinforceLoss())}
 
 
 def _check_loss_args(
@@ -300,12 +381,7 @@ def _check_loss_args(
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}")
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"policy_loss: advantages must be [B] = [{logprobs.shape[0]}], got {tuple(advantages.shape)}")
-    if config.type == "dr_grpo" and not max_completion_length:
-        raise ValueError("policy_loss: loss type dr_grpo needs max_completion_length (the rollout's max_new_tokens)")
-    if config.type == "dapo" and (num_items is None or float(num_items) <= 0):
-        raise ValueError(
-            "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the whole generation batch"
-        )
+    config.kind.check(max_completion_length, num_items)
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"policy_loss: kl_coef={config.kl_coef} > 0 needs ref_logprobs")
     if config.entropy_coef > 0 and entropy is None:
@@ -354,7 +430,7 @@ def policy_loss(
     capped = ratio.clamp(max=config.delta) if config.delta is not None else ratio  # [B, T]
     clipped = ratio.clamp(1 - config.clip_eps_low, 1 + config.clip_eps_high)  # [B, T]
 
-    if config.type == "reinforce":
+    if not config.kind.clipped:
         pg_loss = -logp * A  # [B, T] plain policy gradient: no ratio, no clipping
     else:
         pg_loss = -torch.minimum(capped * A, clipped * A)  # [B, T] pessimistic (clipped) surrogate
@@ -369,7 +445,7 @@ def policy_loss(
         per_token_loss = per_token_loss + config.kl_coef * kl  # stay near the reference policy
     if config.entropy_coef > 0:
         per_token_loss = per_token_loss - config.entropy_coef * ent  # entropy bonus keeps exploring
-    loss = _aggregate(per_token_loss, m, config.type, max_completion_length, num_items)
+    loss = config.kind.reduce(per_token_loss, m, max_completion_length, num_items)
 
     with torch.no_grad():
         n_active = m.sum().clamp(min=1)
@@ -377,14 +453,14 @@ def policy_loss(
         def token_mean(x: torch.Tensor) -> float:
             return float((x * m).sum() / n_active)
 
-        if config.type == "reinforce":  # nothing is clipped
+        if not config.kind.clipped:  # nothing is clipped
             low = high = torch.zeros_like(active)
         else:
             low = (ratio < 1 - config.clip_eps_low) & (A < 0)  # [B, T] clipped term active below
             high = (ratio > 1 + config.clip_eps_high) & (A > 0)  # [B, T] clipped term active above
         metrics = {
             "loss/total": float(loss),
-            "loss/policy": float(_aggregate(pg_loss, m, config.type, max_completion_length, num_items)),
+            "loss/policy": float(config.kind.reduce(pg_loss, m, max_completion_length, num_items)),
             "ratio/mean": token_mean(ratio),
             "clip/ratio_low": token_mean(low.to(m.dtype)),
             "clip/ratio_high": token_mean(high.to(m.dtype)),

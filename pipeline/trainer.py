@@ -204,8 +204,8 @@ class Trainer:
                 # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
                 metrics = self.micro_step(data, mine if len(mine) else mi[:1], len(micros), tokens, weight)
                 metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
-                for key, v in metrics.items():  # mini-batch value: mean over micro-batches (dapo loss: sum)
-                    w = 1.0 if key == "loss/policy" and cfg.loss.type == "dapo" else 1.0 / len(micros)
+                for key, v in metrics.items():  # mini-batch value: mean over micro-batches (the loss as the type adds it up)
+                    w = cfg.loss.kind.micro_batch_scale(len(micros)) if key == "loss/policy" else 1.0 / len(micros)
                     acc[key] = acc.get(key, 0.0) + v * w
             pre_norm = self._grad_norm()
             for key, v in (("loss/policy", acc.get("loss/policy", 0.0)), ("grad_norm", pre_norm or 0.0)):
@@ -236,31 +236,25 @@ class Trainer:
         return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
     def _rank_weight(self, data: "UpdateData", mine: np.ndarray, mi: np.ndarray) -> float:
-        """DeepSpeed averages the ranks' gradients: weigh this rank's micro-batch loss by its share
-        of the micro-batch (rows, or tokens for bnpo) x world, so that the average is the whole
-        micro-batch's loss even when a short last mini-batch splits unevenly. 1.0 on one process."""
-        loss_type = self.cfg.loss.type
-        if loss_type == "dapo":  # num_items already spreads the mini-batch's tokens over the ranks
-            return 1.0 if len(mine) else 0.0
-        if loss_type == "bnpo":
-            return self.world * data.mask_sum(mine) / max(1, data.mask_sum(mi))
-        return self.world * len(mine) / len(mi)
+        """This rank's weight on its micro-batch loss, so the ranks' average is the whole
+        micro-batch's loss even when a short last mini-batch splits unevenly (the loss type says how)."""
+        return self.cfg.loss.kind.rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
 
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
         """A micro-batch's metrics over all ranks, as one process computes them: token means
-        weighted by each rank's tokens, the loss by what its type averages over (rows, or tokens
-        for bnpo); dapo's loss, already divided by the mini-batch's tokens / world, adds up."""
+        weighted by each rank's tokens, the loss by the units its type averages over; a loss that
+        is a share of the mini-batch's (`sums_micro_batches`) adds up."""
         if self.world == 1:
             return metrics
-        loss_type = self.cfg.loss.type
+        kind = self.cfg.loss.kind
         keys = sorted(metrics)
-        w = [float(tokens if not k.startswith("loss/") or loss_type == "bnpo" else rows) for k in keys]
-        w = [min(wk, 1.0) if loss_type == "dapo" and k.startswith("loss/") else wk for k, wk in zip(keys, w)]
+        w = [kind.rank_units(rows, tokens) if k.startswith("loss/") else float(tokens) for k in keys]
         t = torch.tensor([metrics[k] * wk if wk else 0.0 for k, wk in zip(keys, w)] + w, dtype=torch.float64)  # [2K]
         torch.distributed.all_reduce(t)
         K = len(keys)
+        summed = kind.sums_micro_batches  # shares of the mini-batch's loss: the ranks' mean is their sum / world
         return {
-            k: float(t[i] / (self.world if loss_type == "dapo" and k.startswith("loss/") else max(float(t[K + i]), 1.0)))
+            k: float(t[i] / (self.world if summed and k.startswith("loss/") else max(float(t[K + i]), 1.0)))
             for i, k in enumerate(keys)
         }
 
@@ -282,9 +276,7 @@ class Trainer:
         if cfg.loss.kl_coef == 0 and ref is not None:
             with torch.no_grad():
                 metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.completion_mask))
-        # dapo is already normalised by the whole mini-batch's tokens; the others are means per micro-batch
-        scale = 1.0 if cfg.loss.type == "dapo" else 1.0 / n_micro
-        self.engine.backward(loss * scale * weight, scale_wrt_gas=False)
+        self.engine.backward(loss * cfg.loss.kind.micro_batch_scale(n_micro) * weight, scale_wrt_gas=False)
         return metrics
 
 
