@@ -235,22 +235,27 @@ class Config(_Section):
 
 
 def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
-    """Apply `a.b.c=value` to a nested dict; value parsed as YAML (so 1e-5, true, [..] work)."""
+    """Apply `a.b.c=value` to a nested tree; a number indexes a list (`rewards.1.fn=...`).
+    The value is parsed as YAML (so 1e-5, true, [..] work)."""
     keys = dotted.split(".")
-    node = tree
-    for key in keys[:-1]:
-        if key.isdigit() and isinstance(node, list):
-            node = node[int(key)]
+    node: dict | list = tree
+    for depth, key in enumerate(keys):
+        here = ".".join(keys[: depth + 1])
+        last = depth == len(keys) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise GRPOError(f"--set {dotted}: {here} is not an entry of the {len(node)}-entry list {'.'.join(keys[:depth])}")
+            if last:
+                node[int(key)] = yaml.safe_load(raw) if raw != "" else ""
+            else:
+                node = node[int(key)]
             continue
-        if not isinstance(node.get(key, {}), dict):
-            raise GRPOError(f"--set {dotted}: {key!r} is not a section")
-        node = node.setdefault(key, {})
-    value = yaml.safe_load(raw) if raw != "" else ""
-    last = keys[-1]
-    if isinstance(node, list) and last.isdigit():
-        node[int(last)] = value
-    else:
-        node[last] = value
+        if not isinstance(node, dict):
+            raise GRPOError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
+        if last:
+            node[key] = yaml.safe_load(raw) if raw != "" else ""
+        else:
+            node = node.setdefault(key, {})
 
 
 def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
@@ -268,10 +273,28 @@ def _format_error(err: ValidationError, source: str) -> str:
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _did_you_mean(first["loc"])
     elif first["type"] == "missing":
         msg = "required key is missing"
     return f"{source}: {loc}: {msg}"
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """`; did you mean 'lr'?` for a misspelt key, from the fields of the section it sits in."""
+    import difflib
+
+    section: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        if isinstance(part, int) or section is None:
+            continue
+        field = section.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        args = getattr(ann, "__args__", None) or ()
+        section = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if section is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -> Config:

@@ -67,22 +67,28 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
     rows = []
     try:
         if run.cfg.eval.every and not run.done(0, "eval") and run.cfg.data.eval:
-            run_eval(run, 0, warm.rollout_engine(0))
+            with tracking.reporting(run, 0, "eval"):
+                run_eval(run, 0, warm.rollout_engine(0))
         for k in range(run.completed_iters(), iters):
             t0 = time.time()
             timings = {}
-            if not run.done(k, "rollout"):
-                run_rollout(run, k, engine=warm.rollout_engine(k))
+            with tracking.reporting(run, k, "rollout"):
+                if not run.done(k, "rollout"):
+                    run_rollout(run, k, engine=warm.rollout_engine(k))
             timings["rollout"] = time.time() - t0
-            run_score(run, k)
+            with tracking.reporting(run, k, "score"):
+                run_score(run, k)
             timings["score"] = time.time() - t0 - sum(timings.values())
-            run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
+            with tracking.reporting(run, k, "logprobs"):
+                run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
             timings["logprobs"] = time.time() - t0 - sum(timings.values())
-            _, warm.trainer = run_update(run, k, warm.trainer)
+            with tracking.reporting(run, k, "update"):
+                _, warm.trainer = run_update(run, k, warm.trainer)
             timings["update"] = time.time() - t0 - sum(timings.values())
             every = run.cfg.eval.every
             if every and run.cfg.data.eval and (k + 1) % every == 0:
-                run_eval(run, k + 1, warm.rollout_engine(k + 1))
+                with tracking.reporting(run, k + 1, "eval"):
+                    run_eval(run, k + 1, warm.rollout_engine(k + 1))
                 timings["eval"] = time.time() - t0 - sum(timings.values())
             row = iteration_summary(run, k)
             row.update(eval_summary(run, k + 1) or {})  # the policy this iteration produced

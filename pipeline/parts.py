@@ -21,7 +21,6 @@ from typing import Callable
 
 import pyarrow as pa
 
-from pipeline import tracking
 from pipeline.errors import GRPOError
 from pipeline.progress import progress
 from pipeline.run import Run
@@ -144,9 +143,7 @@ def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_ext
             **(manifest_extra() if manifest_extra else {}),
         }
         fault_point(f"{stage}:manifest", k)
-        m = store.write_manifest(sd, body)
-    tracking.log_stage(run, k, stage)  # outside the lock; never raises, the manifest is written
-    return m
+        return store.write_manifest(sd, body)
 
 
 def _rows(store, rel) -> int:

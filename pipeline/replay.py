@@ -107,6 +107,7 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     """Create (or resume) NEW as a replay of SRC's iteration K and run its stages up to `until`."""
     from pipeline.logprobs import run_logprobs
     from pipeline.score import run_score
+    from pipeline.tracking import reporting
     from pipeline.trainer import run_update
 
     if until not in UNTIL:
@@ -119,11 +120,14 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     src.policy_hash(k)
     new = init_run(new_uri, replay_config(src, k, sets))
     link_rollout(src, k, new)
-    run_score(new, 0)
+    with reporting(new, 0, "score"):
+        run_score(new, 0)
     if until in ("logprobs", "update"):
-        run_logprobs(new, 0)
+        with reporting(new, 0, "logprobs"):
+            run_logprobs(new, 0)
     if until == "update":
-        _, trainer = run_update(new, 0)
+        with reporting(new, 0, "update"):
+            _, trainer = run_update(new, 0)
         if trainer is not None:
             trainer.close()
     return new

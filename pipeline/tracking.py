@@ -12,8 +12,9 @@ Where it logs, first match wins:
 The MLflow run id is kept in RUN/tracking.json (one entry per tracking URI), so a resumed run
 logs into the same MLflow run. Each stage is logged once: its metrics go in one `log_batch`
 together with a ledger tag `grpo.logged.iter-0003.score` holding the manifest's sha256, and a
-stage whose tag is present is never logged again. The hooks (a stage's manifest was just
-written) therefore call `sync`, which also catches up whatever an earlier failure left out.
+stage whose tag is present is never logged again. The stages and `iterate` report a stage
+through `reporting` once its manifest is written (the write path never calls MLflow); that calls
+`sync`, which also catches up whatever an earlier failure left out.
 
 Metrics use step = iteration; the update's per-optimizer-step values are also logged as
 `step/<metric>` with step = global optimizer step. Tracking never breaks a stage: any failure
@@ -22,6 +23,7 @@ is a logged warning, and the manifest is already on disk when tracking runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -90,6 +92,16 @@ def tracking_info(run: Run) -> dict | None:
 
 
 # -- the hooks ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def reporting(run: Run, k: int, stage: str):
+    """Around a stage's work: once it has written its manifest (in this call, on rank 0), log it.
+    The write path knows nothing of MLflow; the stages and `iterate` report through this."""
+    fresh = not run.done(k, stage)
+    yield
+    if fresh and int(os.environ.get("RANK", "0")) == 0 and run.done(k, stage):
+        log_stage(run, k, stage)
+
+
 def log_stage(run: Run, k: int, stage: str) -> None:
     """Hook: stage `stage` of iteration k has just written its manifest. Never raises."""
     if stage == "update":

@@ -29,7 +29,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
-from pipeline import grpo, tracking
+from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.logprobs import Batch, token_logprobs
@@ -453,7 +453,6 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict
         "timings": {"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
     }
     manifest = store.write_manifest(sd, body)
-    tracking.log_stage(run, k, "update")  # never raises: the manifest is already written
     _prune_states(run, k)
     return manifest
 

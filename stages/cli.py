@@ -43,11 +43,32 @@ def main() -> None:
     # vLLM 0.32 touches torch.distributed.reduce_op, deprecated in torch 2.13: two FutureWarnings
     # per process that say nothing about the user's run
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    sys.exit(run_cli())
+
+
+def run_cli(args: list[str] | None = None) -> int:
+    """The app with every failure as one `error: ...` line: ours, Typer's usage errors alike.
+    Ctrl-C unwinds the stage (locks are released on the way out) and says how to go on."""
+    from typer._click import exceptions as click_errors  # Typer vendors its click
+    from typer.core import Abort
+
     try:
-        app()
+        rv = app(args=args, prog_name="grpo", standalone_mode=False)
     except GRPOError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        return 1
+    except click_errors.NoArgsIsHelpError as err:
+        err.show()  # the help page, as `grpo CMD --help` prints it
+        return 0
+    except (click_errors.UsageError, click_errors.BadParameter) as err:
+        where = err.ctx.command_path if err.ctx is not None else "grpo"
+        print(f"error: {err.format_message().rstrip('.')} (see '{where} --help')", file=sys.stderr)
+        return err.exit_code
+    except Abort:  # Ctrl-C at a prompt, or end of input
+        rv = 130
+    if rv == 130:  # typer turns KeyboardInterrupt into exit code 130
+        print("interrupted; rerun the same command to resume", file=sys.stderr)
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

@@ -11,11 +11,13 @@ def evaluate(run: RunArg, iter: IterOpt = None) -> None:
     from pipeline.errors import GRPOError
     from pipeline.evaluate import eval_summary, run_eval
     from pipeline.run import Run
+    from pipeline.tracking import reporting
 
     r = Run(run)
     k = r.completed_iters() if iter is None else iter
     if r.cfg.data.eval is None:
         raise GRPOError("eval: data.eval is not set in the run's config")
-    run_eval(r, k)
+    with reporting(r, k, "eval"):
+        run_eval(r, k)
     s = eval_summary(r, k)
     print(f"eval policy {k}: accuracy {s['eval/accuracy']:.3f}, reward {s['eval/reward']:.3f}, mean length {s['eval/mean_length']:.1f}")

@@ -11,8 +11,11 @@ def logprobs(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     from pipeline.logprobs import run_logprobs
     from pipeline.parts import Shard
     from pipeline.run import Run
+    from pipeline.tracking import reporting
     from stages.report import stage_done
 
     r = Run(run)
     k = r.next_iter("logprobs") if iter is None else iter
-    stage_done(r, k, "logprobs", run_logprobs(r, k, Shard.parse(shard)))
+    with reporting(r, k, "logprobs"):
+        manifest = run_logprobs(r, k, Shard.parse(shard))
+    stage_done(r, k, "logprobs", manifest)

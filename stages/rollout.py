@@ -11,8 +11,11 @@ def rollout(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     from pipeline.parts import Shard
     from pipeline.rollout import run_rollout
     from pipeline.run import Run
+    from pipeline.tracking import reporting
     from stages.report import stage_done
 
     r = Run(run)
     k = r.next_iter("rollout") if iter is None else iter
-    stage_done(r, k, "rollout", run_rollout(r, k, Shard.parse(shard)))
+    with reporting(r, k, "rollout"):
+        manifest = run_rollout(r, k, Shard.parse(shard))
+    stage_done(r, k, "rollout", manifest)

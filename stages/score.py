@@ -10,9 +10,12 @@ def score(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     """Stage 2: score completions and compute advantages."""
     from pipeline.parts import Shard
     from pipeline.run import Run
+    from pipeline.tracking import reporting
     from pipeline.score import run_score
     from stages.report import stage_done
 
     r = Run(run)
     k = r.next_iter("score") if iter is None else iter
-    stage_done(r, k, "score", run_score(r, k, Shard.parse(shard)))
+    with reporting(r, k, "score"):
+        manifest = run_score(r, k, Shard.parse(shard))
+    stage_done(r, k, "score", manifest)

@@ -11,12 +11,14 @@ from stages.options import IterOpt, RunArg
 def update(run: RunArg, iter: IterOpt = None) -> None:
     """Stage 4: the clipped-surrogate update over iteration K's completions."""
     from pipeline.run import Run
+    from pipeline.tracking import reporting
     from pipeline.trainer import run_update
     from stages.report import stage_done
 
     r = Run(run)
     k = r.next_iter("update") if iter is None else iter
-    manifest, trainer = run_update(r, k)
+    with reporting(r, k, "update"):
+        manifest, trainer = run_update(r, k)
     if trainer is None or trainer.rank == 0:
         stage_done(r, k, "update", manifest)
     if trainer is not None:

@@ -121,12 +121,31 @@ def test_model_dir_missing_or_not_a_causal_lm(assets, cli, tmp_path):
 
 def test_config_unknown_key_or_invalid_value(assets, cli, tmp_path):
     cfg = write_config(tmp_path / "unknown.yaml", base_config(assets, rollout={"temprature": 0.7}))
-    assert cli("init", tmp_path / "run", "--config", cfg) == f"{cfg}: rollout.temprature: unknown key"
+    assert cli("init", tmp_path / "run", "--config", cfg) == f"{cfg}: rollout.temprature: unknown key; did you mean 'temperature'?"
     cfg = write_config(tmp_path / "invalid.yaml", base_config(assets, rollout={"num_generations": 1}))
     assert cli("init", tmp_path / "run", "--config", cfg) == f"{cfg}: rollout.num_generations: Input should be greater than or equal to 2"
     cfg = write_config(tmp_path / "good.yaml", base_config(assets))
     assert cli("init", tmp_path / "run", "--config", cfg, "--set", "train.lr=-1") == f"{cfg}: train.lr: Input should be greater than 0"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["nosuch"], "error: No such command 'nosuch' (see 'grpo --help')"),
+        (["status", "r", "--bogus"], "error: No such option: --bogus (see 'grpo status --help')"),
+        (["rollout", "r", "--iter", "-1"], "error: Invalid value for '--iter': Input should be greater than or equal to 0 (see 'grpo rollout --help')"),
+    ],
+)
+def test_usage_errors_are_one_line_in_the_same_form(args, line, capsys, monkeypatch):
+    """Typer's usage errors print as ours do: one `error: ...` line, no box, exit 2."""
+    from stages.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["grpo", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line]
 
 
 def test_init_never_overwrites(assets, make_run, cli, tmp_path):

@@ -32,6 +32,30 @@ def test_set_can_replace_a_list(tmp_path):
     assert [(r.fn, r.weight) for r in cfg.rewards] == [("format", 2.0)]
 
 
+def test_set_reaches_into_a_list_by_index(tmp_path):
+    tree = {**MINIMAL, "rewards": [{"fn": "correct"}, {"fn": "format"}]}
+    cfg = config_mod.load(write(tmp_path, tree), ["rewards.1.fn=contains", "rewards.1.kwargs={substring: x}", "rewards.0.weight=3"])
+    assert [(r.fn, r.weight) for r in cfg.rewards] == [("correct", 3.0), ("contains", 1.0)]
+    assert cfg.rewards[1].kwargs == {"substring": "x"}
+    with pytest.raises(GRPOError, match=r"--set rewards.2.fn: rewards.2 is not an entry of the 2-entry list rewards"):
+        config_mod.load(write(tmp_path, tree), ["rewards.2.fn=correct"])
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (["train.lrr=1"], "train.lrr: unknown key; did you mean 'lr'?"),
+        (["rolout.max_new_tokens=1"], "rolout: unknown key; did you mean 'rollout'?"),
+        (["rewards.0.wieght=2"], "rewards.0.wieght: unknown key; did you mean 'weight'?"),
+        (["train.zzz=1"], "train.zzz: unknown key"),
+    ],
+)
+def test_unknown_keys_suggest_the_close_one(tmp_path, sets, needle):
+    with pytest.raises(GRPOError) as err:
+        config_mod.load(write(tmp_path, MINIMAL), sets)
+    assert str(err.value).endswith(needle)
+
+
 @pytest.mark.parametrize(
     "sets, needle",
     [
