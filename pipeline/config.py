@@ -122,6 +122,13 @@ class AdvantageConfig(_Section):
     kl_in_reward: KLRewardConfig = KLRewardConfig()
     """Optional KL penalty folded into the reward before normalisation (applied at update time)."""
 
+    def of(self, rewards, num_generations: int):
+        """The advantages of total rewards [N] (groups of `num_generations`) under these settings."""
+        from pipeline.grpo import group_advantages
+
+        return group_advantages(rewards, num_generations, scale=self.scale, std=self.std, eps=self.eps,
+                                std_floor=self.std_floor, batch_renorm=self.batch_renorm)
+
 
 class TrainConfig(_Section):
     """The policy update (stage 4)."""

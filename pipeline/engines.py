@@ -35,6 +35,7 @@ def cpu_env() -> None:
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a weight-loading bar per model load
 
 
 class VLLMEngine:
@@ -204,8 +205,11 @@ def _apply_stop(text, tids, reason, stops, tok):
 
 
 def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int):
+    from pipeline.quiet import captured
+
     cls = {"vllm": VLLMEngine, "hf": HFEngine}[cfg.engine]
-    return cls(model_dir, cfg, max_model_len, seed)
+    with captured():  # vLLM's Triton note at import, its NUMA-binding warning from C++ at start
+        return cls(model_dir, cfg, max_model_len, seed)
 
 
 def model_context(model_dir: Path) -> int:

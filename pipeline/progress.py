@@ -16,9 +16,11 @@ class _Plain:
         self.t0 = self.last = time.time()
 
     def advance(self, n: int = 1) -> None:
+        """A line every PLAIN_EVERY_S seconds, and a last one if any was printed: a loop shorter
+        than that prints nothing, so the iteration table stays readable in a CI log."""
         self.done += n
         now = time.time()
-        if now - self.last >= PLAIN_EVERY_S or self.done == self.total:
+        if now - self.last >= PLAIN_EVERY_S or (self.done == self.total and self.last > self.t0):
             self.last = now
             print(f"{self.label}: {self.done}/{self.total} ({now - self.t0:.0f}s)", file=sys.stderr, flush=True)
 

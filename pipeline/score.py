@@ -47,7 +47,7 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     if not torch.isfinite(total[~torch.isnan(total)]).all():
         raise GRPOError(f"score iteration {k}: a total reward is infinite")
     a = cfg.advantages
-    adv = grpo.group_advantages(total, G, scale=a.scale, std=a.std, eps=a.eps, std_floor=a.std_floor, batch_renorm=a.batch_renorm)
+    adv = a.of(total, G)
     mean, std, zero = grpo.group_stats(total, G, std=a.std)  # [N/G]
     cols = {
         "prompt_id": rollout.column("prompt_id"),

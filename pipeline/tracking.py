@@ -36,6 +36,7 @@ from pathlib import Path
 
 from pipeline.run import Run
 from pipeline.store import MANIFEST, cache_dir, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
+from schemas.artifacts import STEP_METRICS
 
 log = logging.getLogger("grpo.tracking")
 
@@ -322,8 +323,7 @@ class Tracker:
         metrics = [Metric(_key(name), float(v), ts, k) for name, v in stage_metrics(run, k, stage).items() if _finite(v)]
         if stage == "update":
             for row in update_steps(run, k).iter_rows(named=True):
-                for name in ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean",
-                             "kl/mean", "entropy/mean", "grad_norm", "lr"):
+                for name in (*STEP_METRICS, "grad_norm", "lr"):
                     if _finite(row[name]):
                         metrics.append(Metric(f"step/{name}", float(row[name]), ts, int(row["step"])))
         ledger = RunTag(tag, sha256_bytes(raw))

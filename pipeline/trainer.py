@@ -35,9 +35,10 @@ from pipeline.errors import GRPOError
 from pipeline.logprobs import Batch, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.progress import progress
+from pipeline.quiet import captured
 from pipeline.run import Run, policy_manifest
 from pipeline.store import MANIFEST, cache_dir, canonical_hash, fault_point, hash_dir, policy_rel, stage_rel
-from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, UPDATE_METRICS
+from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, STEP_METRICS, UPDATE_METRICS
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
@@ -56,7 +57,8 @@ def init_distributed() -> tuple[int, int]:
     if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+        with captured():  # DeepSpeed's op build prints on stdout
+            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
@@ -118,17 +120,21 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
-        self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(cfg, self.world),
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
-        )
+        with captured():  # DeepSpeed's JIT op build prints on stdout (it joins vLLM's process group here)
+            self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
         a = cfg.advantages.kl_in_reward
         self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
         if state_dir is not None:
             self.load_state(state_dir)
+
+    def _initialize(self, deepspeed, model, cfg: Config):
+        return deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=ds_config(cfg, self.world),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg)),
+        )
 
     # -- state ---------------------------------------------------------------------------
     def save_state(self, out: Path) -> None:
@@ -219,7 +225,7 @@ class Trainer:
             rows.append(
                 {
                     "step": self.global_step, "epoch": epoch, "batch": b,
-                    **{key: acc.get(key, float("nan")) for key in _METRICS},
+                    **{key: acc.get(key, float("nan")) for key in STEP_METRICS},
                     "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                     "lr": lr,
                     "tokens": tokens,
@@ -280,9 +286,6 @@ class Trainer:
         return metrics
 
 
-_METRICS = ["loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean"]
-
-
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
 
@@ -321,8 +324,7 @@ class UpdateData:
         ref = _pad(df["ref_logprobs"].to_list(), T)
         scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
         penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
-        a = cfg.advantages
-        adv = grpo.group_advantages(penalised, G, scale=a.scale, std=a.std, eps=a.eps, std_floor=a.std_floor, batch_renorm=a.batch_renorm)
+        adv = cfg.advantages.of(penalised, G)
         kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
         self.kl_stats = float(kl_seq.mean())
         return df.with_columns(pl.Series("advantage", adv.float().numpy()))

@@ -140,6 +140,9 @@ LOGPROBS = ArtifactSchema(
     ),
 )
 
+STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean")
+"""What `pipeline.grpo.policy_loss` reports per micro-batch and the update stores per optimizer step."""
+
 UPDATE_METRICS = ArtifactSchema(
     kind="update_metrics",
     version=1,
@@ -148,13 +151,7 @@ UPDATE_METRICS = ArtifactSchema(
             pa.field("step", pa.int64()),  # global optimizer step (across iterations)
             pa.field("epoch", pa.int32()),
             pa.field("batch", pa.int32()),  # mini-batch index within the epoch
-            pa.field("loss/policy", pa.float64()),
-            pa.field("clip/ratio_low", pa.float64()),
-            pa.field("clip/ratio_high", pa.float64()),
-            pa.field("clip/ratio_region", pa.float64()),
-            pa.field("ratio/mean", pa.float64()),
-            pa.field("kl/mean", pa.float64()),
-            pa.field("entropy/mean", pa.float64()),
+            *(pa.field(name, pa.float64()) for name in STEP_METRICS),
             pa.field("grad_norm", pa.float64()),
             pa.field("lr", pa.float64()),
             pa.field("tokens", pa.int64()),

@@ -1,7 +1,8 @@
 """`grpo status RUN [--format table|json]`: where a run stands.
 
-Per iteration: which stages are done (rows, seconds), mean reward, eval accuracy of policy k,
-KL, the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
+Per iteration: which stages are done (rows, seconds), mean reward, eval accuracy of the policy
+the iteration produced (k+1, as `grpo iterate` prints it; `--format json` keeps policy k's eval on
+row k, as MLflow logs it), KL, the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
 """
 
 import json
@@ -26,16 +27,24 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{report['run']}  (config {report['config_hash'][:12]}, {report['completed']} iterations done)")
+    t = Table(title=f"{report['run']}  (config {report['config_hash'][:12]}, {report['completed']} iterations done)",
+              caption="eval acc: of the policy the iteration produced, as `grpo iterate` prints it")
     for col in ("iter", "rollout", "score", "logprobs", "update", "reward", "eval acc", "KL", "seconds"):
         t.add_column(col, justify="right")
+    acc = {row["iteration"]: row.get("eval/accuracy") for row in report["iterations"]}  # of policy k
+    if acc.get(0) is not None:
+        t.add_row("start", *["-"] * 5, _fmt(acc[0], ".3f"), "-", "-")
     for row in report["iterations"]:
-        cells = [str(row["iteration"])]
+        k = row["iteration"]
+        if not any(row["stages"].values()):
+            continue  # only the eval of the newest policy: shown on the row that produced it
+        cells = [str(k)]
         for stage in ("rollout", "score", "logprobs", "update"):
             s = row["stages"][stage]
             cells.append(f"{s['rows']} rows {s['seconds']:.1f}s" if s else "-")
-        for key, spec in (("reward/mean", ".3f"), ("eval/accuracy", ".3f"), ("kl/mean", ".4f"), ("seconds", ".1f")):
-            cells.append(_fmt(row.get(key), spec))
+        cells.append(_fmt(row.get("reward/mean"), ".3f"))
+        cells.append(_fmt(acc.get(k + 1), ".3f"))  # policy k+1, the one this iteration's update wrote
+        cells += [_fmt(row.get("kl/mean"), ".4f"), _fmt(row.get("seconds"), ".1f")]
         t.add_row(*cells)
     console = Console(width=140)
     console.print(t)

@@ -1,0 +1,78 @@
+"""What a person sees: progress lines that keep the iteration table readable, and third-party
+chatter captured unless something fails."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline import progress as progress_mod
+from pipeline.quiet import captured
+
+
+def test_plain_progress_is_silent_for_short_loops_and_periodic_for_long_ones(monkeypatch, capsys):
+    clock = iter([0.0, 1.0, 2.0, 3.0])  # start, then one tick per advance
+    monkeypatch.setattr(progress_mod.time, "time", lambda: next(clock))
+    with progress_mod.progress("rollout iteration 0 parts", 3) as bar:
+        for _ in range(3):
+            bar.advance()
+    assert capsys.readouterr().err == ""  # 3 s in all: nothing between the table's rows
+
+    clock = iter([0.0, 4.0, 11.0, 15.0, 23.0])
+    monkeypatch.setattr(progress_mod.time, "time", lambda: next(clock))
+    with progress_mod.progress("update iteration 0 optimizer steps", 4) as bar:
+        for _ in range(4):
+            bar.advance()
+    assert capsys.readouterr().err.splitlines() == [
+        "update iteration 0 optimizer steps: 2/4 (11s)",  # 10 s since the start
+        "update iteration 0 optimizer steps: 4/4 (23s)",  # the end, since a line was printed
+    ]
+
+
+def test_captured_hides_file_descriptor_output_unless_the_block_fails(capfd, monkeypatch):
+    monkeypatch.delenv("GRPO_VERBOSE", raising=False)
+    with captured():
+        os.write(2, b"NUMA binding: a C++ warning\n")  # below Python, as vLLM's C++ writes it
+        os.write(1, b"DeepSpeed op built successfully\n")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        with captured():
+            os.write(2, b"the library's own explanation\n")
+            raise RuntimeError("engine failed")
+    assert "the library's own explanation" in capfd.readouterr().err
+
+    monkeypatch.setenv("GRPO_VERBOSE", "1")
+    with captured():
+        os.write(2, b"shown when asked\n")
+    assert capfd.readouterr().err == "shown when asked\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_iterate_says_how_to_go_on_and_the_rerun_finishes(make_run):
+    """SIGINT mid-iteration: exit 130 with one line saying what to do, the run's locks released,
+    and the same command, run again, finishes the iteration."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, grpo
+    from pipeline.run import Run
+
+    path = make_run("interrupted")
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", path, "--iters", "1"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    rollout = os.path.join(path, "iter-0000", "rollout")
+    while not os.path.isdir(rollout) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # the rollout has taken its lock: the stage is under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1] == "interrupted; rerun the same command to resume"
+    assert "Traceback" not in err
+    rerun = grpo("iterate", path, "--iters", "1", timeout=600)  # would wait on a held lock, then fail
+    assert Run(path).completed_iters() == 1, rerun.stderr[-2000:]
