@@ -24,7 +24,8 @@ import pyarrow as pa
 from pipeline.errors import GRPOError
 from pipeline.progress import progress
 from pipeline.run import Run
-from pipeline.store import TMP_MARK, canonical_hash, fault_point, part_name, sha256_bytes, stage_rel
+from pipeline.faults import fault_point
+from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
 
 

@@ -37,7 +37,8 @@ from pipeline.parts import read_parts
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.run import Run, policy_manifest
-from pipeline.store import MANIFEST, cache_dir, canonical_hash, fault_point, hash_dir, policy_rel, stage_rel
+from pipeline.faults import fault_point
+from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, STEP_METRICS, UPDATE_METRICS
 
 STATE = "state"

@@ -67,9 +67,10 @@ def lock_body(host: str, pid: int, heartbeat: float) -> bytes:
 
 
 def test_object_lock_excludes_other_machines_and_takes_over_dead_ones(s3, monkeypatch):
-    from pipeline import store as store_mod
+    from pipeline import lock as lock_mod
     from pipeline.errors import GRPOError
-    from pipeline.store import ObjectLock, RunStore
+    from pipeline.lock import ObjectLock
+    from pipeline.store import RunStore
 
     store = RunStore(f"s3://{BUCKET}/locks")
     path = store.path("stage/.lock")
@@ -94,7 +95,7 @@ def test_object_lock_excludes_other_machines_and_takes_over_dead_ones(s3, monkey
     # a holder on this machine whose process is gone is dead at once
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    store.fs.pipe_file(path, lock_body(store_mod._host_id(), gone.pid, time.time()))
+    store.fs.pipe_file(path, lock_body(lock_mod._host_id(), gone.pid, time.time()))
     with store.lock("stage/.lock", "fifth"):
         assert json.loads(store.fs.cat_file(path))["what"] == "fifth"
 
@@ -106,7 +107,7 @@ def test_object_lock_excludes_other_machines_and_takes_over_dead_ones(s3, monkey
     store.remove("stage/.lock")
 
     # the holder's heartbeat keeps the lock fresh; a waiting worker gets it after the release
-    monkeypatch.setattr(store_mod, "LOCK_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(lock_mod, "LOCK_HEARTBEAT_S", 0.05)
     released, seen = threading.Event(), {}
 
     def hold():

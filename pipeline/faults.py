@@ -1,0 +1,20 @@
+"""Fault injection for the resume tests: a process that kills itself at a named point."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def fault_point(where: str, k: int) -> None:
+    """Test hook for the resume tests: `GRPO_FAULT=<stage>:<point>[:<iteration>]` SIGKILLs this
+    process when it reaches that point, so a test can die exactly between a part and its
+    manifest. Points: `<stage>:part` (a part was just written), `<stage>:manifest` (every part
+    is in, the manifest is not), `update:train` (trained, nothing saved), `update:publish`
+    (policy k+1 written, the update manifest not). Unset, it costs one environment lookup."""
+    spec = os.environ.get("GRPO_FAULT", "").split(":")
+    if len(spec) < 2:
+        return
+    stage, point, *iteration = spec
+    if f"{stage}:{point}" == where and (not iteration or iteration[0] == str(k)):
+        os.kill(os.getpid(), signal.SIGKILL)
