@@ -2,7 +2,7 @@
 
 Every workload is the demo task with G=8, 16 prompts per iteration and up to 64 new tokens;
 they differ in model size and update epochs. The run config starts from the shipped demo
-config (pipeline/configs/demo.yaml) for data and rewards, with evaluation off (TRL's loop has
+config (demo/configs/demo.yaml) for data and rewards, with evaluation off (TRL's loop has
 no periodic eval) and MLflow on (its cost is part of what is measured). Everything that sets
 the amount of work (sampling, loss, optimizer) is pinned here, so a change to the demo's
 defaults cannot change what the bench compares; TRL and the bare engines read the same values.
@@ -19,7 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent
 WORK = ROOT / "work"
-DEMO_CONFIG = ROOT.parent / "pipeline" / "configs" / "demo.yaml"
+DEMO_CONFIG = ROOT.parent / "demo" / "configs" / "demo.yaml"
 
 SFT_STEPS = {"tiny": 150, "small": 40}
 """Warm-start steps per size (the demo uses 500 for tiny): enough that completions stop at EOS,
@@ -80,8 +80,8 @@ def model_dir(size: str) -> Path:
 def build_assets(sizes: list[str]) -> dict:
     """Demo data and the warm-started models, with the project's own builders (kept between
     runs: make_model skips a directory that already holds the same settings)."""
-    from pipeline.demo_task import write_demo_data
-    from pipeline.tinymodel import make_model
+    from demo.task import write_demo_data
+    from demo.tinymodel import make_model
 
     write_demo_data(data_dir(), n_train=N_TRAIN, n_eval=N_EVAL, seed=0)
     records = {}
@@ -92,7 +92,7 @@ def build_assets(sizes: list[str]) -> dict:
 
 def config_tree(w: Workload) -> dict:
     """The run config: the demo's, with this workload's sizes."""
-    from pipeline.demo_task import SYSTEM_PROMPT
+    from demo.task import SYSTEM_PROMPT
 
     tree = yaml.safe_load(DEMO_CONFIG.read_text())
     tree["model"] = str(model_dir(w.size))

@@ -1,6 +1,6 @@
 """`grpo`: the command line. One module per command; heavy libraries load inside commands.
 
-    grpo init RUN --config configs/demo.yaml
+    grpo init RUN --config my-run.yaml
     grpo iterate RUN --iters 5        # or the four stages one by one:
     grpo rollout RUN; grpo score RUN; grpo logprobs RUN; grpo update RUN
 """
@@ -11,7 +11,8 @@ import warnings
 import typer
 
 from pipeline.errors import GRPOError
-from stages import demo, eval, export, init, iterate, logprobs, make_model, rollout, score, status, update
+from demo.commands import register as register_demo
+from stages import eval, export, init, iterate, logprobs, rollout, score, status, update
 from stages import inspect
 from stages import audit, replay
 
@@ -31,12 +32,10 @@ app.command("iterate")(iterate.iterate)
 app.command("eval")(eval.evaluate)
 app.command("status")(status.status)
 app.command("inspect")(inspect.inspect)
-app.command("demo")(demo.demo)
 app.command("export")(export.export)
 app.command("audit")(audit.audit)
 app.command("replay")(replay.replay)
-app.command("make-data")(make_model.make_data)
-app.command("make-model")(make_model.make_model)
+register_demo(app)  # demo, make-data, make-model: the embedded demo, its own package
 
 
 def main() -> None:

@@ -36,8 +36,8 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> dict:
     """Demo data (small) and a tiny warm-started model, built once for the whole session."""
-    from pipeline.demo_task import SYSTEM_PROMPT, write_demo_data
-    from pipeline.tinymodel import make_model
+    from demo.task import SYSTEM_PROMPT, write_demo_data
+    from demo.tinymodel import make_model
 
     root = tmp_path_factory.mktemp("assets")
     train, eval_ = write_demo_data(root / "data", n_train=400, n_eval=24, seed=0)

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from pipeline import answers, demo_task, tinymodel
+from demo import task as demo_task
+from demo import tinymodel
+from pipeline import answers
 from pipeline.errors import GRPOError
 
 
@@ -172,11 +174,21 @@ def test_saved_model_loads_back_and_generates(trained, tokenizer):
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert len(tokenizer("<answer>", add_special_tokens=False).input_ids) == 1
     questions = ["Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"]
-    reloaded = tinymodel.generate_greedy(model, tokenizer, questions, max_new_tokens=16)
-    in_memory = tinymodel.generate_greedy(trained["model"], tokenizer, questions, max_new_tokens=16)
-    assert reloaded == in_memory and reloaded[0].startswith("<think>")
+    completion = greedy(trained["dir"], questions[0], 16)
+    assert completion.startswith("<think>")
     # Greedy accuracy is a fraction of the rows, computed through pipeline.answers.
-    assert 0.0 <= tinymodel.evaluate_greedy(trained["dir"], None, [{"prompt": questions[0], "answer": "#### 7"}], 16) <= 1.0
+    acc = tinymodel.evaluate_greedy(trained["dir"], [{"prompt": questions[0], "answer": "#### 7"}], 16)
+    assert acc == float(answers.answers_match(answers.extract_answer(completion), "7"))
+
+
+def greedy(model_dir, question: str, max_new_tokens: int) -> str:
+    """The library's HF engine, greedy, on one demo question."""
+    from pipeline.config import RolloutConfig
+    from pipeline.engines import HFEngine
+
+    engine = HFEngine(model_dir, RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)
+    ids = engine.tokenizer(tinymodel.chat_prompt(engine.tokenizer, question), add_special_tokens=False).input_ids
+    return engine.generate([ids], [0], n=1, greedy=True)[0][0].text
 
 
 def test_make_model_records_and_refuses_other_output(tmp_path):
@@ -207,7 +219,7 @@ def test_vllm_loads_the_model_and_matches_hf_greedy(trained, tokenizer, monkeypa
     from vllm import LLM, SamplingParams
 
     question = "Maya had 12 coins and lost 5. How many coins does Maya have now?"
-    hf = tinymodel.generate_greedy(trained["model"], tokenizer, [question], max_new_tokens=24)[0]
+    hf = greedy(trained["dir"], question, 24)
     llm = LLM(model=str(trained["dir"]), enforce_eager=True, max_model_len=256, dtype="float32", seed=0)
     out = llm.generate([tinymodel.chat_prompt(tokenizer, question)], SamplingParams(temperature=0.0, max_tokens=24))
     completion = out[0].outputs[0]

@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pipeline import answers, demo_task
+from demo import task as demo_task
+from demo.settings import SFT_BATCH, SFT_LR, SFT_STEPS
+from pipeline import answers
 from pipeline.errors import GRPOError
 
 if TYPE_CHECKING:  # heavy imports stay inside the functions (`grpo --help` must be instant)
@@ -69,8 +71,6 @@ RECIPE = 2
 output with another recipe is not reused."""
 THREADS = 1
 """Torch threads of the warm start and its greedy eval (see torch_threads)."""
-SFT_STEPS, SFT_LR, SFT_BATCH = 500, 1e-3, 16
-"""Defaults of the warm start (see make_model); measured in make_model.json."""
 
 
 @contextmanager
@@ -265,54 +265,21 @@ def warm_start(
     return losses
 
 
-def generate_greedy(
-    model: "PreTrainedModel",
-    tokenizer: "PreTrainedTokenizerFast",
-    questions: list[str],
-    max_new_tokens: int = 32,
-    batch_size: int = 64,
-    threads: int | None = THREADS,
-) -> list[str]:
-    """Greedy completions (decoded, special tokens skipped) of chat-formatted questions."""
-    import torch
-
-    prompts = [tokenizer(chat_prompt(tokenizer, q), add_special_tokens=False).input_ids for q in questions]
-    pad, out = tokenizer.pad_token_id, []
-    model.eval()
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        width = max(len(p) for p in chunk)
-        # Left padding: every prompt ends where generation starts.
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])  # [B, L]
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])  # [B, L]
-        with torch.no_grad(), torch_threads(threads):
-            generated = model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False
-            )  # [B, L + T]
-        out += tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
-    return out
-
-
-def evaluate_greedy(
-    model_dir_or_model: "str | Path | PreTrainedModel",
-    tokenizer: "PreTrainedTokenizerFast | None",
-    rows: list[dict],
-    max_new_tokens: int = 32,
-) -> float:
-    """Fraction of `rows` whose greedy completion's <answer> matches the `####` gold answer."""
-    if isinstance(model_dir_or_model, (str, Path)):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(model_dir_or_model)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir_or_model)
-    else:
-        model = model_dir_or_model
+def evaluate_greedy(model_dir: str | Path, rows: list[dict], max_new_tokens: int = 32) -> float:
+    """Fraction of `rows` whose greedy completion's <answer> matches the `####` gold answer.
+    Generates with the library's own engine (transformers generate, as `rollout.engine: hf`)."""
     if not rows:
         return 0.0
-    completions = generate_greedy(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens)
-    hits = [
-        answers.answers_match(answers.extract_answer(c), answers.extract_gold(r["answer"])) for c, r in zip(completions, rows)
-    ]
+    from pipeline.config import RolloutConfig
+    from pipeline.engines import HFEngine
+
+    engine = HFEngine(Path(model_dir), RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)
+    tok = engine.tokenizer
+    prompts = [tok(chat_prompt(tok, r["prompt"]), add_special_tokens=False).input_ids for r in rows]
+    with torch_threads(THREADS):
+        groups = engine.generate(prompts, seeds=[0] * len(prompts), n=1, greedy=True)
+    engine.close()
+    hits = [answers.answers_match(answers.extract_answer(g[0].text), answers.extract_gold(r["answer"])) for g, r in zip(groups, rows)]
     return sum(hits) / len(rows)
 
 
@@ -388,13 +355,13 @@ def make_model(
     tokenizer = build_tokenizer(demo_texts(train_rows or demo_task.make_problems(2000, seed, "train")), vocab_size)
     model = build_model(size, tokenizer, seed)
     losses = warm_start(model, tokenizer, train_rows, sft_steps, lr, batch_size, seed) if train_rows else []
-    accuracy = evaluate_greedy(model, tokenizer, eval_rows, max_new_tokens) if eval_rows else None
 
     # Write into a sibling temporary directory, then rename: a crash leaves no half-written model.
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    accuracy = evaluate_greedy(tmp, eval_rows, max_new_tokens) if eval_rows else None
     record = settings | {
         "params": count_params(model),
         "vocab_size": len(tokenizer),
