@@ -70,8 +70,8 @@ def main(workload_json: str, out: str) -> None:
         row["cpu"] = diff(dict(probes.phase_cpu), mark["phase_cpu"])  # CPU seconds per stage
         row["gc"] = by_phase(diff(dict(probes.gc_seconds), mark["gc"]))  # GC pauses per stage and generation
         roll = run.manifest(k, "rollout")
-        row["tokens"] = roll["stats"]["tokens"]
-        row["completions"] = roll["rows"]
+        row["tokens"] = roll.stats["tokens"]
+        row["completions"] = roll.rows
         row["loadavg"] = loadavg()
         # the bare engines, same work, on the warm engines (vLLM and the logprob model hold policy k)
         warm = held["warm"]

@@ -1,7 +1,7 @@
 """`grpo audit`: check a run's record, every manifest, file hash and lineage link.
 
     grpo audit RUN                    # exit 0 and one summary line, or one line per problem
-    grpo audit --compare RUN_A RUN_B  # the first artifact where two runs diverge
+    grpo audit --compare RUN_A RUN_B  # the first artifact where two runs diverge (pipeline.compare)
 
 Checked in lineage order (policy/iter-0000, iter-0000/{rollout,score,logprobs,eval,update},
 policy/iter-0001, ...):
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -40,6 +39,7 @@ from pipeline.errors import GRPOError
 from pipeline.run import Run
 from pipeline.store import MANIFEST, TMP_MARK, RunStore, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, UPDATE_METRICS, SchemaError
+from schemas.manifests import FileEntry, ReplayLink
 
 PART_STAGES = ("rollout", "score", "logprobs", "eval")
 LINEAGE_STAGES = ("rollout", "score", "logprobs")
@@ -84,28 +84,25 @@ class _Auditor:
         self.config_mismatch: list[str] = []
 
     # -- helpers -------------------------------------------------------------------------
-    def manifest(self, rel_dir: str) -> dict | None:
+    def manifest(self, rel_dir: str):
+        """The typed manifest, or None: absent, or unreadable / malformed (recorded as a problem)."""
         try:
-            m = self.store.manifest(rel_dir)
-        except GRPOError:
-            self.audit.problem(f"{rel_dir}/{MANIFEST}", "not valid JSON")
+            return self.store.manifest(rel_dir)
+        except GRPOError as err:
+            self.audit.problem(f"{rel_dir}/{MANIFEST}", str(err).removeprefix(f"{self.store.display(f'{rel_dir}/{MANIFEST}')}: "))
             return None
-        if m is not None and not isinstance(m, dict):
-            self.audit.problem(f"{rel_dir}/{MANIFEST}", "not a JSON object")
-            return None
-        return m
 
     def manifest_sha(self, rel_dir: str) -> str | None:
         return self.store.manifest_hash(rel_dir)
 
-    def check_fields(self, rel: str, m: dict, stage: str, k: int, version: int | None) -> None:
-        if m.get("stage") != stage:
-            self.audit.problem(rel, f"manifest says stage {m.get('stage')!r}, expected {stage!r} (a swapped manifest?)")
-        if m.get("iteration") != k:
-            self.audit.problem(rel, f"manifest says iteration {m.get('iteration')!r}, expected {k} (a swapped manifest?)")
-        if version is not None and m.get("schema_version") != version:
-            self.audit.problem(rel, f"schema_version {m.get('schema_version')!r}, this grpo reads version {version}")
-        if m.get("config_hash") != self.cfg_hash:
+    def check_fields(self, rel: str, m, stage: str, k: int, version: int | None) -> None:
+        if m.stage != stage:
+            self.audit.problem(rel, f"manifest says stage {m.stage!r}, expected {stage!r} (a swapped manifest?)")
+        if m.iteration != k:
+            self.audit.problem(rel, f"manifest says iteration {m.iteration!r}, expected {k} (a swapped manifest?)")
+        if version is not None and getattr(m, "schema_version", None) != version:
+            self.audit.problem(rel, f"schema_version {getattr(m, 'schema_version', None)!r}, this grpo reads version {version}")
+        if getattr(m, "config_hash", None) != self.cfg_hash:
             self.config_mismatch.append(rel)
 
     def sha_file(self, rel: str) -> tuple[str, int]:
@@ -152,9 +149,10 @@ class _Auditor:
                 self.audit.problem(rel, "no MANIFEST.json")
             return
         self.audit.manifests += 1
-        if m.get("stage") != "policy" or m.get("iteration") != k:
-            self.audit.problem(f"{rel}/{MANIFEST}", f"describes {m.get('stage')} iteration {m.get('iteration')}, expected policy {k} (a swapped manifest?)")
-        files = m.get("files") or {}
+        if m.stage != "policy" or m.iteration != k:
+            self.audit.problem(f"{rel}/{MANIFEST}", f"describes {m.stage} iteration {m.iteration}, expected policy {k} (a swapped manifest?)")
+            return
+        files = m.files
         actual = self.tree(rel)
         self.audit.files += len(actual)
         for name in sorted(set(files) | set(actual)):
@@ -164,23 +162,26 @@ class _Auditor:
                 self.audit.problem(f"{rel}/{name}", "not listed in MANIFEST.json")
             elif actual[name] != files[name]:
                 self.audit.problem(f"{rel}/{name}", f"sha256 {short(actual[name])} differs from MANIFEST.json's {short(files[name])}")
-        if canonical_hash(files) != m.get("policy_hash"):
+        if canonical_hash(files) != m.policy_hash:
             self.audit.problem(f"{rel}/{MANIFEST}", "policy_hash is not the hash of its file list")
-        self.policy[k] = m.get("policy_hash")
+        self.policy[k] = m.policy_hash
         if k == 0:
             return
-        lineage = m.get("lineage") or {}
-        if lineage.get("update_iteration") != k - 1:
-            self.audit.problem(f"{rel}/{MANIFEST}", f"lineage.update_iteration {lineage.get('update_iteration')!r}, expected {k - 1}")
+        lineage = m.lineage
+        if lineage is None:
+            self.audit.problem(f"{rel}/{MANIFEST}", f"no lineage (policy {k} must name the update of iteration {k - 1})")
+            return
+        if lineage.update_iteration != k - 1:
+            self.audit.problem(f"{rel}/{MANIFEST}", f"lineage.update_iteration {lineage.update_iteration!r}, expected {k - 1}")
         for s in LINEAGE_STAGES:
             want = self.manifest_sha(stage_rel(k - 1, s))
-            if (lineage.get("inputs") or {}).get(s) != want:
+            if lineage.inputs.get(s) != want:
                 self.audit.problem(f"{rel}/{MANIFEST}", f"lineage.inputs.{s} does not match {stage_rel(k - 1, s)}/{MANIFEST}")
-        if lineage.get("from_policy_hash") != self.policy.get(k - 1):
+        if lineage.from_policy_hash != self.policy.get(k - 1):
             self.audit.problem(f"{rel}/{MANIFEST}", f"lineage.from_policy_hash does not match {policy_rel(k - 1)}")
 
     # -- part stages ---------------------------------------------------------------------
-    def open_stage(self, k: int, stage: str) -> tuple[str, dict] | None:
+    def open_stage(self, k: int, stage: str) -> tuple[str, object] | None:
         """The stage dir and its manifest, counted; None when the stage is absent or unfinished
         (recorded as skipped) or its manifest is unreadable (recorded as a problem)."""
         sd = stage_rel(k, stage)
@@ -201,23 +202,25 @@ class _Auditor:
         mrel = f"{sd}/{MANIFEST}"
         schema = BY_KIND[stage]
         self.check_fields(mrel, m, stage, k, schema.version)
-        inputs = m.get("inputs") or {}
-        if parts.input_hash(m.get("config_hash"), stage, k, inputs) != m.get("input_hash"):
+        if m.stage not in PART_STAGES:
+            return
+        inputs = m.inputs
+        if parts.input_hash(m.config_hash, stage, k, inputs) != m.input_hash:
             self.audit.problem(mrel, "input_hash is not the hash of its config and inputs")
-        replayed = m.get("replayed_from")
-        stamp = replayed.get("input_hash") if replayed else m.get("input_hash")
-        outputs = m.get("outputs") or {}
+        replayed = m.replayed_from
+        stamp = replayed.input_hash if replayed else m.input_hash
+        outputs = m.outputs
         for name, listed in sorted(outputs.items()):
             self.check_part(f"{sd}/{name}", name, listed, schema, stamp)
-        if sum(o.get("rows", 0) for o in outputs.values()) != m.get("rows"):
-            self.audit.problem(mrel, f"rows {m.get('rows')} is not the sum of its parts' rows")
+        if sum(o.rows or 0 for o in outputs.values()) != m.rows:
+            self.audit.problem(mrel, f"rows {m.rows} is not the sum of its parts' rows")
         for name in self.store.listdir(sd):
             if name.startswith("part-") and name not in outputs:
                 self.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
         if stage in ("rollout", "eval"):
             policy = inputs.get("policy") or {}
             want = self.committed_policy(k, mrel)
-            if want is not None and (policy.get("policy_hash") != want or m.get("policy_hash", want) != want):
+            if want is not None and (policy.get("policy_hash") != want or (m.policy_hash or want) != want):
                 self.audit.problem(mrel, f"inputs.policy.policy_hash {short(policy.get('policy_hash'))} does not match {policy_rel(k)} ({short(want)})")
         else:
             self.check_rollout_link(k, mrel, inputs.get("rollout") or {}, outputs)
@@ -228,15 +231,15 @@ class _Auditor:
         if replayed:
             self.check_replay(mrel, stage, replayed, outputs, inputs)
 
-    def check_part(self, rel: str, name: str, listed: dict, schema, stamp: str | None) -> None:
+    def check_part(self, rel: str, name: str, listed: FileEntry, schema, stamp: str | None) -> None:
         if not self.store.exists(rel):
             self.audit.problem(rel, "missing (listed in MANIFEST.json)")
             return
         data = self.store.read_bytes(rel)
         self.audit.files += 1
         sha = hashlib.sha256(data).hexdigest()
-        if sha != listed.get("sha256") or len(data) != listed.get("bytes"):
-            self.audit.problem(rel, f"sha256 {short(sha)} ({len(data)} bytes) differs from MANIFEST.json's {short(listed.get('sha256'))} ({listed.get('bytes')} bytes)")
+        if sha != listed.sha256 or len(data) != listed.bytes:
+            self.audit.problem(rel, f"sha256 {short(sha)} ({len(data)} bytes) differs from MANIFEST.json's {short(listed.sha256)} ({listed.bytes} bytes)")
             return
         try:
             f = pq.ParquetFile(io.BytesIO(data))
@@ -247,8 +250,8 @@ class _Auditor:
         except Exception as err:  # pyarrow raises several types for a torn file
             self.audit.problem(rel, f"not a readable Parquet file ({str(err).splitlines()[0]})")
             return
-        if f.metadata.num_rows != listed.get("rows"):
-            self.audit.problem(rel, f"{f.metadata.num_rows} rows, MANIFEST.json says {listed.get('rows')}")
+        if f.metadata.num_rows != listed.rows:
+            self.audit.problem(rel, f"{f.metadata.num_rows} rows, MANIFEST.json says {listed.rows}")
         meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items()}
         if meta.get("grpo.input_hash") != stamp:
             self.audit.problem(rel, "stamped with another input_hash than its manifest's (a part of another attempt or run)")
@@ -264,30 +267,30 @@ class _Auditor:
             return
         if ref.get("manifest_sha256") != self.manifest_sha(rd):
             self.audit.problem(mrel, f"inputs.rollout.manifest_sha256 does not match {rd}/{MANIFEST}")
-        if ref.get("outputs_sha256") != canonical_hash(rm.get("outputs") or {}):
+        if ref.get("outputs_sha256") != parts.outputs_hash(rm):
             self.audit.problem(mrel, f"inputs.rollout.outputs_sha256 does not match the outputs of {rd}")
-        rows = {n: o.get("rows") for n, o in (rm.get("outputs") or {}).items()}
-        mine = {n: o.get("rows") for n, o in outputs.items()}
+        rows = {n: o.rows for n, o in rm.outputs.items()}
+        mine = {n: o.rows for n, o in outputs.items()}
         if rows != mine:
             self.audit.problem(mrel, f"its parts' rows {mine} differ from {rd}'s {rows}")
 
-    def check_replay(self, mrel: str, stage: str, replayed: dict, outputs: dict, inputs: dict) -> None:
-        link = {key: replayed.get(key) for key in ("run", "iteration", "manifest_sha256")}
+    def check_replay(self, mrel: str, stage: str, replayed: ReplayLink, outputs: dict, inputs: dict) -> None:
+        link = replayed.model_dump(exclude={"input_hash"})
         if inputs.get("replayed_from") != link:
             self.audit.problem(mrel, "replayed_from differs from inputs.replayed_from")
-        src = RunStore(replayed.get("run", ""))
-        src_dir = stage_rel(int(replayed.get("iteration", 0)), stage)
+        src = RunStore(replayed.run)
+        src_dir = stage_rel(replayed.iteration, stage)
         try:
             src_sha = src.manifest_hash(src_dir)
         except Exception:  # the source may be gone or unreachable: this run is self-contained
             return
         if src_sha is None:
             return
-        if src_sha != replayed.get("manifest_sha256"):
+        if src_sha != replayed.manifest_sha256:
             self.audit.problem(mrel, f"replayed_from: {src.display(src_dir)}/{MANIFEST} has changed since the replay")
             return
-        src_out = {n: o.get("sha256") for n, o in (src.manifest(src_dir).get("outputs") or {}).items()}
-        if src_out != {n: o.get("sha256") for n, o in outputs.items()}:
+        src_out = {n: o.sha256 for n, o in src.manifest(src_dir).outputs.items()}
+        if src_out != {n: o.sha256 for n, o in outputs.items()}:
             self.audit.problem(mrel, f"outputs are not the parts of {src.display(src_dir)}")
 
     # -- updates -------------------------------------------------------------------------
@@ -297,35 +300,33 @@ class _Auditor:
         sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
         self.check_fields(mrel, m, "update", k, UPDATE_METRICS.version)
-        outputs = m.get("outputs") or {}
-        listed = outputs.get("metrics.parquet")
-        if listed is None:
-            self.audit.problem(mrel, "lists no metrics.parquet")
+        if m.stage != "update":
+            return
+        listed = m.outputs.metrics
+        rel = f"{sd}/metrics.parquet"
+        if not self.store.exists(rel):
+            self.audit.problem(rel, "missing (listed in MANIFEST.json)")
         else:
-            rel = f"{sd}/metrics.parquet"
-            if not self.store.exists(rel):
-                self.audit.problem(rel, "missing (listed in MANIFEST.json)")
-            else:
-                sha, n = self.sha_file(rel)
-                self.audit.files += 1
-                if sha != listed.get("sha256") or n != listed.get("bytes"):
-                    self.audit.problem(rel, f"sha256 {short(sha)} differs from MANIFEST.json's {short(listed.get('sha256'))}")
-        inputs = m.get("inputs") or {}
+            sha, n = self.sha_file(rel)
+            self.audit.files += 1
+            if sha != listed.sha256 or n != listed.bytes:
+                self.audit.problem(rel, f"sha256 {short(sha)} differs from MANIFEST.json's {short(listed.sha256)}")
+        inputs = m.inputs
         for s in LINEAGE_STAGES:
             want = self.manifest_sha(stage_rel(k, s))
             if want is None:
                 self.audit.problem(mrel, f"links to {stage_rel(k, s)}, which has no manifest")
-            elif inputs.get(s) != want:
+            elif getattr(inputs, s) != want:
                 self.audit.problem(mrel, f"inputs.{s} does not match {stage_rel(k, s)}/{MANIFEST}")
         want = self.committed_policy(k, mrel)
-        if want is not None and inputs.get("policy_hash") != want:
+        if want is not None and inputs.policy_hash != want:
             self.audit.problem(mrel, f"inputs.policy_hash does not match {policy_rel(k)}")
-        out_policy = outputs.get("policy") or {}
+        out_policy = m.outputs.policy
         nxt = policy_rel(k + 1)
         pm = self.manifest(nxt) if self.store.exists(nxt) else None
         if pm is None:
             self.audit.problem(mrel, f"wrote {nxt}, which is missing or has no manifest")
-        elif out_policy.get("path") != nxt or out_policy.get("policy_hash") != pm.get("policy_hash"):
+        elif out_policy.path != nxt or out_policy.policy_hash != pm.policy_hash:
             self.audit.problem(mrel, f"outputs.policy does not match {nxt}/{MANIFEST}")
 
     # -- the whole run -------------------------------------------------------------------
@@ -354,75 +355,3 @@ class _Auditor:
 def audit_run(run: Run) -> Audit:
     """Verify every manifest, file and lineage link of a run (see the module docstring)."""
     return _Auditor(run).run_all()
-
-
-# -- comparing two runs --------------------------------------------------------------------
-
-def _flat(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for key, v in tree.items():
-            out.update(_flat(v, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: json.dumps(tree, sort_keys=True)}
-
-
-def _artifacts(run: Run) -> list[tuple[str, str]]:
-    """(artifact, content hash) in lineage order, from the manifests."""
-    store = run.store
-    policies = [int(n[5:]) for n in store.listdir("policy") if n.startswith("iter-") and n[5:].isdigit()]
-    last = max(policies + run.iterations() + [0])
-    out = []
-    for k in range(last + 1):
-        if run.policy_done(k):
-            out.append((policy_rel(k), run.policy_hash(k)))
-        for stage in PART_STAGES:
-            m = run.manifest(k, stage)
-            for name, o in sorted(((m or {}).get("outputs") or {}).items()):
-                out.append((f"{stage_rel(k, stage)}/{name}", o.get("sha256")))
-        m = run.manifest(k, "update")
-        if m is not None:
-            out.append((f"{stage_rel(k, 'update')}/metrics.parquet", (m.get("outputs") or {}).get("metrics.parquet", {}).get("sha256")))
-    return out
-
-
-@dataclass
-class Comparison:
-    a: str
-    b: str
-    config: str | None  # where the configs differ, or None
-    first: str | None  # the first artifact that differs or exists in one run only, or None
-    compared: int
-
-    @property
-    def same(self) -> bool:
-        return self.config is None and self.first is None
-
-    def lines(self) -> list[str]:
-        if self.same:
-            return [f"{self.a} and {self.b} agree: {self.compared} artifacts identical"]
-        return [x for x in (self.config, self.first) if x]
-
-
-def compare_runs(a: Run, b: Run) -> Comparison:
-    """Where two runs first diverge: the config, then artifacts in lineage order (policy 0,
-    iteration 0's rollout, score, logprobs parts, update metrics, policy 1, ...), by the
-    sha256 their manifests record (`audit_run` checks that the files still match them)."""
-    config = None
-    if a.cfg_hash != b.cfg_hash:
-        fa, fb = _flat(a.cfg.model_dump(mode="json")), _flat(b.cfg.model_dump(mode="json"))
-        key = next(k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k))
-        config = f"config.yaml: differs at {key} ({fa.get(key, 'unset')} vs {fb.get(key, 'unset')})"
-    arts_a, arts_b = dict(_artifacts(a)), dict(_artifacts(b))
-    order = [name for name, _ in _artifacts(a)] + [name for name, _ in _artifacts(b) if name not in arts_a]
-    first, compared = None, 0
-    for name in order:
-        ha, hb = arts_a.get(name), arts_b.get(name)
-        if ha is None or hb is None:
-            first = f"{name}: only in {a.store.display() if hb is None else b.store.display()}"
-            break
-        if ha != hb:
-            first = f"{name}: differs (sha256 {short(ha)} vs {short(hb)})"
-            break
-        compared += 1
-    return Comparison(a.store.display(), b.store.display(), config, first, compared)

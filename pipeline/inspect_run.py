@@ -38,7 +38,7 @@ def read_columns(run: Run, k: int, stage: str, columns: list[str]) -> pl.DataFra
     if m is None:
         raise GRPOError(f"iteration {k}: {stage} is not done")
     schema = BY_KIND[stage]
-    names = [n for n in sorted(m["outputs"]) if n.endswith(".parquet")]
+    names = [n for n in sorted(m.outputs) if n.endswith(".parquet")]
     frames = []
     for name in names:
         rel = f"{stage_rel(k, stage)}/{name}"
@@ -60,8 +60,8 @@ def _f(x) -> float:
     return float("nan") if x is None else float(x)
 
 
-def _seconds(m: dict) -> float:
-    return float(m.get("timings", {}).get("seconds", float("nan")))
+def _seconds(m) -> float:
+    return float(m.timings.get("seconds", float("nan")))
 
 
 def _per_s(amount: float, seconds: float) -> float:
@@ -85,7 +85,7 @@ def _rollout(run: Run, k: int, m: dict) -> dict[str, float]:
     df = read_columns(run, k, "rollout", ["completion_length", "truncated"])
     length, clipped = df["completion_length"], df["truncated"]
     terminated = length.filter(~clipped)
-    stats = m.get("stats", {})
+    stats = m.stats or {}
     return {
         "completions/mean_length": _f(length.mean()),
         "completions/min_length": _f(length.min()),
@@ -123,7 +123,7 @@ def _logprobs(run: Run, k: int, m: dict) -> dict[str, float]:
         "logprobs/sampler_gap_max": _f(df["sampler_gap_max"].max()),
         "logprobs/sampler_gap_mean": _f(df["sampler_gap_mean"].mean()),
         "time/logprobs_s": secs,
-        "tokens_per_s/logprobs": _per_s(m.get("stats", {}).get("tokens", 0), secs),
+        "tokens_per_s/logprobs": _per_s((m.stats or {}).get("tokens", 0), secs),
     }
 
 
@@ -136,7 +136,7 @@ def _update(run: Run, k: int, m: dict) -> dict[str, float]:
     steps = update_steps(run, k)
     out = {name: _f(steps[name].fill_nan(None).mean()) for name in UPDATE_STEP_METRICS if name != "lr"}
     out["lr"] = _f(steps["lr"][-1]) if steps.height else float("nan")  # the rate the iteration ended at
-    train_s = float(m.get("timings", {}).get("train_s", float("nan")))
+    train_s = float(m.timings.get("train_s", float("nan")))
     out["time/update_s"] = _seconds(m)
     out["tokens_per_s/update"] = _per_s(float(steps["tokens"].sum()), train_s)
     return out

@@ -153,5 +153,5 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
         "ref": "policy/iter-0000" if cfg.ref_model is None else cfg.ref_model,
         "uses_ref": cfg.uses_ref,
     }
-    return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m["outputs"]), shard, inputs, make_part,
+    return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m.outputs), shard, inputs, make_part,
                      manifest_extra=lambda: {"stats": stats})

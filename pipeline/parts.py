@@ -23,10 +23,11 @@ import pyarrow as pa
 
 from pipeline.errors import GRPOError
 from pipeline.progress import progress
-from pipeline.run import Run
 from pipeline.faults import fault_point
+from pipeline.run import Run
 from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
+from schemas.manifests import FileEntry, PartsManifest
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,12 @@ class Shard:
 def upstream(run: Run, k: int, stage: str) -> dict:
     """How a stage's inputs name an upstream stage of iteration k (which must be done)."""
     m = run.manifest(k, stage)
-    return {"manifest_sha256": run.store.manifest_hash(stage_rel(k, stage)), "outputs_sha256": canonical_hash(m["outputs"])}
+    return {"manifest_sha256": run.store.manifest_hash(stage_rel(k, stage)), "outputs_sha256": outputs_hash(m)}
+
+
+def outputs_hash(m: PartsManifest) -> str:
+    """The hash of a stage's output list, as a downstream stage records it."""
+    return canonical_hash({name: o.model_dump(exclude_none=True) for name, o in m.outputs.items()})
 
 
 def input_hash(cfg_hash: str, stage: str, k: int, inputs: dict) -> str:
@@ -89,7 +95,7 @@ def run_parts(
     inputs: dict,
     make_part: Callable[[int], pa.Table],
     manifest_extra: Callable[[], dict] | None = None,
-) -> dict | None:
+) -> PartsManifest | None:
     """Write this shard's parts of `stage` for iteration k, then the manifest if all are in.
 
     Returns the manifest, or None when other shards' parts are still missing.
@@ -116,7 +122,7 @@ def run_parts(
     return finalize(run, k, stage, num_parts, stamp, inputs, seconds, manifest_extra)
 
 
-def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra=None) -> dict | None:
+def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra=None) -> PartsManifest | None:
     sd = stage_rel(k, stage)
     store = run.store
     with store.lock(f"{sd}/.lock-manifest", f"{stage} iteration {k} manifest", wait=60):
@@ -128,21 +134,13 @@ def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_ext
             if store.table_meta(rel).get("input_hash") != input_hash:
                 return None  # another shard has not written this part yet
             data = store.read_bytes(rel)
-            outputs[part_name(p)] = {"sha256": sha256_bytes(data), "bytes": len(data), "rows": _rows(store, rel)}
+            outputs[part_name(p)] = FileEntry(sha256=sha256_bytes(data), bytes=len(data), rows=_rows(store, rel))
         _clean_leftovers(store, sd, set(outputs))
-        body = {
-            "stage": stage,
-            "iteration": k,
-            "schema_version": _version(stage),
-            "config_hash": run.cfg_hash,
-            "seed": run.cfg.seed,
-            "input_hash": input_hash,
-            "inputs": inputs,
-            "outputs": outputs,
-            "rows": sum(o["rows"] for o in outputs.values()),
-            "timings": {"seconds": round(seconds, 3)},
-            **(manifest_extra() if manifest_extra else {}),
-        }
+        body = PartsManifest(
+            stage=stage, iteration=k, schema_version=_version(stage), config_hash=run.cfg_hash, seed=run.cfg.seed,
+            input_hash=input_hash, inputs=inputs, outputs=outputs, rows=sum(o.rows for o in outputs.values()),
+            timings={"seconds": round(seconds, 3)}, **(manifest_extra() if manifest_extra else {}),
+        )
         fault_point(f"{stage}:manifest", k)
         return store.write_manifest(sd, body)
 
@@ -173,14 +171,14 @@ def read_parts(run: Run, k: int, stage: str, schema: ArtifactSchema, shard: Shar
     if m is None:
         raise GRPOError(f"iteration {k}: {stage} is not done")
     tables = []
-    for i, name in enumerate(sorted(m["outputs"])):
+    for i, name in enumerate(sorted(m.outputs)):
         if shard is None or shard.owns(i):
-            tables.append(run.store.read_table(f"{stage_rel(k, stage)}/{name}", schema, sha256=m["outputs"][name]["sha256"]))
+            tables.append(run.store.read_table(f"{stage_rel(k, stage)}/{name}", schema, sha256=m.outputs[name].sha256))
     return tables
 
 
 def read_part(run: Run, k: int, stage: str, schema: ArtifactSchema, part: int) -> pa.Table:
     """One part of a done stage, checked against the sha256 its manifest lists."""
     m = run.manifest(k, stage)
-    listed = (m or {}).get("outputs", {}).get(part_name(part), {})
-    return run.store.read_table(f"{stage_rel(k, stage)}/{part_name(part)}", schema, sha256=listed.get("sha256"))
+    listed = m.outputs.get(part_name(part)) if m is not None else None
+    return run.store.read_table(f"{stage_rel(k, stage)}/{part_name(part)}", schema, sha256=listed.sha256 if listed else None)

@@ -39,6 +39,7 @@ from pipeline.rewards import load_reward
 from pipeline.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
+from schemas.manifests import PartsManifest, ReplayLink
 
 LOCKED = ("model", "rollout", "data.train", "data.prompt_column", "data.system_prompt", "data.chat_template")
 UNTIL = ("score", "logprobs", "update")
@@ -60,46 +61,37 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     return cfg
 
 
-def link_rollout(src: Run, k: int, new: Run) -> dict:
+def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
     """NEW/iter-0000/rollout := SRC/iter-K/rollout: the parts' bytes, verified against SRC's
     manifest, under a manifest of NEW that records where they came from."""
     src_dir, new_dir = stage_rel(k, "rollout"), stage_rel(0, "rollout")
     src_m = src.manifest(k, "rollout")
     link = {"run": src.store.display(), "iteration": k, "manifest_sha256": src.store.manifest_hash(src_dir)}
     if (m := new.manifest(0, "rollout")) is not None:
-        if (m.get("replayed_from") or {}).get("manifest_sha256") != link["manifest_sha256"]:
+        if m.replayed_from is None or m.replayed_from.manifest_sha256 != link["manifest_sha256"]:
             raise GRPOError(f"{new.store.display(new_dir)}: holds another rollout than {src.store.display(src_dir)}; choose a new run directory")
         return m
-    if src_m.get("schema_version") != ROLLOUT.version:
-        raise GRPOError(f"{src.store.display(src_dir)}: rollout schema version {src_m.get('schema_version')}, this grpo reads version {ROLLOUT.version}")
+    if src_m.schema_version != ROLLOUT.version:
+        raise GRPOError(f"{src.store.display(src_dir)}: rollout schema version {src_m.schema_version}, this grpo reads version {ROLLOUT.version}")
     policy_hash = new.policy_hash(0)
-    if (src_m.get("inputs") or {}).get("policy", {}).get("policy_hash") != policy_hash:
+    if (src_m.inputs.get("policy") or {}).get("policy_hash") != policy_hash:
         raise GRPOError(f"{src.store.display(src_dir)}: was not sampled from {src.store.display(policy_rel(k))} (policy hash differs)")
     t0 = time.time()
     with new.store.lock(f"{new_dir}/.lock-manifest", "replay of the rollout", wait=60):
         if (m := new.manifest(0, "rollout")) is not None:
             return m
-        for name, listed in sorted(src_m["outputs"].items()):
+        for name, listed in sorted(src_m.outputs.items()):
             data = src.store.read_bytes(f"{src_dir}/{name}")
-            if sha256_bytes(data) != listed["sha256"]:
+            if sha256_bytes(data) != listed.sha256:
                 raise GRPOError(f"{src.store.display(f'{src_dir}/{name}')}: sha256 differs from its manifest; the source run is damaged (run `grpo audit {src.uri}`)")
             new.store.write_bytes(f"{new_dir}/{name}", data)
         inputs = {"policy": {"path": policy_rel(0), "policy_hash": policy_hash}, "data": new.cfg.data.train, "replayed_from": link}
-        body = {
-            "stage": "rollout",
-            "iteration": 0,
-            "schema_version": ROLLOUT.version,
-            "config_hash": new.cfg_hash,
-            "seed": new.cfg.seed,
-            "input_hash": input_hash(new.cfg_hash, "rollout", 0, inputs),
-            "inputs": inputs,
-            "outputs": src_m["outputs"],
-            "rows": src_m["rows"],
-            "timings": {"seconds": round(time.time() - t0, 3)},
-            "policy_hash": policy_hash,
-            "engine": src_m.get("engine"),
-            "replayed_from": {**link, "input_hash": src_m["input_hash"]},  # the stamp the copied parts carry
-        }
+        body = PartsManifest(
+            stage="rollout", iteration=0, schema_version=ROLLOUT.version, config_hash=new.cfg_hash, seed=new.cfg.seed,
+            input_hash=input_hash(new.cfg_hash, "rollout", 0, inputs), inputs=inputs, outputs=src_m.outputs,
+            rows=src_m.rows, timings={"seconds": round(time.time() - t0, 3)}, policy_hash=policy_hash, engine=src_m.engine,
+            replayed_from=ReplayLink(**link, input_hash=src_m.input_hash),  # the stamp the copied parts carry
+        )
         return new.store.write_manifest(new_dir, body)
 
 

@@ -25,6 +25,7 @@ from pipeline.store import (
     policy_rel,
     stage_rel,
 )
+from schemas.manifests import Lineage, Manifest, PolicyManifest
 
 CONFIG = "config.yaml"
 RUN_MARK = "RUN.json"
@@ -51,16 +52,10 @@ def check_model_dir(path: str | Path, what: str = "model") -> Path:
     return p
 
 
-def policy_manifest(path: Path, iteration: int, source: str, lineage: dict | None = None) -> dict:
+def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | None = None) -> PolicyManifest:
     files = hash_dir(path)
-    return {
-        "stage": "policy",
-        "iteration": iteration,
-        "source": source,
-        "files": files,
-        "policy_hash": canonical_hash(files),
-        **({"lineage": lineage} if lineage else {}),
-    }
+    return PolicyManifest(stage="policy", iteration=iteration, source=source, files=files,
+                          policy_hash=canonical_hash(files), lineage=lineage)
 
 
 @dataclass
@@ -89,7 +84,7 @@ class Run:
     def policy_hash(self, k: int) -> str:
         if not self.policy_done(k):
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
-        return self.store.read_json(f"{policy_rel(k)}/{MANIFEST}")["policy_hash"]
+        return self.store.manifest(policy_rel(k)).policy_hash
 
     def policy_dir(self, k: int) -> Path:
         """Local directory of policy k (downloaded to the cache for remote runs)."""
@@ -105,7 +100,7 @@ class Run:
     def done(self, k: int, stage: str) -> bool:
         return self.store.exists(f"{stage_rel(k, stage)}/{MANIFEST}")
 
-    def manifest(self, k: int, stage: str) -> dict | None:
+    def manifest(self, k: int, stage: str) -> Manifest | None:
         return self.store.manifest(stage_rel(k, stage))
 
     def completed_iters(self) -> int:
@@ -122,7 +117,7 @@ class Run:
             k += 1
         return k
 
-    def require(self, k: int, stage: str, needs: str) -> dict:
+    def require(self, k: int, stage: str, needs: str) -> Manifest:
         """The manifest of a stage another one depends on, or a one-line ordering error."""
         m = self.manifest(k, needs)
         if m is None:
@@ -151,7 +146,7 @@ def init_run(uri: str, cfg: Config) -> Run:
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
-        store.write_json(f"{policy_rel(0)}/{MANIFEST}", policy_manifest(local, 0, source=str(model.resolve())))
+        store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=str(model.resolve())))
     if not store.exists(CONFIG):
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     return run

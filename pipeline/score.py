@@ -75,11 +75,11 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
     a = run.cfg.advantages
     if shard.count > 1 and (a.scale == "batch" or a.batch_renorm):
         raise GRPOError("--shard: advantages.scale batch / batch_renorm need the whole iteration; run score unsharded")
-    num_parts = len(rollout_m["outputs"])
+    num_parts = len(rollout_m.outputs)
     if a.scale == "batch" or a.batch_renorm:
         full = pa.concat_tables([read_part(run, k, "rollout", ROLLOUT, p) for p in range(num_parts)])
         scored = score_table(run, k, full)
-        bounds = np.cumsum([0] + [m["rows"] for _, m in sorted(rollout_m["outputs"].items())])
+        bounds = np.cumsum([0] + [o.rows for _, o in sorted(rollout_m.outputs.items())])
 
         def make_part(p):
             return scored.slice(bounds[p], bounds[p + 1] - bounds[p])

@@ -22,7 +22,7 @@ def status_report(run: Run) -> dict:
         stages = {}
         for stage in STAGES:
             m = run.manifest(k, stage) if stage in row["done"] else None
-            stages[stage] = {"rows": m.get("rows", 0), "seconds": m.get("timings", {}).get("seconds", 0.0)} if m else None
+            stages[stage] = {"rows": m.rows, "seconds": m.timings.get("seconds", 0.0)} if m else None
         iters.append({"stages": stages, **row})
     return {
         "run": run.store.display(),

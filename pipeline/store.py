@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
 from schemas.artifacts import ArtifactSchema, SchemaError
+from schemas.manifests import Manifest, ManifestError, dump_manifest, parse_manifest
 
 STAGES = ("rollout", "score", "logprobs", "update")
 MANIFEST = "MANIFEST.json"
@@ -215,21 +216,25 @@ class RunStore:
     def manifest_rel(self, stage_dir: str) -> str:
         return f"{stage_dir}/{MANIFEST}"
 
-    def manifest(self, stage_dir: str) -> dict | None:
-        """The stage's manifest, or None when the stage has not happened."""
+    def manifest(self, stage_dir: str) -> "Manifest | None":
+        """The stage's (or policy's) manifest, validated, or None when it has not happened."""
         rel = self.manifest_rel(stage_dir)
         if not self.exists(rel):
             return None
-        return self.read_json(rel)
+        try:
+            return parse_manifest(self.read_bytes(rel), self.display(rel))
+        except ManifestError as err:
+            raise GRPOError(str(err)) from None
 
     def manifest_hash(self, stage_dir: str) -> str | None:
         rel = self.manifest_rel(stage_dir)
         return sha256_bytes(self.read_bytes(rel)) if self.exists(rel) else None
 
-    def write_manifest(self, stage_dir: str, body: dict) -> dict:
-        body = {"created": now(), "code_version": code_version(), **body}
-        self.write_json(self.manifest_rel(stage_dir), body)
-        return body
+    def write_manifest(self, stage_dir: str, manifest: "Manifest") -> "Manifest":
+        """Write a manifest last, stamped with the time and the code version."""
+        manifest = manifest.model_copy(update={"created": now(), "code_version": code_version()})
+        self.write_bytes(self.manifest_rel(stage_dir), dump_manifest(manifest))
+        return manifest
 
     # -- locks ---------------------------------------------------------------------------
     def lock(self, rel: str, what: str, wait: float = 0.0):

@@ -312,14 +312,14 @@ class Tracker:
 
         store, sd = run.store, stage_rel(k, stage)
         raw = store.read_bytes(f"{sd}/{MANIFEST}")
-        manifest = json.loads(raw)
+        manifest = store.manifest(sd)
         self._log_bytes(raw, MANIFEST, f"manifests/{sd}")
         if stage == "update" and run.policy_done(k + 1):
             self._log_bytes(store.read_bytes(f"{policy_rel(k + 1)}/{MANIFEST}"), MANIFEST, f"manifests/{policy_rel(k + 1)}")
         if stage == "score" and (n := run.cfg.tracking.sample_completions) > 0:
             self._log_sample(completion_sample(run, k, n), k)
 
-        ts = _ms(manifest.get("created"))
+        ts = _ms(manifest.created)
         metrics = [Metric(_key(name), float(v), ts, k) for name, v in stage_metrics(run, k, stage).items() if _finite(v)]
         if stage == "update":
             for row in update_steps(run, k).iter_rows(named=True):

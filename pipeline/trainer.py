@@ -40,6 +40,7 @@ from pipeline.run import Run, policy_manifest
 from pipeline.faults import fault_point
 from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, STEP_METRICS, UPDATE_METRICS
+from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
@@ -379,7 +380,7 @@ def _work_dir(run: Run, k: int) -> Path:
     return cache_dir() / "update" / canonical_hash([run.store.display(), k])[:24]
 
 
-def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, Trainer | None]:
+def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[UpdateManifest | None, Trainer | None]:
     """Train policy k -> k+1. Returns the manifest and the (warm) trainer."""
     if run.done(k, "update"):
         return run.manifest(k, "update"), trainer
@@ -421,40 +422,29 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[dict, 
     return manifest, trainer
 
 
-def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict:
+def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> UpdateManifest:
     """Write policy k+1, the trainer state, metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
     try:
-        lineage = {
-            "update_iteration": k,
-            "inputs": {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")},
-            "from_policy_hash": run.policy_hash(k),
-        }
+        inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
+        lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
         pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage)
         store.put_dir(work / "policy", policy_rel(k + 1))
-        store.write_json(f"{policy_rel(k + 1)}/{MANIFEST}", pm)
+        store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
         store.put_dir(work / STATE, state_rel(k))
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    body = {
-        "stage": "update",
-        "iteration": k,
-        "schema_version": UPDATE_METRICS.version,
-        "config_hash": run.cfg_hash,
-        "seed": run.cfg.seed,
-        "inputs": {**lineage["inputs"], "policy_hash": lineage["from_policy_hash"],
-                   "state": None if prev_state is None else canonical_hash(hash_dir(prev_state))},
-        "outputs": {"metrics.parquet": metrics.as_dict(), "policy": {"path": policy_rel(k + 1), "policy_hash": pm["policy_hash"]}},
-        "policy_hash": pm["policy_hash"],
-        "rows": data.size,
-        "optimizer_steps": len(rows),
-        "global_step": trainer.global_step,
-        "kl_coef": trainer.kl_ctl.coef,
-        "world_size": trainer.world,
-        "timings": {"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
-    }
+    body = UpdateManifest(
+        stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
+        inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
+                            state=None if prev_state is None else canonical_hash(hash_dir(prev_state))),
+        outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash)),
+        policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
+        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world,
+        timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
+    )
     manifest = store.write_manifest(sd, body)
     _prune_states(run, k)
     return manifest

@@ -5,8 +5,8 @@ def stage_done(run, k: int, stage: str, manifest: dict | None) -> None:
     if manifest is None:
         print(f"{stage} iteration {k}: this shard's parts are written; the manifest follows when every shard is in")
         return
-    secs = manifest.get("timings", {}).get("seconds", 0.0)
-    print(f"{stage} iteration {k}: done, {manifest.get('rows', 0)} rows, {secs:.1f}s -> {run.store.display(f'iter-{k:04d}/{stage}')}")
+    secs = manifest.timings.get("seconds", 0.0)
+    print(f"{stage} iteration {k}: done, {manifest.rows} rows, {secs:.1f}s -> {run.store.display(f'iter-{k:04d}/{stage}')}")
 
 
 def _fmt(v, spec: str) -> str:

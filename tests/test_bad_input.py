@@ -214,14 +214,15 @@ def test_nan_logprobs(iter1_undone, cli):
     from safetensors.torch import load_file, save_file
 
     from pipeline.run import policy_manifest
+    from schemas.manifests import Lineage, dump_manifest
 
     policy = iter1_undone / "policy/iter-0001"
     weights = load_file(policy / "model.safetensors")
     weights["model.norm.weight"] = torch.full_like(weights["model.norm.weight"], float("nan"))
     save_file(weights, policy / "model.safetensors", metadata={"format": "pt"})
     old = manifest(iter1_undone, "policy/iter-0001")
-    body = policy_manifest(policy, 1, old["source"], old["lineage"])
-    (policy / "MANIFEST.json").write_text(json.dumps(body))
+    body = policy_manifest(policy, 1, old["source"], Lineage(**old["lineage"]))
+    (policy / "MANIFEST.json").write_bytes(dump_manifest(body))
     assert re.fullmatch(r"logprobs iteration 1 row 0 \(prompt_id \d+\): old_logprobs has NaN/inf", cli("logprobs", iter1_undone, "--iter", 1))
     assert nothing_in(iter1_undone / "iter-0001/logprobs")
 

@@ -20,6 +20,7 @@ from pipeline.diagnostics import Finding, diagnose
 from pipeline.inspect_run import history, inspect_iteration, prompt_text, stage_metrics
 from pipeline.run import Run
 from pipeline.store import part_name, stage_rel
+from schemas.manifests import FileEntry, PartsManifest
 from schemas.artifacts import ROLLOUT, SCORE
 
 # -- a run with hand-written parts -------------------------------------------------------------
@@ -36,10 +37,11 @@ LENGTHS = [4, 6, 8, 10, 12, 14]  # the last one truncated
 
 def _write_stage(run: Run, k: int, stage: str, schema, table: pa.Table) -> None:
     info = run.store.write_table(f"{stage_rel(k, stage)}/{part_name(0)}", table, schema)
-    run.store.write_manifest(stage_rel(k, stage), {
-        "stage": stage, "iteration": k, "outputs": {part_name(0): info.as_dict()}, "rows": table.num_rows,
-        "timings": {"seconds": 2.0}, "stats": {"tokens": sum(LENGTHS), "generate_s": 0.5},
-    })
+    run.store.write_manifest(stage_rel(k, stage), PartsManifest(
+        stage=stage, iteration=k, schema_version=schema.version, config_hash=run.cfg_hash, seed=0, input_hash="constructed",
+        inputs={}, outputs={part_name(0): FileEntry(**info.as_dict())}, rows=table.num_rows,
+        timings={"seconds": 2.0}, stats={"tokens": sum(LENGTHS), "generate_s": 0.5},
+    ))
 
 
 def constructed_run(make_run) -> Run:
@@ -206,7 +208,7 @@ def test_inspect_zero_spread_run(zero_spread_run):
     # every row inspect shows is a row of the iteration's rollout
     run = Run(path)
     m = run.manifest(1, "rollout")
-    rollout = pa.concat_tables([pq.read_table(f"{path}/{stage_rel(1, 'rollout')}/{n}") for n in sorted(m["outputs"])])
+    rollout = pa.concat_tables([pq.read_table(f"{path}/{stage_rel(1, 'rollout')}/{n}") for n in sorted(m.outputs)])
     keys = set(zip(rollout.column("prompt_id").to_pylist(), rollout.column("sample_idx").to_pylist()))
     assert {(r["prompt_id"], r["sample_idx"]) for r in rep["best"] + rep["worst"]} <= keys
 
@@ -227,5 +229,5 @@ def test_zero_spread_run_in_embedded_mlflow_store(zero_spread_run):
     assert {(f["iteration"], f["metric"]) for f in found} >= {(0, "frac_reward_zero_std"), (1, "frac_reward_zero_std")}
     run = Run(path)
     for k in (0, 1):  # the logged metric is what the score parts hold: every reward 0, every group flat
-        parts = [pq.read_table(f"{path}/{stage_rel(k, 'score')}/{n}") for n in sorted(run.manifest(k, "score")["outputs"])]
+        parts = [pq.read_table(f"{path}/{stage_rel(k, 'score')}/{n}") for n in sorted(run.manifest(k, "score").outputs)]
         assert np.all(pa.concat_tables(parts).column("reward").to_numpy() == 0.0)

@@ -69,7 +69,7 @@ def test_replay_links_the_rollout_by_hash_and_records_its_source(replays):
 
 
 def test_loss_types_are_compared_on_identical_data(replays):
-    from pipeline.audit import compare_runs
+    from pipeline.compare import compare_runs
     from pipeline.run import Run
 
     ref, plain, dr = replays

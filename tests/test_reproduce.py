@@ -104,7 +104,7 @@ def _rewrite_reward(part: Path, row: int, value: float) -> None:
 
 
 def test_compare_names_the_first_diverging_artifact(twins, tmp_path):
-    from pipeline.audit import compare_runs
+    from pipeline.compare import compare_runs
     from pipeline.run import Run
     from pipeline.store import sha256_bytes
 
@@ -129,7 +129,7 @@ def test_compare_names_the_first_diverging_artifact(twins, tmp_path):
 
 
 def test_compare_reports_config_and_missing_iterations(twins, tmp_path):
-    from pipeline.audit import compare_runs
+    from pipeline.compare import compare_runs
     from pipeline.run import Run
 
     ref, _ = twins

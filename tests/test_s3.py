@@ -182,11 +182,11 @@ def test_iteration_on_s3_is_killed_resumed_and_matches_a_local_run(s3, assets, t
     out, _ = reference.communicate(timeout=600)
     assert reference.returncode == 0, out[-3000:]
     for stage in ("rollout", "score", "logprobs"):
-        mine = store.manifest(f"iter-0000/{stage}")
+        mine = store.read_json(f"iter-0000/{stage}/MANIFEST.json")
         theirs = json.loads((Path(local) / "iter-0000" / stage / "MANIFEST.json").read_text())
         assert mine["outputs"] == theirs["outputs"], stage
-    mine = store.manifest("iter-0000/update")
+    mine = store.manifest("iter-0000/update")  # typed
     theirs = json.loads((Path(local) / "iter-0000/update/MANIFEST.json").read_text())
-    assert mine["policy_hash"] == theirs["policy_hash"]
-    assert mine["outputs"]["metrics.parquet"]["sha256"] == theirs["outputs"]["metrics.parquet"]["sha256"]
+    assert mine.policy_hash == theirs["policy_hash"]
+    assert mine.outputs.metrics.sha256 == theirs["outputs"]["metrics.parquet"]["sha256"]
     assert store.read_json("policy/iter-0001/MANIFEST.json")["lineage"]["inputs"]["score"] == store.manifest_hash("iter-0000/score")

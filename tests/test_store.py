@@ -149,10 +149,10 @@ def test_stage_killed_between_parts_and_manifest_is_not_done(make_run):
     # a stale part from other inputs is rewritten, the matching one is kept
     m = run_parts(run, 0, "logprobs", LOGPROBS, 2, Shard(), {"x": 1}, make_part)
     assert calls == [0, 1] and run.done(0, "logprobs")
-    for name, out in m["outputs"].items():
+    for name, out in m.outputs.items():
         data = run.store.read_bytes(f"iter-0000/logprobs/{name}")
-        assert out["sha256"] == sha256_bytes(data) and out["rows"] == 2
-    assert m["rows"] == 4
+        assert out.sha256 == sha256_bytes(data) and out.rows == 2
+    assert m.rows == 4
     # done means done: a rerun does nothing
     assert run_parts(run, 0, "logprobs", LOGPROBS, 2, Shard(), {"x": 1}, make_part) == m
     assert calls == [0, 1]
@@ -166,5 +166,40 @@ def test_sharded_workers_write_the_manifest_once_all_parts_are_in(make_run):
     assert run_parts(run, 0, "logprobs", LOGPROBS, 3, Shard(0, 2), {}, lambda p: logprobs_rows(1)) is None
     assert not run.done(0, "logprobs")
     m = run_parts(run, 0, "logprobs", LOGPROBS, 3, Shard(1, 2), {}, lambda p: logprobs_rows(1))
-    assert m is not None and sorted(m["outputs"]) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert m is not None and sorted(m.outputs) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     assert json.loads((run.store.path("iter-0000/logprobs/MANIFEST.json") and open(run.store.path("iter-0000/logprobs/MANIFEST.json")).read()))["rows"] == 3
+
+
+def test_manifests_are_typed_and_versioned(tmp_path):
+    """A manifest is read through its declared model: an old version, a missing field or a
+    field of the wrong type is a one-line error naming the file and the field."""
+    import json
+
+    from pipeline.errors import GRPOError
+    from schemas.manifests import FileEntry, PartsManifest
+
+    store = RunStore(str(tmp_path / "run"))
+    m = PartsManifest(stage="score", iteration=0, schema_version=1, config_hash="c", seed=0, input_hash="h",
+                      inputs={}, outputs={"part-00000.parquet": FileEntry(sha256="s", bytes=3, rows=2)}, rows=2,
+                      timings={"seconds": 1.0})
+    written = store.write_manifest("iter-0000/score", m)
+    read = store.manifest("iter-0000/score")
+    assert read == written and read.outputs["part-00000.parquet"].rows == 2 and read.created is not None
+    path = tmp_path / "run" / "iter-0000" / "score" / "MANIFEST.json"
+    body = json.loads(path.read_text())
+    for edit, message in [
+        (lambda b: b.pop("manifest_version"), "no manifest_version (written by a grpo before manifests were versioned); this grpo reads version 1"),
+        (lambda b: b.update(manifest_version=2), "manifest version 2; this grpo reads version 1"),
+        (lambda b: b.pop("rows"), "rows: required key is missing"),
+        (lambda b: b["outputs"]["part-00000.parquet"].update(bytes="three"), "outputs.part-00000.parquet.bytes: Input should be a valid integer, unable to parse string as an integer"),
+        (lambda b: b.update(colour="red"), "colour: unknown key"),
+    ]:
+        bad = json.loads(json.dumps(body))
+        edit(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(GRPOError) as err:
+            store.manifest("iter-0000/score")
+        assert str(err.value) == f"{path}: {message}"
+    path.write_text("{not json")
+    with pytest.raises(GRPOError, match=r"MANIFEST.json: not valid JSON$"):
+        store.manifest("iter-0000/score")

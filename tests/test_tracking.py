@@ -191,7 +191,7 @@ def test_params_and_tags(server_run):
     assert data.params["loss.kl_coef"] == "0.04"
     run = Run(str(server_run["path"]))
     assert data.tags["grpo.config_hash"] == run.cfg_hash
-    assert data.tags["grpo.code_version"] == run.manifest(1, "update")["code_version"]
+    assert data.tags["grpo.code_version"] == run.manifest(1, "update").code_version
     assert data.tags["grpo.final_policy"] == "policy/iter-0002"
 
 

@@ -1,0 +1,173 @@
+"""MANIFEST.json of every stage and policy, declared once and versioned.
+
+A manifest is the only proof that a stage happened (see `pipeline.store`). Every writer builds
+one of these models and every reader gets one back, validated: an unreadable, old-version or
+malformed manifest is a one-line `ManifestError` naming the file and the field.
+
+    PartsManifest   iter-K/{rollout,score,logprobs,eval}/MANIFEST.json
+    UpdateManifest  iter-K/update/MANIFEST.json
+    PolicyManifest  policy/iter-K/MANIFEST.json
+
+MANIFEST_VERSION is raised whenever a field changes meaning or a required one is added; a
+reader refuses other versions rather than guessing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MANIFEST_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read as this grpo writes them (the message names the file)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class FileEntry(_Model):
+    """One output file: its sha256, size and (for Parquet) row count."""
+
+    sha256: str
+    bytes: int = Field(ge=0)
+    rows: int | None = Field(None, ge=0)
+
+
+class _Manifest(_Model):
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    """The version of this layout (see the module docstring)."""
+    iteration: int = Field(ge=0)
+    created: str | None = None
+    """UTC time the manifest was written (set by the run store)."""
+    code_version: str | None = None
+    """grpo's version and commit that wrote it (set by the run store)."""
+
+
+class ReplayLink(_Model):
+    """Where a replayed stage's parts came from (`grpo replay`)."""
+
+    run: str
+    iteration: int = Field(ge=0)
+    manifest_sha256: str
+    input_hash: str
+    """The stamp the copied parts carry (the source stage's input_hash)."""
+
+
+class PartsManifest(_Manifest):
+    """A stage written as Parquet parts: rollout, score, logprobs, eval."""
+
+    stage: Literal["rollout", "score", "logprobs", "eval"]
+    schema_version: int
+    """Version of the parts' Parquet schema (`schemas.artifacts`)."""
+    config_hash: str
+    seed: int
+    input_hash: str
+    """Hash of the config, stage, iteration and inputs; stamped into every part."""
+    inputs: dict[str, Any]
+    """What the stage read: the policy (rollout, eval, logprobs) or the upstream stages' manifests."""
+    outputs: dict[str, FileEntry]
+    rows: int = Field(ge=0)
+    timings: dict[str, float]
+    policy_hash: str | None = None
+    """rollout, eval: the policy the completions were sampled from."""
+    engine: str | None = None
+    """rollout: the generation engine."""
+    stats: dict[str, float] | None = None
+    """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
+    rewards: list[dict[str, Any]] | None = None
+    """score: the reward functions as configured."""
+    replayed_from: ReplayLink | None = None
+
+
+class UpdateInputs(_Model):
+    rollout: str
+    score: str
+    logprobs: str
+    """sha256 of the three stages' manifests the update trained on."""
+    policy_hash: str
+    """The policy it started from."""
+    state: str | None = None
+    """Hash of the trainer state it resumed (None at iteration 0)."""
+
+
+class PolicyRef(_Model):
+    path: str
+    policy_hash: str
+
+
+class UpdateOutputs(_Model):
+    metrics: FileEntry = Field(alias="metrics.parquet")
+    policy: PolicyRef
+
+
+class UpdateManifest(_Manifest):
+    """The policy update of iteration K: its metrics and the policy K+1 it wrote."""
+
+    stage: Literal["update"]
+    schema_version: int
+    config_hash: str
+    seed: int
+    inputs: UpdateInputs
+    outputs: UpdateOutputs
+    policy_hash: str
+    """The policy written (K+1)."""
+    rows: int = Field(ge=0)
+    optimizer_steps: int = Field(ge=0)
+    global_step: int = Field(ge=0)
+    kl_coef: float
+    world_size: int = Field(ge=1)
+    timings: dict[str, float]
+
+
+class Lineage(_Model):
+    """How a policy K > 0 came to be: the update of K-1, its inputs, the policy it started from."""
+
+    update_iteration: int = Field(ge=0)
+    inputs: dict[str, str]
+    from_policy_hash: str
+
+
+class PolicyManifest(_Manifest):
+    """A policy directory: every file's sha256; the policy hash is the hash of that list."""
+
+    stage: Literal["policy"]
+    source: str
+    files: dict[str, str]
+    policy_hash: str
+    lineage: Lineage | None = None
+
+
+Manifest = Annotated[Union[PartsManifest, UpdateManifest, PolicyManifest], Field(discriminator="stage")]
+_ADAPTER: TypeAdapter = TypeAdapter(Manifest)
+
+
+def parse_manifest(raw: bytes, where: str) -> PartsManifest | UpdateManifest | PolicyManifest:
+    """A manifest's bytes, validated; ManifestError naming `where` and the field otherwise."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise ManifestError(f"{where}: not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{where}: not a JSON object")
+    version = obj.get("manifest_version")
+    if version != MANIFEST_VERSION:
+        found = "no manifest_version (written by a grpo before manifests were versioned)" if version is None else f"manifest version {version!r}"
+        raise ManifestError(f"{where}: {found}; this grpo reads version {MANIFEST_VERSION}")
+    try:
+        return _ADAPTER.validate_python(obj)
+    except ValidationError as err:
+        first = err.errors()[0]
+        path = first["loc"][1:] if first["loc"][:1] == (obj.get("stage"),) else first["loc"]  # drop the union's tag
+        loc = ".".join(str(p) for p in path) or "(top level)"
+        msg = "unknown key" if first["type"] == "extra_forbidden" else "required key is missing" if first["type"] == "missing" else first["msg"]
+        raise ManifestError(f"{where}: {loc}: {msg}") from None
+
+
+def dump_manifest(m: BaseModel) -> bytes:
+    """The bytes a manifest is written as (sorted keys, so equal content gives equal bytes)."""
+    return (json.dumps(m.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2, sort_keys=True) + "\n").encode()
