@@ -45,6 +45,36 @@ def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
     return df
 
 
+def dataset_columns(path: str) -> list[str]:
+    """The column names of a dataset, read from its header where the format has one (Parquet
+    schema; JSON lines: the first rows polars infers from) without loading it all."""
+    suffix = "".join(Path(path.split("?")[0]).suffixes[-1:]).lower()
+    local = "://" not in path
+    if local and not Path(path).is_file():
+        raise GRPOError(f"{path}: dataset file not found")
+    if local and Path(path).stat().st_size == 0:
+        raise GRPOError(f"{path}: dataset is empty")
+    try:
+        if suffix in (".jsonl", ".ndjson"):
+            return pl.scan_ndjson(path).collect_schema().names()
+        if suffix == ".json":
+            return pl.read_json(path).columns
+        if suffix == ".parquet":
+            import fsspec
+            import pyarrow.parquet as pq
+
+            with fsspec.open(path, "rb") as f:
+                return pq.read_schema(f).names
+    except Exception as err:  # polars / pyarrow raise several types for malformed input
+        raise GRPOError(f"{path}: cannot read dataset ({str(err).splitlines()[0]})") from None
+    raise GRPOError(f"{path}: unsupported dataset format {suffix or '(none)'}; use .jsonl, .json or .parquet")
+
+
+def prompt_columns(data: DataConfig) -> list[str]:
+    """The dataset columns a prompt is built from."""
+    return [data.prompt_column]
+
+
 def iteration_prompt_ids(n_rows: int, per_iter: int, seed: int, k: int) -> list[int]:
     """Rows of iteration k: epoch-wise shuffles seeded by (seed, epoch), drop-last.
 

@@ -10,10 +10,11 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import torch
 
+from pipeline import grpo
 from pipeline.data import derive_seed, load_dataset, make_prompts
 from pipeline.engines import make_engine, model_context
-from pipeline.errors import GRPOError
 from pipeline.parts import Shard, run_parts
 from pipeline.rewards import compute_rewards
 from pipeline.rollout import engine_max_len
@@ -43,17 +44,15 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt)
     per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
     names = [r.column for r in cfg.rewards]
-    if cfg.eval.reward not in names:
-        raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
-    hit = per_fn[:, names.index(cfg.eval.reward)]
-    weights = np.array([r.weight for r in cfg.rewards])
-    total = np.nansum(per_fn * weights, axis=1)
+    hit = per_fn[:, names.index(cfg.eval.reward)]  # the config guarantees eval.reward names a reward
+    weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
+    total = grpo.combine_rewards(torch.from_numpy(per_fn), weights).numpy()  # [N], as score: NaN where none applies
     out = {
         "prompt_id": table.column("prompt_id"),
         "prompt": table.column("prompt"),
         "completion": table.column("completion"),
         "completion_length": table.column("completion_length"),
-        "reward": pa.array(total),
+        "reward": pa.array(total, from_pandas=True),
         "correct": pa.array(np.nan_to_num(hit, nan=0.0) > 0),
     }
     for j, n in enumerate(names):
@@ -106,6 +105,6 @@ def eval_summary(run: Run, k: int) -> dict | None:
     t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
     return {
         "eval/accuracy": float(np.mean(t.column("correct").to_numpy(zero_copy_only=False))),
-        "eval/reward": float(np.mean(t.column("reward").to_numpy())),
+        "eval/reward": float(np.nanmean(t.column("reward").to_numpy(zero_copy_only=False).astype(float))),
         "eval/mean_length": float(np.mean(t.column("completion_length").to_numpy())),
     }
