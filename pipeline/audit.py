@@ -103,8 +103,9 @@ class _Auditor:
             self.audit.problem(rel, f"manifest says stage {m.get('stage')!r}, expected {stage!r} (a swapped manifest?)")
         if m.get("iteration") != k:
             self.audit.problem(rel, f"manifest says iteration {m.get('iteration')!r}, expected {k} (a swapped manifest?)")
-        if version is not None and m.get("schema_version") != version:
-            self.audit.problem(rel, f"schema_version {m.get('schema_version')!r}, this grpo reads version {version}")
+        readable = version if isinstance(version, tuple) else (version,)
+        if version is not None and m.get("schema_version") not in readable:
+            self.audit.problem(rel, f"schema_version {m.get('schema_version')!r}, this grpo reads version {readable[0]}")
         if m.get("config_hash") != self.cfg_hash:
             self.config_mismatch.append(rel)
 
@@ -200,7 +201,7 @@ class _Auditor:
         sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
         schema = BY_KIND[stage]
-        self.check_fields(mrel, m, stage, k, schema.version)
+        self.check_fields(mrel, m, stage, k, (schema.version, *schema.reads))
         inputs = m.get("inputs") or {}
         if parts.input_hash(m.get("config_hash"), stage, k, inputs) != m.get("input_hash"):
             self.audit.problem(mrel, "input_hash is not the hash of its config and inputs")

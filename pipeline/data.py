@@ -13,8 +13,9 @@ from pipeline.config import DataConfig
 from pipeline.errors import GRPOError
 
 
-def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
-    """Read .jsonl / .json / .parquet (local or fsspec URI) and check the prompt column."""
+def load_dataset_frame(path: str) -> pl.DataFrame:
+    """Read .jsonl / .json / .parquet (local or fsspec URI); a one-line error for a missing,
+    empty or unreadable file."""
     suffix = "".join(Path(path.split("?")[0]).suffixes[-1:]).lower()
     local = "://" not in path
     if local and not Path(path).is_file():
@@ -36,6 +37,12 @@ def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
         raise GRPOError(f"{path}: cannot read dataset ({str(err).splitlines()[0]})") from None
     if df.height == 0:
         raise GRPOError(f"{path}: dataset is empty")
+    return df
+
+
+def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
+    """load_dataset_frame, then check the prompt column."""
+    df = load_dataset_frame(path)
     if prompt_column not in df.columns:
         raise GRPOError(f"{path}: no prompt column {prompt_column!r} (columns: {', '.join(df.columns)}); set data.prompt_column")
     nulls = df.get_column(prompt_column).is_null()
@@ -68,6 +75,11 @@ def dataset_columns(path: str) -> list[str]:
     except Exception as err:  # polars / pyarrow raise several types for malformed input
         raise GRPOError(f"{path}: cannot read dataset ({str(err).splitlines()[0]})") from None
     raise GRPOError(f"{path}: unsupported dataset format {suffix or '(none)'}; use .jsonl, .json or .parquet")
+
+
+def dataset_num_rows(path: str) -> int:
+    """Rows of a dataset (reads it)."""
+    return load_dataset_frame(path).height
 
 
 def prompt_columns(data: DataConfig) -> list[str]:

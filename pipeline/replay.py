@@ -99,6 +99,8 @@ def link_rollout(src: Run, k: int, new: Run) -> dict:
             "policy_hash": policy_hash,
             "engine": src_m.get("engine"),
             "replayed_from": {**link, "input_hash": src_m["input_hash"]},  # the stamp the copied parts carry
+            # the state the source iteration's reward functions saw, so a re-score is reproducible
+            **({"trainer_state": src_m["trainer_state"]} if "trainer_state" in src_m else {}),
         }
         return new.store.write_manifest(new_dir, body)
 

@@ -48,9 +48,12 @@ def _prompt_text(prompt: str | list[dict]) -> str:
     return prompt if isinstance(prompt, str) else "\n".join(_content(m) for m in prompt)
 
 
+_TRL_EXTRAS = ("trainer_state", "log_metric", "log_extra")  # passed with the columns; not columns
+
+
 def _column(columns: dict[str, list], name: str, option: str) -> list:
     if name not in columns:
-        have = ", ".join(sorted(columns)) or "none"
+        have = ", ".join(sorted(c for c in columns if c not in _TRL_EXTRAS)) or "none"
         raise GRPOError(f"no dataset column {name!r} (dataset columns: {have}); set the `{option}` option")
     return columns[name]
 

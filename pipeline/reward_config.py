@@ -117,8 +117,10 @@ class _Reward(_Section):
     """Weight in the total reward (weighted sum over the functions that apply, as TRL)."""
     name: str | None = None
     """Column/metric name; defaults to the function's name."""
+    rows_per_call: int | None = Field(None, ge=1)
+    """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
     max_concurrency: int = Field(8, ge=1, le=1024)
-    """Async functions only: calls of this function in flight at once (rows of a per-row function)."""
+    """Async functions only: calls of this function in flight at once."""
     timeout_s: float = Field(60.0, gt=0.0)
     """Async functions only: limit per call; a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import GRPOError
+from pipeline.reward_calls import RewardLog, TrainerState, call_sync, is_async, run_async
 from pipeline.reward_builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code  # noqa: F401 (re-exported)
 from pipeline.reward_config import CustomReward, RewardSpec
 
@@ -140,24 +141,28 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_rewards(values: Any, n: int, where: str) -> np.ndarray:
-    """One function's output -> float64 [N] with NaN for None; GRPOError at the first bad row."""
+def _check_rewards(values: Any, n: int, where: str, rows: range | None = None) -> np.ndarray:
+    """One call's output -> float64 [n] with NaN for None; GRPOError at the first bad row.
+    `rows`: the rows of the batch this call got (a slice, for async calls; errors name batch rows)."""
+    rows = rows or range(n)
+    call = where if rows == range(n) else \
+        f"{where} row {rows.start}" if len(rows) == 1 else f"{where} rows {rows.start}-{rows.stop - 1}"
     if getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):  # numpy / torch vectors
         values = values.tolist()
     if not isinstance(values, list | tuple):
-        raise GRPOError(f"{where}: returned {type(values).__name__}, expected a list of {n} numbers or None")
+        raise GRPOError(f"{call}: returned {type(values).__name__}, expected a list of {n} numbers or None")
     if len(values) != n:
-        raise GRPOError(f"{where}: returned {len(values)} values for {n} completions")
+        raise GRPOError(f"{call}: returned {len(values)} values for {n} completions")
     out = np.full(n, np.nan)  # [N]
     for i, v in enumerate(values):
         if v is None:
             continue
         # bool is a number (True == 1): `return [ok for ...]` is a common, meaningful reward.
         if not isinstance(v, numbers.Real):
-            raise GRPOError(f"{where} row {i}: returned {_short(v)}, expected a number or None")
+            raise GRPOError(f"{where} row {rows.start + i}: returned {_short(v)}, expected a number or None")
         x = float(v)
         if math.isinf(x):
-            raise GRPOError(f"{where} row {i}: returned {x}, expected a finite number or None")
+            raise GRPOError(f"{where} row {rows.start + i}: returned {x}, expected a finite number or None")
         out[i] = x  # NaN stays NaN: "does not apply", like None
     return out
 
@@ -169,11 +174,16 @@ def compute_rewards(
     completion_ids: list[list[int]] | None,
     columns: dict[str, list],
     iteration: int,
+    trainer_state: TrainerState | None = None,
+    log: RewardLog | None = None,
 ) -> np.ndarray:
     """Every reward function on every completion: float64 [N, F], NaN where one returned None.
 
     prompts / completions in TRL's shapes (a string completion of a chat prompt is wrapped as
     [{"role": "assistant", "content": text}]); columns: the other dataset columns, N values each.
+    trainer_state is passed to every function (default: global_step = iteration); what they
+    log with log_metric / log_extra lands in `log`. Async functions run concurrently after the
+    synchronous ones (pipeline.reward_calls).
     """
     n = len(completions)
     lengths = {"prompts": len(prompts)} | ({} if completion_ids is None else {"completion_ids": len(completion_ids)})
@@ -188,17 +198,27 @@ def compute_rewards(
         [{"role": "assistant", "content": c}] if isinstance(p, list) and isinstance(c, str) else c
         for p, c in zip(prompts, completions)
     ]
+    state = trainer_state or TrainerState(global_step=iteration, epoch=0.0, max_steps=0)
+    log = log if log is not None else RewardLog(n)
 
     out = np.full((n, len(specs)), np.nan)  # [N, F]
+    pending = []
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win
+        args = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **passed)
+        if is_async(fn):
+            pending.append((j, fn, spec, args, where))
+            continue
         try:
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **passed)
+            values = call_sync(fn, args, log, where, state)
         except GRPOError as err:
-            raise GRPOError(f"{where}: {err}") from err
+            raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
         except Exception as err:
             raise GRPOError(f"{where}: raised {type(err).__name__}: {_first_line(err)}") from err
         out[:, j] = _check_rewards(values, n, where)  # [N]
+    if pending:
+        for j, values in run_async(pending, n, log, state, _check_rewards).items():
+            out[:, j] = np.asarray(values, dtype=np.float64)  # [N], already checked per call
     return out

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipeline.errors import GRPOError
+from pipeline.reward_calls import TrainerState
 from pipeline.reward_config import reward_spec
 from pipeline.rewards import compute_rewards, extract_code, load_reward
 
@@ -231,6 +232,8 @@ def test_a_user_function_by_module_path_gets_trls_arguments_for_plain_prompts(us
     rewards = compute_rewards([spec], ["Say hi", "Say bye"], ["hi!", "bye"], ids, {"answer": ["#### 1", "#### 2"]}, iteration=0)
     same(rewards[:, 0], [3, 3])
     (call,) = user_module.CALLS
+    assert call.pop("trainer_state") == TrainerState(global_step=0, epoch=0.0, max_steps=0)  # TRL 1.16's extras
+    assert callable(call.pop("log_metric")) and callable(call.pop("log_extra"))
     assert call == {
         "prompts": ["Say hi", "Say bye"],
         "completions": ["hi!", "bye"],
