@@ -28,11 +28,13 @@ class DataConfig(_Section):
     """Where prompts come from and how they are rendered."""
 
     train: str
-    """Training prompts: a .jsonl, .json or .parquet file (local path or fsspec URI)."""
+    """Training prompts: a .jsonl, .json or .parquet file, a directory or glob of Parquet shards (Hub layout), or a `datasets` save_to_disk directory (local path or fsspec URI)."""
     eval: str | None = None
-    """Held-out prompts for periodic evaluation (same format as train); None disables eval."""
+    """Held-out prompts for periodic evaluation (same forms as train); None disables eval."""
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
+    prompt_template: str | None = None
+    """Builds the prompt column from other columns where a row has none, e.g. "{question}" (Python str.format fields)."""
     system_prompt: str | None = None
     """System message prepended to every prompt when the chat template is applied."""
     chat_template: bool = True

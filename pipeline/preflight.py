@@ -83,7 +83,10 @@ def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
         columns = dataset_columns(path)
     except GRPOError as err:
         raise GRPOError(f"{key}: {err}") from None
-    for column in prompt_columns(cfg.data):
+    for column in prompt_columns(cfg.data, columns):
         if column not in columns:
-            raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set data.prompt_column")
+            fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+            raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")
+    if cfg.data.prompt_column not in columns:
+        columns = [*columns, cfg.data.prompt_column]  # built by the template
     return columns

@@ -40,7 +40,7 @@ from pipeline.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
 
-LOCKED = ("model", "rollout", "data.train", "data.prompt_column", "data.system_prompt", "data.chat_template")
+LOCKED = ("model", "rollout", "data.train", "data.prompt_column", "data.prompt_template", "data.system_prompt", "data.chat_template")
 UNTIL = ("score", "logprobs", "update")
 
 

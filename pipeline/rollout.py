@@ -34,7 +34,7 @@ class RolloutPlan:
         self.policy_dir = run.policy_dir(k)
         self.policy_hash = run.policy_hash(k)
         self.tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
-        df = load_dataset(cfg.data.train, cfg.data.prompt_column)
+        df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template)
         self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
         self.context = model_context(self.policy_dir)
