@@ -31,6 +31,7 @@ def judged(judge, monkeypatch):
     import judge_rewards
 
     monkeypatch.setattr(judge_rewards, "JUDGE", judge.url)
+    monkeypatch.delenv("GRPO_TEST_JUDGE", raising=False)
     judge.reset()
     return judge
 
