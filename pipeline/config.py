@@ -151,7 +151,7 @@ class EvalConfig(_Section):
     greedy: bool = True
     """Greedy decoding (true) or sampling with the rollout settings."""
     reward: str = "correct"
-    """Which reward column counts as accuracy (a reward > 0 is a hit)."""
+    """Which reward column counts as accuracy (a reward > 0 is a hit); must name a reward when eval runs."""
 
 
 class TrackingConfig(_Section):
@@ -206,7 +206,7 @@ class Config(_Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`")
-        if self.data.eval is not None and self.eval.reward not in names:
+        if self.data.eval is not None and self.eval.every > 0 and self.eval.reward not in names:
             raise ValueError(f"eval.reward {self.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")

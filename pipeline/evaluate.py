@@ -15,6 +15,7 @@ import torch
 from pipeline import grpo
 from pipeline.data import derive_seed, load_dataset, make_prompts
 from pipeline.engines import make_engine, model_context
+from pipeline.errors import GRPOError
 from pipeline.parts import Shard, run_parts
 from pipeline.rewards import compute_rewards
 from pipeline.rollout import engine_max_len
@@ -44,7 +45,9 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt)
     per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
     names = [r.column for r in cfg.rewards]
-    hit = per_fn[:, names.index(cfg.eval.reward)]  # the config guarantees eval.reward names a reward
+    if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
+        raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
+    hit = per_fn[:, names.index(cfg.eval.reward)]
     weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
     total = grpo.combine_rewards(torch.from_numpy(per_fn), weights).numpy()  # [N], as score: NaN where none applies
     out = {

@@ -68,7 +68,7 @@ def test_a_misspelt_or_mistyped_option_of_a_builtin(init, tmp_path):
 
 
 def test_eval_reward_must_name_a_reward(init, tmp_path, data):
-    msg = init([{"fn": "format"}], data={"train": str(data), "eval": str(data)})
+    msg = init([{"fn": "format"}], data={"train": str(data), "eval": str(data)}, eval={"every": 2})
     assert msg == f"{tmp_path / 'cfg.yaml'}: eval.reward 'correct': no reward named so (rewards: format)"
 
 
