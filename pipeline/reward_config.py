@@ -8,6 +8,7 @@ or a value of the wrong type is a config error at `grpo init`, naming the key:
       - {fn: contains, kwargs: {keyword: important}}      # ContainsReward
       - {fn: my_rewards.py:brevity, kwargs: {limit: 40}}  # CustomReward: any callable
 
+Each built-in's model is made by `_builtin` from its options model (the table BUILTIN_MODELS).
 The tag is `fn` itself for a built-in and "custom" for `module:function` / `file.py:function`
 (the callable discriminator below). A custom function's kwargs stay a free mapping; its import
 and its signature are checked at init by `pipeline.preflight`, which needs the dataset header.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, create_model, model_validator
 
 from pipeline.errors import GRPOError
 
@@ -141,71 +142,16 @@ class _Reward(_Section):
         return self.kwargs.columns() if isinstance(self.kwargs, _Options) else []
 
 
-def _opts(model):
-    return Field(default_factory=dict, validate_default=True, description=model.__doc__)
-
-
-class CorrectReward(_Reward):
-    """1 when the last <answer> block equals the gold answer (math-verify, see pipeline.answers)."""
-
-    fn: Literal["correct"]
-    """Built-in `correct`."""
-    kwargs: CorrectOptions = _opts(CorrectOptions)
-    """Options of `correct`."""
-
-
-class FormatReward(_Reward):
-    """1 for exactly <think>...</think><answer>...</answer>, 0.5 for only an answer block."""
-
-    fn: Literal["format"]
-    """Built-in `format`."""
-    kwargs: FormatOptions = _opts(FormatOptions)
-    """Options of `format` (none)."""
-
-
-class ContainsReward(_Reward):
-    """`value` if `keyword` occurs in the completion."""
-
-    fn: Literal["contains"]
-    """Built-in `contains`."""
-    kwargs: ContainsOptions = _opts(ContainsOptions)
-    """Options of `contains`."""
-
-
-class LengthRangeReward(_Reward):
-    """`value` if the completion's length is within [min_tokens, max_tokens]."""
-
-    fn: Literal["length_range"]
-    """Built-in `length_range`."""
-    kwargs: LengthRangeOptions = _opts(LengthRangeOptions)
-    """Options of `length_range`."""
-
-
-class OverlongReward(_Reward):
-    """DAPO's soft overlong punishment."""
-
-    fn: Literal["overlong"]
-    """Built-in `overlong`."""
-    kwargs: OverlongOptions = _opts(OverlongOptions)
-    """Options of `overlong`."""
-
-
-class RewardModelReward(_Reward):
-    """A frozen sequence-classification model's logit (or probability)."""
-
-    fn: Literal["reward_model"]
-    """Built-in `reward_model`."""
-    kwargs: RewardModelOptions = _opts(RewardModelOptions)
-    """Options of `reward_model`."""
-
-
-class CodeTestsReward(_Reward):
-    """Fraction of the row's assert-style tests the completion's code passes (sandboxed)."""
-
-    fn: Literal["code_tests"]
-    """Built-in `code_tests`."""
-    kwargs: CodeTestsOptions = _opts(CodeTestsOptions)
-    """Options of `code_tests`."""
+def _builtin(fn: str, options: type[_Options], doc: str) -> type[_Reward]:
+    """The config model of built-in `fn`: the common fields, `fn: Literal[fn]`, typed `kwargs`."""
+    return create_model(
+        "".join(w.title() for w in fn.split("_")) + "Reward",
+        __base__=_Reward,
+        __doc__=doc,
+        fn=(Literal[fn], Field(description=f"Built-in `{fn}`.")),
+        # {} validated by default: a missing required option is named (rewards.0.kwargs.keyword)
+        kwargs=(options, Field(default_factory=dict, validate_default=True, description=f"Options of `{fn}`.")),
+    )
 
 
 class CustomReward(_Reward):
@@ -218,13 +164,13 @@ class CustomReward(_Reward):
 
 
 BUILTIN_MODELS: dict[str, type[_Reward]] = {
-    "correct": CorrectReward,
-    "format": FormatReward,
-    "contains": ContainsReward,
-    "length_range": LengthRangeReward,
-    "overlong": OverlongReward,
-    "reward_model": RewardModelReward,
-    "code_tests": CodeTestsReward,
+    "correct": _builtin("correct", CorrectOptions, "1 when the last <answer> block equals the gold answer (math-verify)."),
+    "format": _builtin("format", FormatOptions, "1 for exactly <think>...</think><answer>...</answer>, 0.5 for only an answer block."),
+    "contains": _builtin("contains", ContainsOptions, "`value` if `keyword` occurs in the completion."),
+    "length_range": _builtin("length_range", LengthRangeOptions, "`value` if the completion's length is within [min_tokens, max_tokens]."),
+    "overlong": _builtin("overlong", OverlongOptions, "DAPO's soft overlong punishment."),
+    "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability)."),
+    "code_tests": _builtin("code_tests", CodeTestsOptions, "Fraction of the row's assert-style tests the completion's code passes (sandboxed)."),
 }
 CUSTOM = "custom"
 
