@@ -20,7 +20,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "rewards"
 
 @pytest.fixture(scope="module")
 def judge():
-    server = Judge(delay=0.4, failures=2, lifetime=60.0).start()
+    server = Judge(delay=0.8, failures=2, lifetime=120.0).start()  # 0.8 s: calls that may overlap surely do
     yield server
     server.stop()
 
@@ -94,7 +94,7 @@ def test_rows_of_an_async_function_are_judged_concurrently_up_to_max_concurrency
     spec = {"fn": "judge_rewards:slow", "rows_per_call": 1, "max_concurrency": 4}
     rewards = score([spec], TEXTS)
     np.testing.assert_array_equal(rewards[:, 0], [1, 2, 3, 4, 5, 6, 7, 8])  # each row's own verdict, in row order
-    assert judged.max_in_flight == 4  # 8 calls of 0.4 s, 4 at a time: never more, and overlapping
+    assert judged.max_in_flight == 4  # 8 calls of 0.8 s, 4 at a time: never more, and overlapping
     judged.reset()
     score([{**spec, "max_concurrency": 1}], TEXTS[:3])
     assert judged.max_in_flight == 1  # serial: what the bound is compared with
