@@ -124,7 +124,7 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
         scored = score_table(run, k, full)
         bounds = np.cumsum([0] + [m["rows"] for _, m in sorted(rollout_m["outputs"].items())])
 
-        def make_part(p):
+        def make_part(p):  # every slice keeps the whole iteration's metric sums: their mean is unchanged
             return scored.slice(bounds[p], bounds[p + 1] - bounds[p])
     else:
 
