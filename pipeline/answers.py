@@ -1,11 +1,14 @@
 """Answer conventions of the demo task (GSM8K style), shared by the rewards and the model builder.
 
-Dataset rows carry `answer` as GSM8K does: the working, then `#### <number>`.
+Dataset rows carry `answer` as GSM8K does: the working, then `#### <number>`. Answers are
+compared with math-verify (`answers_match`), the hand parser being only its fallback.
 Completions are asked to put their working between <think> tags and the final answer between
 <answer> tags: `<think>3 + 4 = 7</think><answer>7</answer>`.
 """
 
+import functools
 import re
+import threading
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -33,8 +36,39 @@ def follows_format(completion: str) -> bool:
     return bool(_FORMAT.match(completion or ""))
 
 
+MATH_VERIFY_TIMEOUT_S = 5
+"""math-verify's own limit per parse / comparison. It is a SIGALRM, which only works in the
+main thread; elsewhere (a reward function called from a worker thread) math-verify runs
+without a limit, and the texts are capped at MAX_CHARS so a pathological one stays cheap."""
+MAX_CHARS = 2000
+
+
+@functools.cache
+def _warm() -> None:
+    """math-verify builds its LaTeX grammar and imports sympy on first use: do that once without
+    the alarm, so a busy machine's slow first call is not taken for a pathological answer."""
+    from math_verify import parse, verify
+
+    verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("0.5", parsing_timeout=None), timeout_seconds=None)
+
+
+@functools.lru_cache(maxsize=4096)  # gold answers repeat G times per group
+def _parse(text: str, timeout: int | None) -> list:
+    """math-verify's parse; a bare LaTeX answer (`\\frac{1}{2}`, no $ or \\boxed) is read as LaTeX."""
+    from math_verify import parse
+
+    _warm()
+
+    text = text[:MAX_CHARS]
+    if "\\" in text and not any(m in text for m in ("$", "\\boxed", "\\(", "\\[")):
+        found = parse(f"${text}$", parsing_timeout=timeout)
+        if found:
+            return found
+    return parse(text, parsing_timeout=timeout)
+
+
 def to_number(text: str | None) -> float | None:
-    """First number in `text` (thousands separators allowed), or None."""
+    """First number in `text` (thousands separators allowed), or None. The fallback parser."""
     if text is None:
         return None
     m = _NUMBER.search(text)
@@ -46,11 +80,28 @@ def to_number(text: str | None) -> float | None:
         return None
 
 
-def answers_match(predicted: str | None, gold: str | None) -> bool:
-    """Numeric comparison when both parse as numbers, else exact string comparison."""
-    if predicted is None or gold is None:
-        return False
+def fallback_match(predicted: str, gold: str) -> bool:
+    """The hand parser: numeric comparison when both parse as numbers, else exact strings."""
     p, g = to_number(predicted), to_number(gold)
     if p is not None and g is not None:
         return abs(p - g) <= 1e-6 * max(1.0, abs(g))
     return predicted.strip() == gold.strip()
+
+
+def answers_match(predicted: str | None, gold: str | None) -> bool:
+    """Gold vs predicted with Hugging Face's math-verify (as TRL's accuracy reward): numbers,
+    fractions, percentages, thousands separators, \\boxed{} and LaTeX compare by value.
+
+    Fallback (documented in the README): when math-verify extracts nothing from one side, the
+    hand parser decides. The case that needs it: GSM8K-style escaped dollars, `\\$18`, which
+    math-verify does not read at all, while "18" is plainly the answer.
+    """
+    if predicted is None or gold is None:
+        return False
+    from math_verify import verify
+
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    g, p = _parse(gold, timeout), _parse(predicted, timeout)
+    if g and p:
+        return bool(verify(g, p, timeout_seconds=timeout))
+    return fallback_match(predicted, gold)

@@ -95,13 +95,14 @@ class _Auditor:
     def manifest_sha(self, rel_dir: str) -> str | None:
         return self.store.manifest_hash(rel_dir)
 
-    def check_fields(self, rel: str, m, stage: str, k: int, version: int | None) -> None:
+    def check_fields(self, rel: str, m, stage: str, k: int, version: int | tuple | None) -> None:
         if m.stage != stage:
             self.audit.problem(rel, f"manifest says stage {m.stage!r}, expected {stage!r} (a swapped manifest?)")
         if m.iteration != k:
             self.audit.problem(rel, f"manifest says iteration {m.iteration!r}, expected {k} (a swapped manifest?)")
-        if version is not None and getattr(m, "schema_version", None) != version:
-            self.audit.problem(rel, f"schema_version {getattr(m, 'schema_version', None)!r}, this grpo reads version {version}")
+        readable = version if isinstance(version, tuple) else (version,)
+        if version is not None and getattr(m, "schema_version", None) not in readable:
+            self.audit.problem(rel, f"schema_version {getattr(m, 'schema_version', None)!r}, this grpo reads version {readable[0]}")
         if getattr(m, "config_hash", None) != self.cfg_hash:
             self.config_mismatch.append(rel)
 
@@ -201,7 +202,7 @@ class _Auditor:
         sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
         schema = BY_KIND[stage]
-        self.check_fields(mrel, m, stage, k, schema.version)
+        self.check_fields(mrel, m, stage, k, (schema.version, *schema.reads))
         if m.stage not in PART_STAGES:
             return
         inputs = m.inputs

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.errors import GRPOError
 from pipeline.grpo import LossConfig
+from pipeline.reward_config import BUILTIN_MODELS, TAGS, RewardSpec, unknown_fn_message
 
 
 class _Section(BaseModel):
@@ -27,11 +28,13 @@ class DataConfig(_Section):
     """Where prompts come from and how they are rendered."""
 
     train: str
-    """Training prompts: a .jsonl, .json or .parquet file (local path or fsspec URI)."""
+    """Training prompts: a .jsonl, .json or .parquet file, a directory or glob of Parquet shards (Hub layout), or a `datasets` save_to_disk directory (local path or fsspec URI)."""
     eval: str | None = None
-    """Held-out prompts for periodic evaluation (same format as train); None disables eval."""
+    """Held-out prompts for periodic evaluation (same forms as train); None disables eval."""
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
+    prompt_template: str | None = None
+    """Builds the prompt column from other columns where a row has none, e.g. "{question}" (Python str.format fields)."""
     system_prompt: str | None = None
     """System message prepended to every prompt when the chat template is applied."""
     chat_template: bool = True
@@ -73,24 +76,6 @@ class RolloutConfig(_Section):
     """vLLM tensor parallelism (GPU machines)."""
     data_parallel_size: int = Field(1, ge=1)
     """vLLM data parallelism (GPU machines)."""
-
-
-class RewardSpec(_Section):
-    """One reward function and its weight in the total."""
-
-    fn: str
-    """A built-in name (correct, format, contains, length_range, reward_model, overlong, code_tests), `module:function`, or `path/to/file.py:function`."""
-    weight: float = 1.0
-    """Weight in the total reward (weighted nansum over functions, as TRL)."""
-    kwargs: dict[str, Any] = {}
-    """Keyword arguments passed to the function on every call."""
-    name: str | None = None
-    """Column/metric name; defaults to the function's name."""
-
-    @property
-    def column(self) -> str:
-        base = self.name or self.fn.rsplit(":", 1)[-1]
-        return base.replace("/", "_").replace(".", "_")
 
 
 class KLRewardConfig(_Section):
@@ -173,7 +158,7 @@ class EvalConfig(_Section):
     greedy: bool = True
     """Greedy decoding (true) or sampling with the rollout settings."""
     reward: str = "correct"
-    """Which reward column counts as accuracy (a reward > 0 is a hit)."""
+    """Which reward column counts as accuracy (a reward > 0 is a hit); must name a reward when eval runs."""
 
 
 class TrackingConfig(_Section):
@@ -228,6 +213,8 @@ class Config(_Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`")
+        if self.data.eval is not None and self.eval.every > 0 and self.eval.reward not in names:
+            raise ValueError(f"eval.reward {self.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
         return self
@@ -275,29 +262,52 @@ def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
-def _format_error(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+def format_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
+    """The first validation error as one line: `source: dotted.key: message`."""
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a "missing" too
+    loc = list(prefix) + list(first["loc"])
+    tag = None
+    if len(loc) > 2 and loc[0] == "rewards" and loc[2] in TAGS:
+        tag = loc.pop(2)  # the union's tag (the built-in's name) is not a key the user wrote
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        msg = "unknown key" + _did_you_mean(first["loc"])
+        msg = "unknown key"
+        if tag in BUILTIN_MODELS and loc[2:3] == ["kwargs"] and len(loc) == 4:
+            options = list(BUILTIN_MODELS[tag].model_fields["kwargs"].annotation.model_fields)
+            msg = f"{tag} has no option {loc[-1]!r} (options: {', '.join(options) or 'none'})"
+        else:
+            msg += _did_you_mean(loc, BUILTIN_MODELS.get(tag) if len(loc) == 3 else None)
     elif first["type"] == "missing":
         msg = "required key is missing"
-    return f"{source}: {loc}: {msg}"
+    elif first["type"] == "union_tag_invalid":
+        loc.append("fn")
+        msg = unknown_fn_message(first["input"].get("fn") if isinstance(first["input"], dict) else first["input"])
+    elif first["type"] == "union_tag_not_found":
+        loc.append("fn")
+        msg = "required key is missing (a built-in name, module:function or path/to/file.py:function)"
+    elif first["type"] == "string_pattern_mismatch" and loc[-1:] == ["fn"]:
+        msg = unknown_fn_message(first["input"])
+    elif first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    where = ".".join(str(p) for p in loc)
+    return f"{source}: {where}: {msg}" if where else f"{source}: {msg}"
 
 
-def _did_you_mean(loc: tuple) -> str:
-    """`; did you mean 'lr'?` for a misspelt key, from the fields of the section it sits in."""
+def _did_you_mean(loc: list, section: type[BaseModel] | None = None) -> str:
+    """`; did you mean 'lr'?` for a misspelt key, from the fields of the section it sits in
+    (found by walking the config tree, or given: a reward entry's model)."""
     import difflib
 
-    section: type[BaseModel] | None = Config
-    for part in loc[:-1]:
-        if isinstance(part, int) or section is None:
-            continue
-        field = section.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
-        args = getattr(ann, "__args__", None) or ()
-        section = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if section is None:
+        section = Config
+        for part in loc[:-1]:
+            if isinstance(part, int) or section is None:
+                continue
+            field = section.model_fields.get(str(part))
+            ann = getattr(field, "annotation", None)
+            args = getattr(ann, "__args__", None) or ()
+            section = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
     if section is None:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
@@ -312,7 +322,7 @@ def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        raise GRPOError(_format_error(err, source)) from None
+        raise GRPOError(format_error(err, source)) from None
 
 
 def load(path: str | Path, sets: list[str] | None = None) -> Config:

@@ -3,39 +3,49 @@
 from __future__ import annotations
 
 import json
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from pipeline import data_sources
 from pipeline.config import DataConfig
 from pipeline.errors import GRPOError
 
 
-def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
-    """Read .jsonl / .json / .parquet (local or fsspec URI) and check the prompt column."""
-    suffix = "".join(Path(path.split("?")[0]).suffixes[-1:]).lower()
-    local = "://" not in path
-    if local and not Path(path).is_file():
-        raise GRPOError(f"{path}: dataset file not found")
-    if local and Path(path).stat().st_size == 0:
-        raise GRPOError(f"{path}: dataset is empty")  # polars' own message for this is about type inference
-    try:
-        if suffix in (".jsonl", ".ndjson"):
-            df = pl.read_ndjson(path)
-        elif suffix == ".json":
-            df = pl.read_json(path)
-        elif suffix == ".parquet":
-            df = pl.read_parquet(path)
-        else:
-            raise GRPOError(f"{path}: unsupported dataset format {suffix or '(none)'}; use .jsonl, .json or .parquet")
-    except GRPOError:
-        raise
-    except Exception as err:  # polars raises several types for malformed input
-        raise GRPOError(f"{path}: cannot read dataset ({str(err).splitlines()[0]})") from None
+def load_dataset_frame(path: str) -> pl.DataFrame:
+    """Every row of a dataset (a file, Parquet shards or a save_to_disk directory; see
+    pipeline.data_sources); a one-line error for a missing, empty or unreadable one."""
+    df = data_sources.read(path)
     if df.height == 0:
         raise GRPOError(f"{path}: dataset is empty")
+    return df
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a `data.prompt_template` such as "{question}" refers to."""
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    except ValueError as err:
+        raise GRPOError(f"data.prompt_template {template!r}: {err}") from None
+
+
+def load_dataset(path: str, prompt_column: str, prompt_template: str | None = None) -> pl.DataFrame:
+    """load_dataset_frame, then the prompt column: built with `prompt_template` from the other
+    columns for rows that have none, and checked."""
+    df = load_dataset_frame(path)
+    if prompt_template is not None:
+        fields = template_fields(prompt_template)
+        missing = [f for f in fields if f not in df.columns]
+        if missing:
+            raise GRPOError(f"{path}: no column {missing[0]!r} for data.prompt_template (columns: {', '.join(df.columns)})")
+        built = [prompt_template.format_map(row) for row in df.select(fields).iter_rows(named=True)]
+        column = pl.Series(prompt_column, built, dtype=pl.String)
+        if prompt_column in df.columns:
+            column = df.get_column(prompt_column).fill_null(column) if df.schema[prompt_column] == pl.String else df.get_column(prompt_column)
+        df = df.with_columns(column.alias(prompt_column))
     if prompt_column not in df.columns:
         raise GRPOError(f"{path}: no prompt column {prompt_column!r} (columns: {', '.join(df.columns)}); set data.prompt_column")
     nulls = df.get_column(prompt_column).is_null()
@@ -43,6 +53,25 @@ def load_dataset(path: str, prompt_column: str) -> pl.DataFrame:
         row = int(nulls.arg_true()[0])
         raise GRPOError(f"{path} row {row}: prompt column {prompt_column!r} is empty")
     return df
+
+
+def dataset_columns(path: str) -> list[str]:
+    """The column names of a dataset, read from its header(s) without loading it all; shards
+    that disagree on columns are an error naming the file."""
+    return data_sources.columns(path)
+
+
+def dataset_num_rows(path: str) -> int:
+    """Rows of a dataset (reads it)."""
+    return load_dataset_frame(path).height
+
+
+def prompt_columns(data: DataConfig, have: list[str] | None = None) -> list[str]:
+    """The dataset columns a prompt needs: the prompt column, or, with data.prompt_template and
+    no prompt column in `have`, the columns the template names."""
+    if data.prompt_template is not None and (have is None or data.prompt_column not in have):
+        return template_fields(data.prompt_template)
+    return [data.prompt_column]
 
 
 def iteration_prompt_ids(n_rows: int, per_iter: int, seed: int, k: int) -> list[int]:

@@ -10,7 +10,9 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import torch
 
+from pipeline import grpo
 from pipeline.data import derive_seed, load_dataset, make_prompts
 from pipeline.engines import make_engine, model_context
 from pipeline.errors import GRPOError
@@ -28,7 +30,7 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(run.policy_dir(k))
-    df = load_dataset(cfg.data.eval, cfg.data.prompt_column)
+    df = load_dataset(cfg.data.eval, cfg.data.prompt_column, cfg.data.prompt_template)
     ids = list(range(min(df.height, cfg.eval.max_prompts)))
     context = model_context(run.policy_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)
@@ -43,17 +45,17 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt)
     per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
     names = [r.column for r in cfg.rewards]
-    if cfg.eval.reward not in names:
+    if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
     hit = per_fn[:, names.index(cfg.eval.reward)]
-    weights = np.array([r.weight for r in cfg.rewards])
-    total = np.nansum(per_fn * weights, axis=1)
+    weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
+    total = grpo.combine_rewards(torch.from_numpy(per_fn), weights).numpy()  # [N], as score: NaN where none applies
     out = {
         "prompt_id": table.column("prompt_id"),
         "prompt": table.column("prompt"),
         "completion": table.column("completion"),
         "completion_length": table.column("completion_length"),
-        "reward": pa.array(total),
+        "reward": pa.array(total, from_pandas=True),
         "correct": pa.array(np.nan_to_num(hit, nan=0.0) > 0),
     }
     for j, n in enumerate(names):
@@ -106,6 +108,6 @@ def eval_summary(run: Run, k: int) -> dict | None:
     t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
     return {
         "eval/accuracy": float(np.mean(t.column("correct").to_numpy(zero_copy_only=False))),
-        "eval/reward": float(np.mean(t.column("reward").to_numpy())),
+        "eval/reward": float(np.nanmean(t.column("reward").to_numpy(zero_copy_only=False).astype(float))),
         "eval/mean_length": float(np.mean(t.column("completion_length").to_numpy())),
     }

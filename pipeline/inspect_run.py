@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import GRPOError
 from pipeline.run import Run
 from pipeline.store import STAGES, stage_rel
-from schemas.artifacts import BY_KIND, REWARD_PREFIX, UPDATE_METRICS, SchemaError
+from schemas.artifacts import BY_KIND, EXTRA_PREFIX, REWARD_PREFIX, UPDATE_METRICS, SchemaError
 
 TRACKED_STAGES = (*STAGES, "eval")
 """Stages whose manifests carry metrics; `eval` of policy k is logged at iteration k."""
@@ -53,6 +53,20 @@ def read_columns(run: Run, k: int, stage: str, columns: list[str]) -> pl.DataFra
                 raise GRPOError(f"{run.store.display(rel)}: missing column {missing[0]!r}")
             frames.append(pl.from_arrow(pf.read(columns=columns)))
     return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def read_extras(run: Run, k: int) -> pl.DataFrame:
+    """Iteration k's log_extra columns (`extra_<column>` in the score parts; a part whose reward
+    functions did not log a column has nulls there), keyed by (prompt_id, sample_idx)."""
+    m = run.manifest(k, "score")
+    frames = []
+    for name in sorted(m.outputs):
+        rel = f"{stage_rel(k, 'score')}/{name}"
+        with run.store.fs.open(run.store.path(rel), "rb") as f:
+            pf = pq.ParquetFile(f)
+            cols = ["prompt_id", "sample_idx", *[c for c in pf.schema_arrow.names if c.startswith(EXTRA_PREFIX)]]
+            frames.append(pl.from_arrow(pf.read(columns=cols)))
+    return pl.concat(frames, how="diagonal_relaxed")
 
 
 def _f(x) -> float:
@@ -112,6 +126,8 @@ def _score(run: Run, k: int, m: dict) -> dict[str, float]:
         out[f"rewards/{n}/mean"] = _f(col.mean())
         out[f"rewards/{n}/std"] = _f(col.std())
         out[f"rewards/{n}/frac_null"] = _f(col.is_null().mean())
+    for name, value in (m.reward_metrics or {}).items():  # log_metric: the iteration's mean, named as logged
+        out[name] = _f(value)
     out["time/score_s"] = _seconds(m)
     return out
 
@@ -187,6 +203,7 @@ def completions(run: Run, k: int) -> pl.DataFrame:
     score = read_columns(run, k, "score", ["prompt_id", "sample_idx", "reward", "advantage", "group_std", "zero_std",
                                            *[REWARD_PREFIX + n for n in names]])
     df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner")
+    df = df.join(read_extras(run, k), on=["prompt_id", "sample_idx"], how="left")
     prompts = {raw: prompt_text(raw) for raw in df["prompt_raw"].unique().to_list()}
     df = df.with_columns(pl.col("prompt_raw").replace_strict(prompts, return_dtype=pl.String).alias("prompt"))
     return df.with_columns(pl.col(pl.Float32, pl.Float64).fill_nan(None)).sort("group_idx", "sample_idx")
@@ -243,9 +260,10 @@ def completion_sample(run: Run, k: int, n: int) -> pl.DataFrame:
     take = min(len(groups), max(1, math.ceil(n / G)))
     chosen = np.sort(np.random.default_rng([run.cfg.seed, k]).choice(groups, size=take, replace=False))
     picked = df.filter(pl.col("group_idx").is_in(chosen.tolist())).head(n)
+    extras = [pl.col(c).alias(c[len(EXTRA_PREFIX):]) for c in picked.columns if c.startswith(EXTRA_PREFIX)]
     return picked.select(
         pl.lit(k).alias("iteration"), "prompt_id", "sample_idx", "prompt", "completion",
-        "reward", *[REWARD_PREFIX + x for x in names], "advantage",
+        "reward", *[REWARD_PREFIX + x for x in names], "advantage", *extras,  # log_extra columns under their own names, as TRL
     )
 
 

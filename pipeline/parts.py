@@ -115,7 +115,8 @@ def run_parts(
                 rel = f"{sd}/{part_name(p)}"
                 if store.table_meta(rel).get("input_hash") != stamp:  # else: an earlier attempt wrote it from these inputs
                     table = make_part(p)
-                    store.write_table(rel, table, schema, meta={"input_hash": stamp, "part": p})
+                    own = {k.decode()[5:]: v.decode() for k, v in (table.schema.metadata or {}).items() if k.startswith(b"grpo.")}
+                    store.write_table(rel, table, schema, meta={**own, "input_hash": stamp, "part": p})
                     fault_point(f"{stage}:part", k)
                 bar.advance()
     seconds = time.time() - t0

@@ -41,7 +41,7 @@ from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
 from schemas.manifests import PartsManifest, ReplayLink
 
-LOCKED = ("model", "rollout", "data.train", "data.prompt_column", "data.system_prompt", "data.chat_template")
+LOCKED = ("model", "rollout", "data.train", "data.prompt_column", "data.prompt_template", "data.system_prompt", "data.chat_template")
 UNTIL = ("score", "logprobs", "update")
 
 
@@ -91,6 +91,8 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
             input_hash=input_hash(new.cfg_hash, "rollout", 0, inputs), inputs=inputs, outputs=src_m.outputs,
             rows=src_m.rows, timings={"seconds": round(time.time() - t0, 3)}, policy_hash=policy_hash, engine=src_m.engine,
             replayed_from=ReplayLink(**link, input_hash=src_m.input_hash),  # the stamp the copied parts carry
+            # the state the source iteration's reward functions saw, so a re-score is reproducible
+            trainer_state=src_m.trainer_state,
         )
         return new.store.write_manifest(new_dir, body)
 

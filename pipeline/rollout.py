@@ -12,6 +12,7 @@ import pyarrow as pa
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
 from pipeline.engines import make_engine, model_context
 from pipeline.parts import Shard, n_parts, part_groups, run_parts
+from pipeline.reward_calls import TrainerState, trainer_state_at
 from pipeline.run import Run
 from pipeline.store import policy_rel
 from schemas.artifacts import ROLLOUT
@@ -33,7 +34,8 @@ class RolloutPlan:
         self.policy_dir = run.policy_dir(k)
         self.policy_hash = run.policy_hash(k)
         self.tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
-        df = load_dataset(cfg.data.train, cfg.data.prompt_column)
+        df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template)
+        self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
         self.context = model_context(self.policy_dir)
         self.prompts = make_prompts(df, ids, self.tokenizer, cfg.data, cfg.data.train, self.context - cfg.rollout.max_new_tokens)
@@ -42,6 +44,10 @@ class RolloutPlan:
 
     def inputs(self) -> dict:
         return {"policy": {"path": policy_rel(self.k), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
+
+    def trainer_state(self) -> TrainerState:
+        """What TRL reward functions get as `trainer_state` when these completions are scored."""
+        return trainer_state_at(self.run.cfg, self.k, self.n_rows)
 
     def group_seed(self, prompt_id: int) -> int:
         return derive_seed(self.run.cfg.seed, self.k, prompt_id)
@@ -101,7 +107,8 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     try:
         return run_parts(
             run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
-            manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats},
+            manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats,
+                                    "trainer_state": plan.trainer_state().to_dict()},
         )
     finally:
         if engine is None and owned["engine"] is not None:

@@ -10,18 +10,21 @@ iteration and so are computed unsharded.
 from __future__ import annotations
 
 import json
+import numbers
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from pipeline import grpo
-from pipeline.data import as_messages
+from pipeline.data import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
 from pipeline.parts import Shard, read_part, run_parts, upstream
+from pipeline.reward_calls import RewardLog, TrainerState, trainer_state_at
 from pipeline.rewards import compute_rewards
 from pipeline.run import Run
-from schemas.artifacts import REWARD_PREFIX, ROLLOUT, SCORE
+from pipeline.store import part_name, stage_rel
+from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
 
 
 def trl_inputs(rollout: pa.Table, system_prompt: str | None) -> tuple[list, list, list, dict]:
@@ -37,11 +40,34 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None) -> tuple[list, list
     return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
 
 
+def trainer_state(run: Run, k: int) -> TrainerState:
+    """The `trainer_state` iteration k's reward functions get: the one its rollout recorded (a
+    replay's rollout carries its source's), else derived from the iteration and data.train."""
+    m = run.require(k, "score", "rollout")
+    if m.trainer_state is not None:
+        return TrainerState(**m.trainer_state)
+    step = m.replayed_from.iteration if m.replayed_from is not None else k
+    try:
+        n_rows = dataset_num_rows(run.cfg.data.train)
+    except GRPOError:
+        n_rows = 0
+    return trainer_state_at(run.cfg, step, n_rows)
+
+
+def extra_column(values: list) -> pa.Array:
+    """A log_extra column: float64 when every value is a number or None, else strings (str(v))."""
+    if all(v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool)) for v in values):
+        return pa.array([None if v is None else float(v) for v in values], pa.float64())
+    return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+
 def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, float] | None = None) -> pa.Table:
     cfg = run.cfg
     G = cfg.rollout.num_generations
     prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt)
-    per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k)  # [N, F]
+    log = RewardLog(len(completions))
+    per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
+                             trainer_state=trainer_state(run, k), log=log)  # [N, F]
     weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
     total = grpo.combine_rewards(torch.from_numpy(per_fn), weights)  # [N]
     if not torch.isfinite(total[~torch.isnan(total)]).all():
@@ -65,7 +91,24 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
         zero_std=pa.array(zero_rows),
         train=pa.array(~zero_rows if a.dynamic_sampling else np.ones(len(zero_rows), bool)),
     )
-    return pa.table(cols)
+    for name, values in sorted(log.extra.items()):
+        cols[EXTRA_PREFIX + name] = extra_column(values)
+    table = pa.table(cols)
+    # log_metric values travel in the part's metadata as [sum, count], so the iteration's mean
+    # is taken over every part however many workers wrote them (see reward_metrics)
+    return table.replace_schema_metadata({b"grpo.reward_metrics": json.dumps(log.metric_sums())})
+
+
+def reward_metrics(run: Run, k: int, num_parts: int) -> dict[str, float]:
+    """The iteration's mean of each log_metric name, over every call in every part."""
+    sums: dict[str, list[float]] = {}
+    for p in range(num_parts):
+        meta = run.store.table_meta(f"{stage_rel(k, 'score')}/{part_name(p)}")
+        for name, (total, count) in json.loads(meta.get("reward_metrics", "{}")).items():
+            acc = sums.setdefault(name, [0.0, 0])
+            acc[0] += total
+            acc[1] += count
+    return {name: total / count for name, (total, count) in sorted(sums.items()) if count}
 
 
 def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
@@ -81,7 +124,7 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
         scored = score_table(run, k, full)
         bounds = np.cumsum([0] + [o.rows for _, o in sorted(rollout_m.outputs.items())])
 
-        def make_part(p):
+        def make_part(p):  # every slice keeps the whole iteration's metric sums: their mean is unchanged
             return scored.slice(bounds[p], bounds[p + 1] - bounds[p])
     else:
 
@@ -91,5 +134,9 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
     inputs = {"rollout": upstream(run, k, "rollout")}
     return run_parts(
         run, k, "score", SCORE, num_parts, shard, inputs, make_part,
-        manifest_extra=lambda: {"rewards": [r.model_dump(mode="json") for r in run.cfg.rewards]},
+        manifest_extra=lambda: {
+            "rewards": [r.model_dump(mode="json") for r in run.cfg.rewards],
+            "trainer_state": trainer_state(run, k).to_dict(),
+            "reward_metrics": reward_metrics(run, k, num_parts),
+        },
     )

@@ -27,6 +27,8 @@ class ArtifactSchema:
     schema: pa.Schema
     extra_columns: bool = False
     """Columns beyond the declared ones are allowed (dataset columns, one per reward)."""
+    reads: tuple[int, ...] = ()
+    """Older versions this grpo still reads (their columns are a subset of this version's)."""
     doc: dict[str, str] = field(default_factory=dict)
 
     def metadata(self, extra: dict[str, str] | None = None) -> dict[bytes, bytes]:
@@ -63,7 +65,7 @@ class ArtifactSchema:
         if kind != self.kind:
             raise SchemaError(f"{where}: not a {self.kind} artifact (kind {kind or 'missing'!r})")
         version = meta.get(VERSION_KEY, b"").decode()
-        if version != str(self.version):
+        if version not in {str(v) for v in (self.version, *self.reads)}:
             raise SchemaError(
                 f"{where}: {self.kind} schema version {version or 'missing'}, this grpo reads version {self.version}"
             )
@@ -107,8 +109,12 @@ ROLLOUT = ArtifactSchema(
 
 SCORE = ArtifactSchema(
     kind="score",
-    version=1,
-    extra_columns=True,  # one float64 column `reward_<name>` per reward function
+    # v2: optional `extra_<column>` columns (what reward functions logged with log_extra:
+    # float64, or string when a value is not a number) and `grpo.reward_metrics` in the
+    # metadata ({name: [sum, count]} of log_metric). A v1 part is a v2 part without them.
+    version=2,
+    reads=(1,),
+    extra_columns=True,  # one float64 column `reward_<name>` per reward function, `extra_<column>` per log_extra column
     schema=pa.schema(
         [
             pa.field("prompt_id", pa.int64(), nullable=False),
@@ -124,6 +130,7 @@ SCORE = ArtifactSchema(
     ),
 )
 REWARD_PREFIX = "reward_"
+EXTRA_PREFIX = "extra_"
 
 LOGPROBS = ArtifactSchema(
     kind="logprobs",

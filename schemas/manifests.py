@@ -81,6 +81,10 @@ class PartsManifest(_Manifest):
     """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
     rewards: list[dict[str, Any]] | None = None
     """score: the reward functions as configured."""
+    trainer_state: dict[str, Any] | None = None
+    """rollout, score: the TRL `trainer_state` the reward functions saw (global_step, epoch, ...)."""
+    reward_metrics: dict[str, float] | None = None
+    """score: the iteration's mean of each value reward functions passed to `log_metric`."""
     replayed_from: ReplayLink | None = None
 
 

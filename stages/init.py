@@ -10,8 +10,10 @@ from stages.options import ConfigOpt, RunArg, SetOpt
 def init(run: RunArg, config: ConfigOpt, set: SetOpt = None) -> None:
     """Create a run directory from a config file."""
     from pipeline import config as config_mod
+    from pipeline import preflight
     from pipeline.run import init_run
 
     cfg = config_mod.load(config, set)
+    preflight.check(cfg)  # reward functions, dataset header: before anything is written
     r = init_run(run, cfg)
     print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]}); next: grpo iterate {run} --iters N")

@@ -34,9 +34,9 @@ def test_set_can_replace_a_list(tmp_path):
 
 def test_set_reaches_into_a_list_by_index(tmp_path):
     tree = {**MINIMAL, "rewards": [{"fn": "correct"}, {"fn": "format"}]}
-    cfg = config_mod.load(write(tmp_path, tree), ["rewards.1.fn=contains", "rewards.1.kwargs={substring: x}", "rewards.0.weight=3"])
+    cfg = config_mod.load(write(tmp_path, tree), ["rewards.1.fn=contains", "rewards.1.kwargs={keyword: x}", "rewards.0.weight=3"])
     assert [(r.fn, r.weight) for r in cfg.rewards] == [("correct", 3.0), ("contains", 1.0)]
-    assert cfg.rewards[1].kwargs == {"substring": "x"}
+    assert cfg.rewards[1].kwargs.keyword == "x"
     with pytest.raises(GRPOError, match=r"--set rewards.2.fn: rewards.2 is not an entry of the 2-entry list rewards"):
         config_mod.load(write(tmp_path, tree), ["rewards.2.fn=correct"])
 

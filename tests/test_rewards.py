@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import RewardSpec
 from pipeline.errors import GRPOError
+from pipeline.reward_calls import TrainerState
+from pipeline.reward_config import reward_spec
 from pipeline.rewards import compute_rewards, extract_code, load_reward
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewards"
@@ -19,7 +20,7 @@ NAN = float("nan")
 
 def score(specs, completions, prompts=None, completion_ids=None, iteration=0, **columns):
     """compute_rewards with plain prompts and one-token-per-character ids unless given."""
-    specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+    specs = [reward_spec(s, j) for j, s in enumerate(specs)]
     prompts = prompts if prompts is not None else ["p"] * len(completions)
     if completion_ids is None:
         completion_ids = [list(range(len(c if isinstance(c, str) else c[0]["content"]))) for c in completions]
@@ -118,7 +119,7 @@ def test_overlong_is_dapos_soft_punishment():
     spec = {"fn": "overlong", "kwargs": {"max_tokens": 10, "buffer": 4}}
     same(score([spec], ["x"] * 6, completion_ids=ids)[:, 0], [0, 0, -0.25, -0.75, -1, -1])
     message = error_of([{"fn": "overlong", "kwargs": {"max_tokens": 4, "buffer": 8}}], ["x"])
-    assert message == "reward 'overlong' (iteration 0): overlong: need 0 < buffer <= max_tokens, got buffer=8, max_tokens=4"
+    assert message == "rewards: rewards.0.kwargs: need buffer <= max_tokens, got buffer=8, max_tokens=4"
 
 
 def test_code_tests_scores_the_fraction_of_asserts_passed():
@@ -226,11 +227,13 @@ def user_module(monkeypatch):
 
 
 def test_a_user_function_by_module_path_gets_trls_arguments_for_plain_prompts(user_module):
-    spec = RewardSpec(fn="user_rewards:record", kwargs={"scale": 2})
+    spec = reward_spec({"fn": "user_rewards:record", "kwargs": {"scale": 2}})
     ids = [[5, 6], [7]]
     rewards = compute_rewards([spec], ["Say hi", "Say bye"], ["hi!", "bye"], ids, {"answer": ["#### 1", "#### 2"]}, iteration=0)
     same(rewards[:, 0], [3, 3])
     (call,) = user_module.CALLS
+    assert call.pop("trainer_state") == TrainerState(global_step=0, epoch=0.0, max_steps=0)  # TRL 1.16's extras
+    assert callable(call.pop("log_metric")) and callable(call.pop("log_extra"))
     assert call == {
         "prompts": ["Say hi", "Say bye"],
         "completions": ["hi!", "bye"],
@@ -245,7 +248,7 @@ def test_chat_prompts_get_message_lists_as_trl_passes_them(user_module):
         [{"role": "user", "content": "Say hi"}],
         [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Say bye"}],
     ]
-    spec = RewardSpec(fn="user_rewards:record")
+    spec = reward_spec({"fn": "user_rewards:record"})
     compute_rewards([spec], prompts, ["hi!", "bye"], [[1], [2]], {}, iteration=0)
     wrapped = [[{"role": "assistant", "content": "hi!"}], [{"role": "assistant", "content": "bye"}]]
     compute_rewards([spec], prompts, wrapped, [[1], [2]], {}, iteration=0)  # already in TRL's shape: unchanged
@@ -265,7 +268,7 @@ def test_a_user_function_by_file_path_relative_or_absolute(monkeypatch):
 
 
 def test_none_and_nan_mean_does_not_apply_and_numpy_and_bools_are_numbers(user_module):
-    specs = [RewardSpec(fn=f"user_rewards:{f}") for f in ("none_for_short", "as_numpy", "as_bools")]
+    specs = [reward_spec({"fn": f"user_rewards:{f}"}) for f in ("none_for_short", "as_numpy", "as_bools")]
     rewards = score(specs, ["hi", "hello", "hello world"])  # [3, 3]
     same(rewards, [[NAN, 0, 1], [NAN, 1, 0], [1, 2, 1]])
 
@@ -315,27 +318,28 @@ def test_loading_errors_name_the_config_entry(tmp_path, monkeypatch, user_module
         "rewards[0].fn 'user_rewards:NOT_A_FUNCTION': 'NOT_A_FUNCTION' in user_rewards is not callable"
     )
     unknown = error_of([{"fn": "corect"}], ["c"])
-    assert unknown.startswith("rewards[0].fn 'corect': not a built-in reward (built-ins: correct, format,")
+    assert unknown.startswith("rewards: rewards.0.fn: 'corect' is not a built-in reward (built-ins: correct, format,")
+    assert "did you mean 'correct'?" in unknown
     same(score([{"fn": "foo.py:baz"}], ["c", "d"])[:, 0], [0, 0])
     Path("grpo_cwd_rewards.py").write_text(Path("foo.py").read_text())
     same(score([{"fn": "grpo_cwd_rewards:baz"}], ["c", "d"])[:, 0], [0, 0])  # a module in the current directory
     monkeypatch.delitem(sys.modules, "grpo_cwd_rewards")
 
 
-def test_builtin_options_are_checked_when_loading():
-    assert error_of([{"fn": "contains"}], ["c"]) == "rewards[0].kwargs: contains needs option 'keyword'"
+def test_builtin_options_are_checked_by_the_config():
+    assert error_of([{"fn": "contains"}], ["c"]) == "rewards: rewards.0.kwargs.keyword: required key is missing"
     assert error_of([{"fn": "contains", "kwargs": {"keywrod": "x"}}], ["c"]) == (
-        "rewards[0].kwargs: contains has no option 'keywrod' (options: keyword, value, case_sensitive)"
+        "rewards: rewards.0.kwargs.keywrod: contains has no option 'keywrod' (options: keyword, value, case_sensitive)"
     )
     assert error_of([{"fn": "length_range", "kwargs": {"unit": "chars"}}], ["c"]) == (
-        "rewards[0].kwargs.unit: Input should be 'tokens' or 'words'"
+        "rewards: rewards.0.kwargs.unit: Input should be 'tokens' or 'words'"
     )
-    bound = load_reward(RewardSpec(fn="length_range", kwargs={"max_tokens": 5}))
+    bound = load_reward(reward_spec({"fn": "length_range", "kwargs": {"max_tokens": 5}}))
     assert bound.keywords == {"min_tokens": 0, "max_tokens": 5, "value": 1.0, "unit": "tokens"}
 
 
 def test_inputs_that_do_not_line_up_are_refused():
     with pytest.raises(GRPOError, match=r"^rewards \(iteration 4\): 1 column 'answer' for 2 completions$"):
-        compute_rewards([RewardSpec(fn="format")], ["p", "p"], ["a", "b"], [[1], [2]], {"answer": ["x"]}, iteration=4)
+        compute_rewards([reward_spec({"fn": "format"})], ["p", "p"], ["a", "b"], [[1], [2]], {"answer": ["x"]}, iteration=4)
     with pytest.raises(GRPOError, match="dataset column 'completions' clashes"):
-        compute_rewards([RewardSpec(fn="format")], ["p"], ["a"], [[1]], {"completions": ["x"]}, iteration=0)
+        compute_rewards([reward_spec({"fn": "format"})], ["p"], ["a"], [[1]], {"completions": ["x"]}, iteration=0)

@@ -1,0 +1,154 @@
+"""Where a dataset's rows come from: one file, a directory or glob of Parquet shards, or a
+`datasets` save_to_disk directory; local paths or fsspec URIs (s3://...).
+
+    data.train: train.jsonl                      # .jsonl / .ndjson, .json, .parquet
+    data.train: gsm8k/main                       # Hub layout: main/train-00000-of-00002.parquet ...
+    data.train: "gsm8k/main/train-*.parquet"     # a glob of shards
+    data.train: gsm8k_saved                      # Dataset.save_to_disk(...): state.json + data-*.arrow
+
+Shards are read in the order of their paths sorted by name (the Hub's -00000-of-00002
+numbering), a save_to_disk directory in the order its state.json lists its files; rows keep
+their order within a file, so the same rows give the same dataset however they are split.
+Every shard must have the same columns as the first: otherwise a one-line error names the file.
+`datasets` itself is not needed: its Arrow files are read with pyarrow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+
+import polars as pl
+import pyarrow as pa
+
+from pipeline.errors import GRPOError
+
+FILE_FORMATS = (".jsonl", ".ndjson", ".json", ".parquet")
+STATE = "state.json"  # written by datasets' save_to_disk
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def _display(fs, p: str, original: str) -> str:
+    """A file's name as the user would write it (with the URI scheme for remote ones)."""
+    if "://" not in original:
+        return p
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
+    return f"{protocol}://{p}"
+
+
+def resolve(path: str) -> tuple[object, list[str], str]:
+    """(filesystem, files in reading order, kind) where kind is a file suffix, "parquet-shards"
+    or "arrow" (save_to_disk); one-line GRPOError when nothing is there."""
+    fs, root = _fs(path)
+    if any(c in root for c in "*?["):
+        files = sorted(f for f in fs.glob(root) if fs.isfile(f))
+        if not files:
+            raise GRPOError(f"{path}: no files match")
+        bad = [f for f in files if not f.endswith(".parquet")]
+        if bad:
+            raise GRPOError(f"{_display(fs, bad[0], path)}: a glob of shards must match only .parquet files")
+        return fs, files, "parquet-shards"
+    if fs.isdir(root):
+        if fs.exists(f"{root}/{STATE}"):
+            try:
+                state = json.loads(fs.cat_file(f"{root}/{STATE}"))
+                files = [f"{root}/{f['filename']}" for f in state["_data_files"]]
+            except (ValueError, KeyError, TypeError) as err:
+                raise GRPOError(f"{path}/{STATE}: not a datasets save_to_disk state ({type(err).__name__}: {err})") from None
+            return fs, files, "arrow"
+        files = sorted((f for f in fs.find(root) if f.endswith(".parquet")), key=lambda f: PurePosixPath(f).relative_to(root).as_posix())
+        if not files:
+            raise GRPOError(f"{path}: directory holds no .parquet shards and no datasets {STATE}")
+        return fs, files, "parquet-shards"
+    if not fs.exists(root):
+        raise GRPOError(f"{path}: dataset file not found")
+    suffix = PurePosixPath(root.split("?")[0]).suffix.lower()
+    if suffix not in FILE_FORMATS:
+        raise GRPOError(f"{path}: unsupported dataset format {suffix or '(none)'}; use .jsonl, .json, .parquet, "
+                        "a directory of Parquet shards or a datasets save_to_disk directory")
+    if fs.size(root) == 0:
+        raise GRPOError(f"{path}: dataset is empty")  # polars' own message for this is about type inference
+    return fs, [root], suffix
+
+
+def _schema(fs, f: str, kind: str) -> pa.Schema:
+    import pyarrow.parquet as pq
+
+    with fs.open(f, "rb") as fh:
+        if kind == "arrow":
+            return pa.ipc.open_stream(fh).schema
+        return pq.read_schema(fh)
+
+
+def _read_table(fs, f: str, kind: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    with fs.open(f, "rb") as fh:
+        if kind == "arrow":
+            return pa.ipc.open_stream(fh).read_all()
+        return pq.read_table(fh)
+
+
+def _check_same_columns(path: str, fs, files: list[str], schemas: list[pa.Schema]) -> list[str]:
+    first = schemas[0].names
+    for f, schema in zip(files[1:], schemas[1:]):
+        if schema.names != first:
+            extra = [c for c in schema.names if c not in first]
+            missing = [c for c in first if c not in schema.names]
+            what = f"has column {extra[0]!r}" if extra else f"lacks column {missing[0]!r}" if missing else "orders its columns differently"
+            raise GRPOError(f"{_display(fs, f, path)}: {what}, unlike {_display(fs, files[0], path)} (columns: {', '.join(first)})")
+    return first
+
+
+def columns(path: str) -> list[str]:
+    """The dataset's column names from its header(s): Parquet / Arrow schemas, or the first
+    rows polars infers a JSON lines schema from. Shards that disagree are an error."""
+    fs, files, kind = resolve(path)
+    try:
+        if kind in (".jsonl", ".ndjson"):
+            return pl.scan_ndjson(path).collect_schema().names()
+        if kind == ".json":
+            return pl.read_json(path).columns
+        schemas = []
+        for f in files:
+            where = _display(fs, f, path)
+            try:
+                schemas.append(_schema(fs, f, "arrow" if kind == "arrow" else "parquet"))
+            except Exception as err:
+                raise GRPOError(f"{where}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
+        return _check_same_columns(path, fs, files, schemas)
+    except GRPOError:
+        raise
+    except Exception as err:  # polars / pyarrow raise several types for malformed input
+        raise GRPOError(f"{path}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
+
+
+def read(path: str) -> pl.DataFrame:
+    """All rows, in order (see the module docstring)."""
+    fs, files, kind = resolve(path)
+    try:
+        if kind in (".jsonl", ".ndjson"):
+            return pl.read_ndjson(path)
+        if kind == ".json":
+            return pl.read_json(path)
+        if kind == ".parquet":
+            return pl.read_parquet(path)
+    except Exception as err:  # polars raises several types for malformed input
+        raise GRPOError(f"{path}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
+    tables = []
+    for f in files:
+        try:
+            tables.append(_read_table(fs, f, "arrow" if kind == "arrow" else "parquet"))
+        except Exception as err:
+            raise GRPOError(f"{_display(fs, f, path)}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
+    _check_same_columns(path, fs, files, [t.schema for t in tables])
+    try:
+        table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise GRPOError(f"{path}: shards disagree on column types ({(str(err).splitlines() or [''])[0]})") from None
+    return pl.from_arrow(table)

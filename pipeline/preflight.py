@@ -1,0 +1,92 @@
+"""What `grpo init` checks before it writes anything: the mistakes that would otherwise surface
+only in `grpo score`, after a rollout has run.
+
+The config tree itself is validated by pydantic (built-in names, their options, eval.reward).
+Here, with the dataset's header in hand:
+  - data.train / data.eval exist, can be read, and have the prompt column (or the columns
+    data.prompt_template names);
+  - every custom reward function imports, is callable, and its signature accepts what TRL
+    passes it: prompts, completions, completion_ids, trainer_state, log_metric, log_extra and
+    every dataset column (so either **kwargs or each of them by name); an argument it asks
+    for without a default must be one of those or a `kwargs` option;
+  - the column a built-in reads by name (correct's answer_column, code_tests' tests_column)
+    is in the dataset.
+Each failure is one GRPOError line naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from pipeline.config import Config
+from pipeline.data import dataset_columns, prompt_columns
+from pipeline.errors import GRPOError
+from pipeline.rewards import TRL_ARGS, load_reward
+from pipeline.reward_config import CustomReward
+
+
+def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
+    """`fn` (a partial with the config's kwargs bound) accepts TRL's call with these columns."""
+    try:
+        params = inspect.signature(fn.func).parameters
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: nothing to check
+    bound = set(fn.keywords)
+    passed = set(TRL_ARGS) | set(columns) | bound
+    where = f"{label}.fn {target!r}"
+    for p in params.values():
+        if p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
+            raise GRPOError(f"{where}: argument {p.name!r} is positional-only; TRL passes every argument by keyword")
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in passed:
+            raise GRPOError(
+                f"{where}: asks for {p.name!r}, which is no TRL argument, no kwargs option and no dataset column "
+                f"(columns: {', '.join(columns)})"
+            )
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        missing = [a for a in [*TRL_ARGS, *columns, *sorted(bound)] if a not in params]
+        if missing:
+            raise GRPOError(
+                f"{where}: does not accept {missing[0]!r}, which it would be passed "
+                "(TRL passes every reward function its arguments and every dataset column); add **kwargs"
+            )
+
+
+def check(cfg: Config) -> None:
+    """Every check above, in config order; raises the first failure."""
+    train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
+    if cfg.data.eval is not None:
+        _checked_columns(cfg, cfg.data.eval, "data.eval")
+    reserved = [c for c in train_columns if c in ("prompts", "completions", "completion_ids", *TRL_ARGS)]
+    if reserved:
+        raise GRPOError(f"data.train {cfg.data.train}: column {reserved[0]!r} clashes with the reward-function argument of that name; rename it")
+    columns = [c for c in train_columns if c != cfg.data.prompt_column]
+    for j, spec in enumerate(cfg.rewards):
+        fn = load_reward(spec, index=j)  # imports a custom function: a missing file or name fails here
+        if isinstance(spec, CustomReward):
+            check_signature(fn, f"rewards[{j}]", spec.fn, columns)
+        for option, column in _column_options(spec):
+            if column not in train_columns:
+                raise GRPOError(
+                    f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
+                    f"(columns: {', '.join(train_columns)})"
+                )
+
+
+def _column_options(spec) -> list[tuple[str, str]]:
+    names = spec.columns()
+    options = spec.options()
+    return [(k, v) for k, v in options.items() if v in names and k.endswith("_column")]
+
+
+def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
+    try:
+        columns = dataset_columns(path)
+    except GRPOError as err:
+        raise GRPOError(f"{key}: {err}") from None
+    for column in prompt_columns(cfg.data, columns):
+        if column not in columns:
+            fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+            raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")
+    if cfg.data.prompt_column not in columns:
+        columns = [*columns, cfg.data.prompt_column]  # built by the template
+    return columns

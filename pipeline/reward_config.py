@@ -1,0 +1,216 @@
+"""The `rewards:` list of the config: a discriminated union on `fn`, one model per built-in.
+
+Each built-in has its own typed options (`kwargs`), so a misspelt built-in, an unknown option
+or a value of the wrong type is a config error at `grpo init`, naming the key:
+
+    rewards:
+      - {fn: correct}                                     # CorrectReward
+      - {fn: contains, kwargs: {keyword: important}}      # ContainsReward
+      - {fn: my_rewards.py:brevity, kwargs: {limit: 40}}  # CustomReward: any callable
+
+Each built-in's model is made by `_builtin` from its options model (the table BUILTIN_MODELS).
+The tag is `fn` itself for a built-in and "custom" for `module:function` / `file.py:function`
+(the callable discriminator below). A custom function's kwargs stay a free mapping; its import
+and its signature are checked at init by `pipeline.preflight`, which needs the dataset header.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, create_model, model_validator
+
+from pipeline.errors import GRPOError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class _Options(_Section):
+    """Options of a built-in reward; `columns()` names the dataset columns it reads."""
+
+    def columns(self) -> list[str]:
+        return []
+
+
+class CorrectOptions(_Options):
+    answer_column: str = "answer"
+    """Dataset column with the gold answer (GSM8K style: working, then `#### <answer>`)."""
+
+    def columns(self) -> list[str]:
+        return [self.answer_column]
+
+
+class FormatOptions(_Options):
+    """`format` has no options."""
+
+
+class ContainsOptions(_Options):
+    keyword: str = Field(min_length=1)
+    """The text to look for in the completion."""
+    value: float = 1.0
+    """Reward when the keyword occurs (0.0 otherwise)."""
+    case_sensitive: bool = False
+    """Match case exactly."""
+
+
+class LengthRangeOptions(_Options):
+    min_tokens: int = Field(0, ge=0)
+    """Shortest length that earns `value`."""
+    max_tokens: int | None = Field(None, ge=0)
+    """Longest length that earns `value`; None: no upper bound."""
+    value: float = 1.0
+    """Reward inside the range (0.0 outside)."""
+    unit: Literal["tokens", "words"] = "tokens"
+    """Count completion tokens, or whitespace-separated words."""
+
+
+class OverlongOptions(_Options):
+    max_tokens: int = Field(ge=1)
+    """DAPO's L_max: longer completions get -1."""
+    buffer: int = Field(ge=1)
+    """DAPO's L_cache: the linear ramp from 0 to -1 spans the last `buffer` tokens before max_tokens."""
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> "OverlongOptions":
+        if self.buffer > self.max_tokens:
+            raise ValueError(f"need buffer <= max_tokens, got buffer={self.buffer}, max_tokens={self.max_tokens}")
+        return self
+
+
+class RewardModelOptions(_Options):
+    model: str
+    """A Hugging Face sequence-classification model directory (or hub id)."""
+    batch_size: int = Field(16, ge=1)
+    """Texts per forward pass."""
+    label: int | str = 0
+    """The logit used: an index, or a name from the model's id2label."""
+    sign: Literal[1, -1] = 1
+    """-1 turns a "bad" score (toxicity) into a reward."""
+    use_prompt: bool = True
+    """Score prompt + completion (true) or the completion alone."""
+    activation: Literal["none", "sigmoid", "softmax"] = "none"
+    """Applied to the logits before the label is taken."""
+    max_length: int = Field(512, ge=1)
+    """Texts are truncated to this many tokens."""
+    device: str = "auto"
+    """Torch device; auto picks cuda when available."""
+
+
+class CodeTestsOptions(_Options):
+    tests_column: str = "tests"
+    """Dataset column with the row's assert statements (a list, or a JSON string of one)."""
+    timeout_s: float = Field(5.0, gt=0.0)
+    """Wall-clock limit per sandboxed run."""
+    memory_mb: int = Field(256, ge=16)
+    """Memory limit per sandboxed run."""
+    workers: int | None = Field(None, ge=1)
+    """Sandboxes run at once; None: one per CPU core."""
+
+    def columns(self) -> list[str]:
+        return [self.tests_column]
+
+
+class _Reward(_Section):
+    weight: float = 1.0
+    """Weight in the total reward (weighted sum over the functions that apply, as TRL)."""
+    name: str | None = None
+    """Column/metric name; defaults to the function's name."""
+    rows_per_call: int | None = Field(None, ge=1)
+    """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
+    max_concurrency: int = Field(8, ge=1, le=1024)
+    """Async functions only: calls of this function in flight at once."""
+    timeout_s: float = Field(60.0, gt=0.0)
+    """Async functions only: limit per call; a call still running then is an error (after retries)."""
+    retries: int = Field(2, ge=0, le=10)
+    """Async functions only: further attempts after a call raises a transient error (OSError, TimeoutError)."""
+
+    @property
+    def column(self) -> str:
+        base = self.name or self.fn.rsplit(":", 1)[-1]
+        return base.replace("/", "_").replace(".", "_")
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments bound to the function on every call."""
+        kwargs = self.kwargs
+        return kwargs.model_dump() if isinstance(kwargs, BaseModel) else dict(kwargs)
+
+    def columns(self) -> list[str]:
+        """Dataset columns a built-in reads by name (custom functions: see preflight)."""
+        return self.kwargs.columns() if isinstance(self.kwargs, _Options) else []
+
+
+def _builtin(fn: str, options: type[_Options], doc: str) -> type[_Reward]:
+    """The config model of built-in `fn`: the common fields, `fn: Literal[fn]`, typed `kwargs`."""
+    return create_model(
+        "".join(w.title() for w in fn.split("_")) + "Reward",
+        __base__=_Reward,
+        __doc__=doc,
+        fn=(Literal[fn], Field(description=f"Built-in `{fn}`.")),
+        # {} validated by default: a missing required option is named (rewards.0.kwargs.keyword)
+        kwargs=(options, Field(default_factory=dict, validate_default=True, description=f"Options of `{fn}`.")),
+    )
+
+
+class CustomReward(_Reward):
+    """Your function in TRL's contract, `module:function` or `path/to/file.py:function`."""
+
+    fn: str = Field(pattern=r"^[^:]+:[^:]+$")
+    """`module:function` (imported from the current directory or the environment) or `path/to/file.py:function`."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments passed on every call (they win over a dataset column of the same name)."""
+
+
+BUILTIN_MODELS: dict[str, type[_Reward]] = {
+    "correct": _builtin("correct", CorrectOptions, "1 when the last <answer> block equals the gold answer (math-verify)."),
+    "format": _builtin("format", FormatOptions, "1 for exactly <think>...</think><answer>...</answer>, 0.5 for only an answer block."),
+    "contains": _builtin("contains", ContainsOptions, "`value` if `keyword` occurs in the completion."),
+    "length_range": _builtin("length_range", LengthRangeOptions, "`value` if the completion's length is within [min_tokens, max_tokens]."),
+    "overlong": _builtin("overlong", OverlongOptions, "DAPO's soft overlong punishment."),
+    "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability)."),
+    "code_tests": _builtin("code_tests", CodeTestsOptions, "Fraction of the row's assert-style tests the completion's code passes (sandboxed)."),
+}
+CUSTOM = "custom"
+
+
+def _tag(value: Any) -> str | None:
+    fn = value.get("fn") if isinstance(value, dict) else getattr(value, "fn", None)
+    if not isinstance(fn, str):
+        return None
+    if fn in BUILTIN_MODELS:
+        return fn
+    return CUSTOM if ":" in fn else fn  # an unknown tag: pydantic reports union_tag_invalid
+
+
+RewardSpec = Annotated[
+    Union[tuple(Annotated[m, Tag(t)] for t, m in BUILTIN_MODELS.items()) + (Annotated[CustomReward, Tag(CUSTOM)],)],  # noqa: UP007
+    Discriminator(_tag),
+]
+"""One entry of `rewards:`; the built-in or custom model chosen by `fn`."""
+
+TAGS = set(BUILTIN_MODELS) | {CUSTOM}
+
+
+def unknown_fn_message(fn: Any) -> str:
+    """The one line for a `fn` that is neither a built-in nor module:function."""
+    close = difflib.get_close_matches(str(fn), list(BUILTIN_MODELS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (f"{fn!r} is not a built-in reward (built-ins: {', '.join(BUILTIN_MODELS)}){hint} "
+            "A custom one is module:function or path/to/file.py:function")
+
+
+_ADAPTER = TypeAdapter(RewardSpec)
+
+
+def reward_spec(tree: dict | Any, index: int = 0) -> Any:
+    """Validate one `rewards:` entry outside a whole config (tests, tools); GRPOError naming the key."""
+    from pipeline.config import format_error  # config imports this module: late import, no cycle at load
+
+    if isinstance(tree, _Reward):
+        return tree
+    try:
+        return _ADAPTER.validate_python(tree)
+    except ValidationError as err:
+        raise GRPOError(format_error(err, "rewards", prefix=("rewards", index))) from None
