@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def peft_config(spec):
 def load_base(base_dir: Path):
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # "Loading weights" bars between the stages' own progress lines
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.config.use_cache = False
     return model
@@ -127,7 +130,9 @@ def save_adapter(model, out: Path, state_dict: dict | None = None) -> None:
     old = cfg.base_model_name_or_path
     cfg.base_model_name_or_path = BASE_NAME
     try:
-        model.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
+        with warnings.catch_warnings():  # PEFT looks for the base's config at that name to see if embeddings grew
+            warnings.filterwarnings("ignore", message="Could not find a config file")
+            model.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
     finally:
         cfg.base_model_name_or_path = old
     (Path(out) / "README.md").unlink(missing_ok=True)  # PEFT's model card: not part of the policy

@@ -15,15 +15,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import base_config, grpo, write_config
+from conftest import REPO, base_config, grpo, write_config
 from test_reproduce import record
 
 LORA = {"r": 8, "alpha": 16}
 
 
 def small(assets: dict, model: str, **sections) -> dict:
-    """2 prompts x G=2 x 16 tokens on SmolLM2, KL in the loss (so the reference is computed)."""
+    """2 prompts x G=2 x 16 tokens on SmolLM2, KL in the loss (so the reference is computed),
+    rewarded by length in characters (16 tokens rarely solve the task; lengths always spread)."""
     sec = {
+        "rewards": [{"fn": f"{REPO}/tests/fixtures/rewards/user_rewards.py:record"}],
         "rollout": {"num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 16},
         "train": {"mini_batch_size": 4, "lr": 1e-3},
         "loss": {"kl_coef": 0.05},
