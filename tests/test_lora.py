@@ -128,7 +128,9 @@ def test_lora_vllm_samples_from_the_merged_adapter(lora_run):
     assert set(roll.column("policy_hash").to_pylist()) == {_manifest(lora_run, "policy/iter-0001")["policy_hash"]}
     lp = pq.read_table(sorted((lora_run / "iter-0001/logprobs").glob("part-*.parquet"))[0])
     gaps = np.asarray(lp.column("sampler_gap_mean").to_pylist())
-    assert gaps.mean() < 0.02, gaps
+    moved = np.mean([np.abs(np.asarray(o) - np.asarray(r)).mean()
+                     for o, r in zip(lp.column("old_logprobs").to_pylist(), lp.column("ref_logprobs").to_pylist())])
+    assert gaps.mean() < 0.02 and gaps.mean() < 0.2 * moved, (gaps, moved)  # vLLM had policy 1, not the base
 
 
 @pytest.mark.slow
@@ -137,7 +139,7 @@ def test_lora_run_audits_clean_and_exports_adapter_and_merged_model(lora_run, tm
     from safetensors.torch import load_file
 
     out = grpo("audit", str(lora_run))
-    assert "0 problems" in out.stdout or "clean" in out.stdout.lower(), out.stdout
+    assert ": ok, 2 iteration(s)" in out.stdout and "lineage intact" in out.stdout, out.stdout
 
     grpo("export", str(lora_run), str(tmp_path / "adapter"))
     conf = json.loads((tmp_path / "adapter/adapter_config.json").read_text())
@@ -179,3 +181,45 @@ def test_full_finetuning_from_a_gguf_file(assets, tmp_path, smollm2):
 
 _COMMON = {"the", "a", "to", "of", "and", "is", "in", "we", "you", "it", "that", "this", "i", "for", "what", "are", "be", "so", "let",
            "has", "have", "how", "many", "total", "each", "there", "was"}
+
+
+@pytest.mark.slow
+def test_lora_zero3_update_over_two_processes_matches_one(assets, tmp_path):
+    """Only the adapter trains under ZeRO-3, and 2 processes (torchrun) give 1 process's adapter."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from conftest import REPO
+    from pipeline import config as config_mod
+    from pipeline.logprobs import run_logprobs
+    from pipeline.rollout import run_rollout
+    from pipeline.run import init_run
+    from pipeline.score import run_score
+
+    cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},
+                      train={"mini_batch_size": 8, "lr": 1e-3, "zero_stage": 3, "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}},
+                      loss={"kl_coef": 0.05})
+    run = init_run(str(tmp_path / "base"), config_mod.resolve(cfg))
+    run_rollout(run, 0)
+    run_score(run, 0)
+    run_logprobs(run, 0)
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    shutil.copytree(tmp_path / "base", single)
+    shutil.copytree(tmp_path / "base", multi)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    for cmd in ([sys.executable, "-m", "stages.cli", "update", str(single)],
+                [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "stages.cli", "update", str(multi)]):
+        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    a = load_file(single / "policy/iter-0001/adapter_model.safetensors")
+    b = load_file(multi / "policy/iter-0001/adapter_model.safetensors")
+    assert a.keys() == b.keys() and all("lora_" in n and ("q_proj" in n or "v_proj" in n) for n in a)
+    moved = max(float(a[n].abs().max()) for n in a if "lora_B" in n)  # B starts at 0
+    diff = max(float((a[n] - b[n]).abs().max()) for n in a)
+    assert moved > 1e-3 and diff <= 1e-4, (moved, diff)  # float summation order, amplified by Adam (lr 1e-3)
+    state = {p.name for p in (multi / "iter-0000/update/state/state").iterdir()}
+    assert any("rank_1" in s and "optim" in s for s in state)
