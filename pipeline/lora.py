@@ -13,7 +13,6 @@ B starts at 0), so the base, the policy 0 and the reference compute the same log
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -199,10 +198,6 @@ def _prune_merged(keep: Path, n: int = 2) -> None:
 def vllm_rank(spec, given: int | None) -> int:
     r = given or spec.r
     return next((v for v in VLLM_RANKS if v >= r), r)
-
-
-def adapter_rank(adapter_dir: Path) -> int:
-    return int(json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text())["r"])
 
 
 def lora_models(run, k: int) -> dict:
