@@ -13,6 +13,7 @@ B starts at 0), so the base, the policy 0 and the reference compute the same log
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -135,6 +136,12 @@ def save_adapter(model, out: Path, state_dict: dict | None = None) -> None:
     finally:
         cfg.base_model_name_or_path = old
     (Path(out) / "README.md").unlink(missing_ok=True)  # PEFT's model card: not part of the policy
+    # PEFT writes target_modules from a set: its order changes with the process's hash seed
+    conf_file = Path(out) / ADAPTER_CONFIG
+    conf = json.loads(conf_file.read_text())
+    if isinstance(conf.get("target_modules"), list):
+        conf["target_modules"] = sorted(conf["target_modules"])
+    conf_file.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
 
 
 def adapter_manifest(base_hash: str) -> dict:
