@@ -171,7 +171,7 @@ def test_full_finetuning_from_a_gguf_file(assets, tmp_path, smollm2):
     assert m0["source"] == str(Path(smollm2["gguf"]).resolve())
     assert m0["conversion"]["gguf_sha256"] == smollm2["sha256"] and m0["conversion"]["dtype"] == "float32"
     assert (run / "policy/iter-0000/model.safetensors").is_file()
-    grpo("iterate", str(run), "--iters", "2")
+    grpo("iterate", str(run), "--iters", "2", timeout=1800)  # full fp32 policy + optimizer state per iteration
     assert (run / "policy/iter-0002/model.safetensors").is_file()
     roll = pq.read_table(sorted((run / "iter-0000/rollout").glob("part-*.parquet"))[0])
     text = " ".join(roll.column("completion").to_pylist())
@@ -223,3 +223,21 @@ def test_lora_zero3_update_over_two_processes_matches_one(assets, tmp_path):
     assert moved > 1e-3 and diff <= 1e-4, (moved, diff)  # float summation order, amplified by Adam (lr 1e-3)
     state = {p.name for p in (multi / "iter-0000/update/state/state").iterdir()}
     assert any("rank_1" in s and "optim" in s for s in state)
+
+
+def test_lora_config_keys_and_their_one_line_errors(assets):
+    from pipeline import config as config_mod
+    from pipeline.errors import GRPOError
+
+    cfg = config_mod.resolve(base_config(assets), ["train.lora={r: 4}"])
+    assert cfg.train.lora.target_modules == "all-linear" and cfg.train.lora.alpha == 32.0 and cfg.rollout.lora_mode == "merged"
+    assert config_mod.resolve(base_config(assets)).train.lora is None  # off by default
+    bad = [
+        (["train.lora={r: 4}", "ref_model=/elsewhere"], "leave ref_model unset"),
+        (["rollout.lora_mode=vllm_lora"], "needs train.lora"),
+        (["train.lora={r: 0}"], "train.lora.r"),
+        (["train.lora={r: 4, rank: 8}"], "train.lora.rank: unknown key"),
+    ]
+    for sets, msg in bad:
+        with pytest.raises(GRPOError, match=msg):
+            config_mod.resolve(base_config(assets), sets)
