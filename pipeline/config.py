@@ -76,6 +76,12 @@ class RolloutConfig(_Section):
     """vLLM tensor parallelism (GPU machines)."""
     data_parallel_size: int = Field(1, ge=1)
     """vLLM data parallelism (GPU machines)."""
+    lora_mode: Literal["merged", "vllm_lora"] = "merged"
+    """With train.lora: how vLLM samples from an adapter policy. merged (default): the adapter is
+    merged into the base and loaded in place as plain weights (fastest on CPU); vllm_lora: vLLM's
+    own LoRA layers serve the adapter (`enable_lora`, a `LoRARequest` per policy; for GPU machines)."""
+    max_lora_rank: int | None = Field(None, ge=1)
+    """vllm_lora only: vLLM's max_lora_rank; None = train.lora.r rounded up to a rank vLLM supports."""
 
 
 class KLRewardConfig(_Section):
@@ -115,6 +121,23 @@ class AdvantageConfig(_Section):
                                 std_floor=self.std_floor, batch_renorm=self.batch_renorm)
 
 
+ALL_LINEAR = "all-linear"
+
+
+class LoraSpec(_Section):
+    """LoRA adapters (PEFT): train low-rank updates of the base's projections, not every weight."""
+
+    r: int = Field(16, ge=1, le=1024)
+    """Adapter rank."""
+    alpha: float = Field(32.0, gt=0.0)
+    """Scaling numerator: the update is (alpha / r) * B @ A."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input during the update (not when computing logprobs)."""
+    target_modules: list[str] | Literal["all-linear"] = ALL_LINEAR
+    """Module names (suffixes, as PEFT matches them) to adapt; all-linear = every linear projection
+    except the LM head. A name that matches no module of the model is an error at `grpo init`."""
+
+
 class TrainConfig(_Section):
     """The policy update (stage 4)."""
 
@@ -146,6 +169,9 @@ class TrainConfig(_Section):
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
     keep_states: int = Field(1, ge=1)
     """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
+    lora: LoraSpec | None = None
+    """LoRA adapters instead of full fine-tuning; None (default) trains every weight. The base is
+    policy/iter-0000 and the reference is the base with the adapter off; policies K >= 1 are adapters."""
 
 
 class EvalConfig(_Section):
@@ -215,6 +241,10 @@ class Config(_Section):
             raise ValueError(f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`")
         if self.data.eval is not None and self.eval.every > 0 and self.eval.reward not in names:
             raise ValueError(f"eval.reward {self.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
+        if self.train.lora is not None and self.ref_model is not None:
+            raise ValueError("train.lora: the reference is the base with the adapter off; leave ref_model unset")
+        if self.rollout.lora_mode == "vllm_lora" and (self.train.lora is None or self.rollout.engine != "vllm"):
+            raise ValueError("rollout.lora_mode vllm_lora needs train.lora and rollout.engine vllm")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
         return self

@@ -41,7 +41,7 @@ def cpu_env() -> None:
 class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
-    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int):
+    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
         cpu_env()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.kv_cache_gib)))))
         try:
@@ -67,8 +67,12 @@ class VLLMEngine:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_model_len, 16384),
             use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
+            # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
+            **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
         )
         self.model_dir = Path(model_dir)
+        self.adapter: Path | None = None  # a LoRA adapter directory to sample through (vllm_lora)
+        self._lora_ids: dict[str, int] = {}
 
     def load(self, model_dir: Path) -> None:
         """Swap in new weights without restarting the engine (same architecture)."""
@@ -94,7 +98,14 @@ class VLLMEngine:
             )
             for s in seeds
         ]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        lora = None
+        if self.adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            key = str(self.adapter)
+            lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
+            lora = LoRARequest(f"policy-{lora_id}", lora_id, key)
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=lora)
         groups = []
         for out in outs:
             group = []
@@ -131,7 +142,7 @@ def _retie_lm_head(worker) -> None:
 class HFEngine:
     """transformers `generate`: slower, but needs nothing beyond the training stack."""
 
-    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int):
+    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
         cpu_env()
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,6 +153,7 @@ class HFEngine:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.model_dir = Path(model_dir)
+        self.adapter = None  # LoRA policies reach this engine as merged weights
 
     def load(self, model_dir: Path) -> None:
         from safetensors.torch import load_file
@@ -204,12 +216,12 @@ def _apply_stop(text, tids, reason, stops, tok):
     return kept, tids, "stop"
 
 
-def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int):
+def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
     from pipeline.quiet import captured
 
     cls = {"vllm": VLLMEngine, "hf": HFEngine}[cfg.engine]
     with captured():  # vLLM's Triton note at import, its NUMA-binding warning from C++ at start
-        return cls(model_dir, cfg, max_model_len, seed)
+        return cls(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank)
 
 
 def model_context(model_dir: Path) -> int:

@@ -14,11 +14,11 @@ import torch
 
 from pipeline import grpo
 from pipeline.data import derive_seed, load_dataset, make_prompts
-from pipeline.engines import make_engine, model_context
+from pipeline.engines import model_context
 from pipeline.errors import GRPOError
 from pipeline.parts import Shard, run_parts
 from pipeline.rewards import compute_rewards
-from pipeline.rollout import engine_max_len
+from pipeline.rollout import policy_engine
 from pipeline.run import Run
 from pipeline.score import trl_inputs
 from pipeline.store import policy_rel
@@ -29,10 +29,10 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     cfg = run.cfg
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(run.policy_dir(k))
+    tok = AutoTokenizer.from_pretrained(run.plain_dir(k))
     df = load_dataset(cfg.data.eval, cfg.data.prompt_column, cfg.data.prompt_template)
     ids = list(range(min(df.height, cfg.eval.max_prompts)))
-    context = model_context(run.policy_dir(k))
+    context = model_context(run.plain_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)
     seeds = [derive_seed(cfg.seed, k, p.prompt_id, 1) for p in prompts]
     samples = engine.generate([p.ids for p in prompts], seeds, n=1, greedy=cfg.eval.greedy)
@@ -83,7 +83,7 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
         nonlocal engine
         t = time.time()
         if engine is None:
-            engine = make_engine(run.policy_dir(k), cfg.rollout, engine_max_len(cfg, model_context(run.policy_dir(k))), cfg.seed)
+            engine = policy_engine(run, k)
         table = eval_table(run, k, engine)
         stats["seconds"] = round(time.time() - t, 3)
         return table

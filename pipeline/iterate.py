@@ -12,10 +12,9 @@ import time
 from typing import Callable
 
 from pipeline import tracking
-from pipeline.engines import make_engine, model_context
 from pipeline.evaluate import eval_summary, run_eval
 from pipeline.logprobs import load_model, run_logprobs
-from pipeline.rollout import engine_max_len, run_rollout
+from pipeline.rollout import policy_engine, run_rollout
 from pipeline.run import Run
 from pipeline.score import run_score
 from pipeline.trainer import run_update
@@ -31,17 +30,15 @@ class WarmEngines:
         self.trainer = None
 
     def rollout_engine(self, k: int):
-        cfg, policy = self.run.cfg, self.run.policy_dir(k)
-        if self.engine is None:
-            self.engine = make_engine(policy, cfg.rollout, engine_max_len(cfg, model_context(policy)), cfg.seed)
-        elif self.engine.model_dir != policy:
-            self.engine.load(policy)
+        self.engine = policy_engine(self.run, k, self.engine)
         return self.engine
 
     def logprob_models(self, k: int) -> dict:
         from safetensors.torch import load_file
 
         policy = self.run.policy_dir(k)
+        if self.run.cfg.train.lora is not None:
+            return self._lora_models(k, policy)
         if "old" not in self.models:
             self.models["old"] = load_model(policy)
             self.models["ref"] = load_model(self.run.ref_dir()) if self.run.cfg.uses_ref else None
@@ -51,6 +48,17 @@ class WarmEngines:
                 state.update(load_file(f))
             self.models["old"].load_state_dict(state, strict=False)
             self.models["old"].tie_weights()
+        self.models["old_dir"] = policy
+        return self.models
+
+    def _lora_models(self, k: int, policy) -> dict:
+        """One loaded base: old = adapter k on it, ref = the same model with the adapter off."""
+        from pipeline import lora
+
+        if "old" not in self.models:
+            self.models.update(lora.lora_models(self.run, k))
+        elif self.models.get("old_dir") != policy:
+            lora.set_policy(self.models["old"], policy if k > 0 else None)
         self.models["old_dir"] = policy
         return self.models
 

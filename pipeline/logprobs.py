@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
+from pipeline.lora import AdapterOff, lora_models
 from pipeline.parts import Shard, read_part, run_parts, upstream
 from pipeline.run import Run
 from schemas.artifacts import LOGPROBS, ROLLOUT
@@ -109,7 +110,12 @@ def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, 
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()
     old = sequence_logprobs(old_model, prompts, comps, temperature, budget)
-    ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget) if ref_model is not None else None
+    ref = None
+    if isinstance(ref_model, AdapterOff):  # LoRA: the same loaded base, adapter disabled
+        with ref_model.active() as base:
+            ref = sequence_logprobs(base, prompts, comps, temperature, budget)
+    elif ref_model is not None:
+        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget)
     sampler = rollout.column("sampler_logprobs").to_pylist()
     for name, values in (("old_logprobs", old), ("ref_logprobs", ref or [])):
         for i, v in enumerate(values):
@@ -140,8 +146,11 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     def make_part(p: int) -> pa.Table:
         if "old" not in models:
             t = time.time()
-            models["old"] = load_model(run.policy_dir(k))
-            models["ref"] = load_model(run.ref_dir()) if cfg.uses_ref else None
+            if cfg.train.lora is not None:
+                models.update(lora_models(run, k))
+            else:
+                models["old"] = load_model(run.policy_dir(k))
+                models["ref"] = load_model(run.ref_dir()) if cfg.uses_ref else None
             stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
@@ -150,7 +159,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     inputs = {
         "rollout": upstream(run, k, "rollout"),
         "policy_hash": run.policy_hash(k),
-        "ref": "policy/iter-0000" if cfg.ref_model is None else cfg.ref_model,
+        "ref": ("policy/iter-0000 (adapter off)" if cfg.train.lora is not None else "policy/iter-0000") if cfg.ref_model is None else cfg.ref_model,
         "uses_ref": cfg.uses_ref,
     }
     return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m.outputs), shard, inputs, make_part,

@@ -51,9 +51,12 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
         if any(key == p or key.startswith(p + ".") for p in LOCKED):
             raise GRPOError(f"--set {key}: replay reuses the completions {src.store.display()} sampled with this setting; it cannot change")
     tree = src.cfg.model_dump(mode="json")
+    if src.cfg.train.lora is not None and k > 0:
+        raise GRPOError(f"replay --iter {k}: {src.store.display(policy_rel(k))} is a LoRA adapter; replaying a LoRA run "
+                        "is supported from iteration 0 (its base) only")
     tree["model"] = str(src.policy_dir(k).resolve())
     cfg = config_mod.resolve(tree, sets, source="replay --set")
-    if cfg.uses_ref and cfg.ref_model is None:
+    if cfg.uses_ref and cfg.ref_model is None and cfg.train.lora is None:  # LoRA: the reference is NEW's base, SRC's policy 0
         tree["ref_model"] = str(src.policy_dir(0).resolve())  # SRC's reference: its initial policy
         cfg = config_mod.resolve(tree, sets, source="replay --set")
     for j, spec in enumerate(cfg.rewards):  # a reward that cannot even load fails before NEW exists

@@ -33,11 +33,11 @@ class RolloutPlan:
         self.run, self.k = run, k
         self.policy_dir = run.policy_dir(k)
         self.policy_hash = run.policy_hash(k)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(k))
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template)
         self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
-        self.context = model_context(self.policy_dir)
+        self.context = model_context(run.plain_dir(k))
         self.prompts = make_prompts(df, ids, self.tokenizer, cfg.data, cfg.data.train, self.context - cfg.rollout.max_new_tokens)
         self.num_parts = n_parts(len(self.prompts), cfg.rollout.groups_per_part)
         self.max_model_len = engine_max_len(cfg, self.context)
@@ -51,6 +51,32 @@ class RolloutPlan:
 
     def group_seed(self, prompt_id: int) -> int:
         return derive_seed(self.run.cfg.seed, self.k, prompt_id)
+
+
+def policy_engine(run: Run, k: int, engine=None):
+    """An engine sampling from policy k: started, or given policy k in place. A LoRA policy is
+    sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
+    cfg = run.cfg
+    lora, adapter = cfg.train.lora, None
+    if lora is not None and cfg.rollout.lora_mode == "vllm_lora":
+        weights = run.policy_dir(0)
+        adapter = run.policy_dir(k) if k > 0 else None
+    elif lora is not None and k > 0:
+        from pipeline.lora import merged_dir
+
+        weights = merged_dir(run, k)
+    else:
+        weights = run.policy_dir(k)
+    if engine is None:
+        from pipeline.lora import vllm_rank
+
+        max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
+        rank = vllm_rank(lora, cfg.rollout.max_lora_rank) if adapter is not None or cfg.rollout.lora_mode == "vllm_lora" else None
+        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank)
+    elif engine.model_dir != weights:
+        engine.load(weights)
+    engine.adapter = adapter
+    return engine
 
 
 def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
@@ -96,7 +122,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     def make_part(part: int) -> pa.Table:
         if owned["engine"] is None:
             t = time.time()
-            owned["engine"] = make_engine(plan.policy_dir, run.cfg.rollout, plan.max_model_len, run.cfg.seed)
+            owned["engine"] = policy_engine(run, k)
             stats["engine_start_s"] += time.time() - t
         t = time.time()
         table = generate_part(plan, owned["engine"], part)

@@ -52,10 +52,22 @@ def check_model_dir(path: str | Path, what: str = "model") -> Path:
     return p
 
 
-def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | None = None) -> PolicyManifest:
+def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | None = None, **extra) -> PolicyManifest:
+    """`extra`: e.g. `conversion` (a GGUF import) or `adapter` (a LoRA policy's base)."""
     files = hash_dir(path)
     return PolicyManifest(stage="policy", iteration=iteration, source=source, files=files,
-                          policy_hash=canonical_hash(files), lineage=lineage)
+                          policy_hash=canonical_hash(files), lineage=lineage, **extra)
+
+
+def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
+    """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
+    cached) and its conversion record returned; a directory is checked."""
+    from pipeline import gguf_import
+
+    if gguf_import.is_gguf_path(path):
+        folder, record = gguf_import.converted(path, what)
+        return check_model_dir(folder, what), record
+    return check_model_dir(path, what), None
 
 
 @dataclass
@@ -91,10 +103,17 @@ class Run:
         self.policy_hash(k)
         return self.store.local_dir(policy_rel(k))
 
+    def plain_dir(self, k: int) -> Path:
+        """Policy k's tokenizer and config: its own directory, or a LoRA adapter's base."""
+        from pipeline.lora import is_adapter
+
+        path = self.policy_dir(k)
+        return self.policy_dir(0) if k > 0 and is_adapter(path) else path
+
     def ref_dir(self) -> Path:
         if self.cfg.ref_model is None:
             return self.policy_dir(0)
-        return check_model_dir(self.cfg.ref_model, "ref_model")
+        return model_source(self.cfg.ref_model, "ref_model")[0]
 
     # -- stages --------------------------------------------------------------------------
     def done(self, k: int, stage: str) -> bool:
@@ -139,14 +158,19 @@ def init_run(uri: str, cfg: Config) -> Run:
             raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     elif store.exists("") and store.listdir(""):
         raise GRPOError(f"{store.display()}: directory exists and is not empty; choose a new run directory")
-    model = check_model_dir(cfg.model, "model")
+    model, conversion = model_source(cfg.model, "model")
     if cfg.ref_model:
-        check_model_dir(cfg.ref_model, "ref_model")
+        model_source(cfg.ref_model, "ref_model")
+    if cfg.train.lora is not None:
+        from pipeline.lora import check_targets
+
+        check_targets(model, cfg.train.lora)
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
-        store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=str(model.resolve())))
+        source = conversion["gguf_file"] if conversion else str(model.resolve())
+        store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion))
     if not store.exists(CONFIG):
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     return run

@@ -110,17 +110,23 @@ def ds_config(cfg: Config, world: int) -> dict:
 class Trainer:
     """A DeepSpeed engine over the policy, kept alive across iterations by `iterate`."""
 
-    def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None):
+    def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None, base_dir: Path | None = None):
+        """`base_dir`: with train.lora, the base (policy 0) that `policy_dir`'s adapter sits on."""
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        from pipeline import lora
         from pipeline.engines import cpu_env
 
         cpu_env()
         self.cfg = cfg
         self.rank, self.world = init_distributed()
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        if cfg.train.lora is not None:  # only the adapter's parameters train
+            adapter = policy_dir if lora.is_adapter(policy_dir) else None
+            model = lora.policy_model(base_dir or policy_dir, adapter, cfg.train.lora, trainable=True, seed=cfg.seed)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
         with captured():  # DeepSpeed's JIT op build prints on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
@@ -140,12 +146,14 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------
     def save_state(self, out: Path) -> None:
-        self.engine.save_checkpoint(str(out), tag="state", save_latest=False)
+        # LoRA: the frozen base is policy 0; the state holds the adapter and its optimizer only
+        self.engine.save_checkpoint(str(out), tag="state", save_latest=False,
+                                    exclude_frozen_parameters=self.cfg.train.lora is not None)
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
     def load_state(self, src: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=True)
+        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=self.cfg.train.lora is None)
         if path is None:
             raise GRPOError(f"{src}: trainer state could not be loaded")
         meta = json.loads((src / TRAINER_JSON).read_text())
@@ -163,7 +171,11 @@ class Trainer:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
-        if self.rank == 0:
+        if self.rank == 0 and self.cfg.train.lora is not None:
+            from pipeline.lora import save_adapter
+
+            save_adapter(module, out, state_dict=state)
+        elif self.rank == 0:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
@@ -398,7 +410,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
             return run.manifest(k, "update"), trainer
         prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
         if trainer is None:
-            trainer = Trainer(cfg, run.policy_dir(k), prev_state)
+            trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0) if cfg.train.lora else None)
         data = UpdateData(run, k, trainer.kl_ctl)
         rows = trainer.train_iteration(data, k)
         if data.kl_stats is not None:
@@ -428,7 +440,12 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
         lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage)
+        adapter = None
+        if run.cfg.train.lora is not None:
+            from pipeline.lora import adapter_manifest
+
+            adapter = adapter_manifest(run.policy_hash(0))
+        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=adapter)
         store.put_dir(work / "policy", policy_rel(k + 1))
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)

@@ -136,6 +136,13 @@ class Lineage(_Model):
     from_policy_hash: str
 
 
+class AdapterBase(_Model):
+    """The base model a LoRA adapter applies to: policy 0 of the run, named by its hash."""
+
+    base: str
+    base_policy_hash: str
+
+
 class PolicyManifest(_Manifest):
     """A policy directory: every file's sha256; the policy hash is the hash of that list."""
 
@@ -144,6 +151,10 @@ class PolicyManifest(_Manifest):
     files: dict[str, str]
     policy_hash: str
     lineage: Lineage | None = None
+    conversion: dict[str, Any] | None = None
+    """Policy 0 converted from a .gguf: the file's sha256, dtype, architecture, library versions."""
+    adapter: AdapterBase | None = None
+    """A LoRA policy (K >= 1): only the adapter is stored; this names its base."""
 
 
 Manifest = Annotated[Union[PartsManifest, UpdateManifest, PolicyManifest], Field(discriminator="stage")]

@@ -94,3 +94,14 @@ def make_run(assets, tmp_path):
         return str(path)
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> dict:
+    """SmolLM2-135M-Instruct: the GGUF file and its converted HF directory, from the per-machine
+    model cache (fetched and converted once per machine, reused across test runs)."""
+    from pipeline.gguf_import import converted, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    folder, record = converted(gguf, "SmolLM2")
+    return {"gguf": str(gguf), "dir": str(folder), "sha256": record["gguf_sha256"]}
