@@ -51,26 +51,59 @@ class Batch:
         return cls(ids, attn, cmask, comp, starts)
 
 
-def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
+CHUNK_TOKENS = 1024
+"""Completion tokens per pass through the LM head: the [tokens, V] logits of one chunk are the
+largest tensor a logprob computation holds, whatever the batch (1024 x 49k fp32 = 200 MB)."""
+
+
+def _head_chunk(head, h: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool):
+    """logp [n] (and entropy [n]) of tokens `ids` [n] from hidden states h [n, H], in fp32."""
+    logits = head(h).float() / temperature  # [n, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [n]
+    logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse  # [n]
+    if not with_entropy:
+        return logp, None
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [n]
+    return logp, ent
+
+
+def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False, chunk: int = CHUNK_TOKENS):
     """Per-token logprobs [B, T] of the completion tokens (and entropies [B, T] if asked).
 
-    Only the completion positions go through the LM head, and the log-softmax is never
-    materialised over [B, L, V]: logp = logit[token] - logsumexp(logits).
+    Only the completion tokens (not the prompt, not the padding) go through the LM head, `chunk`
+    tokens at a time: logp = logit[token] - logsumexp(logits), so neither the [B, T, V] logits nor
+    their log-softmax is ever held. Under autograd each chunk is checkpointed: its logits are
+    recomputed in the backward pass instead of being kept. Padding positions hold 0.
     """
     B, T = batch.completion_ids.shape
     hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    H = hidden.shape[-1]
     # the logit predicting completion token t sits at position start + t - 1
     pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
-    h = hidden.gather(1, pos.unsqueeze(-1).expand(B, T, hidden.shape[-1]))  # [B, T, H]
-    logits = model.get_output_embeddings()(h).float() / temperature  # [B, T, V]
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    logp = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
-    logp = logp * batch.completion_mask
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
-        entropy = (lse - (probs * logits).sum(-1)) * batch.completion_mask  # [B, T]
-    return logp, entropy
+    flat = batch.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [N] active (b, t) in B*T order
+    rows = (pos + torch.arange(B).unsqueeze(1) * hidden.shape[1]).reshape(-1)[flat]  # [N] into [B*L]
+    h = hidden.reshape(-1, H).index_select(0, rows)  # [N, H]
+    ids = batch.completion_ids.reshape(-1)[flat]  # [N]
+    head = model.get_output_embeddings()
+    grad = torch.is_grad_enabled() and h.requires_grad
+    lps, ents = [], []
+    for s in range(0, h.shape[0], chunk):
+        args = (head, h[s : s + chunk], ids[s : s + chunk], temperature, with_entropy)
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+
+    def scatter(parts) -> torch.Tensor:
+        # no active token: an empty tensor that still hangs off the graph, so backward() works
+        vals = torch.cat(parts) if parts else (hidden.sum() * 0.0).expand(0)
+        return torch.zeros(B * T, dtype=torch.float32).index_put((flat,), vals.float()).reshape(B, T)
+
+    return scatter(lps), (scatter(ents) if with_entropy else None)
 
 
 def budget_batches(lengths: list[int], budget: int) -> list[list[int]]:

@@ -32,7 +32,7 @@ import torch
 from pipeline import grpo, tracking
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import Batch, token_logprobs
+from pipeline.logprobs import Batch, budget_batches, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.progress import progress
 from pipeline.run import Run, policy_manifest
@@ -266,7 +266,28 @@ class Trainer:
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch; the loss is scaled so that the
-        accumulated gradient is that of the mini-batch's loss."""
+        accumulated gradient is that of the mini-batch's loss.
+
+        A micro-batch over `train.update_token_budget` padded tokens runs as several pieces, each
+        loss weighted by its share of what the loss averages over (rows, tokens for bnpo; dapo
+        already divides by the mini-batch's tokens), so the summed gradient and the metrics are
+        the whole micro-batch's."""
+        cfg = self.cfg
+        lengths = [len(data.prompt_ids[i]) + len(data.completion_ids[i]) for i in idx]
+        pieces = [idx[list(p)] for p in budget_batches(lengths, cfg.train.update_token_budget)]
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        rows, tokens, out = len(idx), max(1, data.mask_sum(idx)), {}
+        for j, piece in enumerate(pieces):
+            self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
+            share_tokens = data.mask_sum(piece) / tokens
+            loss_share = piece_loss_share(cfg.loss.type, len(piece) / rows, share_tokens)
+            metrics = self._piece_step(data, piece, n_micro, mb_tokens, weight * loss_share)
+            for key, v in metrics.items():
+                w = loss_share if key.startswith("loss/") else share_tokens
+                out[key] = out.get(key, 0.0) + v * w
+        return out
+
+    def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         batch, old, ref, adv = data.batch(idx)
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True)
@@ -286,6 +307,13 @@ class Trainer:
         scale = 1.0 if cfg.loss.type == "dapo" else 1.0 / n_micro
         self.engine.backward(loss * scale * weight, scale_wrt_gas=False)
         return metrics
+
+
+def piece_loss_share(loss_type: str, share_rows: float, share_tokens: float) -> float:
+    """Weight of a piece's loss so that the pieces' weighted losses add up to the micro-batch's:
+    the share of what the loss type averages over (rows; tokens for bnpo; dapo divides by the
+    generation batch's tokens already)."""
+    return {"dapo": 1.0, "bnpo": share_tokens}.get(loss_type, share_rows)
 
 
 _METRICS = ["loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean"]
