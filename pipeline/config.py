@@ -150,7 +150,13 @@ class TrainConfig(_Section):
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage."""
     bf16: bool = False
-    """Train in bf16 (fp32 master weights)."""
+    """Keep the trained weights in bf16 under DeepSpeed (fp32 master copy in the optimizer);
+    independent of `precision`, which only sets the arithmetic of the forward/backward."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Arithmetic of the model's forward/backward in the logprobs stage and the update: bf16
+    autocast (weights stay fp32; the LM head, logprobs and loss stay fp32) or plain fp32. auto =
+    bf16 where the CPU has bf16 instructions (AVX512-bf16 or AMX) or the GPU supports it, else
+    fp32; the manifests record what was used."""
     token_budget: int = Field(8192, ge=64)
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
     update_token_budget: int = Field(4096, ge=64)

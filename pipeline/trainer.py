@@ -32,7 +32,7 @@ import torch
 from pipeline import grpo, tracking
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import Batch, budget_batches, token_logprobs
+from pipeline.logprobs import Batch, budget_batches, resolve_precision, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.progress import progress
 from pipeline.run import Run, policy_manifest
@@ -114,6 +114,7 @@ class Trainer:
 
         cpu_env()
         self.cfg = cfg
+        self.precision = resolve_precision(cfg.train.precision)
         self.rank, self.world = init_distributed()
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
@@ -290,7 +291,7 @@ class Trainer:
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         batch, old, ref, adv = data.batch(idx)
-        logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True)
+        logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
         loss, metrics = grpo.policy_loss(
@@ -486,6 +487,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict
         "global_step": trainer.global_step,
         "kl_coef": trainer.kl_ctl.coef,
         "world_size": trainer.world,
+        "precision": trainer.precision,
         "timings": {"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
     }
     manifest = store.write_manifest(sd, body)

@@ -101,3 +101,51 @@ def test_token_budget_pieces_give_the_micro_batch_gradient(loss_type):
     assert whole.model.embed_tokens.weight.grad.abs().sum() > 1e-3
     for (name, p0), p1 in zip(whole.named_parameters(), split.parameters()):
         assert torch.allclose(p0.grad, p1.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_bf16_autocast_logprobs_stay_close_to_fp32_and_fp32_in_dtype():
+    from pipeline.logprobs import resolve_precision
+
+    batch, model = _batch(5), _model(6)
+    with torch.no_grad():
+        fp32, e32 = token_logprobs(model, batch, 0.7, with_entropy=True)
+        bf16, e16 = token_logprobs(model, batch, 0.7, with_entropy=True, precision="bf16")
+    assert bf16.dtype == e16.dtype == torch.float32
+    m = batch.completion_mask.bool()
+    dev = (bf16 - fp32).abs()[m]
+    assert 0 < dev.max() < 0.05  # bf16 arithmetic did happen, and the LM head stayed fp32
+    assert (bf16[~m] == 0).all()
+    assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
+    assert resolve_precision("auto") in ("fp32", "bf16")
+
+
+def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
+    """The logprobs stage under each precision: same columns and types, records which it used,
+    and the bf16 old logprobs stay near the fp32 ones."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.logprobs import run_logprobs
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+    from pipeline.score import run_score
+
+    tables, manifests = {}, {}
+    for precision in ("fp32", "bf16"):
+        path = make_run(precision, rollout={"engine": "hf"}, train={"precision": precision})
+        run = Run(path)
+        run_rollout(run, 0)
+        run_score(run, 0)
+        manifests[precision] = run_logprobs(run, 0)
+        parts = sorted((Path(path) / "iter-0000/logprobs").glob("*.parquet"))
+        assert parts
+        tables[precision] = pa.concat_tables([pq.read_table(p) for p in parts])
+    assert tables["fp32"].schema == tables["bf16"].schema
+    assert manifests["fp32"]["inputs"]["precision"] == "fp32" and manifests["bf16"]["inputs"]["precision"] == "bf16"
+    a = tables["fp32"].column("old_logprobs").to_pylist()
+    b = tables["bf16"].column("old_logprobs").to_pylist()
+    assert [len(x) for x in a] == [len(x) for x in b] and sum(len(x) for x in a) > 0
+    dev = max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    assert 0 < dev < 0.1
