@@ -166,11 +166,18 @@ def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, bud
 
 
 def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int,
-                   precision: str = "fp32") -> pa.Table:
+                   precision: str = "fp32", ref_is_old: bool = False) -> pa.Table:
+    """`ref_is_old`: the reference is the old policy itself (iteration 0 without a separate
+    ref_model), so its logprobs are the old ones, computed once."""
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()
     old = sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision)
-    ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision) if ref_model is not None else None
+    if ref_model is None:
+        ref = None
+    elif ref_is_old:
+        ref = old
+    else:
+        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision)
     sampler = rollout.column("sampler_logprobs").to_pylist()
     for name, values in (("old_logprobs", old), ("ref_logprobs", ref or [])):
         for i, v in enumerate(values):
@@ -199,16 +206,19 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     stats = {"tokens": 0, "load_s": 0.0}
     precision = resolve_precision(cfg.train.precision)  # the update computes its logprobs the same way
 
+    # at iteration 0 the old policy is the reference (same weights, same arithmetic): one pass
+    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
+
     def make_part(p: int) -> pa.Table:
         if "old" not in models:
             t = time.time()
             models["old"] = load_model(run.policy_dir(k))
-            models["ref"] = load_model(run.ref_dir()) if cfg.uses_ref else None
+            models["ref"] = (models["old"] if ref_is_old else load_model(run.ref_dir())) if cfg.uses_ref else None
             stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
         return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature,
-                              cfg.train.token_budget, k, precision)
+                              cfg.train.token_budget, k, precision, ref_is_old)
 
     inputs = {
         "rollout": upstream(run, k, "rollout"),
@@ -217,5 +227,10 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
         "uses_ref": cfg.uses_ref,
         "precision": precision,
     }
+    # which policy each column came from, and how many forward passes were made
+    passes = {"old_logprobs": f"policy/iter-{k:04d}", "ref_logprobs": None, "forward_passes": 1}
+    if cfg.uses_ref:
+        passes["ref_logprobs"] = "= old_logprobs (policy/iter-0000 is the reference)" if ref_is_old else inputs["ref"]
+        passes["forward_passes"] = 1 if ref_is_old else 2
     return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m["outputs"]), shard, inputs, make_part,
-                     manifest_extra=lambda: {"stats": stats})
+                     manifest_extra=lambda: {"stats": stats, "passes": passes})

@@ -149,3 +149,31 @@ def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
     assert [len(x) for x in a] == [len(x) for x in b] and sum(len(x) for x in a) > 0
     dev = max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
     assert 0 < dev < 0.1
+
+
+def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pass(make_run):
+    """At iteration 0 the old policy is the reference: the stage computes it once, the manifest
+    says so, and the values are what a separate pass over the reference model gives."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
+    from pipeline.parts import read_parts
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+    from pipeline.score import run_score
+    from schemas.artifacts import LOGPROBS, ROLLOUT
+
+    run = Run(make_run("kl", rollout={"engine": "hf"}, loss={"kl_coef": 0.05}, train={"precision": "fp32"}))
+    run_rollout(run, 0)
+    run_score(run, 0)
+    m = run_logprobs(run, 0)
+    assert m["passes"]["forward_passes"] == 1 and m["passes"]["ref_logprobs"].startswith("= old_logprobs")
+    lp = pa.concat_tables(read_parts(run, 0, "logprobs", LOGPROBS))
+    roll = pa.concat_tables(read_parts(run, 0, "rollout", ROLLOUT))
+    old, ref = lp.column("old_logprobs").to_pylist(), lp.column("ref_logprobs").to_pylist()
+    assert old == ref and sum(len(r) for r in ref) > 0
+    separate = sequence_logprobs(load_model(run.ref_dir()), roll.column("prompt_ids").to_pylist(),
+                                 roll.column("completion_ids").to_pylist(), run.cfg.rollout.temperature, 64)
+    for r, s in zip(ref, separate):
+        assert np.allclose(np.asarray(r, np.float32), s, atol=1e-5)
