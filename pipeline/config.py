@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import GRPOError
-from pipeline.grpo import LossConfig
+from pipeline.loss_config import LossConfig
 
 
 class _Section(BaseModel):

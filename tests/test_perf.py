@@ -1,5 +1,7 @@
 """Memory and precision levers: chunked logprobs, token-budget pieces, bf16 autocast."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -177,3 +179,39 @@ def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pa
                                  roll.column("completion_ids").to_pylist(), run.cfg.rollout.temperature, 64)
     for r, s in zip(ref, separate):
         assert np.allclose(np.asarray(r, np.float32), s, atol=1e-5)
+
+
+PROBE = """
+import atexit, sys
+def _report():
+    print("MODULES " + " ".join(m for m in ("vllm", "deepspeed", "mlflow", "torch", "transformers") if m in sys.modules))
+atexit.register(_report)
+sys.argv = ["grpo"] + sys.argv[1:]
+from stages.cli import main
+main()
+"""
+
+
+def _heavy_modules(*args: str) -> set[str]:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("MODULES")][-1]
+    return set(line.split()[1:])
+
+
+def test_commands_without_an_engine_import_neither_vllm_nor_deepspeed(make_run):
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+
+    path = make_run("cold", rollout={"engine": "hf"})
+    run_rollout(Run(path), 0)
+    assert not {"vllm", "deepspeed", "torch"} & _heavy_modules("--help")
+    assert not {"vllm", "deepspeed", "mlflow"} & _heavy_modules("score", path)
+    assert (Path(path) / "iter-0000/score/MANIFEST.json").is_file()
+    for cmd in ("status", "inspect", "audit"):
+        assert not {"vllm", "deepspeed", "torch", "mlflow"} & _heavy_modules(cmd, path), cmd
