@@ -209,7 +209,7 @@ def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: i
     return cls(model_dir, cfg, max_model_len, seed)
 
 
-PROMPT_ALLOWANCE = 512
+PROMPT_ALLOWANCE = 256
 """Prompt tokens per sequence assumed when sizing the KV cache (the engine starts before it sees
 the prompts; a longer prompt only makes vLLM queue some sequences, never fail)."""
 KV_FLOOR_BYTES = 256 << 20
