@@ -159,7 +159,7 @@ class TrainConfig(_Section):
     fp32; the manifests record what was used."""
     token_budget: int = Field(8192, ge=64)
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
-    update_token_budget: int = Field(4096, ge=64)
+    update_token_budget: int = Field(2048, ge=64)
     """Padded tokens (prompt + completion) per forward/backward pass in the update: a micro-batch
     larger than this is cut into pieces whose gradients add up to the micro-batch's (the loss is
     unchanged), so the update's memory scales with this budget, not with mini_batch_size."""
