@@ -61,7 +61,7 @@ def run_worker(module: str, workload, out: Path, env: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one tiny workload, fewer iterations (harness development)")
-    ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2)")
+    ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2, real-full, real-lora, real-lora-e2)")
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS for every process (default 1: robust when other processes share the cores; 0 leaves it unset)")
     ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
@@ -91,7 +91,7 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     print(f"bench: {len(chosen)} workload(s) on {results['machine']['cores']} cores, load {results['machine']['loadavg']}", flush=True)
     t = time.time()
-    results["assets"] = build_assets(sorted({w.size for w in chosen}, key=["tiny", "small"].index))
+    results["assets"] = build_assets(sorted({w.size for w in chosen}, key=["tiny", "small", "real"].index))
     results["assets_s"] = time.time() - t
     print(f"assets ready in {results['assets_s']:.0f}s", flush=True)
     for w in chosen:
@@ -104,8 +104,16 @@ def main() -> None:
             first = w.iters + (1 if w.profile else 0)  # after the iterations `grpo iterate` did
             entry["commands"] = [commands.run_iteration(run, k, env) for k in range(first, first + w.commands)]
         if not args.skip_trl:
-            print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps}", flush=True)
-            entry["trl"] = run_worker("bench.trl_run", w, scratch / f"{w.name}-trl.json", env)
+            # real-*: TRL at its fastest setting on this CPU, bf16 off and on, the faster counts
+            precisions = ["fp32", "bf16"] if w.size == "real" else ["fp32"]
+            runs = {}
+            for prec in precisions:
+                print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps} ({prec})", flush=True)
+                suffix = "" if prec == "fp32" else f"-{prec}"
+                runs[prec] = run_worker("bench.trl_run", w, scratch / f"{w.name}-trl{suffix}.json", {**env, "BENCH_TRL_PRECISION": prec})
+                runs[prec]["precision"] = prec
+            entry["trl"] = min(runs.values(), key=report.trl_cycle_s)
+            entry["trl_runs"] = runs
         entry["loadavg_end"] = loadavg()
         results["workloads"][w.name] = entry
         json_path.write_text(json.dumps(results, indent=1, default=str))  # partial results survive a crash

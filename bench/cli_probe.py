@@ -13,6 +13,7 @@ import time
 T_ENTER = time.time()  # noqa: E402 (first thing: the parent's clock started at Popen)
 
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def main() -> None:
     with open(out, "w") as f:
         json.dump({"marks": marks, "probes": probes.report(), "code": code}, f)
     sys.stdout.flush()
-    sys.exit(code)
+    os._exit(code) if {"vllm", "deepspeed"} & set(sys.modules) else sys.exit(code)  # as `grpo` itself (stages.cli._exit)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def cat_means(rows: list[dict], phase: str) -> dict[str, float]:
     return cats
 
 
+def trl_cycle_s(trl: dict) -> float:
+    """Mean seconds per measured TRL cycle (the first cycle is warm-up)."""
+    return mean(c["seconds"] for c in measured(trl["cycles"]))
+
+
 def summarize(entry: dict) -> dict:
     """The numbers the tables show, for one workload."""
     it = entry["iterate"]
@@ -100,6 +105,8 @@ def summarize(entry: dict) -> dict:
             "peak_rss_mb": t["peak_rss_mb"],
             "steps_per_cycle": t["steps_per_cycle"],
             "loadavg": [c["loadavg"][0] for c in t["cycles"]],
+            "precision": t.get("precision", "fp32"),
+            "by_precision": {p: trl_cycle_s(r) for p, r in entry.get("trl_runs", {}).items()},
         }
         s["trl"]["ratio"] = s["iter_s"] / s["trl"]["cycle_s"]
         s["trl"]["cpu_ratio"] = s["iter_cpu_s"] / s["trl"]["cycle_cpu_s"]
@@ -184,7 +191,9 @@ def render(results: dict) -> str:
     for name, s in sums.items():
         if "trl" in s:
             t = s["trl"]
-            out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL's for the same work | {t['ratio']:.2f} x "
+            which = f"TRL {t['precision']}" + (" (the faster of " + ", ".join(f"{p} {v:.1f} s" for p, v in t["by_precision"].items()) + ")"
+                                                if len(t["by_precision"]) > 1 else "")
+            out.append(f"| {name} | `grpo iterate` s/iteration <= {TRL_TARGET} x TRL's for the same work ({which}) | {t['ratio']:.2f} x "
                        f"({s['iter_s']:.1f} s vs {t['cycle_s']:.1f} s; CPU {t['cpu_ratio']:.2f} x) | {_ok(t['ratio'], TRL_TARGET, t['cpu_ratio'])} |")
         for st in BARE:
             r = s["stages"][st]

@@ -7,7 +7,9 @@ reward functions, which follow TRL's contract) and weights, G, completions per g
 max new tokens, epochs over each generation (num_iterations), mini-batch, optimizer and loss
 (DAPO token normalisation, clip 0.2 / 0.28, beta 0 so no reference model). Generation is HF
 `generate` (use_vllm=False: TRL's vLLM modes expect a GPU). TRL's defaults that would make it
-do different work are turned off: gradient checkpointing, bf16 autocast.
+do different work are turned off: gradient checkpointing, and bf16 unless BENCH_TRL_PRECISION=bf16
+(the real-* workloads run TRL both ways and count the faster). LoRA workloads give TRL the same
+adapter as `peft_config`.
 
 One of our iterations is one TRL generation cycle: `steps_per_generation` optimizer steps per
 pass over the generation batch, times `num_iterations` passes.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,7 +92,7 @@ def main(workload_json: str, out: str) -> None:
         max_grad_norm=t.max_grad_norm,
         max_steps=w.trl_steps * per_cycle,
         gradient_checkpointing=False,
-        bf16=False,
+        bf16=os.environ.get("BENCH_TRL_PRECISION", "fp32") == "bf16",
         fp16=False,
         use_cpu=True,
         use_vllm=False,
@@ -105,9 +108,17 @@ def main(workload_json: str, out: str) -> None:
     t_load = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    peft_config = None
+    if w.lora:
+        from peft import LoraConfig
+
+        from bench.workloads import LORA
+
+        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainer = GRPOTrainer(
         model=model, reward_funcs=[reward_fn(spec) for spec in cfg.rewards], args=args,
-        train_dataset=dataset, processing_class=tokenizer,
+        train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
     )
     setup_s = time.perf_counter() - t_load
 
@@ -171,6 +182,7 @@ def main(workload_json: str, out: str) -> None:
         "cycles": cycles,
         "generations": len(gen),
         "peak_rss_mb": peak_rss_mb(),
+        "precision": os.environ.get("BENCH_TRL_PRECISION", "fp32"),
         "torch_threads": torch.get_num_threads(),
     }
     Path(out).write_text(json.dumps(result, indent=1))

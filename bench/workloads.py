@@ -46,9 +46,15 @@ class Workload:
     mini_batch_size: int = 64
     lr: float = 1e-4
     seed: int = 0
+    lora: bool = False
+    """real-* only: LoRA r=16 (`train.lora`) instead of full fine-tuning."""
+    temperature: float = 1.0
 
     @property
     def name(self) -> str:
+        if self.size == "real":  # real-full, real-lora, real-lora-e2 (issue 17's names)
+            kind = "lora" if self.lora else "full"
+            return f"real-{kind}" + (f"-e{self.epochs}" if self.epochs > 1 else "")
         return f"{self.size}-e{self.epochs}"
 
     def as_dict(self) -> dict:
@@ -66,15 +72,40 @@ def workloads(quick: bool) -> list[Workload]:
         Workload("tiny", 2, iters=2, commands=0, trl_steps=2),
         Workload("small", 1, iters=2, commands=0, trl_steps=2, profile=True),
         Workload("small", 2, iters=2, commands=0, trl_steps=2),  # the longest: one measured iteration each
+        *real_workloads(),
     ]
 
 
-def data_dir() -> Path:
-    return WORK / "data"
+LORA = {"r": 16, "alpha": 32}
+"""real-lora's adapter (issue 17): r=16 on all linear projections (train.lora's default targets)."""
+
+
+def real_workloads() -> list[Workload]:
+    """Generation-heavy work on a real pretrained model (SmolLM2-135M-Instruct, bench/real.py):
+    GSM8K-style chat prompts, 8 prompts x G=8, up to 128 new tokens, temperature 1.0, one
+    optimizer step per iteration (mini-batch 64), lr 1e-5. TRL runs each at bf16 False and True."""
+    common = dict(iters=2, trl_steps=2, num_generations=8, prompts_per_iter=8, max_new_tokens=128, mini_batch_size=64, lr=1e-5)
+    return [
+        Workload("real", 1, commands=1, profile=True, **common),
+        Workload("real", 1, commands=0, lora=True, **common),
+        Workload("real", 2, commands=0, lora=True, **common),  # 2 epochs: the old logprobs are really needed
+    ]
+
+
+def data_dir(size: str = "tiny") -> Path:
+    return WORK / ("data-real" if size == "real" else "data")
 
 
 def model_dir(size: str) -> Path:
+    if size == "real":
+        from bench.real import model_dir as real_model_dir
+
+        return real_model_dir()
     return WORK / "models" / size
+
+
+def train_path(size: str) -> Path:
+    return data_dir(size) / ("gsm8k_style.jsonl" if size == "real" else "train.jsonl")
 
 
 def build_assets(sizes: list[str]) -> dict:
@@ -86,6 +117,12 @@ def build_assets(sizes: list[str]) -> dict:
     write_demo_data(data_dir(), n_train=N_TRAIN, n_eval=N_EVAL, seed=0)
     records = {}
     for size in sizes:
+        if size == "real":  # a pretrained model: no warm start; only the prompts are generated here
+            from bench.real import write_data
+
+            write_data(data_dir("real"))
+            records[size] = {"model": str(model_dir("real"))}
+            continue
         records[size] = make_model(model_dir(size), size=size, seed=0, data_dir=data_dir(), sft_steps=SFT_STEPS[size])
     return records
 
@@ -96,14 +133,16 @@ def config_tree(w: Workload) -> dict:
 
     tree = yaml.safe_load(DEMO_CONFIG.read_text())
     tree["model"] = str(model_dir(w.size))
-    tree["data"].update(train=str(data_dir() / "train.jsonl"), eval=None, system_prompt=SYSTEM_PROMPT)
+    tree["data"].update(train=str(train_path(w.size)), eval=None, system_prompt=SYSTEM_PROMPT)
     tree["rollout"] = {
         "engine": "vllm", "num_generations": w.num_generations, "prompts_per_iter": w.prompts_per_iter,
-        "groups_per_part": w.prompts_per_iter, "max_new_tokens": w.max_new_tokens, "temperature": 1.0,
+        "groups_per_part": w.prompts_per_iter, "max_new_tokens": w.max_new_tokens, "temperature": w.temperature,
     }
     tree["advantages"] = {"scale": "group", "std": "sample"}
     tree["loss"] = {"type": "dapo", "clip_eps_low": 0.2, "clip_eps_high": 0.28, "kl_coef": 0.0}
     tree["train"] = {"epochs": w.epochs, "mini_batch_size": w.mini_batch_size, "lr": w.lr, "zero_stage": 0}
+    if w.lora:  # `train.lora` arrives with the LoRA branch (issue 15); until then this workload fails validation
+        tree["train"]["lora"] = dict(LORA)
     tree["eval"] = {"every": 0}
     tree["seed"] = w.seed
     tree["tracking"] = {"mlflow": True}

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import GRPOError
-from pipeline.grpo import LossConfig
+from pipeline.loss_config import LossConfig
 from pipeline.reward_config import BUILTIN_MODELS, TAGS, RewardSpec, unknown_fn_message
 
 
@@ -68,8 +68,9 @@ class RolloutConfig(_Section):
     """Engine dtype. fp32 keeps sampler logprobs close to the trainer's."""
     max_model_len: int | None = Field(None, ge=16)
     """vLLM context length; None = longest prompt + max_new_tokens, capped by the model's context."""
-    kv_cache_gib: float = Field(1.0, gt=0.0)
-    """vLLM CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    kv_cache_gib: float | None = Field(None, gt=0.0)
+    """vLLM CPU KV-cache size in GiB; None = what one part needs: groups_per_part x G sequences
+    of (prompt allowance + max_new_tokens) tokens x the model's KV bytes per token, with a floor."""
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     """vLLM GPU memory fraction (GPU machines only)."""
     tensor_parallel_size: int = Field(1, ge=1)
@@ -164,9 +165,19 @@ class TrainConfig(_Section):
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage."""
     bf16: bool = False
-    """Train in bf16 (fp32 master weights)."""
+    """Keep the trained weights in bf16 under DeepSpeed (fp32 master copy in the optimizer);
+    independent of `precision`, which only sets the arithmetic of the forward/backward."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Arithmetic of the model's forward/backward in the logprobs stage and the update: bf16
+    autocast (weights stay fp32; the LM head, logprobs and loss stay fp32) or plain fp32. auto =
+    bf16 where the CPU has bf16 instructions (AVX512-bf16 or AMX) or the GPU supports it, else
+    fp32; the manifests record what was used."""
     token_budget: int = Field(8192, ge=64)
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
+    update_token_budget: int = Field(2048, ge=64)
+    """Padded tokens (prompt + completion) per forward/backward pass in the update: a micro-batch
+    larger than this is cut into pieces whose gradients add up to the micro-batch's (the loss is
+    unchanged), so the update's memory scales with this budget, not with mini_batch_size."""
     keep_states: int = Field(1, ge=1)
     """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
     lora: LoraSpec | None = None

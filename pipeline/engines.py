@@ -43,7 +43,6 @@ class VLLMEngine:
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
         cpu_env()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.kv_cache_gib)))))
         try:
             from vllm import LLM
         except ImportError:
@@ -67,6 +66,8 @@ class VLLMEngine:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_model_len, 16384),
             use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
+            # VLLM_CPU_KVCACHE_SPACE, when set, overrides this (whole GiB only)
+            kv_cache_memory_bytes=kv_cache_bytes(cfg, model_dir, max_model_len),
             # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
             **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
         )
@@ -222,6 +223,32 @@ def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: i
     cls = {"vllm": VLLMEngine, "hf": HFEngine}[cfg.engine]
     with captured():  # vLLM's Triton note at import, its NUMA-binding warning from C++ at start
         return cls(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank)
+
+
+PROMPT_ALLOWANCE = 256
+"""Prompt tokens per sequence assumed when sizing the KV cache (the engine starts before it sees
+the prompts; a longer prompt only makes vLLM queue some sequences, never fail)."""
+KV_FLOOR_BYTES = 256 << 20
+
+
+def kv_cache_bytes(cfg: RolloutConfig, model_dir: Path, max_model_len: int) -> int:
+    """The KV cache vLLM reserves: `rollout.kv_cache_gib`, or else what one part's sequences in
+    flight need (groups_per_part x G, at most vLLM's 256 concurrent sequences) x (prompt allowance +
+    max_new_tokens) tokens x 2 (K, V) x layers x KV heads x head size x dtype bytes, plus a quarter
+    for block rounding; at least one max_model_len sequence and 256 MiB."""
+    if cfg.kv_cache_gib is not None:
+        return int(cfg.kv_cache_gib * (1 << 30))
+    import json
+
+    conf = json.loads((Path(model_dir) / "config.json").read_text())
+    conf = conf.get("text_config", conf)
+    heads = int(conf.get("num_attention_heads") or 1)
+    kv_heads = int(conf.get("num_key_value_heads") or heads)
+    head_dim = int(conf.get("head_dim") or int(conf.get("hidden_size", 0)) // heads)
+    per_token = 2 * int(conf.get("num_hidden_layers", 1)) * kv_heads * head_dim * (4 if cfg.dtype == "float32" else 2)
+    seqs = min(cfg.groups_per_part, cfg.prompts_per_iter) * cfg.num_generations
+    tokens = min(seqs, 256) * min(max_model_len, PROMPT_ALLOWANCE + cfg.max_new_tokens)
+    return int(max(KV_FLOOR_BYTES, per_token * max(max_model_len, tokens * 5 // 4)))
 
 
 def model_context(model_dir: Path) -> int:

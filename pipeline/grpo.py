@@ -11,38 +11,11 @@ checked against hand-derived numbers and a naive loop in tests/test_grpo.py:
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.loss_config import LossConfig  # noqa: F401  (its home before; config.py imports it without torch)
 
 StdKind = Literal["sample", "population"]
 KLEstimator = Literal["k1", "k2", "k3"]
-
-
-class LossConfig(BaseModel):
-    """Which surrogate loss the update optimises, and its coefficients."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "reinforce"] = "grpo"
-    """Loss aggregation: grpo (per-sequence mean), bnpo (per-token over the mini-batch), dr_grpo (fixed length normaliser), dapo (per-token over the generation batch), reinforce (plain policy gradient)."""
-    clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
-    """Lower clip range: the ratio is clipped below at 1 - clip_eps_low."""
-    clip_eps_high: float = Field(0.2, ge=0.0)
-    """Upper clip range: the ratio is clipped above at 1 + clip_eps_high (DAPO's clip-higher sets it > clip_eps_low)."""
-    delta: float | None = Field(None, gt=1.0)
-    """Two-sided clipping: cap the unclipped ratio at delta (> 1) in the first term; None disables."""
-    kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the KL(policy || reference) penalty in the loss (TRL's beta). 0 skips the reference model."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (Schulman): k1 = -log r, k2 = (log r)^2 / 2, k3 = r - log r - 1 with r = ref/policy."""
-    importance_level: Literal["token", "sequence"] = "token"
-    """Importance ratio per token (GRPO) or one per sequence from the mean log-ratio (GSPO)."""
-    entropy_coef: float = Field(0.0, ge=0.0)
-    """Entropy bonus weight: the loss subtracts entropy_coef * mean token entropy."""
-
-    @property
-    def kind(self) -> "LossType":
-        """The object that owns this type's arithmetic."""
-        return LOSS_TYPES[self.type]
 
 
 # --------------------------------------------------------------------------- rewards
@@ -305,6 +278,12 @@ class LossType:
         """What a rank's loss metric counts for when the ranks' metrics are averaged."""
         return float(rows)
 
+    def piece_share(self, share_rows: float, share_tokens: float) -> float:
+        """Weight of one piece's loss when a micro-batch is cut into pieces by a token budget, so
+        that the weighted pieces add up to the micro-batch's loss: the piece's share of what this
+        type averages over."""
+        return 1.0 if self.sums_micro_batches else share_rows
+
 
 class BNPOLoss(LossType):
     """Each token of the micro-batch weighs the same."""
@@ -319,6 +298,9 @@ class BNPOLoss(LossType):
 
     def rank_units(self, rows, tokens):
         return float(tokens)
+
+    def piece_share(self, share_rows, share_tokens):
+        return share_tokens
 
 
 class DrGRPOLoss(LossType):

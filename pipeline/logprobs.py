@@ -9,6 +9,7 @@ disagree on how a logprob is computed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -52,26 +53,84 @@ class Batch:
         return cls(ids, attn, cmask, comp, starts)
 
 
-def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
+CHUNK_TOKENS = 1024
+"""Completion tokens per pass through the LM head: the [tokens, V] logits of one chunk are the
+largest tensor a logprob computation holds, whatever the batch (1024 x 49k fp32 = 200 MB)."""
+
+
+def resolve_precision(precision: str) -> str:
+    """`train.precision` on this machine: auto -> bf16 where the hardware computes in bf16."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    cpu = torch.cpu
+    fast = any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return "bf16" if fast else "fp32"
+
+
+def autocast(precision: str):
+    """The forward's arithmetic: bf16 autocast (fp32 weights kept) or nothing."""
+    if precision == "bf16":
+        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _head_chunk(head, h: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool):
+    """logp [n] (and entropy [n]) of tokens `ids` [n] from hidden states h [n, H], in fp32
+    whatever the autocast around it: bf16 logits would be off by up to ~0.1 nat at |logit| 20."""
+    with torch.autocast(h.device.type, enabled=False):
+        w = head.weight
+        logits = torch.nn.functional.linear(h.float(), w.float(), None if head.bias is None else head.bias.float())
+    logits = logits / temperature  # [n, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [n]
+    logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse  # [n]
+    if not with_entropy:
+        return logp, None
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [n]
+    return logp, ent
+
+
+def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False, chunk: int = CHUNK_TOKENS,
+                   precision: str = "fp32"):
     """Per-token logprobs [B, T] of the completion tokens (and entropies [B, T] if asked).
 
-    Only the completion positions go through the LM head, and the log-softmax is never
-    materialised over [B, L, V]: logp = logit[token] - logsumexp(logits).
+    Only the completion tokens (not the prompt, not the padding) go through the LM head, `chunk`
+    tokens at a time: logp = logit[token] - logsumexp(logits), so neither the [B, T, V] logits nor
+    their log-softmax is ever held. Under autograd each chunk is checkpointed: its logits are
+    recomputed in the backward pass instead of being kept. Padding positions hold 0.
+    `precision` bf16 runs the decoder under bf16 autocast; the LM head and what follows stay fp32.
     """
     B, T = batch.completion_ids.shape
-    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    with autocast(precision):
+        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    H = hidden.shape[-1]
     # the logit predicting completion token t sits at position start + t - 1
     pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
-    h = hidden.gather(1, pos.unsqueeze(-1).expand(B, T, hidden.shape[-1]))  # [B, T, H]
-    logits = model.get_output_embeddings()(h).float() / temperature  # [B, T, V]
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    logp = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
-    logp = logp * batch.completion_mask
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
-        entropy = (lse - (probs * logits).sum(-1)) * batch.completion_mask  # [B, T]
-    return logp, entropy
+    flat = batch.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [N] active (b, t) in B*T order
+    rows = (pos + torch.arange(B).unsqueeze(1) * hidden.shape[1]).reshape(-1)[flat]  # [N] into [B*L]
+    h = hidden.reshape(-1, H).index_select(0, rows)  # [N, H]
+    ids = batch.completion_ids.reshape(-1)[flat]  # [N]
+    head = model.get_output_embeddings()
+    grad = torch.is_grad_enabled() and h.requires_grad
+    lps, ents = [], []
+    for s in range(0, h.shape[0], chunk):
+        args = (head, h[s : s + chunk], ids[s : s + chunk], temperature, with_entropy)
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+
+    def scatter(parts) -> torch.Tensor:
+        # no active token: an empty tensor that still hangs off the graph, so backward() works
+        vals = torch.cat(parts) if parts else (hidden.sum() * 0.0).expand(0)
+        return torch.zeros(B * T, dtype=torch.float32).index_put((flat,), vals.float()).reshape(B, T)
+
+    return scatter(lps), (scatter(ents) if with_entropy else None)
 
 
 def budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
@@ -95,27 +154,34 @@ def load_model(path):
 
 
 @torch.no_grad()
-def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, budget: int, pad_id: int = 0) -> list[np.ndarray]:
+def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, budget: int, pad_id: int = 0,
+                      precision: str = "fp32") -> list[np.ndarray]:
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     out: list[np.ndarray | None] = [None] * len(lengths)
     for idx in budget_batches(lengths, budget):
         batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id)
-        logp, _ = token_logprobs(model, batch, temperature)
+        logp, _ = token_logprobs(model, batch, temperature, precision=precision)
         for j, i in enumerate(idx):
             out[i] = logp[j, : len(completion_ids[i])].numpy().astype(np.float32)
     return out
 
 
-def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int) -> pa.Table:
+def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int,
+                   precision: str = "fp32", ref_is_old: bool = False) -> pa.Table:
+    """`ref_is_old`: the reference is the old policy itself (iteration 0 without a separate
+    ref_model), so its logprobs are the old ones, computed once."""
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()
-    old = sequence_logprobs(old_model, prompts, comps, temperature, budget)
-    ref = None
-    if isinstance(ref_model, AdapterOff):  # LoRA: the same loaded base, adapter disabled
+    old = sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision)
+    if ref_model is None:
+        ref = None
+    elif ref_is_old:
+        ref = old
+    elif isinstance(ref_model, AdapterOff):  # LoRA: the same loaded base, adapter disabled
         with ref_model.active() as base:
-            ref = sequence_logprobs(base, prompts, comps, temperature, budget)
-    elif ref_model is not None:
-        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget)
+            ref = sequence_logprobs(base, prompts, comps, temperature, budget, precision=precision)
+    else:
+        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision)
     sampler = rollout.column("sampler_logprobs").to_pylist()
     for name, values in (("old_logprobs", old), ("ref_logprobs", ref or [])):
         for i, v in enumerate(values):
@@ -142,6 +208,10 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     cfg = run.cfg
     models = dict(models or {})
     stats = {"tokens": 0, "load_s": 0.0}
+    precision = resolve_precision(cfg.train.precision)  # the update computes its logprobs the same way
+
+    # at iteration 0 the old policy is the reference (same weights, same arithmetic): one pass
+    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
 
     def make_part(p: int) -> pa.Table:
         if "old" not in models:
@@ -150,17 +220,24 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
                 models.update(lora_models(run, k))
             else:
                 models["old"] = load_model(run.policy_dir(k))
-                models["ref"] = load_model(run.ref_dir()) if cfg.uses_ref else None
+                models["ref"] = (models["old"] if ref_is_old else load_model(run.ref_dir())) if cfg.uses_ref else None
             stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
-        return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature, cfg.train.token_budget, k)
+        return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature,
+                              cfg.train.token_budget, k, precision, ref_is_old)
 
     inputs = {
         "rollout": upstream(run, k, "rollout"),
         "policy_hash": run.policy_hash(k),
         "ref": ("policy/iter-0000 (adapter off)" if cfg.train.lora is not None else "policy/iter-0000") if cfg.ref_model is None else cfg.ref_model,
         "uses_ref": cfg.uses_ref,
+        "precision": precision,
     }
+    # which policy each column came from, and how many forward passes were made
+    passes = {"old_logprobs": f"policy/iter-{k:04d}", "ref_logprobs": None, "forward_passes": 1}
+    if cfg.uses_ref:
+        passes["ref_logprobs"] = "= old_logprobs (policy/iter-0000 is the reference)" if ref_is_old else inputs["ref"]
+        passes["forward_passes"] = 1 if ref_is_old else 2
     return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m.outputs), shard, inputs, make_part,
-                     manifest_extra=lambda: {"stats": stats})
+                     manifest_extra=lambda: {"stats": stats, "passes": passes})

@@ -32,7 +32,7 @@ import torch
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import Batch, token_logprobs
+from pipeline.logprobs import Batch, budget_batches, resolve_precision, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.progress import progress
 from pipeline.quiet import captured
@@ -120,6 +120,7 @@ class Trainer:
 
         cpu_env()
         self.cfg = cfg
+        self.precision = resolve_precision(cfg.train.precision)
         self.rank, self.world = init_distributed()
         torch.manual_seed(cfg.seed)
         if cfg.train.lora is not None:  # only the adapter's parameters train
@@ -280,10 +281,30 @@ class Trainer:
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch; the loss is scaled so that the
-        accumulated gradient is that of the mini-batch's loss."""
+        accumulated gradient is that of the mini-batch's loss.
+
+        A micro-batch over `train.update_token_budget` padded tokens runs as several pieces, each
+        loss weighted by its share of what the loss type averages over (`LossType.piece_share`),
+        so the summed gradient and the metrics are the whole micro-batch's."""
+        cfg = self.cfg
+        lengths = [len(data.prompt_ids[i]) + len(data.completion_ids[i]) for i in idx]
+        pieces = [idx[list(p)] for p in budget_batches(lengths, cfg.train.update_token_budget)]
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        rows, tokens, out = len(idx), max(1, data.mask_sum(idx)), {}
+        for j, piece in enumerate(pieces):
+            self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
+            share_tokens = data.mask_sum(piece) / tokens
+            loss_share = cfg.loss.kind.piece_share(len(piece) / rows, share_tokens)
+            metrics = self._piece_step(data, piece, n_micro, mb_tokens, weight * loss_share)
+            for key, v in metrics.items():
+                w = loss_share if key.startswith("loss/") else share_tokens
+                out[key] = out.get(key, 0.0) + v * w
+        return out
+
+    def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         batch, old, ref, adv = data.batch(idx)
-        logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True)
+        logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
         loss, metrics = grpo.policy_loss(
@@ -459,7 +480,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
                             state=None if prev_state is None else canonical_hash(hash_dir(prev_state))),
         outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash)),
         policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
-        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world,
+        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision,
         timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
     )
     manifest = store.write_manifest(sd, body)

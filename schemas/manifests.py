@@ -83,6 +83,8 @@ class PartsManifest(_Manifest):
     """score: the reward functions as configured."""
     trainer_state: dict[str, Any] | None = None
     """rollout, score: the TRL `trainer_state` the reward functions saw (global_step, epoch, ...)."""
+    passes: dict[str, Any] | None = None
+    """logprobs: which policy each logprob column came from, and how many forward passes were made."""
     reward_metrics: dict[str, float] | None = None
     """score: the iteration's mean of each value reward functions passed to `log_metric`."""
     replayed_from: ReplayLink | None = None
@@ -125,6 +127,8 @@ class UpdateManifest(_Manifest):
     global_step: int = Field(ge=0)
     kl_coef: float
     world_size: int = Field(ge=1)
+    precision: str | None = None
+    """fp32, or bf16 autocast for the decoder (train.precision as resolved on this machine)."""
     timings: dict[str, float]
 
 

@@ -7,6 +7,7 @@
 
 import sys
 import warnings
+from pathlib import Path
 
 import typer
 
@@ -45,7 +46,7 @@ def main() -> None:
     from pipeline.engines import cpu_env
 
     cpu_env()  # before any library reads its settings: quiet logs, no weight-loading bars
-    sys.exit(run_cli())
+    _exit(run_cli())
 
 
 def run_cli(args: list[str] | None = None) -> int:
@@ -71,6 +72,30 @@ def run_cli(args: list[str] | None = None) -> int:
     if rv == 130:  # typer turns KeyboardInterrupt into exit code 130
         print("interrupted; rerun the same command to resume", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
+
+
+def _exit(code: int) -> None:
+    """End the process. Once vLLM or DeepSpeed is loaded, the interpreter's teardown (their atexit
+    hooks, freeing torch's and vLLM's objects one by one) took 7-16 s per command and does nothing
+    a run needs: every artifact is written and closed, MLflow logs synchronously, the trainer has
+    left its process group. So flush and leave at once; other commands, and main() called from
+    inside another program (tests), exit normally."""
+    if not (_is_entry_point() and any(m in sys.modules for m in ("vllm", "deepspeed"))):
+        sys.exit(code)
+    import logging
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _is_entry_point() -> bool:
+    """Whether this process is `grpo` itself: the console script, or `python -m stages.cli`."""
+    top = sys.modules.get("__main__")
+    spec = getattr(top, "__spec__", None)
+    return (spec is not None and spec.name == "stages.cli") or Path(getattr(top, "__file__", "") or "").name == "grpo"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,216 @@
+"""Memory and precision levers: chunked logprobs, token-budget pieces, bf16 autocast."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import grpo
+from pipeline.logprobs import Batch, token_logprobs
+
+
+def _model(seed: int = 0, vocab: int = 300):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def _batch(seed: int = 1, vocab: int = 300) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    plen, clen = [3, 7, 5, 4], [9, 2, 6, 0]  # the last completion is empty: all padding
+    prompts = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in plen]
+    comps = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in clen]
+    return Batch.build(prompts, comps)
+
+
+def _naive(model, batch: Batch, temperature: float):
+    """Full [B, L, V] log-softmax, the textbook way."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float() / temperature
+    logp_all = torch.log_softmax(logits, -1)  # [B, L, V]
+    B, T = batch.completion_ids.shape
+    pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T)).clamp(max=logits.shape[1] - 1)  # [B, T]
+    lp = logp_all.gather(1, pos.unsqueeze(-1).expand(B, T, logits.shape[-1]))  # [B, T, V]
+    tok = lp.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) * batch.completion_mask
+    ent = -(lp.exp() * lp).sum(-1) * batch.completion_mask
+    return tok, ent
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096])
+def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk):
+    batch = _batch()
+    grads = []
+    outs = []
+    for fn in (lambda m: _naive(m, batch, 0.7), lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, chunk=chunk)):
+        model = _model()
+        logp, ent = fn(model)
+        # a loss that touches every token's logprob and entropy with different weights
+        w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
+        ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
+        outs.append((logp.detach(), ent.detach()))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    (lp0, e0), (lp1, e1) = outs
+    assert lp0.shape == lp1.shape == (4, 9)
+    assert torch.allclose(lp0, lp1, atol=1e-5, rtol=0)
+    assert torch.allclose(e0, e1, atol=1e-5, rtol=0)
+    assert (lp1[3] == 0).all() and (lp1[1, 2:] == 0).all()  # padding holds exactly 0
+    assert (lp1[0] < 0).all()
+    for name, g0 in grads[0].items():
+        assert torch.allclose(g0, grads[1][name], atol=1e-5, rtol=1e-4), name
+
+
+def test_chunked_logprobs_without_grad_match_with_grad():
+    batch, model = _batch(2), _model(3)
+    with torch.no_grad():
+        a, _ = token_logprobs(model, batch, 1.0, chunk=3)
+    b, _ = token_logprobs(model, batch, 1.0, chunk=3)
+    assert b.requires_grad and torch.equal(a, b.detach())
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_token_budget_pieces_give_the_micro_batch_gradient(loss_type):
+    """The update cuts a micro-batch into pieces; their weighted losses' gradient is the whole one's."""
+    batch_rows = _batch(4)
+    prompts = [batch_rows.input_ids[i, : int(batch_rows.starts[i])].tolist() for i in range(4)]
+    comps = [batch_rows.completion_ids[i, : int(batch_rows.completion_mask[i].sum())].tolist() for i in range(4)]
+    rows = [0, 1, 2]  # rows with completions
+    cfg = grpo.LossConfig(type=loss_type)
+    adv = torch.tensor([1.0, -0.5, 0.25])
+    torch.manual_seed(0)
+    olds = [torch.randn(len(comps[i])) * 0.05 for i in rows]  # old = current - small noise: ratios near 1, unclipped
+
+    def loss_of(model, idx):
+        b = Batch.build([prompts[rows[i]] for i in idx], [comps[rows[i]] for i in idx])
+        T = b.completion_mask.shape[1]
+        old = torch.zeros(len(idx), T)
+        for j, i in enumerate(idx):
+            old[j, : len(olds[i])] = olds[i]
+        logp, _ = token_logprobs(model, b, 1.0)
+        loss, _ = grpo.policy_loss(logp, old + logp.detach(), adv[idx], b.completion_mask, cfg,
+                                   max_completion_length=9, num_items=17.0)
+        return loss, float(b.completion_mask.sum())
+
+    whole = _model()
+    loss_of(whole, [0, 1, 2])[0].backward()
+    split = _model()
+    tokens = sum(len(comps[i]) for i in rows)
+    for piece in ([0], [1, 2]):
+        loss, n = loss_of(split, piece)
+        (loss * cfg.kind.piece_share(len(piece) / 3, n / tokens)).backward()
+    assert whole.model.embed_tokens.weight.grad.abs().sum() > 1e-3
+    for (name, p0), p1 in zip(whole.named_parameters(), split.parameters()):
+        assert torch.allclose(p0.grad, p1.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_bf16_autocast_logprobs_stay_close_to_fp32_and_fp32_in_dtype():
+    from pipeline.logprobs import resolve_precision
+
+    batch, model = _batch(5), _model(6)
+    with torch.no_grad():
+        fp32, e32 = token_logprobs(model, batch, 0.7, with_entropy=True)
+        bf16, e16 = token_logprobs(model, batch, 0.7, with_entropy=True, precision="bf16")
+    assert bf16.dtype == e16.dtype == torch.float32
+    m = batch.completion_mask.bool()
+    dev = (bf16 - fp32).abs()[m]
+    assert 0 < dev.max() < 0.05  # bf16 arithmetic did happen, and the LM head stayed fp32
+    assert (bf16[~m] == 0).all()
+    assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
+    assert resolve_precision("auto") in ("fp32", "bf16")
+
+
+def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
+    """The logprobs stage under each precision: same columns and types, records which it used,
+    and the bf16 old logprobs stay near the fp32 ones."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.logprobs import run_logprobs
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+    from pipeline.score import run_score
+
+    tables, manifests = {}, {}
+    for precision in ("fp32", "bf16"):
+        path = make_run(precision, rollout={"engine": "hf"}, train={"precision": precision})
+        run = Run(path)
+        run_rollout(run, 0)
+        run_score(run, 0)
+        manifests[precision] = run_logprobs(run, 0)
+        parts = sorted((Path(path) / "iter-0000/logprobs").glob("*.parquet"))
+        assert parts
+        tables[precision] = pa.concat_tables([pq.read_table(p) for p in parts])
+    assert tables["fp32"].schema == tables["bf16"].schema
+    assert manifests["fp32"].inputs["precision"] == "fp32" and manifests["bf16"].inputs["precision"] == "bf16"
+    a = tables["fp32"].column("old_logprobs").to_pylist()
+    b = tables["bf16"].column("old_logprobs").to_pylist()
+    assert [len(x) for x in a] == [len(x) for x in b] and sum(len(x) for x in a) > 0
+    dev = max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    assert 0 < dev < 0.1
+
+
+def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pass(make_run):
+    """At iteration 0 the old policy is the reference: the stage computes it once, the manifest
+    says so, and the values are what a separate pass over the reference model gives."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
+    from pipeline.parts import read_parts
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+    from pipeline.score import run_score
+    from schemas.artifacts import LOGPROBS, ROLLOUT
+
+    run = Run(make_run("kl", rollout={"engine": "hf"}, loss={"kl_coef": 0.05}, train={"precision": "fp32"}))
+    run_rollout(run, 0)
+    run_score(run, 0)
+    m = run_logprobs(run, 0)
+    assert m.passes["forward_passes"] == 1 and m.passes["ref_logprobs"].startswith("= old_logprobs")
+    lp = pa.concat_tables(read_parts(run, 0, "logprobs", LOGPROBS))
+    roll = pa.concat_tables(read_parts(run, 0, "rollout", ROLLOUT))
+    old, ref = lp.column("old_logprobs").to_pylist(), lp.column("ref_logprobs").to_pylist()
+    assert old == ref and sum(len(r) for r in ref) > 0
+    separate = sequence_logprobs(load_model(run.ref_dir()), roll.column("prompt_ids").to_pylist(),
+                                 roll.column("completion_ids").to_pylist(), run.cfg.rollout.temperature, 64)
+    for r, s in zip(ref, separate):
+        assert np.allclose(np.asarray(r, np.float32), s, atol=1e-5)
+
+
+PROBE = """
+import atexit, sys
+def _report():
+    print("MODULES " + " ".join(m for m in ("vllm", "deepspeed", "mlflow", "torch", "transformers") if m in sys.modules))
+atexit.register(_report)
+sys.argv = ["grpo"] + sys.argv[1:]
+from stages.cli import main
+main()
+"""
+
+
+def _heavy_modules(*args: str) -> set[str]:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("MODULES")][-1]
+    return set(line.split()[1:])
+
+
+def test_commands_without_an_engine_import_neither_vllm_nor_deepspeed(make_run):
+    from pipeline.rollout import run_rollout
+    from pipeline.run import Run
+
+    path = make_run("cold", rollout={"engine": "hf"})
+    run_rollout(Run(path), 0)
+    assert not {"vllm", "deepspeed", "torch"} & _heavy_modules("--help")
+    assert not {"vllm", "deepspeed", "mlflow"} & _heavy_modules("score", path)
+    assert (Path(path) / "iter-0000/score/MANIFEST.json").is_file()
+    for cmd in ("status", "inspect", "audit"):
+        assert not {"vllm", "deepspeed", "torch", "mlflow"} & _heavy_modules(cmd, path), cmd
