@@ -123,6 +123,18 @@ class AdvantageConfig(_Section):
     """Optional KL penalty folded into the reward before normalisation (applied at update time)."""
 
 
+class KeepPoliciesConfig(_Section):
+    """Policy retention: which stored policies keep their weights (see pipeline/retention.py)."""
+
+    last: int | None = Field(None, ge=1)
+    """Keep the weights of the newest `last` policies; None (the default) keeps every policy.
+    Older ones are pruned after each update: their MANIFEST.json (file hashes) stays, so audit
+    still checks the lineage; policy/iter-0000 is always kept."""
+    every: int = Field(0, ge=0)
+    """Also keep every N-th policy (iter-K with K % N == 0), as milestones; 0 keeps none
+    beyond `last` and iter-0000. Only read when `last` is set."""
+
+
 class TrainConfig(_Section):
     """The policy update (stage 4)."""
 
@@ -154,6 +166,8 @@ class TrainConfig(_Section):
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
     keep_states: int = Field(1, ge=1)
     """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
+    keep_policies: KeepPoliciesConfig = KeepPoliciesConfig()
+    """Policy retention: keep the last K policies and every N-th (default: keep all)."""
 
 
 class EvalConfig(_Section):

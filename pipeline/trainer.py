@@ -35,6 +35,7 @@ from pipeline.errors import GRPOError
 from pipeline.logprobs import Batch, token_logprobs
 from pipeline.parts import read_parts
 from pipeline.progress import progress
+from pipeline.retention import prune_policies
 from pipeline.run import Run, policy_manifest
 from pipeline.store import MANIFEST, cache_dir, canonical_hash, fault_point, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, UPDATE_METRICS
@@ -463,6 +464,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> dict
     manifest = store.write_manifest(sd, body)
     tracking.log_stage(run, k, "update")  # never raises: the manifest is already written
     _prune_states(run, k)
+    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
     return manifest
 
 

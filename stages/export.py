@@ -21,7 +21,7 @@ def export(run: RunArg, out: Annotated[Path, typer.Argument(help="New directory 
 
     r = Run(run)
     k = r.completed_iters() if iter is None else iter
-    src = r.policy_dir(k)
+    src = r.policy_dir(k, needed_by="export")
     expected = r.store.read_json(f"policy/iter-{k:04d}/{MANIFEST}")["files"]
     if hash_dir(src) != expected:
         raise GRPOError(f"{r.store.display(f'policy/iter-{k:04d}')}: files do not match the policy manifest (run `grpo audit`)")
