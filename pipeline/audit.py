@@ -10,6 +10,10 @@ policy/iter-0001, ...):
   `policy_hash` = hash of the file list; for K > 0 the lineage: written by iter-(K-1)/update
   from exactly the rollout/score/logprobs manifests of iteration K-1 (sha256 of their bytes),
   starting from policy K-1.
+- a policy pruned by `train.keep_policies` (a PRUNED.json tombstone beside its manifest) is
+  reported as pruned, not missing: its files are gone, but its manifest's `policy_hash` is
+  still checked against its file list and still links the lineage; files left by a prune
+  killed midway are still checked against their hashes.
 - iter-K/<stage> for rollout, score, logprobs, eval: the stage, iteration, schema_version and
   config_hash fields; `input_hash` recomputed from `inputs`; every listed part's sha256, size,
   row count, Parquet kind + schema version and the stamp inside it; no unlisted part. Links:
@@ -36,6 +40,7 @@ import pyarrow.parquet as pq
 
 from pipeline import parts
 from pipeline.errors import GRPOError
+from pipeline.retention import TOMBSTONE
 from pipeline.run import Run
 from pipeline.store import MANIFEST, TMP_MARK, RunStore, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, UPDATE_METRICS, SchemaError
@@ -59,6 +64,7 @@ class Audit:
     files: int = 0
     iterations: int = 0
     skipped: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -69,6 +75,9 @@ class Audit:
 
     def summary(self) -> str:
         skipped = f"; {len(self.skipped)} interrupted attempt(s) without a manifest ignored" if self.skipped else ""
+        if self.pruned:
+            names = ", ".join(r.rsplit("/", 1)[-1] for r in self.pruned)
+            skipped = f"; pruned by train.keep_policies (manifest and hashes kept, weights removed): {names}" + skipped
         if self.ok:
             return (f"audit {self.uri}: ok, {self.iterations} iteration(s), {self.manifests} manifests and "
                     f"{self.files} files verified, lineage intact{skipped}")
@@ -155,8 +164,16 @@ class _Auditor:
             return
         files = m.files
         actual = self.tree(rel)
+        pruned = TOMBSTONE in actual
+        if pruned:  # train.keep_policies removed the weights; the hashes below still link it
+            actual.pop(TOMBSTONE)
+            self.audit.pruned.append(rel)
+            if k == 0:
+                self.audit.problem(f"{rel}/{TOMBSTONE}", "the initial policy is never pruned, yet it has a tombstone")
         self.audit.files += len(actual)
         for name in sorted(set(files) | set(actual)):
+            if name not in actual and pruned:
+                continue  # removed by the prune (a prune killed midway leaves some: still checked)
             if name not in actual:
                 self.audit.problem(f"{rel}/{name}", "missing (listed in MANIFEST.json)")
             elif name not in files:

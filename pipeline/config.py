@@ -139,6 +139,18 @@ class LoraSpec(_Section):
     except the LM head. A name that matches no module of the model is an error at `grpo init`."""
 
 
+class KeepPoliciesConfig(_Section):
+    """Policy retention: which stored policies keep their weights (see pipeline/retention.py)."""
+
+    last: int | None = Field(None, ge=1)
+    """Keep the weights of the newest `last` policies; None (the default) keeps every policy.
+    Older ones are pruned after each update: their MANIFEST.json (file hashes) stays, so audit
+    still checks the lineage; policy/iter-0000 is always kept."""
+    every: int = Field(0, ge=0)
+    """Also keep every N-th policy (iter-K with K % N == 0), as milestones; 0 keeps none
+    beyond `last` and iter-0000. Only read when `last` is set."""
+
+
 class TrainConfig(_Section):
     """The policy update (stage 4)."""
 
@@ -183,6 +195,8 @@ class TrainConfig(_Section):
     lora: LoraSpec | None = None
     """LoRA adapters instead of full fine-tuning; None (default) trains every weight. The base is
     policy/iter-0000 and the reference is the base with the adapter off; policies K >= 1 are adapters."""
+    keep_policies: KeepPoliciesConfig = KeepPoliciesConfig()
+    """Policy retention: keep the last K policies and every N-th (default: keep all)."""
 
 
 class EvalConfig(_Section):

@@ -25,6 +25,9 @@ update K; two replays with the same settings are identical, which is what a comp
 
 Settings the stored completions were made with (model, rollout.*, data.train, prompt_column,
 system_prompt, chat_template) cannot be overridden: the copied rollout would not match them.
+
+A policy pruned by SRC's `train.keep_policies` has no weights left: replaying its iteration is
+a one-line error, raised before NEW is created.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.parts import input_hash
+from pipeline.retention import pruned_error
 from pipeline.rewards import load_reward
 from pipeline.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
@@ -115,6 +119,8 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     if src.manifest(k, "rollout") is None:
         raise GRPOError(f"{src.store.display(stage_rel(k, 'rollout'))}: no manifest; --iter {k} must be an iteration whose rollout is done")
     src.policy_hash(k)
+    if src.policy_pruned(k):  # checked before NEW exists: nothing is written
+        raise pruned_error(src, k, f"replay of iteration {k}")
     new = init_run(new_uri, replay_config(src, k, sets))
     link_rollout(src, k, new)
     with reporting(new, 0, "score"):

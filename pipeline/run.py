@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
+from pipeline.retention import is_pruned, pruned_error
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -98,9 +99,15 @@ class Run:
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
 
-    def policy_dir(self, k: int) -> Path:
+    def policy_pruned(self, k: int) -> bool:
+        """Whether policy k's weights were removed by `train.keep_policies` (its manifest stays)."""
+        return is_pruned(self, k)
+
+    def policy_dir(self, k: int, needed_by: str = "this stage") -> Path:
         """Local directory of policy k (downloaded to the cache for remote runs)."""
         self.policy_hash(k)
+        if self.policy_pruned(k):
+            raise pruned_error(self, k, needed_by)
         return self.store.local_dir(policy_rel(k))
 
     def plain_dir(self, k: int) -> Path:

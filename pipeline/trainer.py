@@ -36,6 +36,7 @@ from pipeline.logprobs import Batch, budget_batches, resolve_precision, token_lo
 from pipeline.parts import read_parts
 from pipeline.progress import progress
 from pipeline.quiet import captured
+from pipeline.retention import prune_policies
 from pipeline.run import Run, policy_manifest
 from pipeline.faults import fault_point
 from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
@@ -485,6 +486,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
     )
     manifest = store.write_manifest(sd, body)
     _prune_states(run, k)
+    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
     return manifest
 
 

@@ -31,10 +31,10 @@ def export(
 
     r = Run(run)
     k = r.completed_iters() if iter is None else iter
-    src = r.policy_dir(k)
+    src = r.policy_dir(k, needed_by="export")
     for j in {0, k}:  # a merged export reads the base too
         expected = r.store.manifest(f"policy/iter-{j:04d}").files
-        if hash_dir(r.policy_dir(j)) != expected:
+        if hash_dir(r.policy_dir(j, needed_by="export")) != expected:
             raise GRPOError(f"{r.store.display(f'policy/iter-{j:04d}')}: files do not match the policy manifest (run `grpo audit`)")
     if out.exists() and any(out.iterdir()):
         raise GRPOError(f"{out}: exists and is not empty; choose a new directory")

