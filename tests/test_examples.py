@@ -41,10 +41,10 @@ def test_problems_are_seeded_split_and_correct(tmp_path):
 
 
 def _load(name):
-    from pipeline.config import RewardSpec
+    from pipeline.reward_config import reward_spec
     from pipeline.rewards import load_reward
 
-    return load_reward(RewardSpec(fn=f"examples/rewards.py:{name}"))
+    return load_reward(reward_spec({"fn": f"examples/rewards.py:{name}"}))
 
 
 def c(text: str) -> list[dict]:
