@@ -25,7 +25,7 @@ import torch
 
 def iteration_data(run, k: int) -> dict:
     """Iteration k's prompts, completions, old logprobs and advantages, read from the run."""
-    from pipeline.parts import read_parts
+    from pipeline.store.parts import read_parts
     from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
 
     roll = pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT))
@@ -113,7 +113,7 @@ class BareDeepSpeed:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from pipeline.trainer import ds_config, init_distributed
+        from pipeline.update.trainer import ds_config, init_distributed
 
         self.cfg = cfg
         init_distributed()  # the run's trainer already joined the one-process group

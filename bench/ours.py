@@ -29,8 +29,8 @@ def run_dir(name: str) -> Path:
 
 def main(workload_json: str, out: str) -> None:
     from pipeline import iterate as iterate_mod
-    from pipeline.engines import cpu_env
-    from pipeline.run import init_run
+    from pipeline.models.engines import cpu_env
+    from pipeline.store.run import init_run
 
     cpu_env()
     w = load_workload(workload_json)

@@ -174,22 +174,24 @@ def by_phase(seconds: dict) -> dict[str, dict[str, float]]:
 
 def install_product_probes(probes: Probes) -> None:
     """Probes on the product's functions (pipeline/): engines, compute, artifacts, tracking."""
-    import pipeline.engines as engines
+    import pipeline.models.engines as engines
     import pipeline.iterate as iterate
     import pipeline.logprobs as logprobs
-    import pipeline.parts as parts
+    import pipeline.store.parts as parts
     import pipeline.rollout as rollout
-    import pipeline.run as run_mod
+    import pipeline.store.run as run_mod
     import pipeline.score as score
     import pipeline.store as store
-    import pipeline.tracking as tracking
-    import pipeline.trainer as trainer
+    import pipeline.report.tracking as tracking
+    import pipeline.update.data as update_data
+    import pipeline.update.publish as publish
+    import pipeline.update.trainer as trainer
 
     # phases
     probes.patch_function(rollout, "run_rollout", phase="rollout")
     probes.patch_function(score, "run_score", phase="score")
     probes.patch_function(logprobs, "run_logprobs", phase="logprobs")
-    probes.patch_function(trainer, "run_update", phase="update")
+    probes.patch_function(publish, "run_update", phase="update")
     probes.patch_function(iterate, "iteration_summary", phase="summary")
     probes.patch_method(iterate.WarmEngines, "rollout_engine", "engine_reload")
     iterate.WarmEngines.rollout_engine = probes.phase_marker(iterate.WarmEngines.rollout_engine, "rollout")
@@ -206,11 +208,11 @@ def install_product_probes(probes: Probes) -> None:
     probes.patch_method(trainer.Trainer, "train_iteration", "train")
     probes.patch_function(score, "compute_rewards", "rewards")
     probes.patch_method(rollout.RolloutPlan, "__init__", "rollout_plan")
-    probes.patch_method(trainer.UpdateData, "__init__", "update_data")
+    probes.patch_method(update_data.UpdateData, "__init__", "update_data")
     probes.patch_method(trainer.Trainer, "save_state", "checkpoint")
     probes.patch_method(trainer.Trainer, "save_policy", "checkpoint")
     probes.patch_method(store.RunStore, "put_dir", "checkpoint")
-    probes.patch_function(trainer, "_prune_states", "checkpoint")
+    probes.patch_function(publish, "_prune_states", "checkpoint")
 
     # artifacts
     probes.patch_method(store.RunStore, "write_table", "parquet_write", io=True)

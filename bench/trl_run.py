@@ -29,7 +29,7 @@ from bench.workloads import WORK, load_workload, resolved_config
 
 
 def main(workload_json: str, out: str) -> None:
-    from pipeline.engines import cpu_env
+    from pipeline.models.engines import cpu_env
 
     cpu_env()
     import numpy as np
@@ -38,7 +38,7 @@ def main(workload_json: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from pipeline.rewards import load_reward
+    from pipeline.rewards.contract import load_reward
 
     w = load_workload(workload_json)
     cfg = resolved_config(w)  # the run's config: TRL gets the same numbers

@@ -47,7 +47,7 @@ def demo(
     from pipeline import config as config_mod
     from pipeline.evaluate import eval_summary
     from pipeline.iterate import iterate
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
     from stages.report import IterationTable
 
     t0 = time.time()

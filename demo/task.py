@@ -39,7 +39,7 @@ import json
 import random
 from pathlib import Path
 
-from pipeline.answers import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, extract_gold
+from pipeline.rewards.answers import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, extract_gold
 from pipeline.errors import GRPOError
 
 # Short on purpose: every rollout and every SFT step pays for these tokens.

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from demo import task as demo_task
 from demo.settings import SFT_BATCH, SFT_LR, SFT_STEPS
-from pipeline import answers
+from pipeline.rewards import answers
 from pipeline.errors import GRPOError
 
 if TYPE_CHECKING:  # heavy imports stay inside the functions (`grpo --help` must be instant)
@@ -271,7 +271,7 @@ def evaluate_greedy(model_dir: str | Path, rows: list[dict], max_new_tokens: int
     if not rows:
         return 0.0
     from pipeline.config import RolloutConfig
-    from pipeline.engines import HFEngine
+    from pipeline.models.engines import HFEngine
 
     engine = HFEngine(Path(model_dir), RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)
     tok = engine.tokenizer

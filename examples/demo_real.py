@@ -31,11 +31,11 @@ def model_dir(arg: str | None) -> Path:
     if arg:
         return Path(arg).resolve()
     try:
-        from pipeline.gguf_import import smollm2_dir
+        from pipeline.models.gguf_import import smollm2_dir
     except ImportError:
         from pipeline.errors import GRPOError
 
-        raise GRPOError("pipeline.gguf_import is not available in this checkout; pass --model DIR (a converted SmolLM2 HF directory)") from None
+        raise GRPOError("pipeline.models.gguf_import is not available in this checkout; pass --model DIR (a converted SmolLM2 HF directory)") from None
     return smollm2_dir()
 
 
@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
 
     from pipeline import config as config_mod
-    from pipeline.engines import cpu_env
+    from pipeline.models.engines import cpu_env
     from pipeline.errors import GRPOError
 
     cpu_env()  # before anything imports DeepSpeed (through transformers)
     from pipeline.evaluate import eval_summary, run_eval
     from pipeline.iterate import iterate
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
     from stages.report import IterationTable
     from word_problems import SYSTEM_PROMPT, write
 

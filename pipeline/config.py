@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.errors import GRPOError
 from pipeline.loss_config import LossConfig
-from pipeline.reward_config import BUILTIN_MODELS, TAGS, RewardSpec, unknown_fn_message
+from pipeline.rewards.config import BUILTIN_MODELS, TAGS, RewardSpec, unknown_fn_message
 
 
 class _Section(BaseModel):
@@ -140,7 +140,7 @@ class LoraSpec(_Section):
 
 
 class KeepPoliciesConfig(_Section):
-    """Policy retention: which stored policies keep their weights (see pipeline/retention.py)."""
+    """Policy retention: which stored policies keep their weights (see pipeline/store/retention.py)."""
 
     last: int | None = Field(None, ge=1)
     """Keep the weights of the newest `last` policies; None (the default) keeps every policy.

@@ -14,12 +14,12 @@ import torch
 
 from pipeline import grpo
 from pipeline.data import derive_seed, load_dataset, make_prompts
-from pipeline.engines import model_context
+from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
-from pipeline.parts import Shard, run_parts
-from pipeline.rewards import compute_rewards
+from pipeline.store.parts import Shard, run_parts
+from pipeline.rewards.contract import compute_rewards
 from pipeline.rollout import policy_engine
-from pipeline.run import Run
+from pipeline.store.run import Run
 from pipeline.score import trl_inputs
 from pipeline.store import policy_rel
 from schemas.artifacts import EVAL, REWARD_PREFIX
@@ -103,7 +103,7 @@ def eval_summary(run: Run, k: int) -> dict | None:
     """accuracy, mean reward and mean length of policy k's eval, or None."""
     if not run.done(k, "eval"):
         return None
-    from pipeline.parts import read_parts
+    from pipeline.store.parts import read_parts
 
     t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
     return {

@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from pipeline import tracking
+from pipeline.report import tracking
 from pipeline.evaluate import eval_summary, run_eval
 from pipeline.logprobs import load_model, run_logprobs
 from pipeline.rollout import policy_engine, run_rollout
-from pipeline.run import Run
+from pipeline.store.run import Run
 from pipeline.score import run_score
-from pipeline.trainer import run_update
+from pipeline.update.publish import run_update
 
 
 class WarmEngines:
@@ -53,8 +53,7 @@ class WarmEngines:
 
     def _lora_models(self, k: int, policy) -> dict:
         """One loaded base: old = adapter k on it, ref = the same model with the adapter off."""
-        from pipeline import lora
-
+        from pipeline.models import lora
         if "old" not in self.models:
             self.models.update(lora.lora_models(self.run, k))
         elif self.models.get("old_dir") != policy:
@@ -116,7 +115,7 @@ def iteration_summary(run: Run, k: int) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.parts import read_parts
+    from pipeline.store.parts import read_parts
     from schemas.artifacts import SCORE, UPDATE_METRICS
 
     row: dict = {"iteration": k}

@@ -18,9 +18,9 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.lora import AdapterOff, lora_models
-from pipeline.parts import Shard, read_part, run_parts, upstream
-from pipeline.run import Run
+from pipeline.models.lora import AdapterOff, lora_models
+from pipeline.store.parts import Shard, read_part, run_parts, upstream
+from pipeline.store.run import Run
 from schemas.artifacts import LOGPROBS, ROLLOUT
 
 

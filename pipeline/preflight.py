@@ -21,8 +21,8 @@ import inspect
 from pipeline.config import Config
 from pipeline.data import dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
-from pipeline.rewards import TRL_ARGS, load_reward
-from pipeline.reward_config import CustomReward
+from pipeline.rewards.contract import TRL_ARGS, load_reward
+from pipeline.rewards.config import CustomReward
 
 
 def check_signature(fn, label: str, target: str, columns: list[str]) -> None:

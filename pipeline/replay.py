@@ -37,10 +37,10 @@ import time
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.parts import input_hash
-from pipeline.retention import pruned_error
-from pipeline.rewards import load_reward
-from pipeline.run import Run, init_run
+from pipeline.store.parts import input_hash
+from pipeline.store.retention import pruned_error
+from pipeline.rewards.contract import load_reward
+from pipeline.store.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
 from schemas.manifests import PartsManifest, ReplayLink
@@ -108,8 +108,8 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     """Create (or resume) NEW as a replay of SRC's iteration K and run its stages up to `until`."""
     from pipeline.logprobs import run_logprobs
     from pipeline.score import run_score
-    from pipeline.tracking import reporting
-    from pipeline.trainer import run_update
+    from pipeline.report.tracking import reporting
+    from pipeline.update.publish import run_update
 
     if until not in UNTIL:
         raise GRPOError(f"--until {until!r}: expected one of {', '.join(UNTIL)}")

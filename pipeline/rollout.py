@@ -10,10 +10,10 @@ import time
 import pyarrow as pa
 
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
-from pipeline.engines import make_engine, model_context
-from pipeline.parts import Shard, n_parts, part_groups, run_parts
-from pipeline.reward_calls import TrainerState, trainer_state_at
-from pipeline.run import Run
+from pipeline.models.engines import make_engine, model_context
+from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
+from pipeline.rewards.calls import TrainerState, trainer_state_at
+from pipeline.store.run import Run
 from pipeline.store import policy_rel
 from schemas.artifacts import ROLLOUT
 
@@ -62,13 +62,13 @@ def policy_engine(run: Run, k: int, engine=None):
         weights = run.policy_dir(0)
         adapter = run.policy_dir(k) if k > 0 else None
     elif lora is not None and k > 0:
-        from pipeline.lora import merged_dir
+        from pipeline.models.lora import merged_dir
 
         weights = merged_dir(run, k)
     else:
         weights = run.policy_dir(k)
     if engine is None:
-        from pipeline.lora import vllm_rank
+        from pipeline.models.lora import vllm_rank
 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         rank = vllm_rank(lora, cfg.rollout.max_lora_rank) if adapter is not None or cfg.rollout.lora_mode == "vllm_lora" else None

@@ -19,10 +19,10 @@ import torch
 from pipeline import grpo
 from pipeline.data import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
-from pipeline.parts import Shard, read_part, run_parts, upstream
-from pipeline.reward_calls import RewardLog, TrainerState, trainer_state_at
-from pipeline.rewards import compute_rewards
-from pipeline.run import Run
+from pipeline.store.parts import Shard, read_part, run_parts, upstream
+from pipeline.rewards.calls import RewardLog, TrainerState, trainer_state_at
+from pipeline.rewards.contract import compute_rewards
+from pipeline.store.run import Run
 from pipeline.store import part_name, stage_rel
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
 

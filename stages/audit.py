@@ -15,10 +15,10 @@ CompareOpt = Annotated[bool, typer.Option("--compare", help="Compare two runs ar
 
 def audit(runs: RunsArg, compare: CompareOpt = False) -> None:
     """Check every manifest, file hash and lineage link of a run (or compare two runs)."""
-    from pipeline.audit import audit_run
-    from pipeline.compare import compare_runs
+    from pipeline.report.audit import audit_run
+    from pipeline.report.compare import compare_runs
     from pipeline.errors import GRPOError
-    from pipeline.run import Run
+    from pipeline.store.run import Run
 
     if compare:
         if len(runs) != 2:

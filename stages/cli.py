@@ -43,7 +43,7 @@ def main() -> None:
     # vLLM 0.32 touches torch.distributed.reduce_op, deprecated in torch 2.13: two FutureWarnings
     # per process that say nothing about the user's run
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-    from pipeline.engines import cpu_env
+    from pipeline.models.engines import cpu_env
 
     cpu_env()  # before any library reads its settings: quiet logs, no weight-loading bars
     _exit(run_cli())

@@ -10,8 +10,8 @@ def evaluate(run: RunArg, iter: IterOpt = None) -> None:
     """Held-out accuracy and reward of policy K (default: the newest policy)."""
     from pipeline.errors import GRPOError
     from pipeline.evaluate import eval_summary, run_eval
-    from pipeline.run import Run
-    from pipeline.tracking import reporting
+    from pipeline.store.run import Run
+    from pipeline.report.tracking import reporting
 
     r = Run(run)
     k = r.completed_iters() if iter is None else iter

@@ -25,8 +25,8 @@ def export(
     import shutil
 
     from pipeline.errors import GRPOError
-    from pipeline.lora import ADAPTER_CONFIG, is_adapter
-    from pipeline.run import Run
+    from pipeline.models.lora import ADAPTER_CONFIG, is_adapter
+    from pipeline.store.run import Run
     from pipeline.store import MANIFEST, hash_dir
 
     r = Run(run)
@@ -40,7 +40,7 @@ def export(
         raise GRPOError(f"{out}: exists and is not empty; choose a new directory")
     adapter = is_adapter(src)
     if adapter and merged:
-        from pipeline.lora import merge
+        from pipeline.models.lora import merge
 
         merge(r.policy_dir(0), src, out)
         print(f"policy {k} (adapter merged into policy 0) -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))")

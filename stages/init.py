@@ -11,7 +11,7 @@ def init(run: RunArg, config: ConfigOpt, set: SetOpt = None) -> None:
     """Create a run directory from a config file."""
     from pipeline import config as config_mod
     from pipeline import preflight
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
 
     cfg = config_mod.load(config, set)
     preflight.check(cfg)  # reward functions, dataset header: before anything is written

@@ -18,8 +18,8 @@ TopOpt = Annotated[int, typer.Option("--top", min=1, help="Best and worst comple
 def inspect(run: RunArg, iter: InspectIterOpt = None, top: TopOpt = 5, format: FormatOpt = "table") -> None:
     """Best/worst completions, reward per function and zero-spread groups of iteration K (default: the newest scored)."""
     from pipeline.errors import GRPOError
-    from pipeline.inspect_run import inspect_iteration, json_safe, latest_scored
-    from pipeline.run import Run
+    from pipeline.report.inspect import inspect_iteration, json_safe, latest_scored
+    from pipeline.store.run import Run
 
     if format not in ("table", "json"):
         raise GRPOError(f"--format {format!r}: expected table or json")

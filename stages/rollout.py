@@ -8,10 +8,10 @@ from stages.options import IterOpt, RunArg, ShardOpt
 
 def rollout(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     """Stage 1: generate completions for iteration K's prompts."""
-    from pipeline.parts import Shard
+    from pipeline.store.parts import Shard
     from pipeline.rollout import run_rollout
-    from pipeline.run import Run
-    from pipeline.tracking import reporting
+    from pipeline.store.run import Run
+    from pipeline.report.tracking import reporting
     from stages.report import stage_done
 
     r = Run(run)

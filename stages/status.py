@@ -13,9 +13,9 @@ from stages.options import FormatOpt, RunArg
 def status(run: RunArg, format: FormatOpt = "table") -> None:
     """Show iterations x stages: done, rows, seconds, the headline metrics and warnings."""
     from pipeline.errors import GRPOError
-    from pipeline.inspect_run import json_safe
-    from pipeline.run import Run
-    from pipeline.status import status_report
+    from pipeline.report.inspect import json_safe
+    from pipeline.store.run import Run
+    from pipeline.report.status import status_report
 
     if format not in ("table", "json"):
         raise GRPOError(f"--format {format!r}: expected table or json")

@@ -10,9 +10,9 @@ from stages.options import IterOpt, RunArg
 
 def update(run: RunArg, iter: IterOpt = None) -> None:
     """Stage 4: the clipped-surrogate update over iteration K's completions."""
-    from pipeline.run import Run
-    from pipeline.tracking import reporting
-    from pipeline.trainer import run_update
+    from pipeline.store.run import Run
+    from pipeline.report.tracking import reporting
+    from pipeline.update.publish import run_update
     from stages.report import stage_done
 
     r = Run(run)

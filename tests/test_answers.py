@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from pipeline.answers import answers_match, fallback_match
-from pipeline.reward_config import reward_spec
-from pipeline.rewards import compute_rewards
+from pipeline.rewards.answers import answers_match, fallback_match
+from pipeline.rewards.config import reward_spec
+from pipeline.rewards.contract import compute_rewards
 
 # (gold after ####, predicted answer block, equal?)
 GOLDEN = [
@@ -54,7 +54,7 @@ GOLDEN = [
 def math_verify_says(gold: str, predicted: str) -> bool:
     from math_verify import parse, verify
 
-    def read(text):  # as pipeline.answers does: a bare LaTeX answer is read as LaTeX
+    def read(text):  # as pipeline.rewards.answers does: a bare LaTeX answer is read as LaTeX
         if "\\" in text and not any(m in text for m in ("$", "\\boxed", "\\(", "\\[")):
             return parse(f"${text}$") or parse(text)
         return parse(text)

@@ -21,8 +21,8 @@ def ref(assets, tmp_path_factory) -> Path:
 
 
 def audit(run: Path):
-    from pipeline.audit import audit_run
-    from pipeline.run import Run
+    from pipeline.report.audit import audit_run
+    from pipeline.store.run import Run
 
     report = audit_run(Run(str(run)))
     assert all("\n" not in line for line in report.problems)

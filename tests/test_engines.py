@@ -37,7 +37,7 @@ PROMPT = [[3, 4, 5, 6, 7, 8]]
 
 
 def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
-    from pipeline.engines import VLLMEngine
+    from pipeline.models.engines import VLLMEngine
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12)
@@ -58,7 +58,7 @@ def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
 
 def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
     """The sampled tokens' logprobs from vLLM equal the teacher-forced HF logprobs."""
-    from pipeline.engines import VLLMEngine
+    from pipeline.models.engines import VLLMEngine
 
     _, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, temperature=0.7)
@@ -74,7 +74,7 @@ def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
 
 
 def test_hf_engine_is_seeded_per_group(two_policies):
-    from pipeline.engines import HFEngine
+    from pipeline.models.engines import HFEngine
 
     a, _ = two_policies
     eng = HFEngine(a, RolloutConfig(engine="hf", max_new_tokens=10), 256, seed=0)

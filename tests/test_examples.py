@@ -41,8 +41,8 @@ def test_problems_are_seeded_split_and_correct(tmp_path):
 
 
 def _load(name):
-    from pipeline.reward_config import reward_spec
-    from pipeline.rewards import load_reward
+    from pipeline.rewards.config import reward_spec
+    from pipeline.rewards.contract import load_reward
 
     return load_reward(reward_spec({"fn": f"examples/rewards.py:{name}"}))
 
@@ -69,7 +69,7 @@ def test_rewards_give_partial_credit(monkeypatch):
 
 def test_real_config_validates_and_loads_its_rewards(monkeypatch):
     from pipeline import config as config_mod
-    from pipeline.rewards import load_reward
+    from pipeline.rewards.contract import load_reward
 
     monkeypatch.chdir(REPO)
     cfg = config_mod.load(REPO / "examples" / "real.yaml")

@@ -196,7 +196,7 @@ def test_lora_zero3_update_over_two_processes_matches_one(assets, tmp_path):
     from pipeline import config as config_mod
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
     from pipeline.score import run_score
 
     cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},

@@ -41,7 +41,7 @@ def updated(assets, tmp_path_factory):
     from pipeline import config as config_mod
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
     from pipeline.score import run_score
 
     root = tmp_path_factory.mktemp("multiprocess")

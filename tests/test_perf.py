@@ -130,7 +130,7 @@ def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
 
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.run import Run
+    from pipeline.store.run import Run
     from pipeline.score import run_score
 
     tables, manifests = {}, {}
@@ -159,9 +159,9 @@ def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pa
     import pyarrow as pa
 
     from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
-    from pipeline.parts import read_parts
+    from pipeline.store.parts import read_parts
     from pipeline.rollout import run_rollout
-    from pipeline.run import Run
+    from pipeline.store.run import Run
     from pipeline.score import run_score
     from schemas.artifacts import LOGPROBS, ROLLOUT
 
@@ -205,7 +205,7 @@ def _heavy_modules(*args: str) -> set[str]:
 
 def test_commands_without_an_engine_import_neither_vllm_nor_deepspeed(make_run):
     from pipeline.rollout import run_rollout
-    from pipeline.run import Run
+    from pipeline.store.run import Run
 
     path = make_run("cold", rollout={"engine": "hf"})
     run_rollout(Run(path), 0)

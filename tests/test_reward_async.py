@@ -11,9 +11,9 @@ import pytest
 
 from judge_server import Judge
 from pipeline.errors import GRPOError
-from pipeline.reward_calls import RewardLog, TrainerState
-from pipeline.reward_config import reward_spec
-from pipeline.rewards import compute_rewards
+from pipeline.rewards.calls import RewardLog, TrainerState
+from pipeline.rewards.config import reward_spec
+from pipeline.rewards.contract import compute_rewards
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewards"
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.reward_calls import TrainerState
-from pipeline.reward_config import reward_spec
-from pipeline.rewards import compute_rewards, extract_code, load_reward
+from pipeline.rewards.calls import TrainerState
+from pipeline.rewards.config import reward_spec
+from pipeline.rewards.contract import compute_rewards, extract_code, load_reward
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewards"
 NAN = float("nan")

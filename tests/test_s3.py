@@ -67,9 +67,9 @@ def lock_body(host: str, pid: int, heartbeat: float) -> bytes:
 
 
 def test_object_lock_excludes_other_machines_and_takes_over_dead_ones(s3, monkeypatch):
-    from pipeline import lock as lock_mod
+    from pipeline.store import lock as lock_mod
     from pipeline.errors import GRPOError
-    from pipeline.lock import ObjectLock
+    from pipeline.store.lock import ObjectLock
     from pipeline.store import RunStore
 
     store = RunStore(f"s3://{BUCKET}/locks")

@@ -7,8 +7,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from pipeline import sandbox
-from pipeline.sandbox import run_python
+from pipeline.rewards import sandbox
+from pipeline.rewards.sandbox import run_python
 
 ADD = "def add(a, b):\n    return a + b\n"
 

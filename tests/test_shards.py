@@ -29,7 +29,7 @@ def shard_config(assets: dict, engine: str) -> dict:
 
 def new_run(path: Path, cfg: dict) -> str:
     from pipeline import config as config_mod
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
 
     init_run(str(path), config_mod.resolve(cfg))
     return str(path)
@@ -62,7 +62,7 @@ def one_worker(path: str) -> None:
 
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.run import Run
+    from pipeline.store.run import Run
     from pipeline.score import run_score
 
     threads = torch.get_num_threads()

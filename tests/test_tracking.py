@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo
 
-from pipeline import tracking
+from pipeline.report import tracking
 from pipeline.evaluate import eval_summary
-from pipeline.run import Run
+from pipeline.store.run import Run
 from pipeline.store import hash_file, stage_rel
 
 ITERATION_METRICS = [
@@ -56,7 +56,7 @@ def test_resolve_target_precedence(make_run, monkeypatch):
 
 def test_remote_run_dir_tracks_to_local_cache(assets, monkeypatch):
     from pipeline import config as config_mod
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
     from pipeline.store import cache_dir
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -139,7 +139,7 @@ def server_run(assets, mlflow_server, tmp_path_factory) -> dict:
     """Two iterations with eval and a KL term, logged to the server; the second `grpo iterate`
     process resumes the first (it must find the same MLflow run)."""
     from pipeline import config as config_mod
-    from pipeline.run import init_run
+    from pipeline.store.run import init_run
 
     cfg = base_config(
         assets, eval={"every": 1, "max_prompts": 8}, loss={"kl_coef": 0.04},
@@ -202,7 +202,7 @@ def test_metrics_match_the_artifacts(server_run):
     client, run_id, path = MlflowClient(server_run["url"]), server_run["info"]["run_id"], server_run["path"]
     for key in ITERATION_METRICS:
         assert [s for s, _ in _history(client, run_id, key)] == [0, 1], key
-    for k in (0, 1):  # recomputed here from the Parquet parts, independently of pipeline.inspect_run
+    for k in (0, 1):  # recomputed here from the Parquet parts, independently of pipeline.report.inspect
         score, rollout = _parts(path, k, "score"), _parts(path, k, "rollout")
         steps = pq.read_table(path / stage_rel(k, "update") / "metrics.parquet")
         expect = {

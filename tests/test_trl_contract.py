@@ -17,7 +17,7 @@ import pytest
 
 from conftest import base_config, grpo, write_config
 from judge_server import Judge
-from pipeline.answers import extract_gold
+from pipeline.rewards.answers import extract_gold
 
 pytestmark = pytest.mark.slow
 

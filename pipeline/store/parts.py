@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from pipeline.errors import GRPOError
 from pipeline.progress import progress
-from pipeline.faults import fault_point
-from pipeline.run import Run
+from pipeline.store.faults import fault_point
+from pipeline.store.run import Run
 from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
 from schemas.manifests import FileEntry, PartsManifest

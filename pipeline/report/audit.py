@@ -1,7 +1,7 @@
 """`grpo audit`: check a run's record, every manifest, file hash and lineage link.
 
     grpo audit RUN                    # exit 0 and one summary line, or one line per problem
-    grpo audit --compare RUN_A RUN_B  # the first artifact where two runs diverge (pipeline.compare)
+    grpo audit --compare RUN_A RUN_B  # the first artifact where two runs diverge (pipeline.report.compare)
 
 Checked in lineage order (policy/iter-0000, iter-0000/{rollout,score,logprobs,eval,update},
 policy/iter-0001, ...):
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 
-from pipeline import parts
+from pipeline.store import parts
 from pipeline.errors import GRPOError
-from pipeline.retention import TOMBSTONE
-from pipeline.run import Run
+from pipeline.store.retention import TOMBSTONE
+from pipeline.store.run import Run
 from pipeline.store import MANIFEST, TMP_MARK, RunStore, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, UPDATE_METRICS, SchemaError
 from schemas.manifests import FileEntry, ReplayLink

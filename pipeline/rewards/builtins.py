@@ -1,9 +1,9 @@
-"""The built-in reward functions, each in TRL's reward contract (see pipeline.rewards).
+"""The built-in reward functions, each in TRL's reward contract (see pipeline.rewards.contract).
 
-Their options are keyword-only arguments; the config validates them first (pipeline.reward_config),
+Their options are keyword-only arguments; the config validates them first (pipeline.rewards.config),
 so a call here gets every option, typed, defaults filled in.
 
-  correct       1 if the last <answer>...</answer> equals the gold answer (math-verify, pipeline.answers)
+  correct       1 if the last <answer>...</answer> equals the gold answer (math-verify, pipeline.rewards.answers)
   format        1 for exactly <think>...</think><answer>...</answer>, 0.5 for only an answer block
   contains      `value` if `keyword` occurs in the completion
   length_range  `value` if the length (tokens or words) is within [min_tokens, max_tokens]
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pipeline.answers import answers_match, extract_answer, extract_gold, follows_format
+from pipeline.rewards.answers import answers_match, extract_answer, extract_gold, follows_format
 from pipeline.errors import GRPOError
 
 RewardFn = Callable[..., list]
@@ -284,7 +284,7 @@ def code_tests(
     statements, each run after the code in the same namespace. None where the row has no tests.
     `workers` sandboxes run at once (default: one per CPU core).
     """
-    from pipeline.sandbox import run_python
+    from pipeline.rewards.sandbox import run_python
 
     tests = [_tests_of(v, i, tests_column) for i, v in enumerate(_column(columns, tests_column, "tests_column"))]
 

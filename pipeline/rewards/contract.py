@@ -23,7 +23,7 @@ In the config, `fn` is a built-in name, `module:function` (imported), or
       - {fn: contains, kwargs: {keyword: important}}
       - {fn: my_rewards.py:brevity, name: brevity}
 
-Built-ins live in pipeline.reward_builtins; their options are typed in pipeline.reward_config
+Built-ins live in pipeline.rewards.builtins; their options are typed in pipeline.rewards.config
 and checked when the config is validated. Custom functions are imported and their signatures
 checked at `grpo init` (pipeline.preflight).
 
@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import GRPOError
-from pipeline.reward_calls import RewardLog, TrainerState, call_sync, is_async, run_async
-from pipeline.reward_builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code  # noqa: F401 (re-exported)
-from pipeline.reward_config import CustomReward, RewardSpec
+from pipeline.rewards.calls import RewardLog, TrainerState, call_sync, is_async, run_async
+from pipeline.rewards.builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code  # noqa: F401 (re-exported)
+from pipeline.rewards.config import CustomReward, RewardSpec
 
 TRL_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """What TRL 1.16 passes every reward function besides the dataset columns."""
@@ -183,7 +183,7 @@ def compute_rewards(
     [{"role": "assistant", "content": text}]); columns: the other dataset columns, N values each.
     trainer_state is passed to every function (default: global_step = iteration); what they
     log with log_metric / log_extra lands in `log`. Async functions run concurrently after the
-    synchronous ones (pipeline.reward_calls).
+    synchronous ones (pipeline.rewards.calls).
     """
     n = len(completions)
     lengths = {"prompts": len(prompts)} | ({} if completion_ids is None else {"completion_ids": len(completion_ids)})

@@ -4,7 +4,7 @@ completions as tables (polars over the Parquet parts).
     grpo inspect RUN --iter 3 --top 5     # best/worst completions, reward per function
     grpo status RUN                       # history() + diagnostics, one line per iteration
 
-The metric names are the ones logged to MLflow (`pipeline.tracking`), named as TRL users know
+The metric names are the ones logged to MLflow (`pipeline.report.tracking`), named as TRL users know
 them; every number is derived from the artifacts, so the run directory alone is the record.
 """
 
@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
-from pipeline.run import Run
+from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
 from schemas.artifacts import BY_KIND, EXTRA_PREFIX, REWARD_PREFIX, UPDATE_METRICS, SchemaError
 

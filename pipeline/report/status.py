@@ -6,14 +6,14 @@ Per iteration: the stages done (rows, seconds), the headline metrics of `inspect
 
 from __future__ import annotations
 
-from pipeline.diagnostics import diagnose
-from pipeline.inspect_run import history
-from pipeline.run import Run
+from pipeline.report.diagnostics import diagnose
+from pipeline.report.inspect import history
+from pipeline.store.run import Run
 from pipeline.store import STAGES
 
 
 def status_report(run: Run) -> dict:
-    from pipeline.tracking import tracking_info
+    from pipeline.report.tracking import tracking_info
 
     rows = history(run)
     iters = []

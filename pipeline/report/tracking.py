@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.run import Run
+from pipeline.store.run import Run
 from pipeline.store import MANIFEST, cache_dir, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import STEP_METRICS
 
@@ -150,8 +150,8 @@ def _guard(what: str, fn) -> None:
 
 def _warn_new(run: Run, k: int) -> None:
     """Print the diagnostics that iteration k raised (on stderr, with or without MLflow)."""
-    from pipeline.diagnostics import diagnose
-    from pipeline.inspect_run import history
+    from pipeline.report.diagnostics import diagnose
+    from pipeline.report.inspect import history
 
     for finding in diagnose(history(run)):
         if finding.iteration == k:
@@ -286,7 +286,7 @@ class Tracker:
         """Log each stage with a manifest and no ledger tag, in iteration order; then refresh the
         plots if an update or eval was logged and `plots` (else only every tracking.plots_every
         iterations)."""
-        from pipeline.inspect_run import TRACKED_STAGES
+        from pipeline.report.inspect import TRACKED_STAGES
 
         with run.store.lock(LOCK, "MLflow logging", wait=300):
             tags = self.client.get_run(self.run_id).data.tags
@@ -308,7 +308,7 @@ class Tracker:
         """Artifacts first (re-logging overwrites them), then metrics + ledger tag in one batch."""
         from mlflow.entities import Metric, RunTag
 
-        from pipeline.inspect_run import completion_sample, stage_metrics, update_steps
+        from pipeline.report.inspect import completion_sample, stage_metrics, update_steps
 
         store, sd = run.store, stage_rel(k, stage)
         raw = store.read_bytes(f"{sd}/{MANIFEST}")
@@ -348,8 +348,8 @@ class Tracker:
     def log_plots(self, run: Run) -> None:
         """Reward, eval accuracy, KL and completion length over iterations as PNGs, plus the
         diagnostics so far; overwritten at every refresh."""
-        from pipeline.diagnostics import diagnose
-        from pipeline.inspect_run import history
+        from pipeline.report.diagnostics import diagnose
+        from pipeline.report.inspect import history
 
         rows = history(run)
         with tempfile.TemporaryDirectory(prefix="grpo-plots-") as tmp:

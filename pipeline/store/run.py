@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.retention import is_pruned, pruned_error
+from pipeline.store.retention import is_pruned, pruned_error
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -63,8 +63,7 @@ def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | 
 def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
     """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
     cached) and its conversion record returned; a directory is checked."""
-    from pipeline import gguf_import
-
+    from pipeline.models import gguf_import
     if gguf_import.is_gguf_path(path):
         folder, record = gguf_import.converted(path, what)
         return check_model_dir(folder, what), record
@@ -112,7 +111,7 @@ class Run:
 
     def plain_dir(self, k: int) -> Path:
         """Policy k's tokenizer and config: its own directory, or a LoRA adapter's base."""
-        from pipeline.lora import is_adapter
+        from pipeline.models.lora import is_adapter
 
         path = self.policy_dir(k)
         return self.policy_dir(0) if k > 0 and is_adapter(path) else path
@@ -169,7 +168,7 @@ def init_run(uri: str, cfg: Config) -> Run:
     if cfg.ref_model:
         model_source(cfg.ref_model, "ref_model")
     if cfg.train.lora is not None:
-        from pipeline.lora import check_targets
+        from pipeline.models.lora import check_targets
 
         check_targets(model, cfg.train.lora)
     run = Run(uri)

@@ -71,7 +71,7 @@ def code_version() -> str:
     """Package version plus the git commit of the source tree when there is one."""
     from pipeline import __version__
 
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]  # the source tree: pipeline/store/__init__.py
     try:
         out = subprocess.run(
             ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=12"],
@@ -238,9 +238,9 @@ class RunStore:
 
     # -- locks ---------------------------------------------------------------------------
     def lock(self, rel: str, what: str, wait: float = 0.0):
-        """Exclusive lock on `rel` (see `pipeline.lock`); a second holder fails with a clear
+        """Exclusive lock on `rel` (see `pipeline.store.lock`); a second holder fails with a clear
         message, or waits up to `wait` seconds."""
-        from pipeline.lock import lock
+        from pipeline.store.lock import lock
 
         return lock(self, rel, what, wait)
 

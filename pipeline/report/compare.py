@@ -1,7 +1,7 @@
 """`grpo audit --compare RUN_A RUN_B`: where two runs first diverge.
 
 The configs first, then every artifact in lineage order by the sha256 its manifest records
-(`pipeline.audit` checks that the files still match them).
+(`pipeline.report.audit` checks that the files still match them).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipeline.audit import PART_STAGES, short
-from pipeline.run import Run
+from pipeline.report.audit import PART_STAGES, short
+from pipeline.store.run import Run
 from pipeline.store import policy_rel, stage_rel
 
 

@@ -1,47 +1,37 @@
-"""Stage 4: train policy k into policy k+1 with DeepSpeed on iteration k's stored completions.
-
-    iter-k/{rollout,score,logprobs} --policy/iter-k, iter-(k-1)/update/state-->
-        policy/iter-(k+1) + iter-k/update/{metrics.parquet, state/, MANIFEST.json}
+"""The DeepSpeed trainer of the update stage: one engine over the policy (or its LoRA adapter),
+kept alive across iterations by `iterate`; `pipeline.update.publish` drives it.
 
 `train.epochs` passes over the shuffled completions, `train.mini_batch_size` completions per
-optimizer step split into `train.grad_accum` micro-batches; the loss is `pipeline.grpo.policy_loss`.
-The optimizer, scheduler, step count and KL controller carry over from iteration to iteration
-(as in one long TRL run) through `iter-k/update/state`. The update is deterministic on a given
-machine, so an update killed midway is simply redone from its start and gives the same weights.
-
-Single process here; under `deepspeed` / `torchrun` each rank takes its slice of every
-mini-batch (data parallel, same global batch).
+optimizer step split into `train.grad_accum` micro-batches (and those into pieces of at most
+`train.update_token_budget` tokens); the loss is `pipeline.grpo.policy_loss`, aggregated as the
+loss type's `LossType` object says. Single process here; under `deepspeed` / `torchrun` each rank
+takes its slice of every mini-batch (data parallel, same global batch).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
 import socket
-import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
 import torch
 
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import Batch, budget_batches, resolve_precision, token_logprobs
-from pipeline.parts import read_parts
+from pipeline.logprobs import budget_batches, resolve_precision, token_logprobs
 from pipeline.progress import progress
 from pipeline.quiet import captured
-from pipeline.retention import prune_policies
-from pipeline.run import Run, policy_manifest
-from pipeline.faults import fault_point
-from pipeline.store import MANIFEST, cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
-from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE, STEP_METRICS, UPDATE_METRICS
-from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
+from pipeline.store import MANIFEST
+from schemas.artifacts import STEP_METRICS
+
+if TYPE_CHECKING:
+    from pipeline.update.data import UpdateData
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
@@ -116,8 +106,8 @@ class Trainer:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from pipeline import lora
-        from pipeline.engines import cpu_env
+        from pipeline.models import lora
+        from pipeline.models.engines import cpu_env
 
         cpu_env()
         self.cfg = cfg
@@ -174,7 +164,7 @@ class Trainer:
         else:
             state = None
         if self.rank == 0 and self.cfg.train.lora is not None:
-            from pipeline.lora import save_adapter
+            from pipeline.models.lora import save_adapter
 
             save_adapter(module, out, state_dict=state)
         elif self.rank == 0:
@@ -326,176 +316,6 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
 
 
-class UpdateData:
-    """Iteration k's training rows: rollout + score + logprobs joined on (prompt_id, sample_idx)."""
-
-    def __init__(self, run: Run, k: int, kl_ctl=None):
-        cfg = run.cfg
-        roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(["prompt_id", "sample_idx", "prompt_ids", "completion_ids"]))
-        score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
-        lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
-        df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
-        if df.height != roll.height:
-            raise GRPOError(f"update iteration {k}: rollout, score and logprobs parts do not join ({roll.height} rollout rows, {df.height} joined)")
-        self.kl_stats = None
-        if cfg.advantages.kl_in_reward.coef > 0 and kl_ctl is not None:
-            df = self._kl_in_reward(df, cfg, kl_ctl)
-        df = df.filter(pl.col("train"))
-        self.df = df
-        self.size = df.height
-        self.prompt_ids = df["prompt_ids"].to_list()
-        self.completion_ids = df["completion_ids"].to_list()
-        self.old = df["old_logprobs"].to_list()
-        self.ref = df["ref_logprobs"].to_list()
-        self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
-        self.lengths = np.array([len(c) for c in self.completion_ids])
-
-    def _kl_in_reward(self, df: pl.DataFrame, cfg: Config, kl_ctl) -> pl.DataFrame:
-        """Fold KL(policy_old || ref) into each reward, then recompute group advantages."""
-        G = cfg.rollout.num_generations
-        comps = df["completion_ids"].to_list()
-        batch = Batch.build([[0]] * len(comps), comps)
-        T = batch.completion_mask.shape[1]
-        old = _pad(df["old_logprobs"].to_list(), T)
-        ref = _pad(df["ref_logprobs"].to_list(), T)
-        scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
-        penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
-        adv = cfg.advantages.of(penalised, G)
-        kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
-        self.kl_stats = float(kl_seq.mean())
-        return df.with_columns(pl.Series("advantage", adv.float().numpy()))
-
-    def mask_sum(self, idx) -> int:
-        return int(self.lengths[idx].sum())
-
-    def batch(self, idx):
-        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx])
-        T = b.completion_mask.shape[1]
-        old = _pad([self.old[i] for i in idx], T)
-        ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
-        return b, old, ref, self.adv[torch.as_tensor(idx)]
-
-
-def _pad(rows: list[list[float]], T: int) -> torch.Tensor:
-    out = torch.zeros((len(rows), T), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
-
-
-def state_rel(k: int) -> str:
-    return f"{stage_rel(k, 'update')}/{STATE}"
-
-
-def _agreed_done(run: Run, k: int) -> bool:
-    """Whether update k is done, as rank 0 (the lock holder) sees it. Ranks deciding on their
-    own could split: one returning, the others training and waiting forever in a collective."""
-    done = run.done(k, "update")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from pipeline.engines import cpu_env
-
-        cpu_env()
-        init_distributed()
-        flag = [done]
-        torch.distributed.broadcast_object_list(flag, src=0)
-        done = bool(flag[0])
-    return done
-
-
 def _barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
-
-
-def _work_dir(run: Run, k: int) -> Path:
-    """Scratch space every rank of this machine agrees on (checkpoint shards meet here)."""
-    if run.store.local:
-        return Path(run.store.path(stage_rel(k, "update"))) / ".work"
-    return cache_dir() / "update" / canonical_hash([run.store.display(), k])[:24]
-
-
-def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[UpdateManifest | None, Trainer | None]:
-    """Train policy k -> k+1. Returns the manifest and the (warm) trainer."""
-    if run.done(k, "update"):
-        return run.manifest(k, "update"), trainer
-    store, cfg = run.store, run.cfg
-    for needs in ("rollout", "score", "logprobs"):
-        run.require(k, "update", needs)
-    if k > 0 and not run.done(k - 1, "update"):
-        raise GRPOError(f"update iteration {k}: update of iteration {k - 1} is not done")
-    sd = stage_rel(k, "update")
-    t0 = time.time()
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if rank0 else contextlib.nullcontext()
-    with lock:
-        if _agreed_done(run, k):  # another process finished it while this one waited to start
-            return run.manifest(k, "update"), trainer
-        prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
-        if trainer is None:
-            trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0) if cfg.train.lora else None)
-        data = UpdateData(run, k, trainer.kl_ctl)
-        rows = trainer.train_iteration(data, k)
-        if data.kl_stats is not None:
-            trainer.kl_ctl.update(data.kl_stats, data.size)
-        train_s = time.time() - t0
-        fault_point("update:train", k)
-
-        work = _work_dir(run, k)
-        if trainer.rank == 0:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-        _barrier()
-        state_dir, policy_dir = work / STATE, work / "policy"
-        trainer.save_state(state_dir)
-        trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
-        _barrier()
-        manifest = None
-        if trainer.rank == 0:
-            manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s)
-        _barrier()
-    return manifest, trainer
-
-
-def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> UpdateManifest:
-    """Write policy k+1, the trainer state, metrics, and last the update manifest."""
-    store, sd = run.store, stage_rel(k, "update")
-    try:
-        inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
-        lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        adapter = None
-        if run.cfg.train.lora is not None:
-            from pipeline.lora import adapter_manifest
-
-            adapter = adapter_manifest(run.policy_hash(0))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=adapter)
-        store.put_dir(work / "policy", policy_rel(k + 1))
-        store.write_manifest(policy_rel(k + 1), pm)
-        fault_point("update:publish", k)
-        store.put_dir(work / STATE, state_rel(k))
-        metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    body = UpdateManifest(
-        stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
-        inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
-                            state=None if prev_state is None else canonical_hash(hash_dir(prev_state))),
-        outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash)),
-        policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
-        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision,
-        timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
-    )
-    manifest = store.write_manifest(sd, body)
-    _prune_states(run, k)
-    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
-    return manifest
-
-
-def _prune_states(run: Run, k: int) -> None:
-    """Keep only the newest `train.keep_states` trainer states (they are large)."""
-    for old in range(0, k - run.cfg.train.keep_states + 1):
-        run.store.remove(state_rel(old), recursive=True)
-
-
-def _metrics_table(rows: list[dict]) -> pa.Table:
-    names = UPDATE_METRICS.schema.names
-    return pa.table({n: [r.get(n) for r in rows] for n in names}) if rows else UPDATE_METRICS.schema.empty_table()

@@ -1,0 +1,1 @@
+"""Models: generation engines (engines: vLLM, HF), LoRA adapters (lora), GGUF import (gguf_import)."""

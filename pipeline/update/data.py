@@ -1,0 +1,74 @@
+"""The update's training rows: iteration k's rollout, score and logprobs parts joined on
+(prompt_id, sample_idx), with KL folded into the rewards when `advantages.kl_in_reward` asks."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import torch
+
+from pipeline import grpo
+from pipeline.config import Config
+from pipeline.errors import GRPOError
+from pipeline.logprobs import Batch
+from pipeline.store.parts import read_parts
+from pipeline.store.run import Run
+from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
+
+
+class UpdateData:
+    """Iteration k's training rows: rollout + score + logprobs joined on (prompt_id, sample_idx)."""
+
+    def __init__(self, run: Run, k: int, kl_ctl=None):
+        cfg = run.cfg
+        roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(["prompt_id", "sample_idx", "prompt_ids", "completion_ids"]))
+        score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
+        lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
+        df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
+        if df.height != roll.height:
+            raise GRPOError(f"update iteration {k}: rollout, score and logprobs parts do not join ({roll.height} rollout rows, {df.height} joined)")
+        self.kl_stats = None
+        if cfg.advantages.kl_in_reward.coef > 0 and kl_ctl is not None:
+            df = self._kl_in_reward(df, cfg, kl_ctl)
+        df = df.filter(pl.col("train"))
+        self.df = df
+        self.size = df.height
+        self.prompt_ids = df["prompt_ids"].to_list()
+        self.completion_ids = df["completion_ids"].to_list()
+        self.old = df["old_logprobs"].to_list()
+        self.ref = df["ref_logprobs"].to_list()
+        self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
+        self.lengths = np.array([len(c) for c in self.completion_ids])
+
+    def _kl_in_reward(self, df: pl.DataFrame, cfg: Config, kl_ctl) -> pl.DataFrame:
+        """Fold KL(policy_old || ref) into each reward, then recompute group advantages."""
+        G = cfg.rollout.num_generations
+        comps = df["completion_ids"].to_list()
+        batch = Batch.build([[0]] * len(comps), comps)
+        T = batch.completion_mask.shape[1]
+        old = _pad(df["old_logprobs"].to_list(), T)
+        ref = _pad(df["ref_logprobs"].to_list(), T)
+        scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
+        penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
+        adv = cfg.advantages.of(penalised, G)
+        kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
+        self.kl_stats = float(kl_seq.mean())
+        return df.with_columns(pl.Series("advantage", adv.float().numpy()))
+
+    def mask_sum(self, idx) -> int:
+        return int(self.lengths[idx].sum())
+
+    def batch(self, idx):
+        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx])
+        T = b.completion_mask.shape[1]
+        old = _pad([self.old[i] for i in idx], T)
+        ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
+        return b, old, ref, self.adv[torch.as_tensor(idx)]
+
+
+def _pad(rows: list[list[float]], T: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), T), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
