@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo
 
-from pipeline.report import tracking
+from pipeline.report import mlflow_run, tracking
 from pipeline.evaluate import eval_summary
 from pipeline.store.run import Run
 from pipeline.store import hash_file, stage_rel
@@ -69,7 +69,7 @@ def test_remote_run_dir_tracks_to_local_cache(assets, monkeypatch):
 
 def test_flat_params():
     tree = {"a": {"b": 1, "c": [1, 2]}, "rewards": [{"fn": "x", "kwargs": {"key!": "v"}}], "e": {}, "n": None}
-    assert tracking.flat_params(tree) == {
+    assert mlflow_run.flat_params(tree) == {
         "a.b": "1", "a.c": "[1, 2]", "rewards.0.fn": "x", "rewards.0.kwargs.key_": "v", "e": "{}", "n": "None",
     }
 
