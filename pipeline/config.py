@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.errors import GRPOError
 from pipeline.loss_config import LossConfig
-from pipeline.rewards.config import BUILTIN_MODELS, TAGS, RewardSpec, unknown_fn_message
+from pipeline.config_errors import format_error, parse_overrides, set_dotted
+from pipeline.rewards.config import RewardSpec
 
 
 class _Section(BaseModel):
@@ -283,97 +284,11 @@ class Config(_Section):
         return self.loss.kl_coef > 0 or self.advantages.kl_in_reward.coef > 0
 
 
-def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
-    """Apply `a.b.c=value` to a nested tree; a number indexes a list (`rewards.1.fn=...`).
-    The value is parsed as YAML (so 1e-5, true, [..] work)."""
-    keys = dotted.split(".")
-    node: dict | list = tree
-    for depth, key in enumerate(keys):
-        here = ".".join(keys[: depth + 1])
-        last = depth == len(keys) - 1
-        if isinstance(node, list):
-            if not key.isdigit() or int(key) >= len(node):
-                raise GRPOError(f"--set {dotted}: {here} is not an entry of the {len(node)}-entry list {'.'.join(keys[:depth])}")
-            if last:
-                node[int(key)] = yaml.safe_load(raw) if raw != "" else ""
-            else:
-                node = node[int(key)]
-            continue
-        if not isinstance(node, dict):
-            raise GRPOError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
-        if last:
-            node[key] = yaml.safe_load(raw) if raw != "" else ""
-        else:
-            node = node.setdefault(key, {})
-
-
-def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
-    out = []
-    for item in sets or []:
-        if "=" not in item:
-            raise GRPOError(f"--set {item!r}: expected dotted.key=value")
-        key, raw = item.split("=", 1)
-        out.append((key.strip(), raw))
-    return out
-
-
-def format_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
-    """The first validation error as one line: `source: dotted.key: message`."""
-    errors = err.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a "missing" too
-    loc = list(prefix) + list(first["loc"])
-    tag = None
-    if len(loc) > 2 and loc[0] == "rewards" and loc[2] in TAGS:
-        tag = loc.pop(2)  # the union's tag (the built-in's name) is not a key the user wrote
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-        if tag in BUILTIN_MODELS and loc[2:3] == ["kwargs"] and len(loc) == 4:
-            options = list(BUILTIN_MODELS[tag].model_fields["kwargs"].annotation.model_fields)
-            msg = f"{tag} has no option {loc[-1]!r} (options: {', '.join(options) or 'none'})"
-        else:
-            msg += _did_you_mean(loc, BUILTIN_MODELS.get(tag) if len(loc) == 3 else None)
-    elif first["type"] == "missing":
-        msg = "required key is missing"
-    elif first["type"] == "union_tag_invalid":
-        loc.append("fn")
-        msg = unknown_fn_message(first["input"].get("fn") if isinstance(first["input"], dict) else first["input"])
-    elif first["type"] == "union_tag_not_found":
-        loc.append("fn")
-        msg = "required key is missing (a built-in name, module:function or path/to/file.py:function)"
-    elif first["type"] == "string_pattern_mismatch" and loc[-1:] == ["fn"]:
-        msg = unknown_fn_message(first["input"])
-    elif first["type"] == "value_error":
-        msg = msg.removeprefix("Value error, ")
-    where = ".".join(str(p) for p in loc)
-    return f"{source}: {where}: {msg}" if where else f"{source}: {msg}"
-
-
-def _did_you_mean(loc: list, section: type[BaseModel] | None = None) -> str:
-    """`; did you mean 'lr'?` for a misspelt key, from the fields of the section it sits in
-    (found by walking the config tree, or given: a reward entry's model)."""
-    import difflib
-
-    if section is None:
-        section = Config
-        for part in loc[:-1]:
-            if isinstance(part, int) or section is None:
-                continue
-            field = section.model_fields.get(str(part))
-            ann = getattr(field, "annotation", None)
-            args = getattr(ann, "__args__", None) or ()
-            section = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    if section is None:
-        return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -> Config:
     """Validate a raw config tree with overrides applied; one-line GRPOError on failure."""
     tree = json.loads(json.dumps(tree))  # deep copy, plain types only
     for key, raw in parse_overrides(sets):
-        _set_dotted(tree, key, raw)
+        set_dotted(tree, key, raw)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

@@ -206,7 +206,7 @@ _ADAPTER = TypeAdapter(RewardSpec)
 
 def reward_spec(tree: dict | Any, index: int = 0) -> Any:
     """Validate one `rewards:` entry outside a whole config (tests, tools); GRPOError naming the key."""
-    from pipeline.config import format_error  # config imports this module: late import, no cycle at load
+    from pipeline.config_errors import format_error  # it imports this module: late import, no cycle at load
 
     if isinstance(tree, _Reward):
         return tree
