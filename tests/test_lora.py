@@ -186,35 +186,14 @@ _COMMON = {"the", "a", "to", "of", "and", "is", "in", "we", "you", "it", "that",
 @pytest.mark.slow
 def test_lora_zero3_update_over_two_processes_matches_one(assets, tmp_path):
     """Only the adapter trains under ZeRO-3, and 2 processes (torchrun) give 1 process's adapter."""
-    import os
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
-    from conftest import REPO
-    from pipeline import config as config_mod
-    from pipeline.logprobs import run_logprobs
-    from pipeline.rollout import run_rollout
-    from pipeline.store.run import init_run
-    from pipeline.score import run_score
+    from test_multiprocess_update import update_in_one_and_two_processes
 
     cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},
                       train={"mini_batch_size": 8, "lr": 1e-3, "zero_stage": 3, "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}},
                       loss={"kl_coef": 0.05})
-    run = init_run(str(tmp_path / "base"), config_mod.resolve(cfg))
-    run_rollout(run, 0)
-    run_score(run, 0)
-    run_logprobs(run, 0)
-    single, multi = tmp_path / "single", tmp_path / "multi"
-    shutil.copytree(tmp_path / "base", single)
-    shutil.copytree(tmp_path / "base", multi)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    for cmd in ([sys.executable, "-m", "stages.cli", "update", str(single)],
-                [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "stages.cli", "update", str(multi)]):
-        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    single, multi = update_in_one_and_two_processes(tmp_path, cfg)
     a = load_file(single / "policy/iter-0001/adapter_model.safetensors")
     b = load_file(multi / "policy/iter-0001/adapter_model.safetensors")
     assert a.keys() == b.keys() and all("lora_" in n and ("q_proj" in n or "v_proj" in n) for n in a)

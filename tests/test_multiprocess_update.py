@@ -35,18 +35,15 @@ WEIGHT_ATOL = 1e-5
 METRIC_ATOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def updated(assets, tmp_path_factory):
-    """(single, multi): the same run after a 1-process and a 2-process update of iteration 0."""
+def update_in_one_and_two_processes(root: Path, cfg: dict) -> tuple[Path, Path]:
+    """(single, multi): the same run, made from `cfg` up to iteration 0's logprobs, after a
+    1-process and a 2-process (torchrun) update of iteration 0, the two run side by side."""
     from pipeline import config as config_mod
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import init_run
     from pipeline.score import run_score
+    from pipeline.store.run import init_run
 
-    root = tmp_path_factory.mktemp("multiprocess")
-    cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},
-                      train={"mini_batch_size": 8, "lr": 1e-4, "zero_stage": 3}, loss={"kl_coef": 0.05})
     run = init_run(str(root / "base"), config_mod.resolve(cfg))
     run_rollout(run, 0)
     run_score(run, 0)
@@ -68,6 +65,14 @@ def updated(assets, tmp_path_factory):
         assert p.returncode == 0, f"{' '.join(p.args)} failed ({p.returncode}):\n{out[-4000:]}"
         assert out.count("update iteration 0: done") == 1  # rank 0 reports, rank 1 stays quiet
     return single, multi
+
+
+@pytest.fixture(scope="module")
+def updated(assets, tmp_path_factory):
+    """(single, multi): the same run after a 1-process and a 2-process update of iteration 0."""
+    cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},
+                      train={"mini_batch_size": 8, "lr": 1e-4, "zero_stage": 3}, loss={"kl_coef": 0.05})
+    return update_in_one_and_two_processes(tmp_path_factory.mktemp("multiprocess"), cfg)
 
 
 def weights(run: Path, k: int) -> dict:
