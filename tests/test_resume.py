@@ -2,7 +2,7 @@
 uninterrupted one; a second process on a stage that is being run fails with a clear message.
 
 The kill points are hit exactly by the fault hook `GRPO_FAULT=<stage>:<point>[:<iteration>]`
-(`pipeline.faults.fault_point`: the process SIGKILLs itself there, e.g. between a stage's last
+(`pipeline.store.faults.fault_point`: the process SIGKILLs itself there, e.g. between a stage's last
 part and its manifest), and once by the test itself at a moment it does not pick precisely
 (while DeepSpeed writes the update's checkpoint).
 """

@@ -2,7 +2,7 @@
 
 The "common issues" table of GRPO guides (flat rewards -> check the reward's variance; KL
 explosion; collapse), made automatic: each rule reads the per-iteration metrics of
-`pipeline.inspect_run.history` and names the iteration and the metric that triggered it.
+`pipeline.report.inspect.history` and names the iteration and the metric that triggered it.
 `grpo status` shows them; `pipeline.report.tracking` logs them when an update finishes.
 """
 

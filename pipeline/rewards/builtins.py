@@ -75,7 +75,7 @@ def correct(prompts, completions, completion_ids=None, *, answer_column: str = "
     Gold: the text after `####` in the dataset's `answer_column` (GSM8K), or the whole value
     when it has no `####`. Both sides are parsed and compared by math-verify (numbers,
     fractions, percentages, thousands separators, \\boxed{}, LaTeX: "1,000" == "1000.0",
-    "\\frac{1}{2}" == "0.5"); see pipeline.answers.answers_match for the fallback.
+    "\\frac{1}{2}" == "0.5"); see pipeline.rewards.answers.answers_match for the fallback.
     None where the row has no gold answer.
     """
     golds = _column(columns, answer_column, "answer_column")
