@@ -81,7 +81,10 @@ def _head_chunk(head, h: torch.Tensor, ids: torch.Tensor, temperature: float, wi
     whatever the autocast around it: bf16 logits would be off by up to ~0.1 nat at |logit| 20."""
     with torch.autocast(h.device.type, enabled=False):
         w = head.weight
-        logits = torch.nn.functional.linear(h.float(), w.float(), None if head.bias is None else head.bias.float())
+        if hasattr(w, "ds_id"):  # a ZeRO-3 parameter: gathered only by the module's own call (forward and recompute alike)
+            logits = head(h.to(w.dtype)).float()
+        else:
+            logits = torch.nn.functional.linear(h.float(), w.float(), None if head.bias is None else head.bias.float())
     logits = logits / temperature  # [n, V]
     lse = torch.logsumexp(logits, dim=-1)  # [n]
     logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse  # [n]
@@ -112,7 +115,9 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     h = hidden.reshape(-1, H).index_select(0, rows)  # [N, H]
     ids = batch.completion_ids.reshape(-1)[flat]  # [N]
     head = model.get_output_embeddings()
-    grad = torch.is_grad_enabled() and h.requires_grad
+    # ZeRO-3 gathers the head's weight only inside its own module call, and not again when a
+    # checkpoint recomputes a chunk in backward: there the chunks' logits are kept instead
+    grad = torch.is_grad_enabled() and h.requires_grad and not hasattr(head.weight, "ds_id")
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk):
         args = (head, h[s : s + chunk], ids[s : s + chunk], temperature, with_entropy)
