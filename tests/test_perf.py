@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline import grpo
-from pipeline.logprobs import Batch, token_logprobs
+from pipeline.models.tokens import Batch, token_logprobs
 
 
 def _model(seed: int = 0, vocab: int = 300):
@@ -105,7 +105,7 @@ def test_token_budget_pieces_give_the_micro_batch_gradient(loss_type):
 
 
 def test_bf16_autocast_logprobs_stay_close_to_fp32_and_fp32_in_dtype():
-    from pipeline.logprobs import resolve_precision
+    from pipeline.models.tokens import resolve_precision
 
     batch, model = _batch(5), _model(6)
     with torch.no_grad():

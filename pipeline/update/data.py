@@ -11,7 +11,7 @@ import torch
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import Batch
+from pipeline.models.tokens import Batch
 from pipeline.store.parts import read_parts
 from pipeline.store.run import Run
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE

@@ -24,7 +24,7 @@ import torch
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.logprobs import budget_batches, resolve_precision, token_logprobs
+from pipeline.models.tokens import budget_batches, resolve_precision, token_logprobs
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.store import MANIFEST
@@ -294,7 +294,10 @@ class Trainer:
 
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
+        dev = self.engine.device
         batch, old, ref, adv = data.batch(idx)
+        batch, old, adv = batch.to(dev), old.to(dev), adv.to(dev)
+        ref = ref.to(dev) if ref is not None else None
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
