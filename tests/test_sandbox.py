@@ -7,7 +7,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from pipeline.rewards import sandbox
+from pipeline.rewards import isolation, sandbox
 from pipeline.rewards.sandbox import run_python
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -77,7 +77,7 @@ def test_tests_passed_before_a_hang_still_count():
 def test_a_fork_bomb_is_stopped_and_cleaned_up():
     # Each child leaves the process group (setsid) and replaces itself with a long sleep that
     # carries a marker we can look for in /proc. The bomb wants 200 children; the process
-    # limit stops it near sandbox.MAX_PROCS, and the uid sweep kills the escaped children.
+    # limit stops it near isolation.MAX_PROCS, and the uid sweep kills the escaped children.
     marker = f"grpo-fork-bomb-{os.getpid()}-{id(object())}"
     code = (
         "import os, sys\n"
@@ -165,7 +165,7 @@ def test_as_root_the_code_runs_under_a_fresh_uid():
     # Not root, and a closed directory holding the interpreter (/root for pyenv) shows nothing
     # but the way to the interpreter.
     tests = ["import os; assert os.getuid() != 0 and os.geteuid() != 0"]
-    for directory, closed in sandbox._hidden_interpreter_dirs():
+    for directory, closed in isolation._hidden_interpreter_dirs():
         tests.append(f"import os; assert os.listdir({closed!r}) == [{Path(directory).relative_to(closed).parts[0]!r}]")
     result = run_python("", tests)
     assert (result.passed, result.total) == (len(tests), len(tests))
