@@ -19,7 +19,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(BIN)/python -c "import vllm, transformers, deepspeed, mlflow, polars, pyarrow" 2>/dev/null
+	DS_ACCELERATOR=cpu $(BIN)/python -c "import vllm, transformers, deepspeed, mlflow, polars, pyarrow" 2>/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
