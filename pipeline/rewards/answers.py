@@ -47,8 +47,13 @@ MAX_CHARS = 2000
 def _warm() -> None:
     """math-verify builds its LaTeX grammar and imports sympy on first use: do that once without
     the alarm, so a busy machine's slow first call is not taken for a pathological answer."""
+    import logging
+
     from math_verify import parse, verify
 
+    # it warns on every call made without its alarm (this one, and every call off the main
+    # thread); the texts are capped at MAX_CHARS instead, as the module says
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("0.5", parsing_timeout=None), timeout_seconds=None)
 
 
