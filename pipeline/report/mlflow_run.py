@@ -18,6 +18,7 @@ from pipeline.report.tracking import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JS
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
 from pipeline.store.run import Run
 from schemas.artifacts import STEP_METRICS
+from schemas.manifests import parse_manifest
 
 
 def flat_params(tree, prefix: str = "") -> dict[str, str]:
@@ -157,7 +158,7 @@ class Tracker:
 
         store, sd = run.store, stage_rel(k, stage)
         raw = store.read_bytes(f"{sd}/{MANIFEST}")
-        manifest = store.manifest(sd)
+        manifest = parse_manifest(raw, store.display(f"{sd}/{MANIFEST}"))  # the bytes the ledger tag hashes, read once
         self._log_bytes(raw, MANIFEST, f"manifests/{sd}")
         if stage == "update" and run.policy_done(k + 1):
             self._log_bytes(store.read_bytes(f"{policy_rel(k + 1)}/{MANIFEST}"), MANIFEST, f"manifests/{policy_rel(k + 1)}")
