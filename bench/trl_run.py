@@ -58,7 +58,7 @@ def main(workload_json: str, out: str) -> None:
 
     per_cycle = cycle_steps(cfg)
     args = trl_args(cfg, WORK / "trl" / f"{w.name}", max_steps=w.trl_steps * per_cycle,
-                    bf16=os.environ.get("BENCH_TRL_PRECISION", "fp32") == "bf16")
+                    bf16=os.environ.get("BENCH_TRL_PRECISION", "fp32") == "bf16", micro_batch=w.trl_micro_batch)
     t_load = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -163,17 +163,24 @@ def trl_peft(cfg):
     return peft_config(cfg.train.lora)
 
 
-def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool):
+def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int | None = None):
     """GRPOConfig doing the run's work: G, completions per generation, tokens, sampling, epochs
-    (num_iterations), mini-batch and accumulation, optimizer, loss and clip, seed."""
+    (num_iterations), mini-batch, optimizer, loss and clip, seed. The mini-batch is split into
+    micro-batches of `micro_batch` sequences (default: the run's grad_accum split) with gradient
+    accumulation: the same optimizer steps, in the memory TRL has (TRL holds a micro-batch's full
+    logits; our update bounds its micro-batches by a token budget instead)."""
     from trl import GRPOConfig
 
     r, t, loss = cfg.rollout, cfg.train, cfg.loss
+    micro = micro_batch or t.mini_batch_size // t.grad_accum
+    if t.mini_batch_size % micro:
+        raise ValueError(f"micro-batch {micro} does not divide mini_batch_size {t.mini_batch_size}")
     return GRPOConfig(
         output_dir=str(output_dir),
-        per_device_train_batch_size=t.mini_batch_size // t.grad_accum,
-        gradient_accumulation_steps=t.grad_accum,
-        steps_per_generation=r.prompts_per_iter * r.num_generations // t.mini_batch_size,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=t.mini_batch_size // micro,
+        # one generation batch = one of our iterations (TRL's steps_per_generation counts micro-batches)
+        generation_batch_size=r.prompts_per_iter * r.num_generations,
         num_generations=r.num_generations,
         max_completion_length=r.max_new_tokens,
         num_iterations=t.epochs,

@@ -49,6 +49,14 @@ class Workload:
     lora: bool = False
     """real-* only: LoRA r=16 (`train.lora`) instead of full fine-tuning."""
     temperature: float = 1.0
+    trl_micro_batch: int | None = None
+    """TRL's per-device micro-batch (gradient accumulation over the mini-batch); None = the
+    whole mini-batch, except real-*: 16, since TRL with all 64 sequences in one micro-batch needs
+    more than this 24 GB machine has (issue 17)."""
+
+    def __post_init__(self):
+        if self.trl_micro_batch is None and self.size == "real":
+            object.__setattr__(self, "trl_micro_batch", 16)
 
     @property
     def name(self) -> str:
