@@ -117,6 +117,12 @@ def main() -> None:
         entry["loadavg_end"] = loadavg()
         results["workloads"][w.name] = entry
         json_path.write_text(json.dumps(results, indent=1, default=str))  # partial results survive a crash
+    tiny = WORK / "runs" / "tiny-e1"
+    if "tiny-e1" in results["workloads"] and tiny.is_dir():  # the engine-free commands, cold, on a demo-task run
+        from bench import cold
+
+        print("== cold start of the commands that need no engine (tiny-e1's run)", flush=True)
+        results["cold"] = cold.measure(tiny, runs=3 if args.quick else 5, env=env)
     results["total_s"] = time.time() - t0
     results["loadavg_end"] = loadavg()
     json_path.write_text(json.dumps(results, indent=1, default=str))

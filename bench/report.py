@@ -12,14 +12,23 @@ Definitions (also printed in the markdown):
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from bench.probes import ARTIFACT
 
 STAGES = ("rollout", "score", "logprobs", "update")
 BARE = {"rollout": "vLLM `generate`", "logprobs": "HF forward", "update": "DeepSpeed step loop"}
 ENGINE = {"rollout": "generate", "logprobs": "forward", "update": "train"}
-TARGETS = {"rollout": 1.2, "logprobs": 1.3, "update": 1.3}
+TARGETS = {"rollout": 1 / 0.9, "logprobs": 1.3, "update": 1.1}
+"""Seconds ours / bare: rollout at >= 0.9x bare vLLM's throughput, update <= 1.1x a bare loop (issue 17);
+logprobs keeps the earlier round's 1.3x."""
 TRL_TARGET, ARTIFACT_TARGET = 0.5, 0.05
+COMMANDS_TARGET = 1.5
+"""The four separate commands, cold, per iteration <= 1.5x warm `grpo iterate` (real-full)."""
+SCORE_COLD_TARGET_S = 5.0
+RSS_TARGET_GB, LORA_RSS_TARGET = 6.0, 0.6
+"""Peak RSS of warm `iterate` on real-full <= 6 GB; real-lora <= 0.6x real-full."""
+BENCH_TARGET_MIN = 30.0
 
 
 def measured(rows: list[dict]) -> list[dict]:
@@ -197,7 +206,7 @@ def render(results: dict) -> str:
                        f"({s['iter_s']:.1f} s vs {t['cycle_s']:.1f} s; CPU {t['cpu_ratio']:.2f} x) | {_ok(t['ratio'], TRL_TARGET, t['cpu_ratio'])} |")
         for st in BARE:
             r = s["stages"][st]
-            out.append(f"| {name} | {st} <= {TARGETS[st]} x bare {BARE[st]} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "
+            out.append(f"| {name} | {st} <= {TARGETS[st]:.2f} x bare {BARE[st]}{' (throughput >= 0.9 x)' if st == 'rollout' else ''} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "
                        f"CPU {r['cpu_ratio']:.2f} x; engine call alone {r['engine_ratio']:.2f} x) | {_ok(r['ratio'], TARGETS[st], r['cpu_ratio'])} |")
         target_note = "" if name.startswith("small") else " (target is for small)"
         out.append(f"| {name} | artifact overhead <= {ARTIFACT_TARGET:.0%} of an iteration{target_note} | {s['artifact_frac']:.1%} "
@@ -205,8 +214,29 @@ def render(results: dict) -> str:
                    f"{_ok(s['artifact_frac'], ARTIFACT_TARGET) if name.startswith('small') else '-'} |")
         if "commands" in s:
             c = s["commands"]
-            out.append(f"| {name} | separate commands: extra cost per iteration (reported) | +{c['extra_s']:.1f} s "
-                       f"({c['iteration_s']:.1f} s vs {s['iter_s']:.1f} s warm) | - |")
+            ratio = c["iteration_s"] / s["iter_s"]
+            out.append(f"| {name} | four separate commands, cold, per iteration <= {COMMANDS_TARGET} x warm `iterate` | {ratio:.2f} x "
+                       f"({c['iteration_s']:.1f} s vs {s['iter_s']:.1f} s warm: +{c['extra_s']:.1f} s) | "
+                       f"{_ok(ratio, COMMANDS_TARGET) if name == 'real-full' else '- (target is for real-full)'} |")
+        gb = s["peak_rss_mb"] * 2**20 / 1e9
+        if name == "real-full":
+            out.append(f"| {name} | peak RSS of warm `iterate` <= {RSS_TARGET_GB:.0f} GB | {gb:.2f} GB | {_ok(gb, RSS_TARGET_GB)} |")
+        if name.startswith("real-lora") and "real-full" in sums:
+            rel = s["peak_rss_mb"] / sums["real-full"]["peak_rss_mb"]
+            out.append(f"| {name} | peak RSS <= {LORA_RSS_TARGET} x real-full's | {rel:.2f} x ({gb:.2f} GB) | {_ok(rel, LORA_RSS_TARGET)} |")
+    cold = results.get("cold")
+    if cold:
+        for cmd, r in cold["commands"].items():
+            eng = ", ".join(r["engines_imported"]) or "neither"
+            ok = "met" if not r["engines_imported"] else "**missed**"
+            out.append(f"| cold `grpo {cmd}` | imports neither vLLM nor DeepSpeed | {eng} (median {r['median_s']:.2f} s of {r['runs']}) | {ok} |")
+        sc = cold["commands"]["score"]
+        out.append(f"| cold `grpo score` | <= {SCORE_COLD_TARGET_S:.0f} s on a demo-task run ({Path(cold['run']).name}) | median {sc['median_s']:.2f} s "
+                   f"(min {sc['min_s']:.2f}, max {sc['max_s']:.2f}) | {_ok(sc['median_s'], SCORE_COLD_TARGET_S)} |")
+    if results.get("total_s") and not results.get("quick"):
+        mins = results["total_s"] / 60
+        out.append(f"| all | `make bench` <= {BENCH_TARGET_MIN:.0f} min (assets and runs; a clean clone's install comes on top) | "
+                   f"{mins:.1f} min | {_ok(mins, BENCH_TARGET_MIN)} |")
     out.append("")
 
     out += ["## `grpo iterate`, warm, per stage", "",
@@ -272,7 +302,9 @@ def render(results: dict) -> str:
         out += ["## Against TRL GRPOTrainer", "",
                 f"TRL {m['versions'].get('trl')}, HF `generate` (use_vllm=False), same model, prompts, rewards, G, completions per "
                 "generation, max new tokens, epochs (num_iterations), mini-batch, optimizer and DAPO loss; gradient checkpointing "
-                "and bf16 off. One TRL cycle (one generation + its optimizer steps) = one of our iterations.", ""]
+                "and bf16 off (real-*: TRL runs with bf16 off and on, and the faster counts). One TRL cycle (one generation + its "
+                "optimizer steps) = one of our iterations. real-*: TRL's mini-batch of 64 runs as micro-batches of 16 with "
+                "gradient accumulation (the same optimizer step; 64 at once does not fit in 24 GB), ours by its token budget.", ""]
         out.append("| workload | TRL s/iteration (steps) | ours s/iteration | ratio | CPU s per iteration: TRL, ours (ours/TRL) | TRL generate s (CPU) | TRL tok/s | ours tok/s | TRL peak RSS MB | reward per iteration: ours | TRL |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sums.items():
