@@ -103,6 +103,8 @@ def main() -> None:
             run = WORK / "runs" / w.name
             first = w.iters + (1 if w.profile else 0)  # after the iterations `grpo iterate` did
             entry["commands"] = [commands.run_iteration(run, k, env) for k in range(first, first + w.commands)]
+        if w.size == "real" and w.epochs == 1:  # the peak RSS targets: a plain `grpo iterate` process
+            entry["iterate_process"] = commands.iterate_process(WORK / "runs" / w.name, env)
         if not args.skip_trl:
             # real-*: TRL at its fastest setting on this CPU, bf16 off and on, the faster counts
             precisions = ["fp32", "bf16"] if w.size == "real" else ["fp32"]

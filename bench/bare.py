@@ -107,24 +107,35 @@ def hf_forward(model, cfg, data: dict) -> dict:
 
 # ------------------------------------------------------------------------------------- update
 class BareDeepSpeed:
-    """deepspeed.initialize over a copy of the policy with the run's DeepSpeed config."""
+    """deepspeed.initialize over a copy of the policy with the run's DeepSpeed config; with
+    `train.lora`, PEFT's adapter on it and only the adapter trained. `micro_batch`: sequences per
+    forward/backward (gradient accumulation over the mini-batch), as TRL runs it; default the
+    run's grad_accum split."""
 
-    def __init__(self, cfg, policy_dir):
+    def __init__(self, cfg, policy_dir, micro_batch: int | None = None):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         from pipeline.update.trainer import ds_config, init_distributed
 
         self.cfg = cfg
+        self.micro_batch = micro_batch or cfg.train.mini_batch_size // cfg.train.grad_accum
         init_distributed()  # the run's trainer already joined the one-process group
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds_config(cfg, 1))
+        if cfg.train.lora is not None:
+            from peft import get_peft_model
+
+            from pipeline.models.lora import peft_config
+
+            model = get_peft_model(model, peft_config(cfg.train.lora))
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(cfg, 1))
 
     def step_loop(self, k: int, data: dict) -> dict:
         cfg, t = self.cfg, self.cfg.train
         n = len(data["completion_ids"])
-        micro = t.mini_batch_size // t.grad_accum
+        micro = self.micro_batch
         # the same mini-batches in the same order as the run's update, tensors built up front
         plan = []
         for epoch in range(t.epochs):

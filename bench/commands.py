@@ -73,3 +73,18 @@ def run_iteration(run: Path, k: int, env: dict) -> dict:
     stages = [run_command(s, run, k, env) for s in STAGE_ORDER]
     print(f"[commands] iteration {k}: " + " ".join(f"{s['stage']}={s['wall_s']:.1f}s" for s in stages), flush=True)
     return {"iteration": k, "stages": stages, "wall_s": sum(s["wall_s"] for s in stages)}
+
+
+def iterate_process(run: Path, env: dict) -> dict:
+    """`grpo iterate RUN --more 1` as its own process, no bare engines beside it: its peak RSS is
+    what a user's `grpo iterate` needs (the iterate worker also holds the bare engines' models)."""
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(run), "--more", "1"], cwd=ROOT.parent, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stderr = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"grpo iterate {run} --more 1 failed:\n{stderr[-3000:]}")
+    result = {"wall_s": time.time() - t0, "peak_rss_mb": usage.ru_maxrss / 1024}
+    print(f"[iterate process] one iteration with engine start: {result['wall_s']:.1f}s, peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+    return result

@@ -80,7 +80,7 @@ def main(workload_json: str, out: str) -> None:
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
         row["bare"]["logprobs"] = bare.hf_forward(warm.models["old"], cfg, data)
         if "engine" not in bare_ds:
-            bare_ds["engine"] = bare.BareDeepSpeed(cfg, run.policy_dir(0))
+            bare_ds["engine"] = bare.BareDeepSpeed(cfg, run.policy_dir(0), micro_batch=w.trl_micro_batch)
         row["bare"]["update"] = bare_ds["engine"].step_loop(k, data)
         row["bare_gc_s"] = sum(probes.gc_seconds.values()) - gc_before
         rows.append(row)
