@@ -65,6 +65,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS for every process (default 1: robust when other processes share the cores; 0 leaves it unset)")
     ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
+    ap.add_argument("--trl-bf16", choices=("auto", "always", "never"), default="auto",
+                    help="real-*: also run TRL with bf16=True (auto: where the CPU has AVX512-bf16 or AMX; without them "
+                         "bf16 is emulated in fp32 and slower, as real-full measured)")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[],
+                    help="results JSON files of earlier runs whose workloads (those not run now) join this table")
     ap.add_argument("--out", type=Path, default=None, help="markdown results, the JSON next to it (default bench/results.md; --quick: bench/work/results-quick.md)")
     ap.add_argument("--report", action="store_true", help="only re-render the markdown from the existing JSON")
     args = ap.parse_args()
@@ -107,7 +112,8 @@ def main() -> None:
             entry["iterate_process"] = commands.iterate_process(WORK / "runs" / w.name, env)
         if not args.skip_trl:
             # real-*: TRL at its fastest setting on this CPU, bf16 off and on, the faster counts
-            precisions = ["fp32", "bf16"] if w.size == "real" else ["fp32"]
+            bf16 = args.trl_bf16 == "always" or (args.trl_bf16 == "auto" and {"avx512_bf16", "amx_tile"} & set(results["machine"]["isa"]))
+            precisions = ["fp32", "bf16"] if w.size == "real" and bf16 else ["fp32"]
             runs = {}
             for prec in precisions:
                 print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps} ({prec})", flush=True)
@@ -120,12 +126,20 @@ def main() -> None:
         results["workloads"][w.name] = entry
         json_path.write_text(json.dumps(results, indent=1, default=str))  # partial results survive a crash
     tiny = WORK / "runs" / "tiny-e1"
-    if "tiny-e1" in results["workloads"] and tiny.is_dir():  # the engine-free commands, cold, on a demo-task run
+    if tiny.is_dir():  # the engine-free commands, cold, on a demo-task run (tiny-e1's, of this or an earlier run)
         from bench import cold
 
         print("== cold start of the commands that need no engine (tiny-e1's run)", flush=True)
         results["cold"] = cold.measure(tiny, runs=3 if args.quick else 5, env=env)
     results["total_s"] = time.time() - t0
+    for earlier in args.merge:  # workloads measured by an earlier run, kept with where they came from
+        old = json.loads(earlier.read_text())
+        for name, entry in old["workloads"].items():
+            if name not in results["workloads"]:
+                results["workloads"][name] = {**entry, "from_run": {"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")}}
+        results.setdefault("merged", []).append({"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")})
+    order = [w.name for w in workloads(False)]
+    results["workloads"] = dict(sorted(results["workloads"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     results["loadavg_end"] = loadavg()
     json_path.write_text(json.dumps(results, indent=1, default=str))
     args.out.write_text(report.render(results))
