@@ -269,8 +269,10 @@ class RunStore:
                 os.replace(tmp, dest)
         return dest
 
-    def put_dir(self, local: Path, rel: str) -> None:
-        """Copy a local directory into the run (atomic: staged under a temporary name)."""
+    def put_dir(self, local: Path, rel: str, move: bool = False) -> None:
+        """Copy a local directory into the run (atomic: staged under a temporary name). `move`:
+        LOCAL is scratch the caller drops afterwards, so on the run's own filesystem it is renamed
+        into place instead of copied (a full policy and its optimizer state are gigabytes)."""
         if self.local:
             target = Path(self.path(rel))
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +280,12 @@ class RunStore:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = target.parent / f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}"
             try:
-                shutil.copytree(local, tmp)
+                try:
+                    if not move:
+                        raise OSError
+                    os.rename(local, tmp)  # same filesystem: no bytes copied
+                except OSError:
+                    shutil.copytree(local, tmp)
                 if target.exists():
                     shutil.rmtree(target)
                 os.replace(tmp, target)

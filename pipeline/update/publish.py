@@ -115,10 +115,10 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
 
             adapter = adapter_manifest(run.policy_hash(0))
         pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=adapter)
-        store.put_dir(work / "policy", policy_rel(k + 1))
+        store.put_dir(work / "policy", policy_rel(k + 1), move=True)
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
-        store.put_dir(work / STATE, state_rel(k))
+        store.put_dir(work / STATE, state_rel(k), move=True)
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
     finally:
         shutil.rmtree(work, ignore_errors=True)
