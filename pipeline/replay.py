@@ -26,6 +26,12 @@ update K; two replays with the same settings are identical, which is what a comp
 Settings the stored completions were made with (model, rollout.*, data.train, prompt_column,
 system_prompt, chat_template) cannot be overridden: the copied rollout would not match them.
 
+A LoRA run's policy K >= 1 is an adapter: NEW's model is then that adapter merged into SRC's
+base (policy 0 of NEW records both hashes as `merged_from`, and the replayed rollout is checked
+against the adapter's hash), and NEW trains a fresh adapter on it, as iteration 0 of any LoRA
+run does. Its reference is, as in every LoRA run, its base with the adapter off: policy K, not
+SRC's policy 0 (with `loss.kl_coef: 0`, the default, nothing depends on it).
+
 A policy pruned by SRC's `train.keep_policies` has no weights left: replaying its iteration is
 a one-line error, raised before NEW is created.
 """
@@ -33,6 +39,7 @@ a one-line error, raised before NEW is created.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pipeline import config as config_mod
 from pipeline.config import Config
@@ -55,10 +62,7 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
         if any(key == p or key.startswith(p + ".") for p in LOCKED):
             raise GRPOError(f"--set {key}: replay reuses the completions {src.store.display()} sampled with this setting; it cannot change")
     tree = src.cfg.model_dump(mode="json")
-    if src.cfg.train.lora is not None and k > 0:
-        raise GRPOError(f"replay --iter {k}: {src.store.display(policy_rel(k))} is a LoRA adapter; replaying a LoRA run "
-                        "is supported from iteration 0 (its base) only")
-    tree["model"] = str(src.policy_dir(k).resolve())
+    tree["model"] = str(replay_model(src, k))
     cfg = config_mod.resolve(tree, sets, source="replay --set")
     if cfg.uses_ref and cfg.ref_model is None and cfg.train.lora is None:  # LoRA: the reference is NEW's base, SRC's policy 0
         tree["ref_model"] = str(src.policy_dir(0).resolve())  # SRC's reference: its initial policy
@@ -66,6 +70,23 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     for j, spec in enumerate(cfg.rewards):  # a reward that cannot even load fails before NEW exists
         load_reward(spec, index=j)
     return cfg
+
+
+def replay_model(src: Run, k: int) -> Path:
+    """NEW's model: SRC's policy K; for a LoRA run's K >= 1 (an adapter) the adapter merged into
+    SRC's base (built once per policy in the local cache), on which NEW trains a fresh adapter."""
+    if src.cfg.train.lora is not None and k > 0:
+        from pipeline.models.lora import merged_dir
+
+        return merged_dir(src, k)
+    return src.policy_dir(k).resolve()
+
+
+def merged_origin(src: Run, k: int) -> dict | None:
+    """The `merged_from` record of NEW's policy 0 when it is SRC's adapter K merged, else None."""
+    if src.cfg.train.lora is None or k == 0:
+        return None
+    return {"run": src.store.display(), "iteration": k, "adapter_policy_hash": src.policy_hash(k), "base_policy_hash": src.policy_hash(0)}
 
 
 def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
@@ -81,7 +102,9 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
     if src_m.schema_version != ROLLOUT.version:
         raise GRPOError(f"{src.store.display(src_dir)}: rollout schema version {src_m.schema_version}, this grpo reads version {ROLLOUT.version}")
     policy_hash = new.policy_hash(0)
-    if (src_m.inputs.get("policy") or {}).get("policy_hash") != policy_hash:
+    merged = new.store.manifest(policy_rel(0)).merged_from  # SRC's adapter K merged: sampled from that adapter
+    sampled_from = merged.adapter_policy_hash if merged is not None else policy_hash
+    if (src_m.inputs.get("policy") or {}).get("policy_hash") != sampled_from:
         raise GRPOError(f"{src.store.display(src_dir)}: was not sampled from {src.store.display(policy_rel(k))} (policy hash differs)")
     t0 = time.time()
     with new.store.lock(f"{new_dir}/.lock-manifest", "replay of the rollout", wait=60):
@@ -121,7 +144,7 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     src.policy_hash(k)
     if src.policy_pruned(k):  # checked before NEW exists: nothing is written
         raise pruned_error(src, k, f"replay of iteration {k}")
-    new = init_run(new_uri, replay_config(src, k, sets))
+    new = init_run(new_uri, replay_config(src, k, sets), merged_from=merged_origin(src, k))
     link_rollout(src, k, new)
     with reporting(new, 0, "score"):
         run_score(new, 0)

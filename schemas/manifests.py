@@ -147,6 +147,16 @@ class AdapterBase(_Model):
     base_policy_hash: str
 
 
+class MergedFrom(_Model):
+    """Policy 0 of a replay of a LoRA run's iteration K >= 1: SRC's adapter K merged into SRC's base."""
+
+    run: str
+    iteration: int = Field(ge=1)
+    adapter_policy_hash: str
+    """SRC's policy K (the adapter): the policy the replayed completions were sampled from."""
+    base_policy_hash: str
+
+
 class PolicyManifest(_Manifest):
     """A policy directory: every file's sha256; the policy hash is the hash of that list."""
 
@@ -159,6 +169,8 @@ class PolicyManifest(_Manifest):
     """Policy 0 converted from a .gguf: the file's sha256, dtype, architecture, library versions."""
     adapter: AdapterBase | None = None
     """A LoRA policy (K >= 1): only the adapter is stored; this names its base."""
+    merged_from: MergedFrom | None = None
+    """Policy 0 of a replayed LoRA iteration: these weights are that adapter merged into its base."""
 
 
 Manifest = Annotated[Union[PartsManifest, UpdateManifest, PolicyManifest], Field(discriminator="stage")]

@@ -155,6 +155,29 @@ def test_lora_run_audits_clean_and_exports_adapter_and_merged_model(lora_run, tm
 
 
 @pytest.mark.slow
+def test_lora_replay_of_iteration_1_starts_from_the_merged_adapter(lora_run, tmp_path):
+    """Replaying a LoRA iteration K >= 1: NEW's policy 0 is SRC's adapter 1 merged into the base,
+    recorded as such; the completions are SRC's bytes; its logprobs of them are SRC's (the merged
+    weights compute what base + adapter computed); it trains a fresh adapter and audits clean."""
+    new = tmp_path / "replay"
+    out = grpo("replay", str(lora_run), "--iter", "1", "--to", str(new))
+    assert out.stdout.strip().splitlines()[-1].startswith(f"replay of {lora_run} iteration 1 -> {new} iteration 0"), out.stdout
+    p0 = _manifest(new, "policy/iter-0000")
+    assert p0["merged_from"] == {"run": str(lora_run), "iteration": 1,
+                                 "adapter_policy_hash": _manifest(lora_run, "policy/iter-0001")["policy_hash"],
+                                 "base_policy_hash": _manifest(lora_run, "policy/iter-0000")["policy_hash"]}
+    assert (new / "policy/iter-0000/model.safetensors").is_file()  # full weights, not an adapter
+    for part in sorted((lora_run / "iter-0001/rollout").glob("part-*.parquet")):
+        assert (new / "iter-0000/rollout" / part.name).read_bytes() == part.read_bytes()
+    src_lp = pq.read_table(sorted((lora_run / "iter-0001/logprobs").glob("part-*.parquet"))[0]).column("old_logprobs").to_pylist()
+    new_lp = pq.read_table(sorted((new / "iter-0000/logprobs").glob("part-*.parquet"))[0]).column("old_logprobs").to_pylist()
+    assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(src_lp, new_lp)) < 1e-3
+    assert _manifest(new, "policy/iter-0001")["adapter"]["base_policy_hash"] == p0["policy_hash"]
+    report = grpo("audit", str(new))
+    assert ": ok, 1 iteration(s)" in report.stdout and "lineage intact" in report.stdout, report.stdout
+
+
+@pytest.mark.slow
 def test_lora_run_killed_while_publishing_resumes_to_the_same_bytes(lora_run, tmp_path, assets, smollm2):
     again = _lora_run(tmp_path, assets, smollm2, fault="update:publish:1")
     assert record(again) == record(lora_run)

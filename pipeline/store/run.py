@@ -154,8 +154,9 @@ class Run:
         return sorted(ks)
 
 
-def init_run(uri: str, cfg: Config) -> Run:
-    """Create a run; an existing run with the same config is reused, a different one refused."""
+def init_run(uri: str, cfg: Config, merged_from: dict | None = None) -> Run:
+    """Create a run; an existing run with the same config is reused, a different one refused.
+    `merged_from`: policy 0 is a LoRA adapter merged into its base (a replay); recorded in its manifest."""
     store = RunStore(uri)
     new_yaml = config_mod.to_yaml(cfg)
     if store.exists(CONFIG):
@@ -176,7 +177,7 @@ def init_run(uri: str, cfg: Config) -> Run:
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
         source = conversion["gguf_file"] if conversion else str(model.resolve())
-        store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion))
+        store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion, merged_from=merged_from))
     if not store.exists(CONFIG):
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     return run
