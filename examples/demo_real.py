@@ -1,6 +1,6 @@
 """`make demo-real`: GRPO on a real pretrained model (SmolLM2-135M-Instruct) on this machine.
 
-    python examples/demo_real.py [--dir runs/demo-real] [--iters 6] [--model DIR] [--seed 0] [--set key=value ...]
+    python examples/demo_real.py [--dir runs/demo-real] [--iters 4] [--model DIR] [--seed 0] [--set key=value ...]
 
 Generates the word problems (examples/word_problems.py), creates a run from examples/real.yaml
 (rewards loaded by path from examples/rewards.py, as a user's own file is) and runs
@@ -58,7 +58,7 @@ def real_config(data_dir: Path, model: Path, seed: int, sets: list[str]):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", "runs/demo-real")))
-    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--model", default=os.environ.get("GRPO_DEMO_MODEL"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], dest="sets", help="config override, as `grpo init --set`")
