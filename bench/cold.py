@@ -55,7 +55,7 @@ def time_command(args: list[str], runs: int, env: dict | None = None, before=Non
 
 
 def newest_scored(run: Path) -> int:
-    done = sorted(int(p.parent.name.split("-")[1]) for p in run.glob("iter-*/score/MANIFEST.json"))
+    done = sorted(int(p.parent.parent.name.split("-")[1]) for p in run.glob("iter-*/score/MANIFEST.json"))
     if not done:
         raise SystemExit(f"{run}: no scored iteration to re-score")
     return done[-1]
