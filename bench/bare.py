@@ -38,10 +38,25 @@ def iteration_data(run, k: int) -> dict:
         "completion_ids": roll.column("completion_ids").to_pylist(),
         "group_prompt_ids": [ids for ids, j in zip(roll.column("prompt_ids").to_pylist(), roll.column("sample_idx").to_pylist()) if j == 0],
         "group_prompt_rows": [p for p, j in zip(roll.column("prompt_id").to_pylist(), roll.column("sample_idx").to_pylist()) if j == 0],
-        "old_logprobs": lp.column("old_logprobs").to_pylist(),
+        "old_logprobs": _old_logprobs(run, k, lp, key(roll)),
+        "old_from_update": run.cfg.old_from_update,
         "advantages": score.column("advantage").to_numpy(zero_copy_only=False).astype(np.float32),
         "tokens": int(sum(roll.column("completion_length").to_pylist())),
     }
+
+
+def _old_logprobs(run, k: int, lp: pa.Table, keys: list) -> list:
+    """The old logprobs the run's update used: the logprobs parts', or when the update took them
+    from its own forward (`train.old_logprobs`), what it stored beside its metrics."""
+    from pipeline.store import stage_rel
+    from schemas.artifacts import LOGPROBS, OLD_LOGPROBS
+
+    old = lp.column("old_logprobs").to_pylist()
+    if all(o is not None for o in old) or not run.done(k, "update"):
+        return old
+    t = run.store.read_table(f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", LOGPROBS)
+    got = dict(zip(zip(t.column("prompt_id").to_pylist(), t.column("sample_idx").to_pylist()), t.column("old_logprobs").to_pylist()))
+    return [got.get(key) for key in keys]
 
 
 # ------------------------------------------------------------------------------------ rollout
@@ -101,7 +116,7 @@ def hf_forward(model, cfg, data: dict) -> dict:
         logits = model(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
         out += _completion_logprobs(logits, ids, starts, lengths, cfg.rollout.temperature)
     seconds, cpu = time.perf_counter() - t, time.process_time() - c
-    gap = max((float((o - torch.tensor(ref)).abs().max()) for o, ref in zip(out, data["old_logprobs"]) if len(ref)), default=0.0)
+    gap = max((float((o - torch.tensor(ref)).abs().max()) for o, ref in zip(out, data["old_logprobs"]) if ref), default=0.0)
     return {"seconds": seconds, "cpu_s": cpu, "tokens": data["tokens"], "max_abs_diff_vs_ours": gap}
 
 
@@ -152,7 +167,8 @@ class BareDeepSpeed:
                     for r, (i, s) in enumerate(zip(idx, starts)):
                         m = len(data["completion_ids"][i])
                         comp[r, s - 1 : s - 1 + m] = 1.0
-                        old[r, s - 1 : s - 1 + m] = torch.tensor(data["old_logprobs"][i])
+                        if not data["old_from_update"]:
+                            old[r, s - 1 : s - 1 + m] = torch.tensor(data["old_logprobs"][i])
                     adv = torch.from_numpy(data["advantages"][idx]).unsqueeze(1)  # [B, 1]
                     micros.append((ids, mask, comp, old, adv))
                 plan.append((micros, tokens))
@@ -166,7 +182,8 @@ class BareDeepSpeed:
                 logits = self.engine(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
                 logp = torch.log_softmax(logits[:, :-1].float() / cfg.rollout.temperature, dim=-1)  # [B, L-1, V]
                 logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, L-1]
-                ratio = torch.exp(logp - old)  # [B, L-1]
+                # one optimizer step per iteration: the forward, detached, is the old policy (as the run and TRL do)
+                ratio = torch.exp(logp - (logp.detach() if data["old_from_update"] else old))  # [B, L-1]
                 # clipped surrogate summed over the mini-batch's completion tokens / their count (DAPO)
                 surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, lo, hi) * adv)  # [B, L-1]
                 loss = -(surrogate * comp).sum() / max(tokens, 1)

@@ -78,7 +78,14 @@ def main(workload_json: str, out: str) -> None:
         data = bare.iteration_data(run, k)
         gc_before = sum(probes.gc_seconds.values())
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
-        row["bare"]["logprobs"] = bare.hf_forward(warm.models["old"], cfg, data)
+        old_model = warm.models.get("old")
+        if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
+            from pipeline.logprobs import load_model
+
+            old_model = load_model(run.policy_dir(k))
+        row["bare"]["logprobs"] = bare.hf_forward(old_model, cfg, data)
+        row["bare"]["logprobs"]["ours_made_no_old_pass"] = data["old_from_update"]
+        del old_model
         if "engine" not in bare_ds:
             bare_ds["engine"] = bare.BareDeepSpeed(cfg, run.policy_dir(0), micro_batch=w.trl_micro_batch)
         row["bare"]["update"] = bare_ds["engine"].step_loop(k, data)

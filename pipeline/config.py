@@ -191,6 +191,12 @@ class TrainConfig(_Section):
     """Padded tokens (prompt + completion) per forward/backward pass in the update: a micro-batch
     larger than this is cut into pieces whose gradients add up to the micro-batch's (the loss is
     unchanged), so the update's memory scales with this budget, not with mini_batch_size."""
+    old_logprobs: Literal["auto", "pass"] = "auto"
+    """Where the update's old-policy logprobs (the ratio's denominator) come from. `pass`: a
+    separate teacher-forced pass in the logprobs stage. `auto` (default): the same, except when
+    the ratio is exactly 1 (one epoch that makes one optimizer step, no LoRA dropout, no KL in the
+    reward), where the update uses its own forward, detached, as TRL does, and stores the values it
+    used in iter-K/update/old_logprobs.parquet; the logprobs stage then skips that pass."""
     keep_states: int = Field(1, ge=1)
     """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
     lora: LoraSpec | None = None
@@ -282,6 +288,14 @@ class Config(_Section):
     @property
     def uses_ref(self) -> bool:
         return self.loss.kl_coef > 0 or self.advantages.kl_in_reward.coef > 0
+
+    @property
+    def old_from_update(self) -> bool:
+        """Whether the update takes the old logprobs from its own forward (`train.old_logprobs`)."""
+        t = self.train
+        one_step = t.epochs == 1 and self.rollout.prompts_per_iter * self.rollout.num_generations <= t.mini_batch_size
+        no_dropout = t.lora is None or t.lora.dropout == 0
+        return t.old_logprobs == "auto" and one_step and no_dropout and self.advantages.kl_in_reward.coef == 0
 
 
 def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -> Config:

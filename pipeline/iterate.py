@@ -13,7 +13,7 @@ from typing import Callable
 
 from pipeline.report import tracking
 from pipeline.evaluate import eval_summary, run_eval
-from pipeline.logprobs import load_model, run_logprobs
+from pipeline.logprobs import load_model, pass_plan, run_logprobs
 from pipeline.rollout import policy_engine, run_rollout
 from pipeline.store.run import Run
 from pipeline.score import run_score
@@ -36,12 +36,22 @@ class WarmEngines:
     def logprob_models(self, k: int) -> dict:
         from safetensors.torch import load_file
 
+        cfg = self.run.cfg
+        _, skip_old = pass_plan(cfg, k)
+        if skip_old and not cfg.uses_ref:  # no pass at all: the update's forward gives the old logprobs
+            self.models.clear()
+            return self.models
         policy = self.run.policy_dir(k)
-        if self.run.cfg.train.lora is not None:
+        if cfg.train.lora is not None:
             return self._lora_models(k, policy)
-        if "old" not in self.models:
+        if cfg.uses_ref and self.models.get("ref") is None:
+            self.models["ref"] = load_model(self.run.ref_dir())
+        if skip_old:  # only the reference pass; the old model is not kept in memory
+            self.models.pop("old_dir", None)
+            self.models["old"] = None
+            return self.models
+        if self.models.get("old") is None:
             self.models["old"] = load_model(policy)
-            self.models["ref"] = load_model(self.run.ref_dir()) if self.run.cfg.uses_ref else None
         elif self.models.get("old_dir") != policy:
             state = {}
             for f in sorted(policy.glob("*.safetensors")):

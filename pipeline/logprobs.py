@@ -18,9 +18,10 @@ import torch
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, budget_batches, resolve_precision, token_logprobs
 from pipeline.models.lora import AdapterOff, lora_models
+from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
 from pipeline.store.run import Run
-from schemas.artifacts import LOGPROBS, ROLLOUT
+from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, ROLLOUT
 
 
 def load_model(path):
@@ -47,10 +48,12 @@ def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, bud
 def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int,
                    precision: str = "fp32", ref_is_old: bool = False) -> pa.Table:
     """`ref_is_old`: the reference is the old policy itself (iteration 0 without a separate
-    ref_model), so its logprobs are the old ones, computed once."""
+    ref_model), so its logprobs are the old ones, computed once. `old_model` None: the update
+    takes the old logprobs from its own forward (`Config.old_from_update`); the old and gap
+    columns stay null here and the update stores what it used."""
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()
-    old = sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision)
+    old = None if old_model is None else sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision)
     if ref_model is None:
         ref = None
     elif ref_is_old:
@@ -60,22 +63,44 @@ def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, 
             ref = sequence_logprobs(base, prompts, comps, temperature, budget, precision=precision)
     else:
         ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision)
-    sampler = rollout.column("sampler_logprobs").to_pylist()
-    for name, values in (("old_logprobs", old), ("ref_logprobs", ref or [])):
+    for name, values in (("old_logprobs", old or []), ("ref_logprobs", ref or [])):
         for i, v in enumerate(values):
             if not np.isfinite(v).all():
                 raise GRPOError(f"logprobs iteration {k} row {i} (prompt_id {rollout.column('prompt_id')[i]}): {name} has NaN/inf")
-    gaps = [np.abs(o - np.asarray(s, np.float32)) if len(o) else np.zeros(1, np.float32) for o, s in zip(old, sampler)]
+    return old_logprobs_table(rollout.column("prompt_id"), rollout.column("sample_idx"), old,
+                              rollout.column("sampler_logprobs").to_pylist(), ref)
+
+
+def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, sampler: list, ref: list | None = None) -> pa.Table:
+    """A LOGPROBS table: the old logprobs and their gap to the sampler's (null where `old` is None)."""
+    n = len(sampler)
+    nulls = pa.nulls(n, pa.list_(pa.float32()))
+    if old is None:
+        old_col, gap_mean, gap_max = nulls, pa.nulls(n, pa.float32()), pa.nulls(n, pa.float32())
+    else:
+        gaps = [np.abs(o - np.asarray(s, np.float32)) if len(o) else np.zeros(1, np.float32) for o, s in zip(old, sampler)]
+        old_col = pa.array([o.tolist() for o in old], pa.list_(pa.float32()))
+        gap_mean = pa.array([float(g.mean()) for g in gaps], pa.float32())
+        gap_max = pa.array([float(g.max()) for g in gaps], pa.float32())
     return pa.table(
         {
-            "prompt_id": rollout.column("prompt_id"),
-            "sample_idx": rollout.column("sample_idx"),
-            "old_logprobs": pa.array([o.tolist() for o in old], pa.list_(pa.float32())),
-            "ref_logprobs": pa.array([r.tolist() for r in ref] if ref is not None else [None] * len(old), pa.list_(pa.float32())),
-            "sampler_gap_mean": pa.array([float(g.mean()) for g in gaps], pa.float32()),
-            "sampler_gap_max": pa.array([float(g.max()) for g in gaps], pa.float32()),
+            "prompt_id": prompt_id,
+            "sample_idx": sample_idx,
+            "old_logprobs": old_col,
+            "ref_logprobs": pa.array([r.tolist() for r in ref], pa.list_(pa.float32())) if ref is not None else nulls,
+            "sampler_gap_mean": gap_mean,
+            "sampler_gap_max": gap_max,
         }
     )
+
+
+def pass_plan(cfg, k: int) -> tuple[bool, bool]:
+    """(ref_is_old, skip_old) for iteration k. At iteration 0 without a ref_model the old policy
+    is the reference (same weights, same arithmetic): one pass. When the ratio is exactly 1
+    (`Config.old_from_update`) the update's own forward gives the old logprobs, so this stage
+    makes no old pass, unless it makes that very pass for the reference anyway."""
+    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
+    return ref_is_old, cfg.old_from_update and not ref_is_old
 
 
 def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None = None) -> dict | None:
@@ -88,21 +113,22 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     stats = {"tokens": 0, "load_s": 0.0}
     precision = resolve_precision(cfg.train.precision)  # the update computes its logprobs the same way
 
-    # at iteration 0 the old policy is the reference (same weights, same arithmetic): one pass
-    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
+    ref_is_old, skip_old = pass_plan(cfg, k)
+    needs_model = cfg.uses_ref or not skip_old
 
     def make_part(p: int) -> pa.Table:
-        if "old" not in models:
+        if needs_model and "old" not in models:
             t = time.time()
             if cfg.train.lora is not None:
                 models.update(lora_models(run, k))
             else:
-                models["old"] = load_model(run.policy_dir(k))
+                models["old"] = load_model(run.policy_dir(k)) if not skip_old or ref_is_old else None
                 models["ref"] = (models["old"] if ref_is_old else load_model(run.ref_dir())) if cfg.uses_ref else None
             stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
-        return logprobs_table(rollout, models["old"], models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature,
+        old_model = None if skip_old else models["old"]
+        return logprobs_table(rollout, old_model, models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature,
                               cfg.train.token_budget, k, precision, ref_is_old)
 
     inputs = {
@@ -114,8 +140,12 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None =
     }
     # which policy each column came from, and how many forward passes were made
     passes = {"old_logprobs": f"policy/iter-{k:04d}", "ref_logprobs": None, "forward_passes": 1}
+    if skip_old:
+        passes["old_logprobs"] = (f"none here: the update's forward of policy/iter-{k:04d}, detached (one optimizer step, "
+                                  f"ratio 1), stored in {stage_rel(k, 'update')}/{OLD_LOGPROBS}")
+        passes["forward_passes"] = 0
     if cfg.uses_ref:
         passes["ref_logprobs"] = "= old_logprobs (policy/iter-0000 is the reference)" if ref_is_old else inputs["ref"]
-        passes["forward_passes"] = 1 if ref_is_old else 2
+        passes["forward_passes"] += 0 if ref_is_old else 1
     return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m.outputs), shard, inputs, make_part,
                      manifest_extra=lambda: {"stats": stats, "passes": passes})

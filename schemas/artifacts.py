@@ -139,13 +139,17 @@ LOGPROBS = ArtifactSchema(
         [
             pa.field("prompt_id", pa.int64(), nullable=False),
             pa.field("sample_idx", pa.int32(), nullable=False),
-            pa.field("old_logprobs", _floats),
+            pa.field("old_logprobs", _floats),  # null when the update takes them from its own forward
             pa.field("ref_logprobs", _floats),  # null when no reference pass is needed
             pa.field("sampler_gap_mean", pa.float32()),  # mean |old - sampler| over tokens
             pa.field("sampler_gap_max", pa.float32()),
         ]
     ),
 )
+
+OLD_LOGPROBS = "old_logprobs.parquet"
+"""iter-K/update/old_logprobs.parquet (a LOGPROBS table, ref_logprobs null): the old logprobs the
+update took from its own forward when the logprobs stage skipped that pass (`train.old_logprobs`)."""
 
 STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean")
 """What `pipeline.grpo.policy_loss` reports per micro-batch and the update stores per optimizer step."""

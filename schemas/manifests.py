@@ -109,6 +109,9 @@ class PolicyRef(_Model):
 class UpdateOutputs(_Model):
     metrics: FileEntry = Field(alias="metrics.parquet")
     policy: PolicyRef
+    old_logprobs: FileEntry | None = Field(None, alias="old_logprobs.parquet")
+    """The old logprobs the update took from its own forward (`train.old_logprobs`); absent when
+    the logprobs stage computed them."""
 
 
 class UpdateManifest(_Manifest):

@@ -105,3 +105,18 @@ def smollm2() -> dict:
     gguf = smollm2_gguf()
     folder, record = converted(gguf, "SmolLM2")
     return {"gguf": str(gguf), "dir": str(folder), "sha256": record["gguf_sha256"]}
+
+
+def logprob_rows(run: Path, k: int) -> dict[tuple[int, int], dict]:
+    """Iteration k's logprobs rows by (prompt_id, sample_idx): old_logprobs and the sampler gaps
+    from the logprobs parts, or from the update's old_logprobs.parquet where the update took
+    them from its own forward (train.old_logprobs); ref_logprobs from the logprobs parts."""
+    import pyarrow.parquet as pq
+
+    rows = {(r["prompt_id"], r["sample_idx"]): r
+            for p in sorted((run / f"iter-{k:04d}/logprobs").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()}
+    assert rows, f"no logprobs parts in {run} iteration {k}"
+    if all(r["old_logprobs"] is None for r in rows.values()):
+        for u in pq.read_table(run / f"iter-{k:04d}/update/old_logprobs.parquet").to_pylist():
+            rows[(u["prompt_id"], u["sample_idx"])].update({c: u[c] for c in ("old_logprobs", "sampler_gap_mean", "sampler_gap_max")})
+    return rows

@@ -51,6 +51,31 @@ def test_iterate_writes_what_the_separate_commands_write(two_runs):
         assert policy_hash(sep, k) == policy_hash(itr, k)
 
 
+def test_one_step_iterations_write_the_same_artifacts_from_iterate_and_the_separate_commands(assets, tmp_path):
+    """One optimizer step per iteration (the update's forward gives the old logprobs): `iterate`,
+    which keeps no logprob model then, and the four commands write the same bytes; both audit clean."""
+    cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, train={"mini_batch_size": 16, "lr": 3e-4}))
+    sep, itr = tmp_path / "separate", tmp_path / "iterate"
+    grpo("init", str(sep), "--config", str(cfg))
+    for k in range(2):
+        for stage in ("rollout", "score", "logprobs", "update"):
+            grpo(stage, str(sep), "--iter", str(k))
+    grpo("init", str(itr), "--config", str(cfg))
+    grpo("iterate", str(itr), "--iters", "2")
+    for k in range(2):
+        assert manifest(sep, k, "logprobs")["passes"]["forward_passes"] == 0
+        for stage in ("rollout", "score", "logprobs"):
+            assert manifest(sep, k, stage)["outputs"] == manifest(itr, k, stage)["outputs"], (k, stage)
+        a, b = manifest(sep, k, "update")["outputs"], manifest(itr, k, "update")["outputs"]
+        assert a["old_logprobs.parquet"]["rows"] == 16 and a["old_logprobs.parquet"] == b["old_logprobs.parquet"]
+        assert a["metrics.parquet"] == b["metrics.parquet"]
+        assert pl.read_parquet(sep / f"iter-{k:04d}/update/metrics.parquet")["ratio/mean"].to_list() == [1.0]
+    for k in range(3):
+        assert policy_hash(sep, k) == policy_hash(itr, k)
+    for run in (sep, itr):
+        assert ": ok, 2 iteration(s)" in grpo("audit", str(run)).stdout
+
+
 def test_policy_changes_and_lineage_links(two_runs):
     sep, _, stdout = two_runs
     assert (sep / "policy/iter-0002/model.safetensors").is_file()

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO, base_config, grpo, write_config
+from conftest import REPO, base_config, grpo, logprob_rows, write_config
 from test_reproduce import record
 
 LORA = {"r": 8, "alpha": 16}
@@ -116,9 +116,8 @@ def test_lora_reference_is_the_base_and_first_step_kl_is_zero(lora_run):
     assert abs(m0[0]["kl/mean"]) < 1e-6
     m1 = pq.read_table(lora_run / "iter-0001/update/metrics.parquet").to_pylist()
     assert m1[0]["kl/mean"] > 1e-6  # after a step the adapter is on and the policy has moved
-    lp1 = pq.read_table(sorted((lora_run / "iter-0001/logprobs").glob("part-*.parquet"))[0])
-    assert any(not np.array_equal(np.asarray(o), np.asarray(r))
-               for o, r in zip(lp1.column("old_logprobs").to_pylist(), lp1.column("ref_logprobs").to_pylist()))
+    lp1 = logprob_rows(lora_run, 1).values()
+    assert any(not np.array_equal(np.asarray(r["old_logprobs"]), np.asarray(r["ref_logprobs"])) for r in lp1)
 
 
 @pytest.mark.slow
@@ -126,10 +125,9 @@ def test_lora_vllm_samples_from_the_merged_adapter(lora_run):
     """Iteration 1 was sampled by vLLM from merged policy 1 and scored by the trainer's adapter."""
     roll = pq.read_table(sorted((lora_run / "iter-0001/rollout").glob("part-*.parquet"))[0])
     assert set(roll.column("policy_hash").to_pylist()) == {_manifest(lora_run, "policy/iter-0001")["policy_hash"]}
-    lp = pq.read_table(sorted((lora_run / "iter-0001/logprobs").glob("part-*.parquet"))[0])
-    gaps = np.asarray(lp.column("sampler_gap_mean").to_pylist())
-    moved = np.mean([np.abs(np.asarray(o) - np.asarray(r)).mean()
-                     for o, r in zip(lp.column("old_logprobs").to_pylist(), lp.column("ref_logprobs").to_pylist())])
+    lp = logprob_rows(lora_run, 1).values()
+    gaps = np.asarray([r["sampler_gap_mean"] for r in lp])
+    moved = np.mean([np.abs(np.asarray(r["old_logprobs"]) - np.asarray(r["ref_logprobs"])).mean() for r in lp])
     assert gaps.mean() < 0.02 and gaps.mean() < 0.2 * moved, (gaps, moved)  # vLLM had policy 1, not the base
 
 
@@ -169,9 +167,9 @@ def test_lora_replay_of_iteration_1_starts_from_the_merged_adapter(lora_run, tmp
     assert (new / "policy/iter-0000/model.safetensors").is_file()  # full weights, not an adapter
     for part in sorted((lora_run / "iter-0001/rollout").glob("part-*.parquet")):
         assert (new / "iter-0000/rollout" / part.name).read_bytes() == part.read_bytes()
-    src_lp = pq.read_table(sorted((lora_run / "iter-0001/logprobs").glob("part-*.parquet"))[0]).column("old_logprobs").to_pylist()
-    new_lp = pq.read_table(sorted((new / "iter-0000/logprobs").glob("part-*.parquet"))[0]).column("old_logprobs").to_pylist()
-    assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(src_lp, new_lp)) < 1e-3
+    src_lp, new_lp = logprob_rows(lora_run, 1), logprob_rows(new, 0)
+    assert src_lp.keys() == new_lp.keys()
+    assert max(float(np.abs(np.asarray(src_lp[key]["old_logprobs"]) - np.asarray(new_lp[key]["old_logprobs"])).max()) for key in src_lp) < 1e-3
     assert _manifest(new, "policy/iter-0001")["adapter"]["base_policy_hash"] == p0["policy_hash"]
     report = grpo("audit", str(new))
     assert ": ok, 1 iteration(s)" in report.stdout and "lineage intact" in report.stdout, report.stdout

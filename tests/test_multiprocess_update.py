@@ -114,3 +114,21 @@ def test_two_processes_log_the_global_batch(updated):
     # ZeRO-3 state: each rank saved its own optimizer partition, and both made it into the run
     state = sorted(p.name for p in (multi / "iter-0000/update/state/state").iterdir())
     assert any("rank_0" in s and "optim" in s for s in state) and any("rank_1" in s and "optim" in s for s in state)
+
+
+def test_two_processes_gather_the_old_logprobs_a_one_step_update_took_from_its_forward(assets, tmp_path):
+    """One optimizer step per iteration: each rank records the old logprobs of its own rows; the
+    stored table has every row once, equal to the single process's, and the weights agree."""
+    import pyarrow.parquet as pq
+
+    cfg = base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16}, train={"mini_batch_size": 16, "grad_accum": 2, "lr": 1e-4})
+    single, multi = update_in_one_and_two_processes(tmp_path, cfg)
+    assert manifest(single)["optimizer_steps"] == manifest(multi)["optimizer_steps"] == 1
+    a = pq.read_table(single / "iter-0000/update/old_logprobs.parquet").to_pylist()
+    b = pq.read_table(multi / "iter-0000/update/old_logprobs.parquet").to_pylist()
+    assert len(a) == len(b) == 16 and [(r["prompt_id"], r["sample_idx"]) for r in a] == [(r["prompt_id"], r["sample_idx"]) for r in b]
+    assert sum(len(r["old_logprobs"]) for r in a) > 0
+    for ra, rb in zip(a, b):
+        np.testing.assert_allclose(rb["old_logprobs"], ra["old_logprobs"], atol=METRIC_ATOL, rtol=0)
+    w1, w2 = weights(single, 1), weights(multi, 1)
+    assert max(float((w1[n] - w2[n]).abs().max()) for n in w1) <= WEIGHT_ATOL

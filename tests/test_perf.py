@@ -180,6 +180,76 @@ def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pa
         assert np.allclose(np.asarray(r, np.float32), s, atol=1e-5)
 
 
+def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_separate_pass(make_run):
+    """One epoch and one optimizer step per iteration: the ratio is exactly 1, so the logprobs
+    stage makes no old pass (its manifest says so, the column is null) and the update uses its
+    own forward, detached, storing what it used. Those values equal a separate pass over the
+    same policy, the ratio is exactly 1, and `train.old_logprobs: pass` keeps the separate pass."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
+    from pipeline.report.audit import audit_run
+    from pipeline.report.inspect import stage_metrics
+    from pipeline.rollout import run_rollout
+    from pipeline.score import run_score
+    from pipeline.store.parts import read_parts
+    from pipeline.store.run import Run
+    from pipeline.update.publish import run_update
+    from schemas.artifacts import LOGPROBS, ROLLOUT, UPDATE_METRICS
+
+    one_step = {"mini_batch_size": 16, "grad_accum": 2, "precision": "fp32"}  # 4 prompts x G=4 = 16 rows
+    runs = {mode: Run(make_run(mode, rollout={"engine": "hf"}, train={**one_step, "old_logprobs": mode})) for mode in ("auto", "pass")}
+    auto, sep = runs["auto"], runs["pass"]
+    assert auto.cfg.old_from_update and not sep.cfg.old_from_update
+    trainer = None
+    for k in range(2):
+        run_rollout(auto, k)
+        run_score(auto, k)
+        m = run_logprobs(auto, k)
+        assert m.passes["forward_passes"] == 0 and "update's forward" in m.passes["old_logprobs"], m.passes
+        lp = pa.concat_tables(read_parts(auto, k, "logprobs", LOGPROBS))
+        assert lp.column("old_logprobs").null_count == lp.num_rows == lp.column("sampler_gap_max").null_count
+        separate = sequence_logprobs(load_model(auto.policy_dir(k)), *(
+            pa.concat_tables(read_parts(auto, k, "rollout", ROLLOUT)).column(c).to_pylist() for c in ("prompt_ids", "completion_ids")),
+            auto.cfg.rollout.temperature, 64)
+        um, trainer = run_update(auto, k, trainer)
+        assert um.outputs.old_logprobs is not None
+        used = auto.store.read_table(f"iter-{k:04d}/update/old_logprobs.parquet", LOGPROBS, um.outputs.old_logprobs.sha256)
+        roll = pa.concat_tables(read_parts(auto, k, "rollout", ROLLOUT))
+        by_key = dict(zip(zip(used.column("prompt_id").to_pylist(), used.column("sample_idx").to_pylist()), used.to_pylist()))
+        keys = list(zip(roll.column("prompt_id").to_pylist(), roll.column("sample_idx").to_pylist()))
+        assert sorted(by_key) == sorted(keys) and sum(len(s) for s in separate) > 0
+        for key, s, sampler in zip(keys, separate, roll.column("sampler_logprobs").to_pylist()):
+            row = by_key[key]
+            assert np.allclose(np.asarray(row["old_logprobs"], np.float32), s, atol=1e-4), key
+            gap = np.abs(np.asarray(row["old_logprobs"], np.float32) - np.asarray(sampler, np.float32))
+            assert row["sampler_gap_max"] == pytest.approx(float(gap.max()) if len(gap) else 0.0, abs=1e-6)
+        steps = auto.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS).to_pylist()
+        assert len(steps) == 1 and steps[0]["ratio/mean"] == 1.0 and steps[0]["clip/ratio_region"] == 0.0
+        assert "logprobs/sampler_gap_max" not in stage_metrics(auto, k, "logprobs")  # the update reports it
+        assert stage_metrics(auto, k, "update")["logprobs/sampler_gap_max"] == pytest.approx(max(used.column("sampler_gap_max").to_pylist()))
+
+    run_rollout(sep, 0)
+    run_score(sep, 0)
+    m = run_logprobs(sep, 0)
+    assert m.passes["forward_passes"] == 1 and m.passes["old_logprobs"] == "policy/iter-0000"
+    um, _ = run_update(sep, 0)
+    assert um.outputs.old_logprobs is None and not (Path(sep.uri) / "iter-0000/update/old_logprobs.parquet").exists()
+    sep_old = pa.concat_tables(read_parts(sep, 0, "logprobs", LOGPROBS)).column("old_logprobs").to_pylist()
+    auto_old = auto.store.read_table("iter-0000/update/old_logprobs.parquet", LOGPROBS)
+    auto_old = dict(zip(zip(auto_old.column("prompt_id").to_pylist(), auto_old.column("sample_idx").to_pylist()), auto_old.column("old_logprobs").to_pylist()))
+    roll = pa.concat_tables(read_parts(sep, 0, "rollout", ROLLOUT))
+    for key, o in zip(zip(roll.column("prompt_id").to_pylist(), roll.column("sample_idx").to_pylist()), sep_old):
+        assert np.allclose(np.asarray(auto_old[key]), np.asarray(o), atol=1e-4), key  # same rollout: same policy 0
+
+    assert audit_run(auto).ok and audit_run(sep).ok
+    target = Path(auto.uri) / "iter-0001/update/old_logprobs.parquet"
+    target.write_bytes(target.read_bytes()[:-9] + b"x" + target.read_bytes()[-8:])
+    assert any(p.startswith(f"{auto.store.display('iter-0001/update/old_logprobs.parquet')}: sha256") or "old_logprobs.parquet: sha256" in p
+               for p in audit_run(auto).problems)
+
+
 PROBE = """
 import atexit, sys
 def _report():

@@ -19,8 +19,8 @@ policy/iter-0001, ...):
   row count, Parquet kind + schema version and the stamp inside it; no unlisted part. Links:
   rollout and eval were sampled from policy K; score and logprobs read exactly this rollout
   (its manifest's sha256 and its outputs) and have its rows, part by part; logprobs used policy K.
-- iter-K/update: metrics.parquet, its inputs (the three manifests and policy K) and the policy
-  K+1 it wrote.
+- iter-K/update: metrics.parquet (and old_logprobs.parquet when the update took the old logprobs
+  from its own forward), its inputs (the three manifests and policy K) and the policy K+1 it wrote.
 - a replayed stage (`grpo replay`) holds byte copies of the source run's parts, so its parts
   carry the source's stamp; while the source run exists its manifest must still have the
   sha256 recorded in `replayed_from`.
@@ -43,7 +43,7 @@ from pipeline.errors import GRPOError
 from pipeline.store.retention import TOMBSTONE
 from pipeline.store.run import Run
 from pipeline.store import MANIFEST, TMP_MARK, RunStore, canonical_hash, hash_dir, policy_rel, stage_rel
-from schemas.artifacts import BY_KIND, UPDATE_METRICS, SchemaError
+from schemas.artifacts import BY_KIND, OLD_LOGPROBS, UPDATE_METRICS, SchemaError
 from schemas.manifests import FileEntry, ReplayLink
 
 PART_STAGES = ("rollout", "score", "logprobs", "eval")
@@ -320,15 +320,19 @@ class _Auditor:
         self.check_fields(mrel, m, "update", k, UPDATE_METRICS.version)
         if m.stage != "update":
             return
-        listed = m.outputs.metrics
-        rel = f"{sd}/metrics.parquet"
-        if not self.store.exists(rel):
-            self.audit.problem(rel, "missing (listed in MANIFEST.json)")
-        else:
-            sha, n = self.sha_file(rel)
-            self.audit.files += 1
-            if sha != listed.sha256 or n != listed.bytes:
-                self.audit.problem(rel, f"sha256 {short(sha)} differs from MANIFEST.json's {short(listed.sha256)}")
+        files = {"metrics.parquet": m.outputs.metrics, OLD_LOGPROBS: m.outputs.old_logprobs}
+        for name, listed in files.items():
+            rel = f"{sd}/{name}"
+            if listed is None:
+                if self.store.exists(rel):
+                    self.audit.problem(rel, "not listed in MANIFEST.json")
+            elif not self.store.exists(rel):
+                self.audit.problem(rel, "missing (listed in MANIFEST.json)")
+            else:
+                sha, n = self.sha_file(rel)
+                self.audit.files += 1
+                if sha != listed.sha256 or n != listed.bytes:
+                    self.audit.problem(rel, f"sha256 {short(sha)} differs from MANIFEST.json's {short(listed.sha256)}")
         inputs = m.inputs
         for s in LINEAGE_STAGES:
             want = self.manifest_sha(stage_rel(k, s))

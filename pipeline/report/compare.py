@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipeline.report.audit import PART_STAGES, short
 from pipeline.store.run import Run
 from pipeline.store import policy_rel, stage_rel
+from schemas.artifacts import OLD_LOGPROBS
 
 
 def _flat(tree, prefix: str = "") -> dict:
@@ -38,6 +39,8 @@ def _artifacts(run: Run) -> list[tuple[str, str]]:
                 out.append((f"{stage_rel(k, stage)}/{name}", o.sha256))
         m = run.manifest(k, "update")
         if m is not None:
+            if m.outputs.old_logprobs is not None:  # the old logprobs the update took from its forward
+                out.append((f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", m.outputs.old_logprobs.sha256))
             out.append((f"{stage_rel(k, 'update')}/metrics.parquet", m.outputs.metrics.sha256))
     return out
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import GRPOError
 from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
-from schemas.artifacts import BY_KIND, EXTRA_PREFIX, REWARD_PREFIX, UPDATE_METRICS, SchemaError
+from schemas.artifacts import BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, UPDATE_METRICS, SchemaError
 
 TRACKED_STAGES = (*STAGES, "eval")
 """Stages whose manifests carry metrics; `eval` of policy k is logged at iteration k."""
@@ -132,15 +132,17 @@ def _score(run: Run, k: int, m: dict) -> dict[str, float]:
     return out
 
 
+def _sampler_gap(df: pl.DataFrame) -> dict[str, float]:
+    return {"logprobs/sampler_gap_max": _f(df["sampler_gap_max"].max()), "logprobs/sampler_gap_mean": _f(df["sampler_gap_mean"].mean())}
+
+
 def _logprobs(run: Run, k: int, m: dict) -> dict[str, float]:
+    """The sampler-vs-trainer gap is here unless the update took the old logprobs from its own
+    forward (`train.old_logprobs`); then the update reports it."""
     df = read_columns(run, k, "logprobs", ["sampler_gap_mean", "sampler_gap_max"])
     secs = _seconds(m)
-    return {
-        "logprobs/sampler_gap_max": _f(df["sampler_gap_max"].max()),
-        "logprobs/sampler_gap_mean": _f(df["sampler_gap_mean"].mean()),
-        "time/logprobs_s": secs,
-        "tokens_per_s/logprobs": _per_s((m.stats or {}).get("tokens", 0), secs),
-    }
+    gap = _sampler_gap(df) if df.height and df["sampler_gap_max"].null_count() < df.height else {}
+    return {**gap, "time/logprobs_s": secs, "tokens_per_s/logprobs": _per_s((m.stats or {}).get("tokens", 0), secs)}
 
 
 def update_steps(run: Run, k: int) -> pl.DataFrame:
@@ -155,6 +157,8 @@ def _update(run: Run, k: int, m: dict) -> dict[str, float]:
     train_s = float(m.timings.get("train_s", float("nan")))
     out["time/update_s"] = _seconds(m)
     out["tokens_per_s/update"] = _per_s(float(steps["tokens"].sum()), train_s)
+    if m.outputs.old_logprobs is not None:  # the update's forward gave the old logprobs: its gap to the sampler's
+        out.update(_sampler_gap(pl.from_arrow(run.store.read_table(f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", LOGPROBS))))
     return out
 
 

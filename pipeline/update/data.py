@@ -22,7 +22,12 @@ class UpdateData:
 
     def __init__(self, run: Run, k: int, kl_ctl=None):
         cfg = run.cfg
-        roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(["prompt_id", "sample_idx", "prompt_ids", "completion_ids"]))
+        from pipeline.logprobs import pass_plan
+
+        # the ratio is exactly 1: the old logprobs are the update's own forward, detached (recorded by `record_old`)
+        self.old_from_update = pass_plan(cfg, k)[1]
+        roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(
+            ["prompt_id", "sample_idx", "prompt_ids", "completion_ids", "sampler_logprobs"]))
         score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
         lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
         df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
@@ -37,6 +42,9 @@ class UpdateData:
         self.prompt_ids = df["prompt_ids"].to_list()
         self.completion_ids = df["completion_ids"].to_list()
         self.old = df["old_logprobs"].to_list()
+        if not self.old_from_update and any(o is None for o in self.old):
+            raise GRPOError(f"update iteration {k}: the logprobs parts have no old_logprobs (made with another train.old_logprobs)")
+        self.used_old: dict[int, np.ndarray] = {}  # row -> the old logprobs the update's forward gave
         self.ref = df["ref_logprobs"].to_list()
         self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
         self.lengths = np.array([len(c) for c in self.completion_ids])
@@ -60,11 +68,31 @@ class UpdateData:
         return int(self.lengths[idx].sum())
 
     def batch(self, idx):
+        """(batch, old [B, T] or None when the update's forward gives them, ref or None, advantages)."""
         b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx])
         T = b.completion_mask.shape[1]
-        old = _pad([self.old[i] for i in idx], T)
+        old = None if self.old_from_update else _pad([self.old[i] for i in idx], T)
         ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
         return b, old, ref, self.adv[torch.as_tensor(idx)]
+
+
+    def record_old(self, idx, logp: torch.Tensor) -> None:
+        """Keep the detached logprobs [B, T] of rows `idx` that stood in for the old ones."""
+        logp = logp.detach().float().cpu()
+        for j, i in enumerate(idx):
+            self.used_old[int(i)] = logp[j, : len(self.completion_ids[i])].numpy().copy()
+
+    def old_table(self) -> pa.Table:
+        """The old logprobs the update used (every trained row), as a LOGPROBS table."""
+        from pipeline.logprobs import old_logprobs_table
+
+        missing = [i for i in range(self.size) if i not in self.used_old]
+        if missing:
+            raise GRPOError(f"update: {len(missing)} rows got no old logprobs from the update's forward")
+        order = self.df.select(["prompt_id", "sample_idx"]).with_row_index("row").sort(["prompt_id", "sample_idx"])
+        rows, sampler = order["row"].to_list(), self.df["sampler_logprobs"].to_list()
+        return old_logprobs_table(pa.array(order["prompt_id"].to_list(), pa.int64()), pa.array(order["sample_idx"].to_list(), pa.int32()),
+                                  [self.used_old[i] for i in rows], [sampler[i] for i in rows])
 
 
 def _pad(rows: list[list[float]], T: int) -> torch.Tensor:

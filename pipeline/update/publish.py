@@ -25,13 +25,13 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
+from pipeline.store import cache_dir, canonical_hash, hash_dir, is_rank0, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
 from pipeline.store.retention import prune_policies
 from pipeline.store.run import Run, policy_manifest
 from pipeline.update.data import UpdateData
 from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer, _barrier, init_distributed
-from schemas.artifacts import UPDATE_METRICS
+from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, UPDATE_METRICS
 from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
 
 
@@ -72,8 +72,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         raise GRPOError(f"update iteration {k}: update of iteration {k - 1} is not done")
     sd = stage_rel(k, "update")
     t0 = time.time()
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if rank0 else contextlib.nullcontext()
+    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank0() else contextlib.nullcontext()
     with lock:
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
@@ -120,13 +119,15 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
         fault_point("update:publish", k)
         store.put_dir(work / STATE, state_rel(k), move=True)
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
+        old_lp = store.write_table(f"{sd}/{OLD_LOGPROBS}", data.old_table(), LOGPROBS) if data.old_from_update else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     body = UpdateManifest(
         stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
         inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
                             state=None if prev_state is None else canonical_hash(hash_dir(prev_state))),
-        outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash)),
+        outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
+                              old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None),
         policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
         kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision,
         timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},

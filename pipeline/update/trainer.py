@@ -196,6 +196,11 @@ class Trainer:
         with progress(f"update iteration {k} optimizer steps", steps) as bar:
             for epoch in range(t.epochs):
                 rows += self._epoch(data, k, epoch, bar)
+        if data.old_from_update and self.world > 1:  # each rank recorded its own rows' old logprobs
+            every: list = [None] * self.world
+            torch.distributed.all_gather_object(every, data.used_old)
+            for part in every:
+                data.used_old.update(part)
         return rows
 
     def _epoch(self, data: "UpdateData", k: int, epoch: int, bar) -> list[dict]:
@@ -296,9 +301,13 @@ class Trainer:
         cfg = self.cfg
         dev = self.engine.device
         batch, old, ref, adv = data.batch(idx)
-        batch, old, adv = batch.to(dev), old.to(dev), adv.to(dev)
+        batch, adv = batch.to(dev), adv.to(dev)
         ref = ref.to(dev) if ref is not None else None
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
+        if old is None:  # one optimizer step per iteration: the policy is still the old one (ratio 1, as TRL does)
+            old = logp.detach()
+            data.record_old(idx, old)
+        old = old.to(dev)
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
         loss, metrics = grpo.policy_loss(
