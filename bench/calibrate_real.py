@@ -35,23 +35,13 @@ def train_trl(cfg, out: Path, cycles: int, bf16: bool) -> tuple[Path, dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from bench.trl_run import cycle_steps, trl_args, trl_dataset, trl_peft
-    from pipeline.rewards.contract import load_reward
-
-    def reward_fn(spec):
-        fn = load_reward(spec)
-
-        def reward(prompts, completions, **kwargs):
-            return fn(prompts, completions, **kwargs)
-
-        reward.__name__ = spec.column
-        return reward
+    from bench.trl_run import cycle_steps, trl_args, trl_dataset, trl_peft, trl_reward
 
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward_fn(spec) for spec in cfg.rewards], processing_class=tokenizer,
+        model=model, reward_funcs=[trl_reward(spec) for spec in cfg.rewards], processing_class=tokenizer,
         args=trl_args(cfg, out / "trl", max_steps=cycles * cycle_steps(cfg), bf16=bf16),
         train_dataset=trl_dataset(cfg), peft_config=trl_peft(cfg),
     )

@@ -28,6 +28,23 @@ from bench.probes import loadavg, machine_info, peak_rss_mb
 from bench.workloads import WORK, load_workload, resolved_config
 
 
+def trl_reward(spec, calls: list | None = None):
+    """The run's reward function `spec`, loaded as the run loads it, named as TRL logs it;
+    with `calls`, each call's values are appended there."""
+    from pipeline.rewards.contract import load_reward
+
+    fn = load_reward(spec)
+
+    def reward(prompts, completions, **kwargs):
+        values = fn(prompts, completions, **kwargs)
+        if calls is not None:
+            calls.append({"name": spec.column, "values": values})
+        return values
+
+    reward.__name__ = spec.column
+    return reward
+
+
 def main(workload_json: str, out: str) -> None:
     from pipeline.models.engines import cpu_env
 
@@ -37,24 +54,11 @@ def main(workload_json: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    from pipeline.rewards.contract import load_reward
-
     w = load_workload(workload_json)
     cfg = resolved_config(w)  # the run's config: TRL gets the same numbers
     dataset = trl_dataset(cfg)
     weights = {spec.column: spec.weight for spec in cfg.rewards}
     calls: list[dict] = []
-
-    def reward_fn(spec):
-        fn = load_reward(spec)
-
-        def reward(prompts, completions, **kwargs):  # the run's reward function, recording what it returns
-            values = fn(prompts, completions, **kwargs)
-            calls.append({"name": spec.column, "values": values})
-            return values
-
-        reward.__name__ = spec.column
-        return reward
 
     per_cycle = cycle_steps(cfg)
     args = trl_args(cfg, WORK / "trl" / f"{w.name}", max_steps=w.trl_steps * per_cycle,
@@ -63,7 +67,7 @@ def main(workload_json: str, out: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward_fn(spec) for spec in cfg.rewards], args=args,
+        model=model, reward_funcs=[trl_reward(spec, calls) for spec in cfg.rewards], args=args,
         train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(cfg),
     )
     setup_s = time.perf_counter() - t_load

@@ -72,10 +72,15 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     return cfg
 
 
+def is_adapter_policy(src: Run, k: int) -> bool:
+    """Whether SRC's policy K is a LoRA adapter (K >= 1 of a LoRA run) rather than full weights."""
+    return src.cfg.train.lora is not None and k > 0
+
+
 def replay_model(src: Run, k: int) -> Path:
-    """NEW's model: SRC's policy K; for a LoRA run's K >= 1 (an adapter) the adapter merged into
-    SRC's base (built once per policy in the local cache), on which NEW trains a fresh adapter."""
-    if src.cfg.train.lora is not None and k > 0:
+    """NEW's model: SRC's policy K; for an adapter, the adapter merged into SRC's base (built once
+    per policy in the local cache), on which NEW trains a fresh adapter."""
+    if is_adapter_policy(src, k):
         from pipeline.models.lora import merged_dir
 
         return merged_dir(src, k)
@@ -84,7 +89,7 @@ def replay_model(src: Run, k: int) -> Path:
 
 def merged_origin(src: Run, k: int) -> dict | None:
     """The `merged_from` record of NEW's policy 0 when it is SRC's adapter K merged, else None."""
-    if src.cfg.train.lora is None or k == 0:
+    if not is_adapter_policy(src, k):
         return None
     return {"run": src.store.display(), "iteration": k, "adapter_policy_hash": src.policy_hash(k), "base_policy_hash": src.policy_hash(0)}
 

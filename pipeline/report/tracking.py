@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.store import cache_dir, sha256_bytes
+from pipeline.store import cache_dir, is_rank0, sha256_bytes
 from pipeline.store.run import Run
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def reporting(run: Run, k: int, stage: str):
     The write path knows nothing of MLflow; the stages and `iterate` report through this."""
     fresh = not run.done(k, stage)
     yield
-    if fresh and int(os.environ.get("RANK", "0")) == 0 and run.done(k, stage):
+    if fresh and is_rank0() and run.done(k, stage):
         log_stage(run, k, stage)
 
 
