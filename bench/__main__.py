@@ -24,6 +24,7 @@ from pathlib import Path
 from bench import commands, report
 from bench.probes import loadavg, machine_info
 from bench.workloads import ROOT, WORK, build_assets, workloads
+from pipeline.store import code_version
 
 
 def worker_env(threads: int | None) -> dict:
@@ -90,6 +91,7 @@ def main() -> None:
         "quick": args.quick,
         "machine": machine_info(),
         "threads_setting": args.threads,
+        "code_version": code_version(),
         "workloads": {},
     }
     scratch = WORK / "results"
@@ -137,7 +139,8 @@ def main() -> None:
         for name, entry in old["workloads"].items():
             if name not in results["workloads"]:
                 results["workloads"][name] = {**entry, "from_run": {"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")}}
-        results.setdefault("merged", []).append({"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")})
+        results.setdefault("merged", []).append({"file": earlier.name, "started": old["started"], "total_s": old.get("total_s"),
+                                                 "code_version": old.get("code_version")})
     order = [w.name for w in workloads(False)]
     results["workloads"] = dict(sorted(results["workloads"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     results["loadavg_end"] = loadavg()
