@@ -25,20 +25,23 @@ def policy_hash(run: Path, k: int) -> str:
     return json.loads((run / "policy" / f"iter-{k:04d}" / "MANIFEST.json").read_text())["policy_hash"]
 
 
-@pytest.fixture(scope="module")
-def two_runs(assets, tmp_path_factory):
-    """The same config run twice for 2 iterations: stage by stage, and with `iterate`."""
-    root = tmp_path_factory.mktemp("e2e")
-    cfg = write_config(root / "cfg.yaml", base_config(assets, train={"mini_batch_size": 8, "lr": 3e-4, "epochs": 2},
-                                                      loss={"kl_coef": 0.05}))
+def separate_and_iterate(root: Path, config: dict) -> tuple[Path, Path, str]:
+    """The same config run twice for 2 iterations: stage by stage, and with `iterate` (its stdout)."""
+    cfg = write_config(root / "cfg.yaml", config)
     sep, itr = root / "separate", root / "iterate"
     grpo("init", str(sep), "--config", str(cfg))
     for k in range(2):
         for stage in ("rollout", "score", "logprobs", "update"):
             grpo(stage, str(sep), "--iter", str(k))
     grpo("init", str(itr), "--config", str(cfg))
-    out = grpo("iterate", str(itr), "--iters", "2")
-    return sep, itr, out.stdout
+    return sep, itr, grpo("iterate", str(itr), "--iters", "2").stdout
+
+
+@pytest.fixture(scope="module")
+def two_runs(assets, tmp_path_factory):
+    """Two epochs with KL: the old logprobs come from the logprobs stage."""
+    return separate_and_iterate(tmp_path_factory.mktemp("e2e"), base_config(
+        assets, train={"mini_batch_size": 8, "lr": 3e-4, "epochs": 2}, loss={"kl_coef": 0.05}))
 
 
 def test_iterate_writes_what_the_separate_commands_write(two_runs):
@@ -54,14 +57,7 @@ def test_iterate_writes_what_the_separate_commands_write(two_runs):
 def test_one_step_iterations_write_the_same_artifacts_from_iterate_and_the_separate_commands(assets, tmp_path):
     """One optimizer step per iteration (the update's forward gives the old logprobs): `iterate`,
     which keeps no logprob model then, and the four commands write the same bytes; both audit clean."""
-    cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, train={"mini_batch_size": 16, "lr": 3e-4}))
-    sep, itr = tmp_path / "separate", tmp_path / "iterate"
-    grpo("init", str(sep), "--config", str(cfg))
-    for k in range(2):
-        for stage in ("rollout", "score", "logprobs", "update"):
-            grpo(stage, str(sep), "--iter", str(k))
-    grpo("init", str(itr), "--config", str(cfg))
-    grpo("iterate", str(itr), "--iters", "2")
+    sep, itr, _ = separate_and_iterate(tmp_path, base_config(assets, train={"mini_batch_size": 16, "lr": 3e-4}))
     for k in range(2):
         assert manifest(sep, k, "logprobs")["passes"]["forward_passes"] == 0
         for stage in ("rollout", "score", "logprobs"):
