@@ -33,6 +33,23 @@ def _isolated_cache(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_env_leak():
+    """A test that updates in process joins a one-process group, which sets RANK, MASTER_PORT, ...
+    in this process's environment while it holds that port; left there, every later `grpo`
+    subprocess would inherit them and fail to bind the same port. Put them back as they were."""
+    before = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> dict:
     """Demo data (small) and a tiny warm-started model, built once for the whole session."""
