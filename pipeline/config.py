@@ -116,8 +116,8 @@ class AdvantageConfig(_Section):
     """Optional KL penalty folded into the reward before normalisation (applied at update time)."""
 
     def of(self, rewards, num_generations: int):
-        """The advantages of total rewards [N] (groups of `num_generations`) under these settings."""
-        from pipeline.grpo import group_advantages
+        """The advantages of total rewards [N] (a NumPy array, groups of `num_generations`) under these settings."""
+        from pipeline.advantages import group_advantages
 
         return group_advantages(rewards, num_generations, scale=self.scale, std=self.std, eps=self.eps,
                                 std_floor=self.std_floor, batch_renorm=self.batch_renorm)

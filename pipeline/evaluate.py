@@ -10,9 +10,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from pipeline import grpo
+from pipeline import advantages
 from pipeline.data import derive_seed, load_dataset, make_prompts
 from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
@@ -48,8 +47,8 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
     hit = per_fn[:, names.index(cfg.eval.reward)]
-    weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
-    total = grpo.combine_rewards(torch.from_numpy(per_fn), weights).numpy()  # [N], as score: NaN where none applies
+    weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
+    total = advantages.combine_rewards(per_fn, weights)  # [N], as score: NaN where none applies
     out = {
         "prompt_id": table.column("prompt_id"),
         "prompt": table.column("prompt"),

@@ -1,9 +1,10 @@
 """GRPO math as small pure torch functions (no I/O).
 
-Score stage: `combine_rewards` -> `group_advantages` (and `group_stats` for the stored group
-columns), optionally `kl_penalised_rewards` with a KL controller. Update stage: `policy_loss`
-per micro-batch. The formulas, one per loss type, are in docs/loss.md; every function here is
-checked against hand-derived numbers and a naive loop in tests/test_grpo.py:
+The rewards' side (`combine_rewards`, `group_advantages`, `group_stats`) is NumPy, in
+pipeline/advantages.py, so that the score stage does not load torch. Here: the KL estimators,
+`kl_penalised_rewards` with a KL controller, and the update's `policy_loss` per micro-batch.
+The formulas, one per loss type, are in docs/loss.md; every function here is checked against
+hand-derived numbers and a naive loop in tests/test_grpo.py:
 
     .venv/bin/python -m pytest tests/test_grpo.py -q
 """
@@ -14,123 +15,7 @@ import torch
 
 from pipeline.loss_config import LossConfig  # noqa: F401  (its home before; config.py imports it without torch)
 
-StdKind = Literal["sample", "population"]
 KLEstimator = Literal["k1", "k2", "k3"]
-
-
-# --------------------------------------------------------------------------- rewards
-
-
-def combine_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Total reward per completion: the weighted sum over reward functions, skipping NaN.
-
-    per_function [N, F] holds NaN where a function returned None (it does not apply to that
-    completion). Its term is left out of the sum, as TRL does. A row where *every* function
-    returned None gets NaN, not 0: TRL's nansum gives 0 there (and warns), which would pass
-    for a real reward of 0 in the group statistics; NaN makes `group_advantages` leave the
-    completion out of its group's mean/std and give it advantage 0.
-    """
-    if per_function.dim() != 2 or weights.shape != (per_function.shape[1],):
-        raise ValueError(
-            "combine_rewards: expected per_function [N, F] and weights [F], "
-            f"got {tuple(per_function.shape)} and {tuple(weights.shape)}"
-        )
-    weighted = per_function * weights.to(per_function.dtype)[None, :]  # [N, F]
-    total = torch.nansum(weighted, dim=1)  # [N]
-    none_applied = torch.isnan(per_function).all(dim=1)  # [N]
-    return total.masked_fill(none_applied, float("nan"))
-
-
-def _as_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """rewards [N], group by group -> [N/G, G] in float64 (statistics are cheap; keep them exact)."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    if num_generations < 1 or rewards.numel() % num_generations:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
-    return rewards.to(torch.float64).view(-1, num_generations)
-
-
-def _out_dtype(rewards: torch.Tensor) -> torch.dtype:
-    return rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
-
-
-def _nanstd(x: torch.Tensor, dim: int, std: StdKind) -> torch.Tensor:
-    """Std over `dim` ignoring NaN; sample (Bessel, n - 1) or population (n). 0 when undefined."""
-    valid = ~torch.isnan(x)
-    count = valid.sum(dim)
-    dev = torch.where(valid, x - torch.nanmean(x, dim=dim, keepdim=True), 0.0)
-    ddof = {"sample": 1, "population": 0}[std]
-    return ((dev**2).sum(dim) / (count - ddof).clamp(min=1)).sqrt()
-
-
-def _group_stats(grouped: torch.Tensor, std: StdKind) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    valid = ~torch.isnan(grouped)  # [P, G]
-    count = valid.sum(dim=1)  # [P]
-    hi = torch.where(valid, grouped, -torch.inf).amax(dim=1)  # [P]
-    lo = torch.where(valid, grouped, torch.inf).amin(dim=1)  # [P]
-    # No signal: fewer than two rewards to compare, or all equal. Tested exactly (hi == lo), not
-    # by std < tol: the mean of [0.1, 0.1, 0.1] is not exactly 0.1 in floating point.
-    zero_std = (count < 2) | (hi == lo)  # [P]
-    mean = torch.where(zero_std & (count > 0), lo, torch.nanmean(grouped, dim=1))  # [P], NaN if empty
-    sd = torch.where(zero_std, 0.0, _nanstd(grouped, dim=1, std=std))  # [P]
-    sd = sd.masked_fill(count == 0, float("nan"))
-    return mean, sd, zero_std
-
-
-def group_stats(
-    rewards: torch.Tensor, num_generations: int, std: StdKind = "sample"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-group (mean [P], std [P], zero_std [P] bool) of rewards [N = P * G], group by group.
-
-    NaN rewards are left out. zero_std marks groups without learning signal: all valid rewards
-    equal, or fewer than two of them. Their std is exactly 0 and their mean exactly the common
-    value; a group with no valid reward has mean and std NaN.
-    """
-    mean, sd, zero_std = _group_stats(_as_groups(rewards, num_generations), std)
-    return mean.to(_out_dtype(rewards)), sd.to(_out_dtype(rewards)), zero_std
-
-
-def group_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    scale: Literal["group", "batch", "none"] = "group",
-    std: StdKind = "sample",
-    eps: float = 1e-4,
-    std_floor: float | None = None,
-    batch_renorm: bool = False,
-) -> torch.Tensor:
-    """Group-relative advantages A_i = (r_i - mean_group) / (std + eps), [N] in rewards' order.
-
-    scale: divide by the group's std (GRPO), the whole batch's std (Lite PPO), or not at all
-    (Dr. GRPO). std_floor replaces "+ eps" by max(std, std_floor). Completions of a zero_std
-    group and completions whose reward is NaN get exactly 0. batch_renorm then re-centres and
-    re-scales (A - mean) / (std + eps) over the completions that carry a signal; the others stay
-    0 so that an all-equal group never pushes the policy.
-    """
-    grouped = _as_groups(rewards, num_generations)  # [P, G]
-    mean, group_std, zero_std = _group_stats(grouped, std)  # [P] each
-    centred = grouped - mean[:, None]  # [P, G]
-    if scale == "group":
-        denom = group_std[:, None]  # [P, 1]
-    elif scale == "batch":
-        denom = _nanstd(grouped.flatten(), dim=0, std=std)  # [] over every valid reward
-    elif scale == "none":
-        denom = None
-    else:
-        raise ValueError(f"scale must be group, batch or none, got {scale!r}")
-    if denom is None:
-        advantages = centred
-    elif std_floor is not None:
-        advantages = centred / denom.clamp(min=std_floor)
-    else:
-        advantages = centred / (denom + eps)
-    signal = ~zero_std[:, None] & ~torch.isnan(grouped)  # [P, G] completions that can teach something
-    advantages = torch.where(signal, advantages, 0.0)  # [P, G]
-    if batch_renorm and signal.any():
-        live = advantages[signal]  # [S]
-        renormed = (advantages - live.mean()) / (_nanstd(live, dim=0, std=std) + eps)
-        advantages = torch.where(signal, renormed, 0.0)
-    return advantages.flatten().to(_out_dtype(rewards))
 
 
 # --------------------------------------------------------------------------- KL

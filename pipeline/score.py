@@ -2,7 +2,7 @@
 
     iter-k/rollout/part-p.parquet --rewards--> iter-k/score/part-p.parquet + MANIFEST.json
 
-Advantages are group-relative (`pipeline.grpo.group_advantages`), so a part (whole groups)
+Advantages are group-relative (`pipeline.advantages.group_advantages`), so a part (whole groups)
 is scored on its own; `advantages.scale: batch` and `batch_renorm` need every group of the
 iteration and so are computed unsharded.
 """
@@ -14,9 +14,8 @@ import numbers
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from pipeline import grpo
+from pipeline import advantages
 from pipeline.data import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
@@ -68,13 +67,13 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     log = RewardLog(len(completions))
     per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                              trainer_state=trainer_state(run, k), log=log)  # [N, F]
-    weights = torch.tensor([r.weight for r in cfg.rewards], dtype=torch.float64)
-    total = grpo.combine_rewards(torch.from_numpy(per_fn), weights)  # [N]
-    if not torch.isfinite(total[~torch.isnan(total)]).all():
+    weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
+    total = advantages.combine_rewards(per_fn, weights)  # [N]
+    if not np.isfinite(total[~np.isnan(total)]).all():
         raise GRPOError(f"score iteration {k}: a total reward is infinite")
     a = cfg.advantages
     adv = a.of(total, G)
-    mean, std, zero = grpo.group_stats(total, G, std=a.std)  # [N/G]
+    mean, std, zero = advantages.group_stats(total, G, std=a.std)  # [N/G]
     cols = {
         "prompt_id": rollout.column("prompt_id"),
         "sample_idx": rollout.column("sample_idx"),
@@ -82,12 +81,12 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     }
     for j, spec in enumerate(cfg.rewards):
         cols[REWARD_PREFIX + spec.column] = pa.array(per_fn[:, j], from_pandas=True)  # NaN -> null
-    zero_rows = zero.repeat_interleave(G).numpy()
+    zero_rows = np.repeat(zero, G)
     cols.update(
-        reward=pa.array(total.numpy(), from_pandas=True),
-        advantage=pa.array(adv.float().numpy()),
-        group_mean=pa.array(mean.repeat_interleave(G).numpy()),
-        group_std=pa.array(std.repeat_interleave(G).numpy()),
+        reward=pa.array(total, from_pandas=True),
+        advantage=pa.array(adv.astype(np.float32)),
+        group_mean=pa.array(np.repeat(mean, G)),
+        group_std=pa.array(np.repeat(std, G)),
         zero_std=pa.array(zero_rows),
         train=pa.array(~zero_rows if a.dynamic_sampling else np.ones(len(zero_rows), bool)),
     )

@@ -3,16 +3,15 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from pipeline.advantages import combine_rewards, group_advantages, group_stats
 from pipeline.grpo import (
     AdaptiveKLController,
     FixedKLController,
     LossConfig,
-    combine_rewards,
-    group_advantages,
-    group_stats,
     kl_estimate,
     kl_penalised_rewards,
     make_kl_controller,
@@ -26,6 +25,15 @@ def t(*values, dtype=torch.float64):
     return torch.tensor(values, dtype=dtype)
 
 
+def a(*values, dtype=np.float64):
+    """Rewards as the score stage holds them: a NumPy array."""
+    return np.array(values, dtype=dtype)
+
+
+def zeros_exactly(actual, n, dtype=np.float64) -> bool:
+    return actual.dtype == dtype and np.array_equal(actual, np.zeros(n, dtype))
+
+
 def close(actual, expected, atol=1e-6):
     expected = torch.as_tensor(expected, dtype=torch.float64)
     assert torch.allclose(torch.as_tensor(actual).double(), expected, atol=atol, rtol=0), (actual, expected)
@@ -37,106 +45,106 @@ def close(actual, expected, atol=1e-6):
 def test_population_std_matches_the_seed_notes_worked_example():
     # [2, 1, 1]: mean 4/3, deviations (2/3, -1/3, -1/3), population var (4/9 + 1/9 + 1/9) / 3 = 2/9,
     # std sqrt(2)/3 = 0.471405; A = (2/3) / (sqrt(2)/3) = sqrt(2) = 1.414214, (-1/3) / (sqrt(2)/3) = -0.707107
-    adv = group_advantages(t(2, 1, 1), 3, std="population", eps=0.0)
+    adv = group_advantages(a(2, 1, 1), 3, std="population", eps=0.0)
     close(adv, [1.414214, -0.707107, -0.707107])
 
 
 def test_sample_std_matches_torch_and_trl():
     # [2, 1, 1]: sample var (6/9) / 2 = 1/3, std 0.577350; A = (2/3) / 0.577350 = 1.154701, (-1/3) / 0.577350 = -0.577350
-    adv = group_advantages(t(2, 1, 1), 3, std="sample", eps=0.0)
+    adv = group_advantages(a(2, 1, 1), 3, std="sample", eps=0.0)
     close(adv, [1.154701, -0.577350, -0.577350])
     # [1, 0, 0, 1]: mean 1/2, sample var 4 * (1/4) / 3 = 1/3, std 0.577350; A = +-0.5 / 0.577350 = +-0.866025
-    adv = group_advantages(t(1, 0, 0, 1), 4, eps=0.0)
+    adv = group_advantages(a(1, 0, 0, 1), 4, eps=0.0)
     close(adv, [0.866025, -0.866025, -0.866025, 0.866025])
 
 
 def test_default_eps_is_added_to_the_std():
     # eps = 1e-4: A = (2/3) / (sqrt(2)/3 + 1e-4) = 0.666667 / 0.471505 = 1.413914
-    adv = group_advantages(t(2, 1, 1), 3, std="population")
+    adv = group_advantages(a(2, 1, 1), 3, std="population")
     close(adv[0], (2 / 3) / (math.sqrt(2) / 3 + 1e-4))
     close(adv[0], 1.413914)
 
 
 def test_all_equal_group_gets_exactly_zero_advantages():
     # [1, 1, 1] has no spread: no learning signal, exactly 0 (not 0 / eps rounding noise)
-    assert torch.equal(group_advantages(t(1, 1, 1), 3), torch.zeros(3, dtype=torch.float64))
+    assert zeros_exactly(group_advantages(a(1, 1, 1), 3), 3)
     # float32 0.1 three times: the float mean is not exactly 0.1, yet every scale still gives exact zeros
-    rewards = torch.full((3,), 0.1, dtype=torch.float32)
+    rewards = np.full(3, 0.1, dtype=np.float32)
     for scale in ("group", "batch", "none"):
-        assert torch.equal(group_advantages(rewards, 3, scale=scale), torch.zeros(3))
+        assert zeros_exactly(group_advantages(rewards, 3, scale=scale), 3, np.float32)
     # two groups: [2, 1, 1] keeps its advantages, [1, 1, 1] stays 0
-    adv = group_advantages(t(2, 1, 1, 1, 1, 1), 3, eps=0.0)
+    adv = group_advantages(a(2, 1, 1, 1, 1, 1), 3, eps=0.0)
     close(adv, [1.154701, -0.577350, -0.577350, 0, 0, 0])
-    assert torch.equal(adv[3:], torch.zeros(3, dtype=torch.float64))
+    assert zeros_exactly(adv[3:], 3)
 
 
 def test_nan_rewards_are_left_out_of_the_statistics_and_get_zero():
     # [2, NaN, 1, 1]: statistics over [2, 1, 1] (sample std 0.577350 as above), the NaN completion gets 0
     # [NaN, 1, NaN, NaN]: one valid reward, nothing to compare -> zeros
     # [NaN, NaN, NaN, NaN]: zeros
-    rewards = t(2, NAN, 1, 1, NAN, 1, NAN, NAN, NAN, NAN, NAN, NAN)
+    rewards = a(2, NAN, 1, 1, NAN, 1, NAN, NAN, NAN, NAN, NAN, NAN)
     adv = group_advantages(rewards, 4, eps=0.0)
-    assert not torch.isnan(adv).any()
+    assert not np.isnan(adv).any()
     close(adv, [1.154701, 0, -0.577350, -0.577350] + [0] * 8)
-    assert torch.equal(adv[4:], torch.zeros(8, dtype=torch.float64))
+    assert zeros_exactly(adv[4:], 8)
 
 
 def test_group_stats_mean_std_and_zero_std_flags():
     # groups [2, NaN, 1, 1] -> mean 4/3, sample std 0.577350; [3, 3, NaN, 3] -> mean 3, std 0, zero_std;
     # [NaN, 5, NaN, NaN] -> mean 5, std 0, zero_std (one reward); all NaN -> mean NaN, std NaN, zero_std
-    rewards = t(2, NAN, 1, 1, 3, 3, NAN, 3, NAN, 5, NAN, NAN, NAN, NAN, NAN, NAN)
+    rewards = a(2, NAN, 1, 1, 3, 3, NAN, 3, NAN, 5, NAN, NAN, NAN, NAN, NAN, NAN)
     mean, std, zero_std = group_stats(rewards, 4)
     close(mean[:3], [4 / 3, 3, 5])
     close(std[:3], [0.577350, 0, 0])
-    assert torch.isnan(mean[3]) and torch.isnan(std[3])
+    assert np.isnan(mean[3]) and np.isnan(std[3])
     assert zero_std.tolist() == [False, True, True, True]
     # population std of [2, 1, 1] is sqrt(2)/3 = 0.471405
-    _, std, _ = group_stats(t(2, 1, 1), 3, std="population")
+    _, std, _ = group_stats(a(2, 1, 1), 3, std="population")
     close(std, [0.471405])
     # the dtype follows the rewards
-    mean, std, zero_std = group_stats(torch.tensor([1.0, 0.0]), 2)
-    assert mean.dtype == std.dtype == torch.float32 and zero_std.dtype == torch.bool
+    mean, std, zero_std = group_stats(np.array([1.0, 0.0], np.float32), 2)
+    assert mean.dtype == std.dtype == np.float32 and zero_std.dtype == bool
 
 
 def test_batch_scale_divides_by_the_whole_batch_std():
     # [0, 2 | 2, 4], population: batch mean 2, var (4 + 0 + 0 + 4) / 4 = 2, std sqrt(2);
     # group means 1 and 3 -> centred (-1, 1, -1, 1) -> A = +-1 / sqrt(2) = +-0.707107
     # (group scaling would give +-1: each group's population std is 1)
-    adv = group_advantages(t(0, 2, 2, 4), 2, scale="batch", std="population", eps=0.0)
+    adv = group_advantages(a(0, 2, 2, 4), 2, scale="batch", std="population", eps=0.0)
     close(adv, [-0.707107, 0.707107, -0.707107, 0.707107])
-    close(group_advantages(t(0, 2, 2, 4), 2, scale="group", std="population", eps=0.0), [-1, 1, -1, 1])
+    close(group_advantages(a(0, 2, 2, 4), 2, scale="group", std="population", eps=0.0), [-1, 1, -1, 1])
     # add a zero-spread group [5, 5]: batch [0, 2, 2, 4, 5, 5], mean 3, squared deviations 9+1+1+1+4+4 = 20,
     # population var 20/6, std 1.825742; A = +-1 / 1.825742 = +-0.547723 and the [5, 5] group stays 0
-    adv = group_advantages(t(0, 2, 2, 4, 5, 5), 2, scale="batch", std="population", eps=0.0)
+    adv = group_advantages(a(0, 2, 2, 4, 5, 5), 2, scale="batch", std="population", eps=0.0)
     close(adv, [-0.547723, 0.547723, -0.547723, 0.547723, 0, 0])
 
 
 def test_none_scale_only_centres():
     # Dr. GRPO: A = r - mean = (2 - 4/3, 1 - 4/3, 1 - 4/3) = (0.666667, -0.333333, -0.333333)
-    close(group_advantages(t(2, 1, 1), 3, scale="none"), [0.666667, -0.333333, -0.333333])
+    close(group_advantages(a(2, 1, 1), 3, scale="none"), [0.666667, -0.333333, -0.333333])
 
 
 def test_std_floor_clamps_instead_of_adding_eps():
     # [1.0, 1.1]: mean 1.05, sample var 2 * 0.05^2 / 1 = 0.005, std 0.070711 < 0.1 -> divide by 0.1: A = +-0.5
-    close(group_advantages(t(1.0, 1.1), 2, std_floor=0.1), [-0.5, 0.5])
+    close(group_advantages(a(1.0, 1.1), 2, std_floor=0.1), [-0.5, 0.5])
     # [2, 1, 1]: std 0.577350 > 0.1 -> unchanged and no eps added: 1.154701, -0.577350
-    close(group_advantages(t(2, 1, 1), 3, std_floor=0.1), [1.154701, -0.577350, -0.577350])
+    close(group_advantages(a(2, 1, 1), 3, std_floor=0.1), [1.154701, -0.577350, -0.577350])
 
 
 def test_batch_renorm_rescales_over_completions_with_signal():
     # groups [2, 1, 1] -> (1.154701, -0.577350, -0.577350); [1, 1, 1] -> zeros; [0, 1, 1] -> (-1.154701, 0.577350, 0.577350)
     # over the 6 completions with signal: mean 0, sample var (2 * 4/3 + 4 * 1/3) / 5 = 0.8, std 0.894427
     # -> (2/sqrt(3)) / (2/sqrt(5)) = sqrt(5/3) = 1.290994 and half of it 0.645497; the [1, 1, 1] group stays 0
-    adv = group_advantages(t(2, 1, 1, 1, 1, 1, 0, 1, 1), 3, eps=0.0, batch_renorm=True)
+    adv = group_advantages(a(2, 1, 1, 1, 1, 1, 0, 1, 1), 3, eps=0.0, batch_renorm=True)
     close(adv, [1.290994, -0.645497, -0.645497, 0, 0, 0, -1.290994, 0.645497, 0.645497])
-    assert torch.equal(adv[3:6], torch.zeros(3, dtype=torch.float64))
+    assert zeros_exactly(adv[3:6], 3)
 
 
 def test_advantages_reject_rewards_that_do_not_split_into_groups():
     with pytest.raises(ValueError, match="num_generations=4"):
-        group_advantages(t(1, 2, 3), 4)
+        group_advantages(a(1, 2, 3), 4)
     with pytest.raises(ValueError, match="scale"):
-        group_advantages(t(1, 2), 2, scale="prompt")
+        group_advantages(a(1, 2), 2, scale="prompt")
 
 
 # --------------------------------------------------------------------------- rewards
@@ -144,11 +152,11 @@ def test_advantages_reject_rewards_that_do_not_split_into_groups():
 
 def test_combine_rewards_is_a_weighted_nansum_and_all_nan_rows_stay_nan():
     # weights (1, 2): [1, 0.5] -> 1 + 1 = 2; [NaN, 1] -> 2 (the NaN function does not apply); [NaN, NaN] -> NaN
-    total = combine_rewards(t(1, 0.5, NAN, 1, NAN, NAN).view(3, 2), t(1, 2))
+    total = combine_rewards(a(1, 0.5, NAN, 1, NAN, NAN).reshape(3, 2), a(1, 2))
     close(total[:2], [2, 2])
-    assert torch.isnan(total[2])
+    assert np.isnan(total[2])
     # the NaN row then gets advantage 0 and is left out of its group's statistics
-    adv = group_advantages(torch.cat([total, t(0)]), 4, eps=0.0)
+    adv = group_advantages(np.concatenate([total, a(0)]), 4, eps=0.0)
     # valid rewards [2, 2, 0]: mean 4/3, sample std sqrt((4/9 + 4/9 + 16/9) / 2) = sqrt(4/3) = 1.154701
     # A = (2/3) / 1.154701 = 0.577350, (-4/3) / 1.154701 = -1.154701
     close(adv, [0.577350, 0.577350, 0, -1.154701])

@@ -59,10 +59,10 @@ class UpdateData:
         ref = _pad(df["ref_logprobs"].to_list(), T)
         scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
         penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
-        adv = cfg.advantages.of(penalised, G)
+        adv = cfg.advantages.of(penalised.numpy(), G)
         kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
         self.kl_stats = float(kl_seq.mean())
-        return df.with_columns(pl.Series("advantage", adv.float().numpy()))
+        return df.with_columns(pl.Series("advantage", adv.astype(np.float32)))
 
     def mask_sum(self, idx) -> int:
         return int(self.lengths[idx].sum())
