@@ -75,12 +75,14 @@ def run_cli(args: list[str] | None = None) -> int:
 
 
 def _exit(code: int) -> None:
-    """End the process. Once vLLM or DeepSpeed is loaded, the interpreter's teardown (their atexit
-    hooks, freeing torch's and vLLM's objects one by one) took 7-16 s per command and does nothing
-    a run needs: every artifact is written and closed, MLflow logs synchronously, the trainer has
-    left its process group. So flush and leave at once; other commands, and main() called from
-    inside another program (tests), exit normally."""
-    if not (_is_entry_point() and any(m in sys.modules for m in ("vllm", "deepspeed"))):
+    """End the process. The interpreter's teardown does nothing a run needs once a command has
+    returned: every artifact is written and closed, locks are released, MLflow logs
+    synchronously, the trainer has left its process group. And it is slow: with vLLM or DeepSpeed
+    loaded (their atexit hooks, freeing torch's and vLLM's objects one by one) it took 7-16 s per
+    command; with only MLflow, SQLAlchemy, pyarrow and polars loaded it was 1.3 s of a 4.5 s
+    `grpo score`. So flush and leave at once; main() called from inside another program (tests)
+    exits normally."""
+    if not _is_entry_point():
         sys.exit(code)
     import logging
     import os
