@@ -67,7 +67,7 @@ def main() -> None:
                     help="OMP_NUM_THREADS for every process (default 1: robust when other processes share the cores; 0 leaves it unset)")
     ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
     ap.add_argument("--trl-bf16", choices=("auto", "always", "never"), default="auto",
-                    help="real-*: also run TRL with bf16=True (auto: where the CPU has AVX512-bf16 or AMX; without them "
+                    help="also run TRL with bf16=True (auto: where the CPU has AVX512-bf16 or AMX; without them "
                          "bf16 is emulated in fp32 and slower, as real-full measured)")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
                     help="results JSON files of earlier runs whose workloads (those not run now) join this table")
@@ -101,8 +101,12 @@ def main() -> None:
     results["assets"] = build_assets(sorted({w.size for w in chosen}, key=["tiny", "small", "real"].index))
     results["assets_s"] = time.time() - t
     print(f"assets ready in {results['assets_s']:.0f}s", flush=True)
+    from pipeline.models.tokens import resolve_precision
+
     for w in chosen:
         entry: dict = {"workload": w.as_dict(), "loadavg_start": loadavg()}
+        # the workloads keep train.precision auto; the bare engines follow what it resolves to
+        entry["workload"]["precision"] = resolve_precision("auto")
         print(f"== {w.name}: grpo iterate x{w.iters} + bare engines", flush=True)
         entry["iterate"] = run_worker("bench.ours", w, scratch / f"{w.name}-iterate.json", env)
         if w.commands:
@@ -113,9 +117,10 @@ def main() -> None:
         if w.size == "real" and w.epochs == 1:  # the peak RSS targets: a plain `grpo iterate` process
             entry["iterate_process"] = commands.iterate_process(WORK / "runs" / w.name, env)
         if not args.skip_trl:
-            # real-*: TRL at its fastest setting on this CPU, bf16 off and on, the faster counts
+            # TRL at its fastest setting on this CPU: bf16 off and, where the CPU computes in bf16
+            # (as ours then does: train.precision auto), on; the faster counts
             bf16 = args.trl_bf16 == "always" or (args.trl_bf16 == "auto" and {"avx512_bf16", "amx_tile"} & set(results["machine"]["isa"]))
-            precisions = ["fp32", "bf16"] if w.size == "real" and bf16 else ["fp32"]
+            precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
             runs = {}
             for prec in precisions:
                 print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps} ({prec})", flush=True)

@@ -4,6 +4,8 @@
               so the same tokens: checked)
     logprobs  one plain HF forward per batch (the same budget batches), log-softmax of the
               logits / temperature gathered at the completion tokens (checked against ours)
+    precision both under the run's resolved `train.precision` (bf16 autocast where `auto` picks
+              it), so that each stage is held to a floor of the same arithmetic
     update    a plain DeepSpeed loop: the same config (optimizer, clipping, ZeRO stage), the same
               mini-batches in the same shuffled order, forward -> clipped surrogate -> backward
               -> step; no metrics, no state saving
@@ -102,6 +104,13 @@ def _completion_logprobs(logits, ids, starts, lengths, temperature):
     return [tok[i, s - 1 : s - 1 + n] for i, (s, n) in enumerate(zip(starts, lengths))]
 
 
+def _arithmetic(cfg):
+    """The run's forward arithmetic (pipeline.models.tokens.autocast of its resolved precision)."""
+    from pipeline.models.tokens import autocast, resolve_precision
+
+    return autocast(resolve_precision(cfg.train.precision))
+
+
 @torch.no_grad()
 def hf_forward(model, cfg, data: dict) -> dict:
     """A plain HF forward per batch (the stage's token-budget batches) and the logprobs."""
@@ -113,7 +122,8 @@ def hf_forward(model, cfg, data: dict) -> dict:
     t, c = time.perf_counter(), time.process_time()
     out = []
     for (ids, mask, starts), lengths in inputs:
-        logits = model(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
+        with _arithmetic(cfg):
+            logits = model(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
         out += _completion_logprobs(logits, ids, starts, lengths, cfg.rollout.temperature)
     seconds, cpu = time.perf_counter() - t, time.process_time() - c
     gap = max((float((o - torch.tensor(ref)).abs().max()) for o, ref in zip(out, data["old_logprobs"]) if ref), default=0.0)
@@ -179,7 +189,8 @@ class BareDeepSpeed:
         for micros, tokens in plan:
             for j, (ids, mask, comp, old, adv) in enumerate(micros):
                 self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                logits = self.engine(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
+                with _arithmetic(cfg):
+                    logits = self.engine(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
                 logp = torch.log_softmax(logits[:, :-1].float() / cfg.rollout.temperature, dim=-1)  # [B, L-1, V]
                 logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, L-1]
                 # one optimizer step per iteration: the forward, detached, is the old policy (as the run and TRL do)

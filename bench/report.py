@@ -257,7 +257,8 @@ def render(results: dict) -> str:
     for name, s in sums.items():
         w = s["workload"]
         out.append(f"### {name}: {w['size']} model, {w['epochs']} epoch(s), G={w['num_generations']}, {w['prompts_per_iter']} prompts, "
-                   f"<= {w['max_new_tokens']} new tokens, mini-batch {w['mini_batch_size']}")
+                   f"<= {w['max_new_tokens']} new tokens, mini-batch {w['mini_batch_size']}"
+                   + (f", {w['precision']} (ours and the bare engines)" if w.get("precision") else ""))
         out.append("")
         out.append(f"{s['iter_s']:.2f} s per iteration over {s['n']} iteration(s), {s['tokens']:.0f} completion tokens "
                    f"({s['ours_tokens_per_s']:.0f} tok/s end to end); cold first iteration {s['cold_s']:.1f} s "
@@ -316,7 +317,8 @@ def render(results: dict) -> str:
         out += ["## Against TRL GRPOTrainer", "",
                 f"TRL {m['versions'].get('trl')}, HF `generate` (use_vllm=False), same model, prompts, rewards, G, completions per "
                 "generation, max new tokens, epochs (num_iterations), mini-batch, optimizer and DAPO loss; gradient checkpointing "
-                "and bf16 off (real-*: TRL runs with bf16 off and on, and the faster counts). One TRL cycle (one generation + its "
+                "and bf16 off (where the CPU computes in bf16, TRL also runs with bf16 on, and the faster counts; for runs before "
+                "2026-11-23 17:30 UTC only real-* did). One TRL cycle (one generation + its "
                 "optimizer steps) = one of our iterations. real-*: TRL's mini-batch of 64 runs as micro-batches of 16 with "
                 "gradient accumulation (the same optimizer step; 64 at once does not fit in 24 GB), ours by its token budget.", ""]
         out.append("| workload | TRL s/iteration (steps) | ours s/iteration | ratio | CPU s per iteration: TRL, ours (ours/TRL) | TRL generate s (CPU) | TRL tok/s | ours tok/s | TRL peak RSS MB | reward per iteration: ours | TRL |")

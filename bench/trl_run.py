@@ -8,7 +8,7 @@ max new tokens, epochs over each generation (num_iterations), mini-batch, optimi
 (DAPO token normalisation, clip 0.2 / 0.28, beta 0 so no reference model). Generation is HF
 `generate` (use_vllm=False: TRL's vLLM modes expect a GPU). TRL's defaults that would make it
 do different work are turned off: gradient checkpointing, and bf16 unless BENCH_TRL_PRECISION=bf16
-(the real-* workloads run TRL both ways and count the faster). LoRA workloads give TRL the same
+(where the CPU computes in bf16 the bench runs TRL both ways and counts the faster). LoRA workloads give TRL the same
 adapter as `peft_config`.
 
 One of our iterations is one TRL generation cycle: `steps_per_generation` optimizer steps per
