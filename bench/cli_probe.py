@@ -13,7 +13,6 @@ import time
 T_ENTER = time.time()  # noqa: E402 (first thing: the parent's clock started at Popen)
 
 import json  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -39,8 +38,7 @@ def main() -> None:
     probes.rss.stop()
     with open(out, "w") as f:
         json.dump({"marks": marks, "probes": probes.report(), "code": code}, f)
-    sys.stdout.flush()
-    os._exit(code) if {"vllm", "deepspeed"} & set(sys.modules) else sys.exit(code)  # as `grpo` itself (stages.cli._exit)
+    stages.cli.leave(code)  # as `grpo` itself leaves (stages.cli._exit)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,11 @@ def _exit(code: int) -> None:
     exits normally."""
     if not _is_entry_point():
         sys.exit(code)
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """Flush stdout, stderr and the logs, and end the process now (no interpreter teardown)."""
     import logging
     import os
 
