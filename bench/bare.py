@@ -104,11 +104,11 @@ def _completion_logprobs(logits, ids, starts, lengths, temperature):
     return [tok[i, s - 1 : s - 1 + n] for i, (s, n) in enumerate(zip(starts, lengths))]
 
 
-def _arithmetic(cfg):
-    """The run's forward arithmetic (pipeline.models.tokens.autocast of its resolved precision)."""
-    from pipeline.models.tokens import autocast, resolve_precision
+def _precision(cfg) -> str:
+    """The run's forward arithmetic: its `train.precision` as resolved on this machine."""
+    from pipeline.models.tokens import resolve_precision
 
-    return autocast(resolve_precision(cfg.train.precision))
+    return resolve_precision(cfg.train.precision)
 
 
 @torch.no_grad()
@@ -119,10 +119,13 @@ def hf_forward(model, cfg, data: dict) -> dict:
     P, C = data["prompt_ids"], data["completion_ids"]
     batches = budget_batches([len(p) + len(c) for p, c in zip(P, C)], cfg.train.token_budget)
     inputs = [(_padded([P[i] for i in b], [C[i] for i in b]), [len(C[i]) for i in b]) for b in batches]
+    from pipeline.models.tokens import autocast
+
+    precision = _precision(cfg)
     t, c = time.perf_counter(), time.process_time()
     out = []
     for (ids, mask, starts), lengths in inputs:
-        with _arithmetic(cfg):
+        with autocast(precision):
             logits = model(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
         out += _completion_logprobs(logits, ids, starts, lengths, cfg.rollout.temperature)
     seconds, cpu = time.perf_counter() - t, time.process_time() - c
@@ -183,13 +186,16 @@ class BareDeepSpeed:
                     micros.append((ids, mask, comp, old, adv))
                 plan.append((micros, tokens))
         lo, hi = 1 - cfg.loss.clip_eps_low, 1 + cfg.loss.clip_eps_high
+        from pipeline.models.tokens import autocast
+
+        precision = _precision(cfg)
         self.engine.train()
         steps = 0
         t0, c0 = time.perf_counter(), time.process_time()
         for micros, tokens in plan:
             for j, (ids, mask, comp, old, adv) in enumerate(micros):
                 self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                with _arithmetic(cfg):
+                with autocast(precision):
                     logits = self.engine(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
                 logp = torch.log_softmax(logits[:, :-1].float() / cfg.rollout.temperature, dim=-1)  # [B, L-1, V]
                 logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, L-1]

@@ -53,11 +53,11 @@ def _out_dtype(rewards: np.ndarray) -> np.dtype:
 def _nanstd(x: np.ndarray, axis: int, std: StdKind) -> np.ndarray:
     """Std over `axis` ignoring NaN; sample (Bessel, n - 1) or population (n). 0 when undefined."""
     valid = ~np.isnan(x)
-    count = valid.sum(axis)
-    mean = np.where(valid, x, 0.0).sum(axis, keepdims=True) / np.maximum(valid.sum(axis, keepdims=True), 1)
+    count = valid.sum(axis, keepdims=True)
+    mean = np.where(valid, x, 0.0).sum(axis, keepdims=True) / np.maximum(count, 1)
     dev = np.where(valid, x - mean, 0.0)
     ddof = {"sample": 1, "population": 0}[std]
-    return np.sqrt((dev**2).sum(axis) / np.maximum(count - ddof, 1))
+    return np.sqrt((dev**2).sum(axis) / np.maximum(count.squeeze(axis) - ddof, 1))
 
 
 def _group_stats(grouped: np.ndarray, std: StdKind) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
