@@ -114,7 +114,7 @@ def _precision(cfg) -> str:
 @torch.no_grad()
 def hf_forward(model, cfg, data: dict) -> dict:
     """A plain HF forward per batch (the stage's token-budget batches) and the logprobs."""
-    from pipeline.logprobs import budget_batches
+    from pipeline.models.tokens import budget_batches
 
     P, C = data["prompt_ids"], data["completion_ids"]
     batches = budget_batches([len(p) + len(c) for p, c in zip(P, C)], cfg.train.token_budget)
@@ -199,7 +199,8 @@ class BareDeepSpeed:
                     logits = self.engine(input_ids=ids, attention_mask=mask).logits  # [B, L, V]
                 logp = torch.log_softmax(logits[:, :-1].float() / cfg.rollout.temperature, dim=-1)  # [B, L-1, V]
                 logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, L-1]
-                # one optimizer step per iteration: the forward, detached, is the old policy (as the run and TRL do)
+                # one optimizer step per epoch: the run's first-epoch forward, detached, is the old policy (the
+                # same arithmetic whichever epoch; later epochs reuse it, which changes no timing)
                 ratio = torch.exp(logp - (logp.detach() if data["old_from_update"] else old))  # [B, L-1]
                 # clipped surrogate summed over the mini-batch's completion tokens / their count (DAPO)
                 surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, lo, hi) * adv)  # [B, L-1]

@@ -215,7 +215,7 @@ def render(results: dict) -> str:
         for st in BARE:
             r = s["stages"][st]
             if st == "logprobs" and s.get("no_old_pass"):
-                out.append(f"| {name} | logprobs: no old pass (one optimizer step: the update's forward, detached, gives the old logprobs) | "
+                out.append(f"| {name} | logprobs: no old pass (one optimizer step per epoch: the update's first-epoch forward, detached, gives the old logprobs) | "
                            f"{r['seconds']:.2f} s (the parts without that pass) vs {r['bare_s']:.2f} s for a bare HF forward | met |")
                 continue
             out.append(f"| {name} | {st} <= {TARGETS[st]:.2f} x bare {BARE[st]}{' (throughput >= 0.9 x)' if st == 'rollout' else ''} | {r['ratio']:.2f} x ({r['seconds']:.2f} s vs {r['bare_s']:.2f} s; "

@@ -194,9 +194,11 @@ class TrainConfig(_Section):
     old_logprobs: Literal["auto", "pass"] = "auto"
     """Where the update's old-policy logprobs (the ratio's denominator) come from. `pass`: a
     separate teacher-forced pass in the logprobs stage. `auto` (default): the same, except when
-    the ratio is exactly 1 (one epoch that makes one optimizer step, no LoRA dropout, no KL in the
-    reward), where the update uses its own forward, detached, as TRL does, and stores the values it
-    used in iter-K/update/old_logprobs.parquet; the logprobs stage then skips that pass."""
+    every epoch makes one optimizer step (mini_batch_size >= the iteration's completions), with no
+    LoRA dropout and no KL in the reward. Then the first epoch's forwards all run on the old policy
+    (its one step comes after them): the update uses them, detached, as the old logprobs (TRL does
+    this for one epoch), later epochs reuse them, and the values used are stored in
+    iter-K/update/old_logprobs.parquet; the logprobs stage then skips that pass."""
     keep_states: int = Field(1, ge=1)
     """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
     lora: LoraSpec | None = None
@@ -293,7 +295,7 @@ class Config(_Section):
     def old_from_update(self) -> bool:
         """Whether the update takes the old logprobs from its own forward (`train.old_logprobs`)."""
         t = self.train
-        one_step = t.epochs == 1 and self.rollout.prompts_per_iter * self.rollout.num_generations <= t.mini_batch_size
+        one_step = self.rollout.prompts_per_iter * self.rollout.num_generations <= t.mini_batch_size  # per epoch
         no_dropout = t.lora is None or t.lora.dropout == 0
         return t.old_logprobs == "auto" and one_step and no_dropout and self.advantages.kl_in_reward.coef == 0
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.models.tokens import Batch, budget_batches, resolve_precision, token_logprobs
+from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.models.lora import AdapterOff, lora_models
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
@@ -34,10 +34,9 @@ def load_model(path):
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, budget: int, pad_id: int = 0,
                       precision: str = "fp32") -> list[np.ndarray]:
-    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    out: list[np.ndarray | None] = [None] * len(lengths)
-    for idx in budget_batches(lengths, budget):
-        batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id).to(model.device)
+    out: list[np.ndarray | None] = [None] * len(prompt_ids)
+    for idx in shared_budget_batches(prompt_ids, completion_ids, budget):  # a group's rows are adjacent in a rollout
+        batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id, share_prompts=True).to(model.device)
         logp, _ = token_logprobs(model, batch, temperature, precision=precision)
         logp = logp.cpu()
         for j, i in enumerate(idx):
@@ -96,8 +95,8 @@ def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, samp
 
 def pass_plan(cfg, k: int) -> tuple[bool, bool]:
     """(ref_is_old, skip_old) for iteration k. At iteration 0 without a ref_model the old policy
-    is the reference (same weights, same arithmetic): one pass. When the ratio is exactly 1
-    (`Config.old_from_update`) the update's own forward gives the old logprobs, so this stage
+    is the reference (same weights, same arithmetic): one pass. When every epoch makes one
+    optimizer step (`Config.old_from_update`) the update's first-epoch forward gives the old logprobs, so this stage
     makes no old pass, unless it makes that very pass for the reference anyway."""
     ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
     return ref_is_old, cfg.old_from_update and not ref_is_old

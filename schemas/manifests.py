@@ -112,6 +112,8 @@ class UpdateOutputs(_Model):
     old_logprobs: FileEntry | None = Field(None, alias="old_logprobs.parquet")
     """The old logprobs the update took from its own forward (`train.old_logprobs`); absent when
     the logprobs stage computed them."""
+    state: str | None = None
+    """Hash of the trainer state it wrote (iter-K/update/state): the next update's `inputs.state`."""
 
 
 class UpdateManifest(_Manifest):

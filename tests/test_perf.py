@@ -61,6 +61,52 @@ def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk):
         assert torch.allclose(g0, grads[1][name], atol=1e-5, rtol=1e-4), name
 
 
+def _groups(seed: int = 7, vocab: int = 300):
+    """Three prompts of different lengths, each with completions of different lengths (one empty),
+    interleaved so rows of a prompt are not adjacent."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (3, 8, 5)]
+    rows = [(p, c) for p in range(3) for c in (6, 1, 9, 0 if p == 1 else 4)]
+    rows = rows[::2] + rows[1::2]
+    return [prompts[p] for p, _ in rows], [torch.randint(1, vocab, (n,), generator=g).tolist() for _, n in rows]
+
+
+def test_shared_prompts_give_the_logprobs_entropies_and_gradients_of_full_sequences():
+    """Each distinct prompt runs once (a KV cache its rows index into); logprobs, entropies and
+    every parameter's gradient equal the textbook full forward over prompt + completion."""
+    prompts, comps = _groups()
+    shared = Batch.build(prompts, comps, share_prompts=True)
+    assert shared.prompts is not None and shared.prompts.input_ids.shape == (3, 8)
+    assert shared.prompts.row.tolist() == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
+    assert Batch.build(prompts[:1], comps[:1], share_prompts=True).prompts is None  # nothing shared
+    outs, grads = [], []
+    for fn in (lambda m: _naive(m, Batch.build(prompts, comps), 0.7), lambda m: token_logprobs(m, shared, 0.7, with_entropy=True)):
+        model = _model(4)
+        logp, ent = fn(model)
+        w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
+        ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
+        outs.append((logp.detach(), ent.detach()))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    (lp0, e0), (lp1, e1) = outs
+    m = shared.completion_mask.bool()
+    assert lp1.shape == (12, 9) and (lp1[~m] == 0).all() and (lp1[m] < 0).all()
+    assert torch.allclose(lp0, lp1, atol=1e-5, rtol=0) and torch.allclose(e0, e1, atol=1e-5, rtol=0)
+    for name, g0 in grads[0].items():
+        assert g0.abs().sum() > 0 and torch.allclose(g0, grads[1][name], atol=1e-6, rtol=1e-4), name
+
+
+def test_shared_budget_counts_a_shared_prompt_once():
+    from pipeline.models.tokens import shared_budget_batches
+
+    p, q = [1] * 50, [2] * 40
+    # 4 rows of p (10-token completions): 50 + 4 x 10 = 90 tokens shared, 4 x 60 = 240 unshared
+    assert shared_budget_batches([p] * 4, [[3] * 10] * 4, 90) == [[0, 1, 2, 3]]
+    assert shared_budget_batches([p] * 4, [[3] * 10] * 4, 89) == [[0, 1, 2], [3]]  # 3 rows: 80; the 4th alone: 60
+    # distinct prompts share nothing: rows x longest prompt + completion
+    assert shared_budget_batches([p, q], [[3] * 10, [3] * 10], 119) == [[0], [1]]
+    assert shared_budget_batches([p, q, q], [[3] * 10, [3] * 10, [3] * 10], 130) == [[0, 1, 2]]  # 2 x 50 + 3 x 10
+
+
 def test_chunked_logprobs_without_grad_match_with_grad():
     batch, model = _batch(2), _model(3)
     with torch.no_grad():
@@ -193,6 +239,7 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     from pipeline.report.inspect import stage_metrics
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
+    from pipeline.store import canonical_hash, hash_dir
     from pipeline.store.parts import read_parts
     from pipeline.store.run import Run
     from pipeline.update.publish import run_update
@@ -202,7 +249,7 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     runs = {mode: Run(make_run(mode, rollout={"engine": "hf"}, train={**one_step, "old_logprobs": mode})) for mode in ("auto", "pass")}
     auto, sep = runs["auto"], runs["pass"]
     assert auto.cfg.old_from_update and not sep.cfg.old_from_update
-    trainer = None
+    trainer, state_hashes = None, []
     for k in range(2):
         run_rollout(auto, k)
         run_score(auto, k)
@@ -227,6 +274,10 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
             assert row["sampler_gap_max"] == pytest.approx(float(gap.max()) if len(gap) else 0.0, abs=1e-6)
         steps = auto.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS).to_pylist()
         assert len(steps) == 1 and steps[0]["ratio/mean"] == 1.0 and steps[0]["clip/ratio_region"] == 0.0
+        # the trainer state's hash is recorded when it is written, and the next update resumes from it
+        assert um.outputs.state == canonical_hash(hash_dir(Path(auto.uri) / f"iter-{k:04d}/update/state"))
+        assert um.inputs.state == (None if k == 0 else state_hashes[k - 1])
+        state_hashes.append(um.outputs.state)
         assert "logprobs/sampler_gap_max" not in stage_metrics(auto, k, "logprobs")  # the update reports it
         assert stage_metrics(auto, k, "update")["logprobs/sampler_gap_max"] == pytest.approx(max(used.column("sampler_gap_max").to_pylist()))
 
@@ -248,6 +299,56 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     target.write_bytes(target.read_bytes()[:-9] + b"x" + target.read_bytes()[-8:])
     assert any(p.startswith(f"{auto.store.display('iter-0001/update/old_logprobs.parquet')}: sha256") or "old_logprobs.parquet: sha256" in p
                for p in audit_run(auto).problems)
+
+
+def test_one_step_per_epoch_takes_the_old_logprobs_from_the_first_epoch(make_run):
+    """Two epochs of one optimizer step each: the first epoch's forwards all run on the old policy,
+    so the update takes them as the old logprobs and the second epoch reuses them. The logprobs
+    stage makes no pass, and the update (its per-step metrics and the policy it writes) is the one
+    a separate old pass gives, within float tolerance; the second step's ratio is not 1."""
+    import numpy as np
+    import pyarrow as pa
+    from safetensors.torch import load_file
+
+    from pipeline.logprobs import run_logprobs
+    from pipeline.report.audit import audit_run
+    from pipeline.rollout import run_rollout
+    from pipeline.score import run_score
+    from pipeline.store.parts import read_parts
+    from pipeline.store.run import Run
+    from pipeline.update.publish import run_update
+    from schemas.artifacts import LOGPROBS, UPDATE_METRICS
+
+    two = {"epochs": 2, "mini_batch_size": 16, "grad_accum": 2, "precision": "fp32", "lr": 1e-3}  # 4 prompts x G=4
+    runs = {mode: Run(make_run(f"e2-{mode}", rollout={"engine": "hf"}, train={**two, "old_logprobs": mode})) for mode in ("auto", "pass")}
+    auto, sep = runs["auto"], runs["pass"]
+    assert auto.cfg.old_from_update and not sep.cfg.old_from_update
+    steps = {}
+    for mode, run in runs.items():
+        run_rollout(run, 0)
+        run_score(run, 0)
+        m = run_logprobs(run, 0)
+        assert m.passes["forward_passes"] == (0 if mode == "auto" else 1), m.passes
+        um, _ = run_update(run, 0)
+        assert (um.outputs.old_logprobs is not None) == (mode == "auto")
+        steps[mode] = run.store.read_table("iter-0000/update/metrics.parquet", UPDATE_METRICS).to_pylist()
+    assert [s["epoch"] for s in steps["auto"]] == [s["epoch"] for s in steps["pass"]] == [0, 1]
+    assert steps["auto"][0]["ratio/mean"] == 1.0 and abs(steps["auto"][1]["ratio/mean"] - 1.0) > 1e-6
+    for a, b in zip(steps["auto"], steps["pass"]):
+        for key in ("loss/policy", "ratio/mean", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-5), key
+    sep_old = pa.concat_tables(read_parts(sep, 0, "logprobs", LOGPROBS))
+    auto_old = auto.store.read_table("iter-0000/update/old_logprobs.parquet", LOGPROBS)
+    key = lambda t: dict(zip(zip(t.column("prompt_id").to_pylist(), t.column("sample_idx").to_pylist()), t.column("old_logprobs").to_pylist()))
+    sep_old, auto_old = key(sep_old), key(auto_old)
+    assert sorted(sep_old) == sorted(auto_old)
+    for k, v in sep_old.items():
+        assert np.allclose(np.asarray(auto_old[k]), np.asarray(v), atol=1e-4), k
+    wa, wb = (load_file(next(Path(r.policy_dir(1)).glob("*.safetensors"))) for r in (auto, sep))
+    assert wa.keys() == wb.keys()
+    moved = max(float((wa[n] - load_file(next(Path(auto.policy_dir(0)).glob("*.safetensors")))[n]).abs().max()) for n in wa)
+    assert moved > 1e-5 and max(float((wa[n] - wb[n]).abs().max()) for n in wa) < moved * 1e-2
+    assert audit_run(auto).ok
 
 
 PROBE = """

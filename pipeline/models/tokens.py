@@ -15,17 +15,48 @@ import torch
 
 
 @dataclass
+class Prompts:
+    """The distinct prompts of a batch, left-padded, and which one each row continues: a group's
+    G completions share one prompt, whose forward then runs once instead of G times."""
+
+    input_ids: torch.Tensor  # [P, Lp] left-padded
+    attention_mask: torch.Tensor  # [P, Lp]
+    row: torch.Tensor  # [B] the prompt (0..P-1) of each batch row
+
+    @classmethod
+    def shared(cls, prompt_ids: list[list[int]], pad_id: int = 0) -> "Prompts | None":
+        """None when no two rows share a prompt (nothing to gain)."""
+        index: dict[tuple, int] = {}
+        row = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
+        if len(index) == len(prompt_ids) or any(len(p) == 0 for p in index):
+            return None
+        Lp = max(len(p) for p in index)
+        ids = torch.full((len(index), Lp), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(index), Lp), dtype=torch.long)
+        for p, i in index.items():
+            ids[i, Lp - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, Lp - len(p):] = 1
+        return cls(ids, attn, torch.tensor(row, dtype=torch.long))
+
+    def to(self, device) -> "Prompts":
+        return Prompts(self.input_ids.to(device), self.attention_mask.to(device), self.row.to(device))
+
+
+@dataclass
 class Batch:
-    """Right-padded prompt+completion sequences and where each completion starts."""
+    """Right-padded prompt+completion sequences and where each completion starts; `prompts`,
+    when rows share prompts (built with `share_prompts`), runs each distinct prompt once."""
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
     completion_mask: torch.Tensor  # [B, T] 1 on completion tokens
     completion_ids: torch.Tensor  # [B, T]
     starts: torch.Tensor  # [B] index in input_ids of the first completion token
+    prompts: Prompts | None = None
 
     @classmethod
-    def build(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> "Batch":
+    def build(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
+              share_prompts: bool = False) -> "Batch":
         B = len(prompt_ids)
         L = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
         T = max(1, max(len(c) for c in completion_ids))
@@ -40,11 +71,12 @@ class Batch:
             comp[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             cmask[i, : len(c)] = 1.0
         starts = torch.tensor([len(p) for p in prompt_ids])
-        return cls(ids, attn, cmask, comp, starts)
+        return cls(ids, attn, cmask, comp, starts, Prompts.shared(prompt_ids, pad_id) if share_prompts else None)
 
     def to(self, device) -> "Batch":
         """The same batch on `device` (the model's: a GPU where the trainer runs on one)."""
-        return Batch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "completion_mask", "completion_ids", "starts")))
+        return Batch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "completion_mask", "completion_ids", "starts")),
+                     prompts=None if self.prompts is None else self.prompts.to(device))
 
 
 CHUNK_TOKENS = 1024
@@ -100,11 +132,15 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     """
     B, T = batch.completion_ids.shape
     dev = batch.input_ids.device
-    with autocast(precision):
-        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+    if batch.prompts is not None:
+        hidden = _shared_prompt_hidden(model.get_decoder(), batch, precision)  # [B, T, H]
+        pos = torch.arange(T, device=dev).unsqueeze(0).expand(B, T)  # the logit predicting token t sits at t
+    else:
+        with autocast(precision):
+            hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+        # the logit predicting completion token t sits at position start + t - 1
+        pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T, device=dev).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
     H = hidden.shape[-1]
-    # the logit predicting completion token t sits at position start + t - 1
-    pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T, device=dev).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
     flat = batch.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [N] active (b, t) in B*T order
     rows = (pos + torch.arange(B, device=dev).unsqueeze(1) * hidden.shape[1]).reshape(-1)[flat]  # [N] into [B*L]
     h = hidden.reshape(-1, H).index_select(0, rows)  # [N, H]
@@ -131,6 +167,57 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
         return torch.zeros(B * T, dtype=torch.float32, device=dev).index_put((flat,), vals.float()).reshape(B, T)
 
     return scatter(lps), (scatter(ents) if with_entropy else None)
+
+
+def _shared_prompt_hidden(decoder, batch: Batch, precision: str) -> torch.Tensor:
+    """Hidden states [B, T, H] that predict each completion token, with every distinct prompt run
+    once: the prompts' forward fills a KV cache, each row takes its prompt's keys and values
+    (an index, so under autograd their gradients add up over the group), and the completions run
+    on it at the positions they have after their prompt. The same arithmetic as one forward over
+    prompt + completion, without the (G-1)/G of the prompt work; masks and positions follow the
+    left-padded prompts."""
+    pr = batch.prompts
+    T = batch.completion_ids.shape[1]
+    with autocast(precision):
+        first = decoder(input_ids=pr.input_ids, attention_mask=pr.attention_mask,
+                        position_ids=(pr.attention_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        cache = first.past_key_values
+        cache.batch_select_indices(pr.row)  # [P, ...] -> [B, ...]
+        lengths = pr.attention_mask.sum(-1)[pr.row]  # [B] each row's prompt length
+        mask = torch.cat([pr.attention_mask[pr.row], batch.completion_mask.to(pr.attention_mask.dtype)], dim=1)  # [B, Lp + T]
+        positions = lengths.unsqueeze(1) + torch.arange(T, device=lengths.device).unsqueeze(0)  # [B, T]
+        rest = decoder(input_ids=batch.completion_ids, attention_mask=mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True).last_hidden_state  # [B, T, H]
+    last = first.last_hidden_state[:, -1][pr.row]  # [B, H] the prompt's last token predicts completion token 0
+    return torch.cat([last.unsqueeze(1), rest[:, :-1]], dim=1)
+
+
+def shared_budget_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], budget: int) -> list[list[int]]:
+    """Consecutive index groups that fit the token budget as `token_logprobs` runs them with
+    shared prompts: distinct prompts x longest prompt + rows x longest completion where a prompt
+    repeats, rows x longest prompt + completion where none does. Rows of one prompt must be
+    adjacent to share it."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    keys: set = set()
+    lp = lc = lpc = 0
+
+    def cost(n: int, p: int, a: int, b: int, ab: int) -> int:
+        return p * a + n * b if p < n else n * ab
+
+    for i, (pi, ci) in enumerate(zip(prompt_ids, completion_ids)):
+        key = tuple(pi)
+        new = (len(keys) + (key not in keys), max(lp, len(pi)), max(lc, len(ci)), max(lpc, len(pi) + len(ci)))
+        if cur and cost(len(cur) + 1, *new) > budget:
+            out.append(cur)
+            cur, keys = [], set()
+            new = (1, len(pi), len(ci), len(pi) + len(ci))
+        cur.append(i)
+        keys.add(key)
+        _, lp, lc, lpc = new
+    if cur:
+        out.append(cur)
+    return out
 
 
 def budget_batches(lengths: list[int], budget: int) -> list[list[int]]:

@@ -24,7 +24,7 @@ class UpdateData:
         cfg = run.cfg
         from pipeline.logprobs import pass_plan
 
-        # the ratio is exactly 1: the old logprobs are the update's own forward, detached (recorded by `record_old`)
+        # one optimizer step per epoch: the old logprobs are the first epoch's forward, detached (recorded by `record_old`)
         self.old_from_update = pass_plan(cfg, k)[1]
         roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(
             ["prompt_id", "sample_idx", "prompt_ids", "completion_ids", "sampler_logprobs"]))
@@ -40,6 +40,7 @@ class UpdateData:
         self.df = df
         self.size = df.height
         self.prompt_ids = df["prompt_ids"].to_list()
+        self.prompt_key = df["prompt_id"].to_numpy()  # rows of one group share their prompt
         self.completion_ids = df["completion_ids"].to_list()
         self.old = df["old_logprobs"].to_list()
         if not self.old_from_update and any(o is None for o in self.old):
@@ -68,10 +69,16 @@ class UpdateData:
         return int(self.lengths[idx].sum())
 
     def batch(self, idx):
-        """(batch, old [B, T] or None when the update's forward gives them, ref or None, advantages)."""
-        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx])
+        """(batch, old [B, T] or None when this forward gives them (first epoch), ref or None, advantages)."""
+        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=True)
         T = b.completion_mask.shape[1]
-        old = None if self.old_from_update else _pad([self.old[i] for i in idx], T)
+        if self.old_from_update:
+            recorded = [int(i) in self.used_old for i in idx]
+            if any(recorded) and not all(recorded):
+                raise GRPOError(f"update: {recorded.count(False)} of {len(idx)} rows have no recorded old logprobs")
+            old = _pad([self.used_old[int(i)] for i in idx], T) if all(recorded) else None
+        else:
+            old = _pad([self.old[i] for i in idx], T)
         ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
         return b, old, ref, self.adv[torch.as_tensor(idx)]
 

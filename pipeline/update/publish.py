@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -93,16 +94,29 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         _barrier()
         state_dir, policy_dir = work / STATE, work / "policy"
         trainer.save_state(state_dir)
-        trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
-        _barrier()
-        manifest = None
-        if trainer.rank == 0:
-            manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s)
-        _barrier()
+        _barrier()  # every rank's shard of the state is written
+        with ThreadPoolExecutor(1) as pool:
+            # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
+            state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 else None
+            trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
+            _barrier()
+            manifest = None
+            if trainer.rank == 0:
+                manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash)
+            _barrier()
     return manifest, trainer
 
 
-def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> UpdateManifest:
+def _prev_state_hash(run: Run, k: int, prev_state: Path | None) -> str | None:
+    """The hash of the state update k resumes: the one update k-1 recorded when it wrote it
+    (hashed again only for a run written before updates recorded it)."""
+    if prev_state is None:
+        return None
+    recorded = run.manifest(k - 1, "update").outputs.state
+    return recorded if recorded is not None else canonical_hash(hash_dir(prev_state))
+
+
+def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash: Future) -> UpdateManifest:
     """Write policy k+1, the trainer state, metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
     try:
@@ -117,6 +131,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
         store.put_dir(work / "policy", policy_rel(k + 1), move=True)
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
+        state = state_hash.result()  # before the state is moved under the hashing thread
         store.put_dir(work / STATE, state_rel(k), move=True)
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
         old_lp = store.write_table(f"{sd}/{OLD_LOGPROBS}", data.old_table(), LOGPROBS) if data.old_from_update else None
@@ -125,9 +140,9 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s) -> Upda
     body = UpdateManifest(
         stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
         inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
-                            state=None if prev_state is None else canonical_hash(hash_dir(prev_state))),
+                            state=_prev_state_hash(run, k, prev_state)),
         outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
-                              old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None),
+                              old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None, state=state),
         policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
         kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision,
         timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
