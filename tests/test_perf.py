@@ -107,6 +107,26 @@ def test_shared_budget_counts_a_shared_prompt_once():
     assert shared_budget_batches([p, q, q], [[3] * 10, [3] * 10, [3] * 10], 130) == [[0, 1, 2]]  # 2 x 50 + 3 x 10
 
 
+def test_the_heads_fast_fp32_matmul_keeps_logprobs_and_gradients_at_fp32_accuracy():
+    """bf16 runs the LM head's fp32 matmuls on oneDNN's bf16 units (on a CPU); the logprobs,
+    entropies and gradients stay within float noise of plain fp32 at real logit sizes (|z| ~ 20)."""
+    from pipeline.models.tokens import _Head
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(300, 576, generator=g) * 2.0
+    w = torch.randn(5000, 576, generator=g) * 0.1
+    ids = torch.randint(0, 5000, (300,), generator=g)
+    out = {}
+    for fast in (False, True):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        lp, ent = _Head.apply(hh, ww, None, ids, 0.9, True, fast)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        out[fast] = (lp.detach(), ent.detach(), hh.grad, ww.grad)
+    assert float(torch.nn.functional.linear(h, w).abs().max()) > 10  # logits of a real model's size
+    for a, b in zip(out[False], out[True]):
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
+
+
 def test_chunked_logprobs_without_grad_match_with_grad():
     batch, model = _batch(2), _model(3)
     with torch.no_grad():
