@@ -81,8 +81,10 @@ def main(workload_json: str, out: str) -> None:
         old_model = warm.models.get("old")
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
             from pipeline.logprobs import load_model
+            from pipeline.models.lora import lora_models
 
-            old_model = load_model(run.policy_dir(k))
+            # a LoRA policy k > 0 is an adapter: the base with it, as the logprobs stage would load it
+            old_model = lora_models(run, k)["old"] if cfg.train.lora is not None else load_model(run.policy_dir(k))
         row["bare"]["logprobs"] = bare.hf_forward(old_model, cfg, data)
         row["bare"]["logprobs"]["ours_made_no_old_pass"] = data["old_from_update"]
         del old_model
