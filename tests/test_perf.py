@@ -38,19 +38,25 @@ def _naive(model, batch: Batch, temperature: float):
     return tok, ent
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 4096])
-def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk):
-    batch = _batch()
-    grads = []
-    outs = []
-    for fn in (lambda m: _naive(m, batch, 0.7), lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, chunk=chunk)):
-        model = _model()
+def _outputs_and_grads(fns, seed: int):
+    """For each fn(model) -> (logp, entropy) on a fresh model of `seed`: the outputs and every
+    parameter's gradient of a loss that weighs each token's logprob and entropy differently."""
+    outs, grads = [], []
+    for fn in fns:
+        model = _model(seed)
         logp, ent = fn(model)
-        # a loss that touches every token's logprob and entropy with different weights
         w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
         ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
         outs.append((logp.detach(), ent.detach()))
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    return outs, grads
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096])
+def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk):
+    batch = _batch()
+    outs, grads = _outputs_and_grads(
+        (lambda m: _naive(m, batch, 0.7), lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, chunk=chunk)), seed=0)
     (lp0, e0), (lp1, e1) = outs
     assert lp0.shape == lp1.shape == (4, 9)
     assert torch.allclose(lp0, lp1, atol=1e-5, rtol=0)
@@ -79,14 +85,8 @@ def test_shared_prompts_give_the_logprobs_entropies_and_gradients_of_full_sequen
     assert shared.prompts is not None and shared.prompts.input_ids.shape == (3, 8)
     assert shared.prompts.row.tolist() == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
     assert Batch.build(prompts[:1], comps[:1], share_prompts=True).prompts is None  # nothing shared
-    outs, grads = [], []
-    for fn in (lambda m: _naive(m, Batch.build(prompts, comps), 0.7), lambda m: token_logprobs(m, shared, 0.7, with_entropy=True)):
-        model = _model(4)
-        logp, ent = fn(model)
-        w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
-        ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
-        outs.append((logp.detach(), ent.detach()))
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    outs, grads = _outputs_and_grads(
+        (lambda m: _naive(m, Batch.build(prompts, comps), 0.7), lambda m: token_logprobs(m, shared, 0.7, with_entropy=True)), seed=4)
     (lp0, e0), (lp1, e1) = outs
     m = shared.completion_mask.bool()
     assert lp1.shape == (12, 9) and (lp1[~m] == 0).all() and (lp1[m] < 0).all()
