@@ -111,16 +111,29 @@ def _precision(cfg) -> str:
     return resolve_precision(cfg.train.precision)
 
 
+def _budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive index groups whose padded size (count x longest) fits the token budget: a plain
+    forward's batches, every row with its own prompt (the stage's rule before it shared prompts)."""
+    out, cur, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
 @torch.no_grad()
 def hf_forward(model, cfg, data: dict) -> dict:
-    """A plain HF forward per batch (the stage's token-budget batches) and the logprobs."""
-    from pipeline.models.tokens import budget_batches
-
-    P, C = data["prompt_ids"], data["completion_ids"]
-    batches = budget_batches([len(p) + len(c) for p, c in zip(P, C)], cfg.train.token_budget)
-    inputs = [(_padded([P[i] for i in b], [C[i] for i in b]), [len(C[i]) for i in b]) for b in batches]
+    """A plain HF forward per token-budget batch (every row with its own prompt) and the logprobs."""
     from pipeline.models.tokens import autocast
 
+    P, C = data["prompt_ids"], data["completion_ids"]
+    batches = _budget_batches([len(p) + len(c) for p, c in zip(P, C)], cfg.train.token_budget)
+    inputs = [(_padded([P[i] for i in b], [C[i] for i in b]), [len(C[i]) for i in b]) for b in batches]
     precision = _precision(cfg)
     t, c = time.perf_counter(), time.process_time()
     out = []
@@ -161,6 +174,8 @@ class BareDeepSpeed:
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(cfg, 1))
 
     def step_loop(self, k: int, data: dict) -> dict:
+        from pipeline.models.tokens import autocast
+
         cfg, t = self.cfg, self.cfg.train
         n = len(data["completion_ids"])
         micro = self.micro_batch
@@ -186,8 +201,6 @@ class BareDeepSpeed:
                     micros.append((ids, mask, comp, old, adv))
                 plan.append((micros, tokens))
         lo, hi = 1 - cfg.loss.clip_eps_low, 1 + cfg.loss.clip_eps_high
-        from pipeline.models.tokens import autocast
-
         precision = _precision(cfg)
         self.engine.train()
         steps = 0

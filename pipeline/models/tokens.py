@@ -2,8 +2,9 @@
 computation the logprobs stage and the update share. Batches live on the model's device.
 
 The LM head runs over completion tokens only, a chunk at a time, so the [B, T, V] logits of a
-batch are never held (`token_logprobs`); `budget_batches` cuts rows into padded batches of at
-most a token budget; `resolve_precision` says whether this machine runs the decoder in bf16.
+batch are never held (`token_logprobs`), and each distinct prompt runs once per batch;
+`shared_budget_batches` cuts rows into batches of at most a token budget as they are run;
+`resolve_precision` says whether this machine runs the decoder in bf16.
 """
 
 from __future__ import annotations
@@ -273,20 +274,6 @@ def shared_budget_batches(prompt_ids: list[list[int]], completion_ids: list[list
         cur.append(i)
         keys.add(key)
         _, lp, lc, lpc = new
-    if cur:
-        out.append(cur)
-    return out
-
-
-def budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive index groups whose padded size (count x longest) fits the token budget."""
-    out, cur, longest = [], [], 0
-    for i, n in enumerate(lengths):
-        if cur and max(longest, n) * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
     if cur:
         out.append(cur)
     return out
