@@ -49,10 +49,23 @@ def init_distributed() -> tuple[int, int]:
 
     if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    if not torch.cuda.is_available():
+        _no_shm_comm_op()  # before DeepSpeed's backend starts, here or in deepspeed.initialize
     if not torch.distributed.is_initialized():
-        with captured():  # DeepSpeed's op build prints on stdout
+        with captured():
             deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _no_shm_comm_op() -> None:
+    """On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce op
+    (g++ for 100-200 s in the first process of an environment; every later process checks and
+    loads it) that serves only its inference all-reduce: training reduces over gloo. Marked
+    unavailable, it is neither built nor loaded, so the first update of a new environment no
+    longer stalls for minutes, nor does its process do anything the later ones do not."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def steps_per_iter(cfg: Config) -> int:
@@ -120,7 +133,7 @@ class Trainer:
         else:
             model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
-        with captured():  # DeepSpeed's JIT op build prints on stdout (it joins vLLM's process group here)
+        with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
         a = cfg.advantages.kl_in_reward
