@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -37,11 +38,16 @@ PROMPT = [[3, 4, 5, 6, 7, 8]]
 
 
 def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
-    from pipeline.models.engines import VLLMEngine
+    from pipeline.models.engines import VLLMEngine, cpu_env
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12)
+    cpu_env()  # what the engine sets for itself on purpose
+    env = dict(os.environ)
     fresh = VLLMEngine(b, cfg, 256, seed=0)
+    # and nothing else: vLLM's LD_PRELOAD, KMP_*, ... for its worker processes stay out of
+    # this process's environment, so a process started later does not inherit them
+    assert dict(os.environ) == env
     want = fresh.generate(PROMPT, [11], n=4)
     fresh.close()
     warm = VLLMEngine(a, cfg, 256, seed=0)

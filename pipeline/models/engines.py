@@ -10,6 +10,7 @@ vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): engine start is 2-4 s i
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,39 +39,56 @@ def cpu_env() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a weight-loading bar per model load
 
 
+@contextlib.contextmanager
+def environment_kept():
+    """Put os.environ back as it was. vLLM sets variables for its worker processes as it
+    imports and starts (LD_PRELOAD of torch's libgomp, KMP_*, LD_LIBRARY_PATH,
+    LOCAL_WORLD_SIZE, ...); its worker runs in this process here, so they would only leak into
+    every process started later (a reward sandbox, a test's `grpo` command), which would then
+    load other libraries than one started before any engine."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
+
+
 class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
         cpu_env()
-        try:
-            from vllm import LLM
-        except ImportError:
-            raise GRPOError("rollout.engine vllm: vLLM is not installed (pip install 'grpo[cpu]' or 'grpo[gpu]'), or set rollout.engine: hf") from None
-        if cfg.data_parallel_size > 1:  # vLLM 0.32's offline LLM raises on it
-            raise GRPOError("rollout.data_parallel_size > 1 is not supported by vLLM's offline engine; run --shard i/N workers instead")
-        self.cfg = cfg
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype=cfg.dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=True,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            data_parallel_size=cfg.data_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",  # after temperature, like the trainer's logprobs
-            enable_prefix_caching=False,
-            # a chunked prefill discards a sampled token and rewinds the request's generator,
-            # which seeded CPU generators cannot do: schedule whole prompts only
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(max_model_len, 16384),
-            use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
-            # VLLM_CPU_KVCACHE_SPACE, when set, overrides this (whole GiB only)
-            kv_cache_memory_bytes=kv_cache_bytes(cfg, model_dir, max_model_len),
-            # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
-            **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
-        )
+        with environment_kept():  # vLLM's settings for its worker processes stay its own
+            try:
+                from vllm import LLM
+            except ImportError:
+                raise GRPOError("rollout.engine vllm: vLLM is not installed (pip install 'grpo[cpu]' or 'grpo[gpu]'), or set rollout.engine: hf") from None
+            if cfg.data_parallel_size > 1:  # vLLM 0.32's offline LLM raises on it
+                raise GRPOError("rollout.data_parallel_size > 1 is not supported by vLLM's offline engine; run --shard i/N workers instead")
+            self.cfg = cfg
+            self.llm = LLM(
+                model=str(model_dir),
+                dtype=cfg.dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                enforce_eager=True,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+                data_parallel_size=cfg.data_parallel_size,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                logprobs_mode="processed_logprobs",  # after temperature, like the trainer's logprobs
+                enable_prefix_caching=False,
+                # a chunked prefill discards a sampled token and rewinds the request's generator,
+                # which seeded CPU generators cannot do: schedule whole prompts only
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(max_model_len, 16384),
+                use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
+                # VLLM_CPU_KVCACHE_SPACE, when set, overrides this (whole GiB only)
+                kv_cache_memory_bytes=kv_cache_bytes(cfg, model_dir, max_model_len),
+                # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
+                **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
+            )
         self.model_dir = Path(model_dir)
         self.adapter: Path | None = None  # a LoRA adapter directory to sample through (vllm_lora)
         self._lora_ids: dict[str, int] = {}
