@@ -19,8 +19,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# DeepSpeed JIT-builds its shm comm op once per environment; a cache shared between venvs
-# rebuilds it back and forth (100-200 s each), so each venv keeps its own
+# the trainer has DeepSpeed skip its JIT-built shm comm op; should any other op be built, each
+# venv keeps its own cache (one shared between venvs rebuilds back and forth, 100-200 s each)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,21 +33,18 @@ def _isolated_cache(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
 @pytest.fixture(autouse=True)
-def _no_launcher_env_leak():
-    """A test that updates in process joins a one-process group, which sets RANK, MASTER_PORT, ...
-    in this process's environment while it holds that port; left there, every later `grpo`
-    subprocess would inherit them and fail to bind the same port. Put them back as they were."""
-    before = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+def _no_env_leak():
+    """Each test leaves os.environ as it found it. A test that updates in process joins a
+    one-process group, which sets RANK, MASTER_PORT, ... while it holds that port, and code run
+    in process may set other variables; left there, every later `grpo` subprocess would inherit
+    them (and fail to bind the same port, or load other libraries than the runs before it), so
+    runs that a test compares would differ in more than the test means."""
+    before = dict(os.environ)
     yield
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    os.environ.update(before)
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +137,25 @@ def logprob_rows(run: Path, k: int) -> dict[tuple[int, int], dict]:
         for u in pq.read_table(run / f"iter-{k:04d}/update/old_logprobs.parquet").to_pylist():
             rows[(u["prompt_id"], u["sample_idx"])].update({c: u[c] for c in ("old_logprobs", "sampler_gap_mean", "sampler_gap_max")})
     return rows
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on the machine, so that a failure seen only on another machine (a CI runner)
+    can be tied to its CPU: the reproducibility tests compare bits, which depend on it."""
+    import platform
+
+    model, flags, cores = platform.processor() or "?", set(), "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+            elif key.strip() == "cpu cores":
+                cores = value.strip()
+    except OSError:
+        pass
+    isa = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags) or "no avx512"
+    terminalreporter.write_line(f"machine: {model}; {os.cpu_count()} logical CPUs on {cores} cores; {isa}; "
+                                f"MKL_CBWR={os.environ.get('MKL_CBWR')} OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")

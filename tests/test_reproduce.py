@@ -58,6 +58,23 @@ def record(run: Path, iters: int = 2) -> dict:
     return out
 
 
+def first_difference(a: Path, b: Path, iters: int = 2) -> str:
+    """Where two runs' updates part: the first metric that differs, with both values in full
+    (the assertion on `record` alone shows only hashes)."""
+    for k in range(iters):
+        rel = f"iter-{k:04d}/update/metrics.parquet"
+        if not (a / rel).exists() or not (b / rel).exists():
+            continue
+        ma, mb = pq.read_table(a / rel).to_pylist(), pq.read_table(b / rel).to_pylist()
+        for step, (ra, rb) in enumerate(zip(ma, mb)):
+            for key in ra:
+                if repr(ra[key]) != repr(rb.get(key)):
+                    return f"update {k} row {step} {key}: {ra[key]!r} vs {rb.get(key)!r}"
+        if len(ma) != len(mb):
+            return f"update {k}: {len(ma)} vs {len(mb)} rows"
+    return "no update metric differs"
+
+
 @pytest.fixture(scope="module")
 def twins(assets, tmp_path_factory):
     """The reference run and one iteration of the same config, run again in another process.
@@ -76,7 +93,7 @@ def test_same_config_gives_byte_identical_parts_and_policies(twins):
     ref, twin = twins
     a, b = record(ref, iters=1), record(twin, iters=1)
     assert len(a) == 4 + 2
-    assert a == b  # parts, metrics and policies: the update is exact on one machine
+    assert a == b, first_difference(ref, twin, iters=1)  # parts, metrics and policies: the update is exact on one machine
     for stage in ("rollout", "score", "logprobs"):  # and the files themselves, not only what the manifests say
         for part in sorted((ref / "iter-0000" / stage).glob("part-*.parquet")):
             assert part.read_bytes() == (twin / part.relative_to(ref)).read_bytes(), part

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, base_config, grpo, write_config
-from test_reproduce import copy_run, manifest, record, reference_run
+from test_reproduce import copy_run, first_difference, manifest, record, reference_run
 
 pytestmark = pytest.mark.slow
 KILLED = -signal.SIGKILL
@@ -93,7 +93,7 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
     assert done(run, "policy/iter-0002") and not done(run, "iter-0001/update")
     grpo("iterate", R, "--iters", "2")
 
-    assert record(run) == record(ref)  # the same parts, metrics and policies (the update too)
+    assert record(run) == record(ref), first_difference(run, ref)  # the same parts, metrics and policies (the update too)
     report = audit_run(Run(R))
     assert report.ok, report.problems
     assert report.skipped == []
