@@ -40,11 +40,10 @@ def _no_env_leak():
     in process may set other variables; left there, every later `grpo` subprocess would inherit
     them (and fail to bind the same port, or load other libraries than the runs before it), so
     runs that a test compares would differ in more than the test means."""
-    before = dict(os.environ)
-    yield
-    for key in set(os.environ) - set(before):
-        del os.environ[key]
-    os.environ.update(before)
+    from pipeline.models.engines import environment_kept
+
+    with environment_kept():
+        yield
 
 
 @pytest.fixture(scope="session")
