@@ -132,3 +132,16 @@ def test_two_processes_gather_the_old_logprobs_a_one_step_update_took_from_its_f
         np.testing.assert_allclose(rb["old_logprobs"], ra["old_logprobs"], atol=METRIC_ATOL, rtol=0)
     w1, w2 = weights(single, 1), weights(multi, 1)
     assert max(float((w1[n] - w2[n]).abs().max()) for n in w1) <= WEIGHT_ATOL
+
+
+def test_the_trainer_has_deepspeed_build_no_op_on_a_cpu(tmp_path):
+    """DeepSpeed's shm comm op (inference all-reduce only) is neither JIT-built nor loaded: the
+    first update of a fresh environment would compile it for 100-200 s inside the update."""
+    extensions = tmp_path / "torch_extensions"  # empty, as in a new environment
+    probe = ("from pipeline.update.trainer import init_distributed; print(init_distributed()); "
+             "from deepspeed.comm import comm; print('shm op:', comm.cdb.shm_comm_op)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "DS_ACCELERATOR": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-2:] == ["(0, 1)", "shm op: None"]
+    assert not any(extensions.rglob("*.so"))  # nothing was compiled
