@@ -282,7 +282,7 @@ def machine_info() -> dict:
     """Cores, CPU model, memory, load and the versions that matter for the numbers."""
     from importlib import metadata
 
-    cpu = "?"
+    cpu, physical = "?", None
     flags: set[str] = set()
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -290,6 +290,8 @@ def machine_info() -> dict:
                 cpu = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
+            if line.startswith("cpu cores") and physical is None:
+                physical = int(line.split(":", 1)[1])
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
     versions = {}
@@ -300,6 +302,7 @@ def machine_info() -> dict:
             versions[pkg] = None
     return {
         "cores": os.cpu_count(),
+        "physical_cores": physical,  # per socket, as /proc/cpuinfo says: fewer than `cores` with SMT
         "cpu": cpu,
         "isa": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"}),
         "memory_gib": round(mem_kb / 2**20, 1),

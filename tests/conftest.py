@@ -24,6 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # bench/ (not an installed package) describes the machine
+    sys.path.insert(0, str(REPO))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -141,20 +143,9 @@ def logprob_rows(run: Path, k: int) -> dict[tuple[int, int], dict]:
 def pytest_terminal_summary(terminalreporter):
     """One line on the machine, so that a failure seen only on another machine (a CI runner)
     can be tied to its CPU: the reproducibility tests compare bits, which depend on it."""
-    import platform
+    from bench.probes import machine_info  # the bench's description of the machine
 
-    model, flags, cores = platform.processor() or "?", set(), "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-            elif key.strip() == "cpu cores":
-                cores = value.strip()
-    except OSError:
-        pass
-    isa = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags) or "no avx512"
-    terminalreporter.write_line(f"machine: {model}; {os.cpu_count()} logical CPUs on {cores} cores; {isa}; "
-                                f"MKL_CBWR={os.environ.get('MKL_CBWR')} OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    m = machine_info()
+    terminalreporter.write_line(f"machine: {m['cpu']}; {m['cores']} logical CPUs, {m['physical_cores']} cores per socket; "
+                                f"{' '.join(m['isa']) or 'no avx2'}; MKL_CBWR={os.environ.get('MKL_CBWR')} "
+                                f"OMP_NUM_THREADS={m['omp_num_threads']}")
