@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline import grpo
+from pipeline.models import tokens
 from pipeline.models.tokens import Batch, token_logprobs
 
 
@@ -52,8 +53,9 @@ def _outputs_and_grads(fns, seed: int):
     return outs, grads
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 4096])
-def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk):
+@pytest.mark.parametrize("chunk, row_block", [(1, 128), (5, 2), (4096, 3), (4096, 128)])
+def test_chunked_logprobs_and_gradients_match_the_full_log_softmax(chunk, row_block, monkeypatch):
+    monkeypatch.setattr(tokens, "ROW_BLOCK", row_block)  # the softmax arithmetic over several row blocks of a chunk
     batch = _batch()
     outs, grads = _outputs_and_grads(
         (lambda m: _naive(m, batch, 0.7), lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, chunk=chunk)), seed=0)

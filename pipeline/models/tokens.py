@@ -83,6 +83,9 @@ class Batch:
 CHUNK_TOKENS = 1024
 """Completion tokens per pass through the LM head: the [tokens, V] logits of one chunk are the
 largest tensor a logprob computation holds, whatever the batch (1024 x 49k fp32 = 200 MB)."""
+ROW_BLOCK = 128
+"""Rows of a chunk's logits that the softmax arithmetic (logsumexp, entropy, their gradient)
+works on at a time, in place, so a chunk costs one [tokens, V] buffer and not three."""
 
 
 def resolve_precision(precision: str) -> str:
@@ -129,12 +132,14 @@ class _Head(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, ids, temperature: float, with_entropy: bool, fast: bool):
         z = _logits(h, weight, bias, temperature, fast)  # [n, V]
-        lse = torch.logsumexp(z, dim=-1)  # [n]
+        lse = torch.cat([torch.logsumexp(zb, dim=-1) for zb in z.split(ROW_BLOCK)])  # [n]
         logp = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
         ent = None
         if with_entropy:
-            z.sub_(lse.unsqueeze(-1))  # log p
-            ent = -(z.exp() * z).sum(-1)
+            ent = torch.empty_like(lse)
+            for zb, lb, eb in zip(z.split(ROW_BLOCK), lse.split(ROW_BLOCK), ent.split(ROW_BLOCK)):
+                zb.sub_(lb.unsqueeze(-1))  # log p, in place
+                torch.sum(zb.exp().mul_(zb), dim=-1, out=eb).neg_()
         ctx.save_for_backward(h, weight, bias, ids, lse, ent)
         ctx.temperature, ctx.fast = temperature, fast
         ctx.set_materialize_grads(False)
@@ -144,13 +149,16 @@ class _Head(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         h, weight, bias, ids, lse, ent = ctx.saved_tensors
         z = _logits(h, weight, bias, ctx.temperature, ctx.fast).sub_(lse.unsqueeze(-1))  # log p [n, V]
+        grad = z  # formed in place: one [n, V] buffer
         if g_ent is not None:
-            p = z.exp()
-            grad = p.mul(z.add_(ent.unsqueeze(-1))).mul_(-g_ent.unsqueeze(-1))
-            if g_logp is not None:
-                grad.sub_(p.mul_(g_logp.unsqueeze(-1)))
+            for b, zb in enumerate(z.split(ROW_BLOCK)):
+                rows = slice(b * ROW_BLOCK, b * ROW_BLOCK + zb.shape[0])
+                p = zb.exp()
+                zb.add_(ent[rows].unsqueeze(-1)).mul_(p).mul_(-g_ent[rows].unsqueeze(-1))
+                if g_logp is not None:
+                    zb.sub_(p.mul_(g_logp[rows].unsqueeze(-1)))
         else:
-            grad = z.exp_().mul_(-g_logp.unsqueeze(-1))  # in place: one [n, V] buffer
+            z.exp_().mul_(-g_logp.unsqueeze(-1))
         if g_logp is not None:
             grad.scatter_add_(-1, ids.unsqueeze(-1), g_logp.unsqueeze(-1))
         if ctx.temperature != 1.0:
