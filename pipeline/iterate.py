@@ -71,6 +71,12 @@ class WarmEngines:
         self.models["old_dir"] = policy
         return self.models
 
+    def idle_engine(self) -> None:
+        """Between generations the engine's KV cache goes back to the OS, so the update's peak
+        memory does not stack on it (the next rollout or eval takes it again)."""
+        if self.engine is not None and hasattr(self.engine, "release_kv_cache"):
+            self.engine.release_kv_cache()
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
@@ -92,6 +98,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             with tracking.reporting(run, k, "rollout"):
                 if not run.done(k, "rollout"):
                     run_rollout(run, k, engine=warm.rollout_engine(k))
+            warm.idle_engine()
             timings["rollout"] = time.time() - t0
             with tracking.reporting(run, k, "score"):
                 run_score(run, k)

@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
-from pipeline.models.engines import make_engine, model_context
+from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
@@ -72,7 +72,7 @@ def policy_engine(run: Run, k: int, engine=None):
 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         rank = vllm_rank(lora, cfg.rollout.max_lora_rank) if adapter is not None or cfg.rollout.lora_mode == "vllm_lora" else None
-        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank)
+        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank, precision=cfg.train.precision)
     elif engine.model_dir != weights:
         engine.load(weights)
     engine.adapter = adapter
@@ -134,6 +134,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
         return run_parts(
             run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
             manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats,
+                                    "engine_dtype": engine_dtype(run.cfg.rollout.dtype, run.cfg.train.precision),
                                     "trainer_state": plan.trainer_state().to_dict()},
         )
     finally:

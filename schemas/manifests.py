@@ -77,6 +77,8 @@ class PartsManifest(_Manifest):
     """rollout, eval: the policy the completions were sampled from."""
     engine: str | None = None
     """rollout: the generation engine."""
+    engine_dtype: str | None = None
+    """rollout: the engine's dtype as resolved on this machine (`rollout.dtype` auto follows train.precision)."""
     stats: dict[str, float] | None = None
     """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
     rewards: list[dict[str, Any]] | None = None

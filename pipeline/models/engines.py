@@ -58,8 +58,10 @@ def environment_kept():
 class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
-    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
+    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
+                 precision: str = "fp32"):
         cpu_env()
+        self.dtype = engine_dtype(cfg.dtype, precision)
         with environment_kept():  # vLLM's settings for its worker processes stay its own
             try:
                 from vllm import LLM
@@ -70,7 +72,7 @@ class VLLMEngine:
             self.cfg = cfg
             self.llm = LLM(
                 model=str(model_dir),
-                dtype=cfg.dtype,
+                dtype=self.dtype,
                 seed=seed,
                 max_model_len=max_model_len,
                 enforce_eager=True,
@@ -85,13 +87,21 @@ class VLLMEngine:
                 max_num_batched_tokens=max(max_model_len, 16384),
                 use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
                 # VLLM_CPU_KVCACHE_SPACE, when set, overrides this (whole GiB only)
-                kv_cache_memory_bytes=kv_cache_bytes(cfg, model_dir, max_model_len),
+                kv_cache_memory_bytes=kv_cache_bytes(cfg, model_dir, max_model_len, self.dtype),
                 # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
                 **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
             )
         self.model_dir = Path(model_dir)
         self.adapter: Path | None = None  # a LoRA adapter directory to sample through (vllm_lora)
         self._lora_ids: dict[str, int] = {}
+        self._kv_released = False
+
+    def release_kv_cache(self) -> None:
+        """Give the KV cache's memory back while the engine idles (the rest of an `iterate`
+        iteration runs beside it); the next `generate` takes it again, zeroed as vLLM allocated
+        it, and samples the same tokens. On a CPU only: on a GPU this is vLLM's sleep mode."""
+        if not self._kv_released:
+            self._kv_released = all(self.llm.collective_rpc(_kv_release))
 
     def load(self, model_dir: Path) -> None:
         """Swap in new weights without restarting the engine (same architecture)."""
@@ -124,6 +134,9 @@ class VLLMEngine:
             key = str(self.adapter)
             lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
             lora = LoRARequest(f"policy-{lora_id}", lora_id, key)
+        if self._kv_released:
+            self.llm.collective_rpc(_kv_acquire)
+            self._kv_released = False
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=lora)
         groups = []
         for out in outs:
@@ -140,6 +153,37 @@ class VLLMEngine:
 
         del self.llm
         gc.collect()
+
+
+def _kv_storages(worker) -> list:
+    """The KV cache's backing storages (vLLM views one allocation per layer), if on a CPU."""
+    kv = worker.model_runner.kv_caches
+    tensors = list(kv.values()) if isinstance(kv, dict) else list(kv)
+    while tensors and isinstance(tensors[0], (list, tuple)):
+        tensors = [t for ts in tensors for t in ts]
+    if not tensors or any(t.device.type != "cpu" for t in tensors):
+        return []
+    unique = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
+    storages = list(unique.values())
+    return storages if all(st.resizable() for st in storages) else []
+
+
+def _kv_release(worker) -> bool:
+    """Free the KV cache's memory; its per-layer views keep their storage (now empty)."""
+    storages = _kv_storages(worker)
+    worker.grpo_kv_sizes = [(st, st.nbytes()) for st in storages]
+    for st in storages:
+        st.resize_(0)
+    return bool(storages)
+
+
+def _kv_acquire(worker) -> None:
+    import torch
+
+    for st, nbytes in getattr(worker, "grpo_kv_sizes", []):
+        st.resize_(nbytes)
+        torch.empty(0, dtype=torch.int8).set_(st).zero_()  # as vLLM allocates it: torch.zeros
+    worker.grpo_kv_sizes = []
 
 
 def _retie_lm_head(worker) -> None:
@@ -161,7 +205,8 @@ def _retie_lm_head(worker) -> None:
 class HFEngine:
     """transformers `generate`: slower, but needs nothing beyond the training stack."""
 
-    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
+    def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
+                 precision: str = "fp32"):
         cpu_env()
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -169,7 +214,8 @@ class HFEngine:
         self.cfg = cfg
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+        self.dtype = engine_dtype(cfg.dtype, precision)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.model_dir = Path(model_dir)
         self.adapter = None  # LoRA policies reach this engine as merged weights
@@ -235,12 +281,24 @@ def _apply_stop(text, tids, reason, stops, tok):
     return kept, tids, "stop"
 
 
-def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None):
+def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
+                precision: str = "fp32"):
+    """`precision`: train.precision, which `rollout.dtype: auto` follows."""
     from pipeline.quiet import captured
 
     cls = {"vllm": VLLMEngine, "hf": HFEngine}[cfg.engine]
     with captured():  # vLLM's Triton note at import, its NUMA-binding warning from C++ at start
-        return cls(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank)
+        return cls(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision)
+
+
+def engine_dtype(dtype: str, precision: str) -> str:
+    """The engine's dtype: `rollout.dtype`, or for auto the trainer's arithmetic on this machine
+    (bfloat16 where `train.precision` resolves to bf16 autocast, else float32)."""
+    if dtype != "auto":
+        return dtype
+    from pipeline.models.tokens import resolve_precision
+
+    return "bfloat16" if resolve_precision(precision) == "bf16" else "float32"
 
 
 PROMPT_ALLOWANCE = 256
@@ -249,7 +307,7 @@ the prompts; a longer prompt only makes vLLM queue some sequences, never fail)."
 KV_FLOOR_BYTES = 256 << 20
 
 
-def kv_cache_bytes(cfg: RolloutConfig, model_dir: Path, max_model_len: int) -> int:
+def kv_cache_bytes(cfg: RolloutConfig, model_dir: Path, max_model_len: int, dtype: str) -> int:
     """The KV cache vLLM reserves: `rollout.kv_cache_gib`, or else what one part's sequences in
     flight need (groups_per_part x G, at most vLLM's 256 concurrent sequences) x (prompt allowance +
     max_new_tokens) tokens x 2 (K, V) x layers x KV heads x head size x dtype bytes, plus a quarter
@@ -263,7 +321,7 @@ def kv_cache_bytes(cfg: RolloutConfig, model_dir: Path, max_model_len: int) -> i
     heads = int(conf.get("num_attention_heads") or 1)
     kv_heads = int(conf.get("num_key_value_heads") or heads)
     head_dim = int(conf.get("head_dim") or int(conf.get("hidden_size", 0)) // heads)
-    per_token = 2 * int(conf.get("num_hidden_layers", 1)) * kv_heads * head_dim * (4 if cfg.dtype == "float32" else 2)
+    per_token = 2 * int(conf.get("num_hidden_layers", 1)) * kv_heads * head_dim * (4 if dtype == "float32" else 2)
     seqs = min(cfg.groups_per_part, cfg.prompts_per_iter) * cfg.num_generations
     tokens = min(seqs, 256) * min(max_model_len, PROMPT_ALLOWANCE + cfg.max_new_tokens)
     return int(max(KV_FLOOR_BYTES, per_token * max(max_model_len, tokens * 5 // 4)))
