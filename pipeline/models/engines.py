@@ -103,6 +103,12 @@ class VLLMEngine:
         if not self._kv_released:
             self._kv_released = all(self.llm.collective_rpc(_kv_release))
 
+    def acquire_kv_cache(self) -> None:
+        """Take the KV cache back (before anything generates through `self.llm`)."""
+        if self._kv_released:
+            self.llm.collective_rpc(_kv_acquire)
+            self._kv_released = False
+
     def load(self, model_dir: Path) -> None:
         """Swap in new weights without restarting the engine (same architecture)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
@@ -134,9 +140,7 @@ class VLLMEngine:
             key = str(self.adapter)
             lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
             lora = LoRARequest(f"policy-{lora_id}", lora_id, key)
-        if self._kv_released:
-            self.llm.collective_rpc(_kv_acquire)
-            self._kv_released = False
+        self.acquire_kv_cache()
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=lora)
         groups = []
         for out in outs:
