@@ -407,3 +407,37 @@ def test_commands_without_an_engine_import_neither_vllm_nor_deepspeed(make_run):
     assert (Path(path) / "iter-0000/score/MANIFEST.json").is_file()
     for cmd in ("status", "inspect", "audit"):
         assert not {"vllm", "deepspeed", "torch", "mlflow"} & _heavy_modules(cmd, path), cmd
+
+
+def test_a_bf16_frozen_lora_base_computes_the_same_bits_under_autocast():
+    """The LoRA trainer holds the frozen base's Linear weights in bf16 under bf16 autocast:
+    logprobs, entropies and the adapter's gradients are those of the fp32-held base, exactly."""
+    from peft import get_peft_model
+
+    from pipeline.config import LoraSpec
+    from pipeline.models import lora
+
+    batch, results = _batch(), []
+    for cast in (False, True):
+        torch.manual_seed(0)
+        model = get_peft_model(_model(0), lora.peft_config(LoraSpec(r=4)))
+        with torch.no_grad():  # a non-zero adapter, so its path counts in the output
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+        cast_n = lora.frozen_linears_to_bf16(model) if cast else 0
+        logp, ent = token_logprobs(model, batch, 0.7, with_entropy=True, precision="bf16")
+        w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
+        ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        results.append((logp.detach(), ent.detach(), grads, dtypes, cast_n))
+    (lp0, e0, g0, _, _), (lp1, e1, g1, dt1, n1) = results
+    assert n1 == 2 * 7  # q, k, v, o, gate, up, down of both layers
+    assert dt1["base_model.model.model.embed_tokens.weight"] == torch.float32  # the tied LM head too
+    assert all(d == torch.bfloat16 for n, d in dt1.items() if "base_layer.weight" in n)
+    assert all(d == torch.float32 for n, d in dt1.items() if "lora_" in n or "norm" in n)
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    assert g0.keys() == g1.keys() and len(g0) == 4 * 7
+    for name in g0:
+        assert torch.equal(g0[name], g1[name]), name

@@ -95,6 +95,24 @@ def policy_model(base_dir: Path, adapter_dir: Path | None, spec, trainable: bool
     return model
 
 
+def frozen_linears_to_bf16(model) -> int:
+    """Hold the frozen base's Linear weights in bf16, for a model that runs under bf16 autocast.
+    Autocast feeds a Linear bf16(W) whatever W is held in (rounded as `.to` rounds), so the
+    forward and the adapter's gradients are the same bits, the base takes half its memory and no
+    bf16 copy of it is made per forward. Embeddings, norms, the LM head (fp32 in
+    `token_logprobs`) and the adapter stay fp32. Returns how many weights were cast."""
+    import torch
+
+    keep = {id(model.get_output_embeddings().weight), id(model.get_input_embeddings().weight)}
+    n = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear and id(w) not in keep and not w.requires_grad and w.dtype == torch.float32:
+            module.weight.data = w.data.to(torch.bfloat16)
+            n += 1
+    return n
+
+
 def set_policy(model, adapter_dir: Path | None) -> None:
     """Give a loaded PeftModel adapter K's weights in place (None: the zero adapter of policy 0)."""
     import torch

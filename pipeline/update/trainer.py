@@ -130,6 +130,8 @@ class Trainer:
         if cfg.train.lora is not None:  # only the adapter's parameters train
             adapter = policy_dir if lora.is_adapter(policy_dir) else None
             model = lora.policy_model(base_dir or policy_dir, adapter, cfg.train.lora, trainable=True, seed=cfg.seed)
+            if self.precision == "bf16":
+                lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         else:
             model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
