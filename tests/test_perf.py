@@ -39,17 +39,18 @@ def _naive(model, batch: Batch, temperature: float):
     return tok, ent
 
 
-def _outputs_and_grads(fns, seed: int):
-    """For each fn(model) -> (logp, entropy) on a fresh model of `seed`: the outputs and every
-    parameter's gradient of a loss that weighs each token's logprob and entropy differently."""
+def _outputs_and_grads(fns, seed: int, make_model=None):
+    """For each fn(model) -> (logp, entropy) on a fresh model of `seed` (`make_model(seed)`, else
+    `_model`): the outputs and every trainable parameter's gradient of a loss that weighs each
+    token's logprob and entropy differently."""
     outs, grads = [], []
     for fn in fns:
-        model = _model(seed)
+        model = (make_model or _model)(seed)
         logp, ent = fn(model)
         w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
         ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
         outs.append((logp.detach(), ent.detach()))
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
     return outs, grads
 
 
@@ -417,23 +418,28 @@ def test_a_bf16_frozen_lora_base_computes_the_same_bits_under_autocast():
     from pipeline.config import LoraSpec
     from pipeline.models import lora
 
-    batch, results = _batch(), []
-    for cast in (False, True):
-        torch.manual_seed(0)
-        model = get_peft_model(_model(0), lora.peft_config(LoraSpec(r=4)))
+    def lora_model(seed: int):
+        torch.manual_seed(seed)
+        model = get_peft_model(_model(seed), lora.peft_config(LoraSpec(r=4)))
         with torch.no_grad():  # a non-zero adapter, so its path counts in the output
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-        cast_n = lora.frozen_linears_to_bf16(model) if cast else 0
-        logp, ent = token_logprobs(model, batch, 0.7, with_entropy=True, precision="bf16")
-        w = torch.arange(logp.numel(), dtype=torch.float32).reshape(logp.shape) / logp.numel()
-        ((logp * w).sum() - 0.3 * (ent * w).sum()).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-        dtypes = {n: p.dtype for n, p in model.named_parameters()}
-        results.append((logp.detach(), ent.detach(), grads, dtypes, cast_n))
-    (lp0, e0, g0, _, _), (lp1, e1, g1, dt1, n1) = results
-    assert n1 == 2 * 7  # q, k, v, o, gate, up, down of both layers
+        return model
+
+    batch, cast = _batch(), {}
+
+    def bf16_base(model):
+        cast["n"] = lora.frozen_linears_to_bf16(model)
+        cast["dtypes"] = {n: p.dtype for n, p in model.named_parameters()}
+        return token_logprobs(model, batch, 0.7, with_entropy=True, precision="bf16")
+
+    outs, grads = _outputs_and_grads(
+        (lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, precision="bf16"), bf16_base), seed=0, make_model=lora_model)
+    (lp0, e0), (lp1, e1) = outs
+    g0, g1 = grads
+    dt1 = cast["dtypes"]
+    assert cast["n"] == 2 * 7  # q, k, v, o, gate, up, down of both layers
     assert dt1["base_model.model.model.embed_tokens.weight"] == torch.float32  # the tied LM head too
     assert all(d == torch.bfloat16 for n, d in dt1.items() if "base_layer.weight" in n)
     assert all(d == torch.float32 for n, d in dt1.items() if "lora_" in n or "norm" in n)
