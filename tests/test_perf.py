@@ -447,3 +447,74 @@ def test_a_bf16_frozen_lora_base_computes_the_same_bits_under_autocast():
     assert g0.keys() == g1.keys() and len(g0) == 4 * 7
     for name in g0:
         assert torch.equal(g0[name], g1[name]), name
+
+
+_FAMILY = {"Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral", "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe",
+           "Qwen3": "qwen3", "Phi3": "phi3", "Granite": "granite", "SmolLM3": "smollm3", "DeepseekV3": "deepseek_v3"}
+
+
+def test_every_class_the_lean_forwards_patch_has_llamas_forward_in_this_transformers():
+    import importlib
+    import inspect
+
+    from pipeline.models import fused
+
+    def forward_of(name: str, suffix: str):
+        family = _FAMILY[name.removesuffix(suffix)]
+        return inspect.getsource(getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name).forward)
+
+    for names, suffix in ((fused.RMS_NORMS, "RMSNorm"), (fused.GATED_MLPS, "MLP")):
+        assert "Llama" + suffix in names
+        for name in names:
+            assert forward_of(name, suffix) == forward_of("Llama" + suffix, suffix), name
+
+
+def _lean_model(seed: int):
+    from pipeline.models import fused
+
+    model = _model(seed)
+    assert fused.lean_activations(model) == 2 * 2 + 1 + 2  # two norms and an MLP per layer, the final norm
+    assert fused.lean_activations(model) == 0  # patching twice changes nothing
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lean_activations_keep_hfs_forward_exactly_and_its_gradients(precision):
+    """The lean RMSNorm and SwiGLU give HF's logprobs bit for bit; their fp32 backward gives HF's
+    fp32 gradients, and under bf16 gradients no further from the fp32 ones than HF's own bf16."""
+    batch = _batch()
+    run = lambda prec: (lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, precision=prec))  # noqa: E731
+    outs, grads = _outputs_and_grads((run(precision), run(precision)), seed=0, make_model=None)
+    lean_outs, lean_grads = _outputs_and_grads((run(precision),), seed=0, make_model=_lean_model)
+    (lp, e), (lp_lean, e_lean) = outs[0], lean_outs[0]
+    assert torch.equal(lp, lp_lean) and torch.equal(e, e_lean)
+    assert torch.equal(outs[1][0], lp)  # HF itself is deterministic here, so equality above means something
+    if precision == "fp32":
+        for name, g in grads[0].items():
+            assert torch.allclose(g, lean_grads[0][name], atol=1e-6, rtol=1e-5), name
+        return
+    ref = _outputs_and_grads((run("fp32"),), seed=0)[1][0]
+    dist = lambda gs: sum(((gs[n] - ref[n]).norm() / ref[n].norm()).item() for n in ref) / len(ref)  # noqa: E731
+    assert 0 < dist(lean_grads[0]) <= 1.05 * dist(grads[0])
+    assert any(not torch.equal(grads[0][n], lean_grads[0][n]) for n in ref)  # the lean backward did run
+
+
+def test_lean_activations_keep_less_for_the_backward():
+    batch = _batch()
+
+    def saved_bytes(model) -> int:
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            token_logprobs(model, batch, 0.7, precision="bf16")
+        return sum(seen.values())
+
+    hf, lean = saved_bytes(_model(0)), saved_bytes(_lean_model(0))
+    assert lean < 0.85 * hf, (lean, hf)

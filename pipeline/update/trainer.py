@@ -119,7 +119,7 @@ class Trainer:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from pipeline.models import lora
+        from pipeline.models import fused, lora
         from pipeline.models.engines import cpu_env
 
         cpu_env()
@@ -135,6 +135,7 @@ class Trainer:
         else:
             model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
+        fused.lean_activations(model)  # same forward, ~0.3 GB less kept for the backward per 1024 tokens
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
