@@ -24,7 +24,7 @@ def main() -> None:
     install_import_probe(probes)
     import stages.cli
 
-    install_product_probes(probes)  # imports pipeline's modules, which the stage imports anyway
+    install_product_probes(probes)  # each of pipeline's modules as the stage imports it
     probes.rss.start()
     marks = {"enter": T_ENTER, "main": time.time()}
     sys.argv = ["grpo", *argv]

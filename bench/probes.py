@@ -44,6 +44,7 @@ class Probes:
         self.stack: list[list] = []  # [category, wall segment start, absorbs io, cpu segment start]
         self.main_thread = threading.get_ident()  # the product runs here; other threads pass through
         self.patched: list[tuple[object, str, object]] = []
+        self.pending: dict = {}  # module name -> its patches, applied when it loads (install_product_probes)
         self.rss = RssSampler(self)
 
     # -- booking -------------------------------------------------------------------------------
@@ -153,10 +154,20 @@ class Probes:
 def install_import_probe(probes: Probes) -> None:
     """Books every module load (the first `import` of a module, wherever it happens: lazy imports
     inside engine start included) to the category "imports". The interpreter looks the loader up
-    on the frozen importlib module at each import, so wrapping it there sees them all."""
+    on the frozen importlib module at each import, so wrapping it there sees them all. A module
+    that `install_product_probes` waits for is patched as soon as it has loaded."""
     bootstrap = sys.modules["_frozen_importlib"]
     original = bootstrap._find_and_load
-    bootstrap._find_and_load = probes.wrap(original, "imports")
+    booked = probes.wrap(original, "imports")
+
+    @functools.wraps(original)
+    def find_and_load(name, *args, **kwargs):
+        module = booked(name, *args, **kwargs)
+        if name in probes.pending:
+            probes.pending.pop(name)(module)
+        return module
+
+    bootstrap._find_and_load = find_and_load
     probes.patched.append((bootstrap, "_find_and_load", original))
 
 
@@ -173,63 +184,76 @@ def by_phase(seconds: dict) -> dict[str, dict[str, float]]:
 
 
 def install_product_probes(probes: Probes) -> None:
-    """Probes on the product's functions (pipeline/): engines, compute, artifacts, tracking."""
-    import pipeline.models.engines as engines
-    import pipeline.iterate as iterate
-    import pipeline.logprobs as logprobs
-    import pipeline.store.parts as parts
-    import pipeline.rollout as rollout
-    import pipeline.store.run as run_mod
-    import pipeline.score as score
-    import pipeline.store as store
-    import pipeline.report.tracking as tracking
-    import pipeline.update.data as update_data
-    import pipeline.update.publish as publish
-    import pipeline.update.trainer as trainer
+    """Probes on the product's functions (pipeline/): engines, compute, artifacts, tracking.
 
-    # phases
-    probes.patch_function(rollout, "run_rollout", phase="rollout")
-    probes.patch_function(score, "run_score", phase="score")
-    probes.patch_function(logprobs, "run_logprobs", phase="logprobs")
-    probes.patch_function(publish, "run_update", phase="update")
-    probes.patch_function(iterate, "iteration_summary", phase="summary")
-    probes.patch_method(iterate.WarmEngines, "rollout_engine", "engine_reload")
-    iterate.WarmEngines.rollout_engine = probes.phase_marker(iterate.WarmEngines.rollout_engine, "rollout")
-    probes.patch_method(iterate.WarmEngines, "logprob_models", "engine_reload")
-    iterate.WarmEngines.logprob_models = probes.phase_marker(iterate.WarmEngines.logprob_models, "logprobs")
+    Each module is patched when it loads (or now, if it has), so a probed `grpo score` imports
+    what a plain one does: importing them all here cost every cold command the imports of the
+    others (torch, the trainer, `pipeline.iterate`: ~1 s each for `score` and `logprobs`)."""
+    pf, pm = probes.patch_function, probes.patch_method
 
-    # engines (start, weight reload) and compute
-    probes.patch_method(engines.VLLMEngine, "__init__", "engine_start")
-    probes.patch_method(engines.VLLMEngine, "load", "engine_reload")
-    probes.patch_method(engines.VLLMEngine, "generate", "generate")
-    probes.patch_function(logprobs, "load_model", "engine_start")
-    probes.patch_method(trainer.Trainer, "__init__", "engine_start")
-    probes.patch_function(logprobs, "sequence_logprobs", "forward")
-    probes.patch_method(trainer.Trainer, "train_iteration", "train")
-    probes.patch_function(score, "compute_rewards", "rewards")
-    probes.patch_method(rollout.RolloutPlan, "__init__", "rollout_plan")
-    probes.patch_method(update_data.UpdateData, "__init__", "update_data")
-    probes.patch_method(trainer.Trainer, "save_state", "checkpoint")
-    probes.patch_method(trainer.Trainer, "save_policy", "checkpoint")
-    probes.patch_method(store.RunStore, "put_dir", "checkpoint")
-    probes.patch_function(publish, "_prune_states", "checkpoint")
+    def iterate(m):
+        pf(m, "iteration_summary", phase="summary")
+        pm(m.WarmEngines, "rollout_engine", "engine_reload")
+        m.WarmEngines.rollout_engine = probes.phase_marker(m.WarmEngines.rollout_engine, "rollout")
+        pm(m.WarmEngines, "logprob_models", "engine_reload")
+        m.WarmEngines.logprob_models = probes.phase_marker(m.WarmEngines.logprob_models, "logprobs")
 
-    # artifacts
-    probes.patch_method(store.RunStore, "write_table", "parquet_write", io=True)
-    probes.patch_method(store.RunStore, "read_table", "parquet_read", io=True)
-    probes.patch_method(store.RunStore, "table_meta", "parquet_read", io=True)
-    probes.patch_function(parts, "_rows", "parquet_read", io=True)
-    probes.patch_function(store, "sha256_bytes", "hashing", io=True)
-    probes.patch_function(store, "hash_file", "hashing", io=True)
-    probes.patch_method(store.RunStore, "write_manifest", "manifests", io=True)
-    probes.patch_method(store.RunStore, "manifest", "manifests", io=True)
-    probes.patch_function(run_mod, "policy_manifest", "manifests", io=True)
-    probes.patch_function(store, "code_version", "code_version", io=True)
+    def rollout(m):
+        pf(m, "run_rollout", phase="rollout")
+        pm(m.RolloutPlan, "__init__", "rollout_plan")
 
-    # tracking: the hook absorbs the reads it does; the diagnostics it triggers are their own
-    probes.patch_function(tracking, "log_stage", "mlflow", absorb=True)
-    probes.patch_function(tracking, "log_final", "mlflow", absorb=True)
-    probes.patch_function(tracking, "_warn_new", "diagnostics", absorb=True)
+    def score(m):
+        pf(m, "run_score", phase="score")
+        pf(m, "compute_rewards", "rewards")
+
+    def logprobs(m):
+        pf(m, "run_logprobs", phase="logprobs")
+        pf(m, "load_model", "engine_start")
+        pf(m, "sequence_logprobs", "forward")
+
+    def publish(m):
+        pf(m, "run_update", phase="update")
+        pf(m, "_prune_states", "checkpoint")
+
+    def engines(m):  # engine start and weight reload, generation
+        pm(m.VLLMEngine, "__init__", "engine_start")
+        pm(m.VLLMEngine, "load", "engine_reload")
+        pm(m.VLLMEngine, "generate", "generate")
+
+    def trainer(m):
+        pm(m.Trainer, "__init__", "engine_start")
+        pm(m.Trainer, "train_iteration", "train")
+        pm(m.Trainer, "save_state", "checkpoint")
+        pm(m.Trainer, "save_policy", "checkpoint")
+
+    def store(m):  # checkpoints' copy into the run; artifacts
+        pm(m.RunStore, "put_dir", "checkpoint")
+        pm(m.RunStore, "write_table", "parquet_write", io=True)
+        pm(m.RunStore, "read_table", "parquet_read", io=True)
+        pm(m.RunStore, "table_meta", "parquet_read", io=True)
+        pf(m, "sha256_bytes", "hashing", io=True)
+        pf(m, "hash_file", "hashing", io=True)
+        pm(m.RunStore, "write_manifest", "manifests", io=True)
+        pm(m.RunStore, "manifest", "manifests", io=True)
+        pf(m, "code_version", "code_version", io=True)
+
+    def tracking(m):  # the hook absorbs the reads it does; the diagnostics it triggers are their own
+        pf(m, "log_stage", "mlflow", absorb=True)
+        pf(m, "log_final", "mlflow", absorb=True)
+        pf(m, "_warn_new", "diagnostics", absorb=True)
+
+    for name, patch in {
+        "pipeline.iterate": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
+        "pipeline.update.publish": publish, "pipeline.models.engines": engines, "pipeline.update.trainer": trainer,
+        "pipeline.update.data": lambda m: pm(m.UpdateData, "__init__", "update_data"),
+        "pipeline.store": store, "pipeline.store.parts": lambda m: pf(m, "_rows", "parquet_read", io=True),
+        "pipeline.store.run": lambda m: pf(m, "policy_manifest", "manifests", io=True),
+        "pipeline.report.tracking": tracking,
+    }.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+        else:
+            probes.pending[name] = patch
 
 
 class RssSampler:
