@@ -195,6 +195,12 @@ class TrainConfig(_Section):
     unchanged), so the update's memory scales with this budget, not with mini_batch_size.
     SmolLM2-135M holds ~1.5 MB of activations per token; 1024 costs ~4% of the update's time
     against 2048 and 1.3 GB less peak memory, 512 costs 25%."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward and recompute the layer there (HF's
+    gradient checkpointing, non-reentrant): the update's activations shrink to ~1/10 for about a
+    third more update time. A group's prompt then runs once per row instead of once per group
+    (HF's checkpointed layers cannot write the shared prompt's KV cache), and the token budget
+    counts it per row."""
     old_logprobs: Literal["auto", "pass"] = "auto"
     """Where the update's old-policy logprobs (the ratio's denominator) come from. `pass`: a
     separate teacher-forced pass in the logprobs stage. `auto` (default): the same, except when

@@ -518,3 +518,70 @@ def test_lean_activations_keep_less_for_the_backward():
 
     hf, lean = saved_bytes(_model(0)), saved_bytes(_lean_model(0))
     assert lean < 0.85 * hf, (lean, hf)
+
+
+def test_gradient_checkpointing_recomputes_each_layer_and_keeps_logprobs_and_gradients():
+    """HF's non-reentrant checkpointing with the lean forwards: every decoder layer runs again in
+    the backward, and the logprobs and gradients are those of the plain forward (rows not sharing
+    their prompt, as the trainer runs them then)."""
+    prompts = [[5, 6, 7], [5, 6, 7], [9, 8, 7, 6, 5]]
+    batch = Batch.build(prompts, [[11, 12, 13, 14], [21, 22], [31, 32, 33]], share_prompts=False)
+    calls = []
+
+    def checkpointed(seed: int):
+        model = _lean_model(seed)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # HF checkpoints only in training mode
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(lambda *_: calls.append(1))  # a recompute stops early: no post hook
+        return model
+
+    run = lambda m: token_logprobs(m, batch, 0.7, with_entropy=True)  # noqa: E731
+    (plain,), (g_plain,) = _outputs_and_grads((run,), seed=3, make_model=_lean_model)
+    calls.clear()
+    (ckpt,), (g_ckpt,) = _outputs_and_grads((run,), seed=3, make_model=checkpointed)
+    assert len(calls) == 2 * 2  # two layers, each in the forward and again in the backward
+    assert torch.equal(plain[0], ckpt[0]) and torch.equal(plain[1], ckpt[1])
+    assert g_plain.keys() == g_ckpt.keys()
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_ckpt[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_budget_without_shared_prompts_counts_each_rows_prompt():
+    prompts, comps = [[1] * 10] * 4, [[2] * 5] * 4  # one prompt for four rows
+    assert tokens.shared_budget_batches(prompts, comps, 30) == [[0, 1, 2, 3]]  # 10 + 4 x 5
+    assert tokens.shared_budget_batches(prompts, comps, 30, shared=False) == [[0, 1], [2, 3]]  # 2 x 15 each
+
+
+def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(make_run):
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from pipeline.logprobs import run_logprobs
+    from pipeline.rollout import run_rollout
+    from pipeline.score import run_score
+    from pipeline.store.run import Run
+    from pipeline.update.publish import run_update
+    from schemas.artifacts import UPDATE_METRICS
+
+    train = {"mini_batch_size": 8, "grad_accum": 1, "precision": "fp32", "lr": 1e-3, "update_token_budget": 64}
+    runs = {gc: Run(make_run(f"gc-{gc}", rollout={"engine": "hf"}, train={**train, "gradient_checkpointing": gc})) for gc in (False, True)}
+    steps, trainers = {}, {}
+    for gc, run in runs.items():
+        run_rollout(run, 0)
+        run_score(run, 0)
+        run_logprobs(run, 0)
+        _, trainers[gc] = run_update(run, 0)
+        steps[gc] = run.store.read_table("iter-0000/update/metrics.parquet", UPDATE_METRICS).to_pylist()
+    assert trainers[True].engine.module.is_gradient_checkpointing and not trainers[False].engine.module.is_gradient_checkpointing
+    assert not trainers[True].share_prompts and trainers[False].share_prompts
+    assert len(steps[True]) == len(steps[False]) == 2  # 4 prompts x G=4 in mini-batches of 8
+    for a, b in zip(steps[False], steps[True]):
+        for key in ("loss/policy", "ratio/mean", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    w0, wa, wb = (load_file(next(Path(p).glob("*.safetensors"))) for p in
+                  (runs[False].policy_dir(0), runs[False].policy_dir(1), runs[True].policy_dir(1)))
+    moved = max(float((wa[n] - w0[n]).abs().max()) for n in wa)
+    assert moved > 1e-5 and max(float((wa[n] - wb[n]).abs().max()) for n in wa) < moved * 1e-3
+    for t in trainers.values():
+        t.close()

@@ -259,18 +259,19 @@ def _shared_prompt_hidden(decoder, batch: Batch, precision: str) -> torch.Tensor
     return torch.cat([last.unsqueeze(1), rest[:, :-1]], dim=1)
 
 
-def shared_budget_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], budget: int) -> list[list[int]]:
+def shared_budget_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], budget: int,
+                          shared: bool = True) -> list[list[int]]:
     """Consecutive index groups that fit the token budget as `token_logprobs` runs them with
     shared prompts: distinct prompts x longest prompt + rows x longest completion where a prompt
-    repeats, rows x longest prompt + completion where none does. Rows of one prompt must be
-    adjacent to share it."""
+    repeats, rows x longest prompt + completion where none does (or, `shared` False, always).
+    Rows of one prompt must be adjacent to share it."""
     out: list[list[int]] = []
     cur: list[int] = []
     keys: set = set()
     lp = lc = lpc = 0
 
     def cost(n: int, p: int, a: int, b: int, ab: int) -> int:
-        return p * a + n * b if p < n else n * ab
+        return p * a + n * b if shared and p < n else n * ab
 
     for i, (pi, ci) in enumerate(zip(prompt_ids, completion_ids)):
         key = tuple(pi)

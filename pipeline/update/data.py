@@ -68,9 +68,9 @@ class UpdateData:
     def mask_sum(self, idx) -> int:
         return int(self.lengths[idx].sum())
 
-    def batch(self, idx):
+    def batch(self, idx, share_prompts: bool = True):
         """(batch, old [B, T] or None when this forward gives them (first epoch), ref or None, advantages)."""
-        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=True)
+        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=share_prompts)
         T = b.completion_mask.shape[1]
         if self.old_from_update:
             recorded = [int(i) in self.used_old for i in idx]

@@ -135,10 +135,13 @@ class Trainer:
         else:
             model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         model.config.use_cache = False
+        if cfg.train.gradient_checkpointing:  # layers recompute in the backward (under engine.train())
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         fused.lean_activations(model)  # same forward, ~0.3 GB less kept for the backward per 1024 tokens
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
+        self.share_prompts = not cfg.train.gradient_checkpointing  # a checkpointed layer cannot write the prompts' KV cache
         a = cfg.advantages.kl_in_reward
         self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
         if state_dir is not None:
@@ -308,7 +311,7 @@ class Trainer:
         cfg = self.cfg
         idx = idx[np.argsort(data.prompt_key[idx], kind="stable")]  # a group's rows side by side: its prompt runs once per piece
         pieces = [idx[list(p)] for p in shared_budget_batches([data.prompt_ids[i] for i in idx], [data.completion_ids[i] for i in idx],
-                                                              cfg.train.update_token_budget)]
+                                                              cfg.train.update_token_budget, shared=self.share_prompts)]
         boundary = self.engine.is_gradient_accumulation_boundary()
         rows, tokens, out = len(idx), max(1, data.mask_sum(idx)), {}
         for j, piece in enumerate(pieces):
@@ -324,7 +327,7 @@ class Trainer:
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         dev = self.engine.device
-        batch, old, ref, adv = data.batch(idx)
+        batch, old, ref, adv = data.batch(idx, share_prompts=self.share_prompts)
         batch, adv = batch.to(dev), adv.to(dev)
         ref = ref.to(dev) if ref is not None else None
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
