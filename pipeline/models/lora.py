@@ -100,7 +100,11 @@ def frozen_linears_to_bf16(model) -> int:
     Autocast feeds a Linear bf16(W) whatever W is held in (rounded as `.to` rounds), so the
     forward and the adapter's gradients are the same bits, the base takes half its memory and no
     bf16 copy of it is made per forward. Embeddings, norms, the LM head (fp32 in
-    `token_logprobs`) and the adapter stay fp32. Returns how many weights were cast."""
+    `token_logprobs`) and the adapter stay fp32. Returns how many weights were cast.
+
+    The other frozen weights get memory of their own: loaded, they are views of the checkpoint's
+    memory-mapped file, which they would keep mapped with every page the cast read (resident,
+    ~0.3 GB of RSS on SmolLM2-135M, for 113 MB of embeddings)."""
     import torch
 
     keep = {id(model.get_output_embeddings().weight), id(model.get_input_embeddings().weight)}
@@ -110,6 +114,10 @@ def frozen_linears_to_bf16(model) -> int:
         if type(module) is torch.nn.Linear and id(w) not in keep and not w.requires_grad and w.dtype == torch.float32:
             module.weight.data = w.data.to(torch.bfloat16)
             n += 1
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.requires_grad and p.dtype == torch.float32:
+                p.data = p.data.clone()
     return n
 
 
