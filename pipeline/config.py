@@ -337,9 +337,25 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
     return resolve(tree, sets, source=str(path))
 
 
+ADDED_OPTIONS: dict[tuple[str, ...], object] = {
+    ("train", "gradient_checkpointing"): False,
+}
+"""Options added after runs already existed, with the value that does what runs did before them:
+left out of the canonical form at that value, so the config hash of a run made before the option
+(its config.yaml lacks it) stays the one its manifests were written with."""
+
+
 def canonical(cfg: Config) -> str:
-    """Canonical JSON of the resolved config: sorted keys, defaults filled in."""
-    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """Canonical JSON of the resolved config: sorted keys, defaults filled in (but for
+    `ADDED_OPTIONS` at their earlier behaviour)."""
+    tree = cfg.model_dump(mode="json")
+    for (*path, key), neutral in ADDED_OPTIONS.items():
+        section = tree
+        for part in path:
+            section = section.get(part) or {}
+        if key in section and section[key] == neutral:
+            del section[key]
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"))
 
 
 def config_hash(cfg: Config) -> str:

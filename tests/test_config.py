@@ -116,3 +116,24 @@ def test_cli_help_is_instant_and_lists_every_command():
     assert "HEAVY []" in out
     for cmd in ("init", "rollout", "score", "logprobs", "update", "iterate", "status", "eval", "make-model", "make-data", "demo"):
         assert cmd in out, cmd
+
+
+def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
+    """A run made before `train.gradient_checkpointing` existed has no such key in its config.yaml;
+    at its earlier behaviour (off) the option stays out of the hash, so the run's manifests still
+    match its config. Turned on, it changes the hash."""
+    import hashlib
+    import json
+
+    a = config_mod.load(write(tmp_path, MINIMAL))
+    tree = a.model_dump(mode="json")
+    for (*path, key) in config_mod.ADDED_OPTIONS:
+        section = tree
+        for part in path:
+            section = section[part]
+        assert key in section  # the option exists, filled in with its default
+        del section[key]  # as a config written before it
+    before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert config_mod.config_hash(a) == before
+    on = config_mod.load(write(tmp_path, MINIMAL), ["train.gradient_checkpointing=true"])
+    assert on.train.gradient_checkpointing and config_mod.config_hash(on) != before
