@@ -1,5 +1,6 @@
 """Memory and precision levers: chunked logprobs, token-budget pieces, bf16 autocast."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -553,6 +554,9 @@ def test_budget_without_shared_prompts_counts_each_rows_prompt():
     assert tokens.shared_budget_batches(prompts, comps, 30, shared=False) == [[0, 1], [2, 3]]  # 2 x 15 each
 
 
+LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(make_run):
     import numpy as np
     from safetensors.torch import load_file
@@ -564,6 +568,7 @@ def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(
     from pipeline.update.publish import run_update
     from schemas.artifacts import UPDATE_METRICS
 
+    launcher = {k: os.environ.get(k) for k in LAUNCHER}
     train = {"mini_batch_size": 8, "grad_accum": 1, "precision": "fp32", "lr": 1e-3, "update_token_budget": 64}
     runs = {gc: Run(make_run(f"gc-{gc}", rollout={"engine": "hf"}, train={**train, "gradient_checkpointing": gc})) for gc in (False, True)}
     steps, trainers = {}, {}
@@ -585,3 +590,4 @@ def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(
     assert moved > 1e-5 and max(float((wa[n] - wb[n]).abs().max()) for n in wa) < moved * 1e-3
     for t in trainers.values():
         t.close()
+    assert {k: os.environ.get(k) for k in LAUNCHER} == launcher  # the one-process group's variables went with it

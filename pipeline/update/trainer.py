@@ -43,12 +43,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_OWN_ENV: dict[str, str] = {}
+"""The launcher variables `init_distributed` set itself (no launcher); `Trainer.close` takes them back."""
+
+
 def init_distributed() -> tuple[int, int]:
     """Join the launcher's process group, or make a one-process gloo group without one."""
     import deepspeed
 
     if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        _OWN_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(_OWN_ENV)
     if not torch.cuda.is_available():
         _no_shm_comm_op()  # before DeepSpeed's backend starts, here or in deepspeed.initialize
     if not torch.distributed.is_initialized():
@@ -208,6 +213,10 @@ class Trainer:
         if torch.distributed.is_initialized():
             _barrier()
             torch.distributed.destroy_process_group()
+        for key, value in list(_OWN_ENV.items()):  # what runs next in this process (a vLLM engine) sees no launcher
+            if os.environ.get(key) == value:
+                del os.environ[key]
+            del _OWN_ENV[key]
 
     # -- one iteration -------------------------------------------------------------------
     def train_iteration(self, data: "UpdateData", k: int) -> list[dict]:
