@@ -484,8 +484,8 @@ def test_lean_activations_keep_hfs_forward_exactly_and_its_gradients(precision):
     """The lean RMSNorm and SwiGLU give HF's logprobs bit for bit; their fp32 backward gives HF's
     fp32 gradients, and under bf16 gradients no further from the fp32 ones than HF's own bf16."""
     batch = _batch()
-    run = lambda prec: (lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, precision=prec))  # noqa: E731
-    outs, grads = _outputs_and_grads((run(precision), run(precision)), seed=0, make_model=None)
+    run = lambda prec: (lambda m: token_logprobs(m, batch, 0.7, with_entropy=True, precision=prec))
+    outs, grads = _outputs_and_grads((run(precision), run(precision)), seed=0)
     lean_outs, lean_grads = _outputs_and_grads((run(precision),), seed=0, make_model=_lean_model)
     (lp, e), (lp_lean, e_lean) = outs[0], lean_outs[0]
     assert torch.equal(lp, lp_lean) and torch.equal(e, e_lean)
@@ -495,7 +495,7 @@ def test_lean_activations_keep_hfs_forward_exactly_and_its_gradients(precision):
             assert torch.allclose(g, lean_grads[0][name], atol=1e-6, rtol=1e-5), name
         return
     ref = _outputs_and_grads((run("fp32"),), seed=0)[1][0]
-    dist = lambda gs: sum(((gs[n] - ref[n]).norm() / ref[n].norm()).item() for n in ref) / len(ref)  # noqa: E731
+    dist = lambda gs: sum(((gs[n] - ref[n]).norm() / ref[n].norm()).item() for n in ref) / len(ref)
     assert 0 < dist(lean_grads[0]) <= 1.05 * dist(grads[0])
     assert any(not torch.equal(grads[0][n], lean_grads[0][n]) for n in ref)  # the lean backward did run
 
@@ -537,7 +537,7 @@ def test_gradient_checkpointing_recomputes_each_layer_and_keeps_logprobs_and_gra
             layer.register_forward_pre_hook(lambda *_: calls.append(1))  # a recompute stops early: no post hook
         return model
 
-    run = lambda m: token_logprobs(m, batch, 0.7, with_entropy=True)  # noqa: E731
+    run = lambda m: token_logprobs(m, batch, 0.7, with_entropy=True)
     (plain,), (g_plain,) = _outputs_and_grads((run,), seed=3, make_model=_lean_model)
     calls.clear()
     (ckpt,), (g_ckpt,) = _outputs_and_grads((run,), seed=3, make_model=checkpointed)
@@ -558,7 +558,6 @@ LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(make_run):
-    import numpy as np
     from safetensors.torch import load_file
 
     from pipeline.logprobs import run_logprobs
