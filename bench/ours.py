@@ -77,7 +77,7 @@ def main(workload_json: str, out: str) -> None:
         warm = held["warm"]
         data = bare.iteration_data(run, k)
         gc_before = sum(probes.gc_seconds.values())
-        warm.engine.acquire_kv_cache()  # iterate gave it back after the rollout
+        warm.engine.wake()  # iterate gave its KV cache and policy k's weights back after the rollout
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
         old_model = warm.models.get("old")
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline

@@ -72,10 +72,11 @@ class WarmEngines:
         return self.models
 
     def idle_engine(self) -> None:
-        """Between generations the engine's KV cache goes back to the OS, so the update's peak
-        memory does not stack on it (the next rollout or eval takes it again)."""
-        if self.engine is not None and hasattr(self.engine, "release_kv_cache"):
-            self.engine.release_kv_cache()
+        """Between generations the engine's KV cache and weights go back to the OS, so the
+        update's peak memory does not stack on them (the next rollout or eval takes them again,
+        with the new policy's weights)."""
+        if self.engine is not None and hasattr(self.engine, "sleep"):
+            self.engine.sleep()
 
     def close(self) -> None:
         if self.engine is not None:

@@ -95,24 +95,43 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def test_released_kv_cache_goes_back_to_the_os_and_returns_for_the_same_samples(two_policies):
-    """`iterate` gives the idle engine's KV cache back while it trains; the next generate
-    takes it again and samples exactly what it would have."""
+def test_sleeping_engine_gives_kv_cache_and_weights_back_and_wakes_to_the_same_samples(two_policies):
+    """`iterate` lets the idle engine sleep while it trains: its KV cache and weights go back
+    to the OS. A generate wakes it with the weights it had, a load with new ones, and either
+    samples exactly what an engine that never slept samples."""
     from pipeline.models.engines import VLLMEngine, kv_cache_bytes
 
-    a, _ = two_policies
+    a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, kv_cache_gib=0.5)
     eng = VLLMEngine(a, cfg, 256, seed=0)
     try:
-        want = eng.generate(PROMPT, [3], n=4)
+        want_a = eng.generate(PROMPT, [3], n=4)
+        eng.load(b)
+        want_b = eng.generate(PROMPT, [3], n=4)
         before = _rss_mb()
-        eng.release_kv_cache()
+        eng.sleep()
         freed = before - _rss_mb()
-        eng.release_kv_cache()  # idempotent
-        got = eng.generate(PROMPT, [3], n=4)
-        again = eng.generate(PROMPT, [3], n=4)
+        asleep = eng.llm.collective_rpc(_weight_bytes)
+        eng.sleep()  # idempotent
+        got_b = eng.generate(PROMPT, [3], n=4)  # woken with the weights it had (policy b)
+        eng.sleep()
+        eng.load(a)  # new weights while asleep
+        got_a = eng.generate(PROMPT, [3], n=4)
+        awake = eng.llm.collective_rpc(_weight_bytes)
     finally:
         eng.close()
-    assert freed > 0.9 * kv_cache_bytes(cfg, a, 256, "float32") / 2**20  # 512 MiB given back
-    for g, w, x in zip(got[0], want[0], again[0]):
-        assert g.token_ids == w.token_ids == x.token_ids and g.logprobs == w.logprobs == x.logprobs
+    weight_mb = sum(f.stat().st_size for f in b.glob("*.safetensors")) / 2**20  # fp32, as the engine holds them
+    assert asleep == [(0, 0)] and awake[0][0] > 0 and awake[0][1] > 0  # no parameter bytes, no packed GEMM
+    print(f"freed {freed:.0f} MB; KV cache {kv_cache_bytes(cfg, a, 256, 'float32') / 2**20:.0f} MB, weights {weight_mb:.0f} MB")
+    assert freed > 0.9 * (kv_cache_bytes(cfg, a, 256, "float32") / 2**20 + weight_mb)  # 512 MiB and the weights
+    for got, want in ((got_a, want_a), (got_b, want_b)):
+        for g, w in zip(got[0], want[0]):
+            assert g.token_ids == w.token_ids and g.logprobs == w.logprobs
+    assert [s.logprobs for s in want_a[0]] != [s.logprobs for s in want_b[0]]
+
+
+def _weight_bytes(worker) -> tuple[int, int]:
+    """The engine model's parameter bytes, and how many linears hold a packed GEMM."""
+    model = worker.get_model()
+    return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
+            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()))

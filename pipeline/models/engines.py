@@ -94,23 +94,38 @@ class VLLMEngine:
         self.model_dir = Path(model_dir)
         self.adapter: Path | None = None  # a LoRA adapter directory to sample through (vllm_lora)
         self._lora_ids: dict[str, int] = {}
+        self._serves_adapters = bool(max_lora_rank)
         self._kv_released = False
+        self._weights_released = False
 
-    def release_kv_cache(self) -> None:
-        """Give the KV cache's memory back while the engine idles (the rest of an `iterate`
-        iteration runs beside it); the next `generate` takes it again, zeroed as vLLM allocated
-        it, and samples the same tokens. On a CPU only: on a GPU this is vLLM's sleep mode."""
+    def sleep(self) -> None:
+        """Give the idle engine's memory back to the OS while the rest of an `iterate`
+        iteration runs beside it: the KV cache, and the weights (their packed GEMM copies and
+        the embedding), which the next iteration replaces by `load` anyway. The next `load` or
+        `generate` takes them again and samples the same tokens. On a CPU only (on a GPU this
+        is vLLM's sleep mode); an engine serving LoRA adapters keeps its base weights, which
+        no iteration reloads."""
         if not self._kv_released:
             self._kv_released = all(self.llm.collective_rpc(_kv_release))
+        if not self._weights_released and not self._serves_adapters:
+            self._weights_released = all(self.llm.collective_rpc(_weights_release))
+        if self._kv_released or self._weights_released:
+            trim_heap()
 
-    def acquire_kv_cache(self) -> None:
-        """Take the KV cache back (before anything generates through `self.llm`)."""
+    def wake(self) -> None:
+        """Take the KV cache and the weights back (before anything generates through `self.llm`):
+        the weights come again from `model_dir`, unless a `load` already brought new ones."""
         if self._kv_released:
             self.llm.collective_rpc(_kv_acquire)
             self._kv_released = False
+        if self._weights_released:
+            self.load(self.model_dir)
 
     def load(self, model_dir: Path) -> None:
         """Swap in new weights without restarting the engine (same architecture)."""
+        if self._weights_released:  # the parameters get their memory back; the reload fills it
+            self.llm.collective_rpc(_weights_acquire)
+            self._weights_released = False
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
         self.llm.collective_rpc(_retie_lm_head)
         self.model_dir = Path(model_dir)
@@ -140,7 +155,7 @@ class VLLMEngine:
             key = str(self.adapter)
             lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
             lora = LoRARequest(f"policy-{lora_id}", lora_id, key)
-        self.acquire_kv_cache()
+        self.wake()
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=lora)
         groups = []
         for out in outs:
@@ -188,6 +203,43 @@ def _kv_acquire(worker) -> None:
         st.resize_(nbytes)
         torch.empty(0, dtype=torch.int8).set_(st).zero_()  # as vLLM allocates it: torch.zeros
     worker.grpo_kv_sizes = []
+
+
+def _weights_release(worker) -> bool:
+    """Free the model's weights: the packed GEMM copies the CPU linears compute with (their
+    oneDNN handlers are freed with them; the reload makes new ones) and the parameters' storage
+    (the embedding, norms; a CPU linear's own weight is already empty). Buffers (the rotary
+    cache) stay: no checkpoint restores them."""
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    params = list(model.parameters())
+    if not params or any(p.device.type != "cpu" or not p.untyped_storage().resizable() for p in params):
+        return False
+    for module in model.modules():
+        if getattr(module, "cpu_linear", None) is not None:
+            module.cpu_linear = None
+    unique = {p.untyped_storage().data_ptr(): p.untyped_storage() for p in params if p.untyped_storage().nbytes()}
+    worker.grpo_weight_sizes = [(st, st.nbytes()) for st in unique.values()]
+    for st, _ in worker.grpo_weight_sizes:
+        st.resize_(0)
+    return True
+
+
+def _weights_acquire(worker) -> None:
+    """Give the parameters their storage back (uninitialised: `reload_weights` fills it)."""
+    for st, nbytes in getattr(worker, "grpo_weight_sizes", []):
+        st.resize_(nbytes)
+    worker.grpo_weight_sizes = []
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim): what an engine just
+    freed in small and medium blocks stays resident otherwise, and under the next stage's peak."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _retie_lm_head(worker) -> None:
