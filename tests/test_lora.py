@@ -131,6 +131,22 @@ def test_lora_vllm_samples_from_the_merged_adapter(lora_run):
     assert gaps.mean() < 0.02 and gaps.mean() < 0.2 * moved, (gaps, moved)  # vLLM had policy 1, not the base
 
 
+def test_lora_merge_writes_the_bits_peft_merge_and_unload_writes(lora_run):
+    """`merged_model` adds each adapter's delta into new memory instead of PEFT's in-place add:
+    the same weights, bit for bit, for a trained adapter (B != 0)."""
+    import torch
+
+    from pipeline.models.lora import load_base, merged_model, policy_model
+
+    base, adapter = lora_run / "policy/iter-0000", lora_run / "policy/iter-0002"
+    want = policy_model(base, adapter, None, trainable=False).merge_and_unload().state_dict()
+    got = merged_model(base, adapter).state_dict()
+    plain = load_base(base).state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert any(not torch.equal(got[n], plain[n]) for n in plain)  # the adapter moved some weights
+
+
 @pytest.mark.slow
 def test_lora_run_audits_clean_and_exports_adapter_and_merged_model(lora_run, tmp_path):
     import torch

@@ -182,12 +182,36 @@ def _copy_side_files(src: Path, out: Path) -> None:
             shutil.copy2(f, out / f.name)
 
 
+def merged_model(base_dir: Path, adapter_dir: Path):
+    """The base with the adapter merged into its weights: W + delta W, as PEFT's merge computes
+    it, but into new memory. PEFT adds in place, into base weights that are copy-on-write views
+    of the checkpoint's memory-mapped file: a page fault and a page copy per 4 KB (0.8 s of a
+    LoRA rollout's hand-over on SmolLM2-135M, against 0.2 s; the same bits, a test compares).
+    A variant PEFT merges its own way (DoRA) is left to PEFT."""
+    from peft.tuners.lora import LoraLayer
+
+    model = policy_model(base_dir, adapter_dir, None, trainable=False)
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for name in module.active_adapters:
+            if name not in module.lora_A:
+                continue
+            if name in getattr(module, "lora_variant", {}) or module.lora_bias.get(name):
+                module.merge(adapter_names=[name])
+                continue
+            base = module.get_base_layer()
+            base.weight.data = base.weight.data + module.get_delta_weight(name)
+            module.merged_adapters.append(name)
+    return model.unload()
+
+
 def merge(base_dir: Path, adapter_dir: Path, out: Path) -> None:
     """A plain HF model: the base with the adapter merged into its weights."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = policy_model(base_dir, adapter_dir, None, trainable=False).merge_and_unload()
+    model = merged_model(base_dir, adapter_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
