@@ -141,11 +141,17 @@ def main() -> None:
     results["total_s"] = time.time() - t0
     for earlier in args.merge:  # workloads measured by an earlier run, kept with where they came from
         old = json.loads(earlier.read_text())
+        # an entry that file had merged itself keeps its own origin, and that run's record comes along
+        records = [{"file": earlier.name, "started": old["started"], "total_s": old.get("total_s"),
+                    "code_version": old.get("code_version")}, *old.get("merged", [])]
+        used = set()
         for name, entry in old["workloads"].items():
             if name not in results["workloads"]:
-                results["workloads"][name] = {**entry, "from_run": {"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")}}
-        results.setdefault("merged", []).append({"file": earlier.name, "started": old["started"], "total_s": old.get("total_s"),
-                                                 "code_version": old.get("code_version")})
+                origin = entry.get("from_run") or {"file": earlier.name, "started": old["started"], "total_s": old.get("total_s")}
+                results["workloads"][name] = {**entry, "from_run": origin}
+                used.add(origin["file"])
+        known = {mg["file"] for mg in results.get("merged", [])}
+        results.setdefault("merged", []).extend(r for r in records if r["file"] in used and r["file"] not in known)
     order = [w.name for w in workloads(False)]
     results["workloads"] = dict(sorted(results["workloads"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     results["loadavg_end"] = loadavg()
