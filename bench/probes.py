@@ -218,6 +218,8 @@ def install_product_probes(probes: Probes) -> None:
     def engines(m):  # engine start and weight reload, generation
         pm(m.VLLMEngine, "__init__", "engine_start")
         pm(m.VLLMEngine, "load", "engine_reload")
+        # the idle engine taking its KV cache (re-zeroed) and, unless a load brought new ones, its weights back
+        pm(m.VLLMEngine, "wake", "engine_wake")
         pm(m.VLLMEngine, "generate", "generate")
 
     def trainer(m):

@@ -178,6 +178,23 @@ def _top(cats: dict[str, float], other: float, n: int = 4) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in items if v >= 0.005)
 
 
+def bench_minutes(results: dict) -> float:
+    """What one `make bench` of the table's workloads takes: the run's own minutes, or, for a
+    table merged from several runs, the wall time of each workload's processes (ours with the
+    bare engines, the separate commands, the plain `iterate`, TRL at each precision) and the cold
+    timings of the engine-free commands (their medians times the runs)."""
+    if not results.get("merged"):
+        return results["total_s"] / 60
+    secs = 0.0
+    for e in results["workloads"].values():
+        secs += e["iterate"].get("process_wall_s", 0.0) + sum(r.get("process_wall_s", 0.0) for r in e.get("trl_runs", {}).values())
+        secs += sum(it.get("wall_s", 0.0) for it in e.get("commands") or [])
+        secs += (e.get("iterate_process") or {}).get("wall_s", 0.0)
+    cold = (results.get("cold") or {}).get("commands", {})
+    secs += sum(r["median_s"] * r["runs"] for r in cold.values())
+    return secs / 60
+
+
 def _engine_s(s: dict) -> float:
     """Seconds per iteration inside the engines: generate, the logprob forward, the trainer."""
     return sum(s["stages"][st].get("engine_s") or 0.0 for st in BARE)
@@ -313,7 +330,7 @@ def render(results: dict) -> str:
             rel = s["iterate_rss_mb"] / sums["real-full"]["iterate_rss_mb"]
             if rel > LORA_RSS_TARGET:
                 notes.append(_why_lora_rss(name, s, sums["real-full"]))
-            out.append(f"| {name} | peak RSS of `grpo iterate` <= {LORA_RSS_TARGET} x real-full's | {rel:.2f} x ({gb:.2f} GB) | {_ok(rel, LORA_RSS_TARGET)} |")
+            out.append(f"| {name} | peak RSS of `grpo iterate` <= {LORA_RSS_TARGET} x real-full's | {rel:.3f} x ({gb:.2f} GB) | {_ok(rel, LORA_RSS_TARGET)} |")
     cold = results.get("cold")
     if cold:
         for cmd, r in cold["commands"].items():
@@ -324,9 +341,11 @@ def render(results: dict) -> str:
         out.append(f"| cold `grpo score` | <= {SCORE_COLD_TARGET_S:.0f} s on a demo-task run ({Path(cold['run']).name}) | median {sc['median_s']:.2f} s "
                    f"(min {sc['min_s']:.2f}, max {sc['max_s']:.2f}) | {_ok(sc['median_s'], SCORE_COLD_TARGET_S)} |")
     if results.get("total_s") and not results.get("quick"):
-        mins = (results["total_s"] + sum(mg.get("total_s") or 0 for mg in results.get("merged", []))) / 60
+        mins = bench_minutes(results)
+        runs = 1 + len(results.get("merged", []))
         out.append(f"| all | `make bench` <= {BENCH_TARGET_MIN:.0f} min (assets and runs; a clean clone's install comes on top) | "
-                   f"{mins:.1f} min | {_ok(mins, BENCH_TARGET_MIN)} |")
+                   f"{mins:.1f} min ({'the sum of every workload process in the table and the cold timings' if runs > 1 else 'this run'}"
+                   f"{f', measured over {runs} runs' if runs > 1 else ''}) | {_ok(mins, BENCH_TARGET_MIN)} |")
         if mins > BENCH_TARGET_MIN:
             notes.append(_why_bench(results, mins))
     out.append("")
