@@ -79,6 +79,7 @@ def main(workload_json: str, out: str) -> None:
         gc_before = sum(probes.gc_seconds.values())
         warm.engine.wake()  # iterate gave its KV cache and policy k's weights back after the rollout
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
+        warm.engine.sleep()  # as iterate left it: our next rollout pays the wake, as it would without this baseline
         old_model = warm.models.get("old")
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
             from pipeline.logprobs import load_model
