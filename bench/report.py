@@ -223,11 +223,16 @@ def _why_stage(name: str, st: str, r: dict, lora: bool = False) -> str:
     allowed = TARGETS[st] * r["bare_s"] - r["engine_s"]
     top = _top({k: v for k, v in r["categories"].items() if k != ENGINE[st]}, r["other"], 4)
     merged = lora and r["categories"].get("engine_reload", 0.0) > 0.3 * rest
+    woke = r["categories"].get("engine_wake", 0.0) > 0.3 * rest
+    levers = []
+    if woke:
+        levers.append("an engine kept awake between rollouts skips the wake (the KV cache re-zeroed and, where no new "
+                      "weights came, the same weights reloaded), at the price of the memory it gives back while the update runs")
+    if merged:
+        levers.append("the merged adapter's weights reach vLLM through a safetensors file; handing the tensors over in memory, "
+                      "`reload_weights(weights_iterator=...)`, would skip the write and the read")
     return (head + f"the engine call alone is {r['engine_ratio']:.2f} x bare; the other {rest:.2f} s are {top}. What would reach it: "
-            f"{allowed:.2f} s or less around the engine call"
-            + (" (the merged adapter's weights reach vLLM through a safetensors file; handing the tensors over in memory, "
-               "`reload_weights(weights_iterator=...)`, would skip the write and the read)" if merged else "")
-            + ".")
+            f"{allowed:.2f} s or less around the engine call" + (f" ({'; '.join(levers)})" if levers else "") + ".")
 
 
 def _why_commands(name: str, s: dict) -> str:
