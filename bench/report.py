@@ -223,7 +223,7 @@ def _why_stage(name: str, st: str, r: dict, lora: bool = False) -> str:
     allowed = TARGETS[st] * r["bare_s"] - r["engine_s"]
     top = _top({k: v for k, v in r["categories"].items() if k != ENGINE[st]}, r["other"], 4)
     merged = lora and r["categories"].get("engine_reload", 0.0) > 0.3 * rest
-    woke = r["categories"].get("engine_wake", 0.0) > 0.3 * rest
+    woke = r["categories"].get("engine_wake", 0.0) > 0.2 * rest
     levers = []
     if woke:
         levers.append("an engine kept awake between rollouts skips the wake (the KV cache re-zeroed and, where no new "
