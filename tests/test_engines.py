@@ -122,7 +122,6 @@ def test_sleeping_engine_gives_kv_cache_and_weights_back_and_wakes_to_the_same_s
         eng.close()
     weight_mb = sum(f.stat().st_size for f in b.glob("*.safetensors")) / 2**20  # fp32, as the engine holds them
     assert asleep == [(0, 0)] and awake[0][0] > 0 and awake[0][1] > 0  # no parameter bytes, no packed GEMM
-    print(f"freed {freed:.0f} MB; KV cache {kv_cache_bytes(cfg, a, 256, 'float32') / 2**20:.0f} MB, weights {weight_mb:.0f} MB")
     assert freed > 0.9 * (kv_cache_bytes(cfg, a, 256, "float32") / 2**20 + weight_mb)  # 512 MiB and the weights
     for got, want in ((got_a, want_a), (got_b, want_b)):
         for g, w in zip(got[0], want[0]):

@@ -174,35 +174,55 @@ class VLLMEngine:
         gc.collect()
 
 
+def _model(worker):
+    return worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+
+
+def _cpu_storages(tensors: list) -> list:
+    """The distinct non-empty storages behind `tensors`, or none unless all are resizable CPU memory."""
+    if not tensors or any(t.device.type != "cpu" or not t.untyped_storage().resizable() for t in tensors):
+        return []
+    return list({t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors if t.untyped_storage().nbytes()}.values())
+
+
+def _free(worker, key: str, storages: list) -> bool:
+    """Give `storages`' memory back; the tensors viewing them keep their (now empty) storage,
+    whose sizes the worker keeps under `key` for `_restore`."""
+    setattr(worker, key, [(st, st.nbytes()) for st in storages])
+    for st in storages:
+        st.resize_(0)
+    return bool(storages)
+
+
+def _restore(worker, key: str) -> list:
+    """Give the storages `_free` emptied their size again (uninitialised memory); returns them."""
+    storages = []
+    for st, nbytes in getattr(worker, key, []):
+        st.resize_(nbytes)
+        storages.append(st)
+    setattr(worker, key, [])
+    return storages
+
+
 def _kv_storages(worker) -> list:
     """The KV cache's backing storages (vLLM views one allocation per layer), if on a CPU."""
     kv = worker.model_runner.kv_caches
     tensors = list(kv.values()) if isinstance(kv, dict) else list(kv)
     while tensors and isinstance(tensors[0], (list, tuple)):
         tensors = [t for ts in tensors for t in ts]
-    if not tensors or any(t.device.type != "cpu" for t in tensors):
-        return []
-    unique = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
-    storages = list(unique.values())
-    return storages if all(st.resizable() for st in storages) else []
+    return _cpu_storages(tensors)
 
 
 def _kv_release(worker) -> bool:
     """Free the KV cache's memory; its per-layer views keep their storage (now empty)."""
-    storages = _kv_storages(worker)
-    worker.grpo_kv_sizes = [(st, st.nbytes()) for st in storages]
-    for st in storages:
-        st.resize_(0)
-    return bool(storages)
+    return _free(worker, "grpo_kv_sizes", _kv_storages(worker))
 
 
 def _kv_acquire(worker) -> None:
     import torch
 
-    for st, nbytes in getattr(worker, "grpo_kv_sizes", []):
-        st.resize_(nbytes)
+    for st in _restore(worker, "grpo_kv_sizes"):
         torch.empty(0, dtype=torch.int8).set_(st).zero_()  # as vLLM allocates it: torch.zeros
-    worker.grpo_kv_sizes = []
 
 
 def _weights_release(worker) -> bool:
@@ -210,25 +230,19 @@ def _weights_release(worker) -> bool:
     oneDNN handlers are freed with them; the reload makes new ones) and the parameters' storage
     (the embedding, norms; a CPU linear's own weight is already empty). Buffers (the rotary
     cache) stay: no checkpoint restores them."""
-    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
-    params = list(model.parameters())
-    if not params or any(p.device.type != "cpu" or not p.untyped_storage().resizable() for p in params):
+    model = _model(worker)
+    storages = _cpu_storages(list(model.parameters()))
+    if not storages:
         return False
     for module in model.modules():
         if getattr(module, "cpu_linear", None) is not None:
             module.cpu_linear = None
-    unique = {p.untyped_storage().data_ptr(): p.untyped_storage() for p in params if p.untyped_storage().nbytes()}
-    worker.grpo_weight_sizes = [(st, st.nbytes()) for st in unique.values()]
-    for st, _ in worker.grpo_weight_sizes:
-        st.resize_(0)
-    return True
+    return _free(worker, "grpo_weight_sizes", storages)
 
 
 def _weights_acquire(worker) -> None:
     """Give the parameters their storage back (uninitialised: `reload_weights` fills it)."""
-    for st, nbytes in getattr(worker, "grpo_weight_sizes", []):
-        st.resize_(nbytes)
-    worker.grpo_weight_sizes = []
+    _restore(worker, "grpo_weight_sizes")
 
 
 def trim_heap() -> None:
@@ -246,7 +260,7 @@ def _retie_lm_head(worker) -> None:
     """vLLM 0.32's layerwise in-place reload skips a tied LM head ("ParallelLMHead: Failed to
     load weights"), so it keeps serving logits from the old embedding; on the CPU its GEMM was
     also prepacked from the old weight. Re-tie it to the reloaded embedding and re-pack."""
-    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    model = _model(worker)
     config = getattr(model, "config", None)
     lm_head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
