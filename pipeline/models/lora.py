@@ -202,7 +202,6 @@ def merged_model(base_dir: Path, adapter_dir: Path):
                 continue
             base = module.get_base_layer()
             base.weight.data = base.weight.data + module.get_delta_weight(name)
-            module.merged_adapters.append(name)
     return model.unload()
 
 
