@@ -104,7 +104,7 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
         if m.replayed_from is None or m.replayed_from.manifest_sha256 != link["manifest_sha256"]:
             raise GRPOError(f"{new.store.display(new_dir)}: holds another rollout than {src.store.display(src_dir)}; choose a new run directory")
         return m
-    if src_m.schema_version != ROLLOUT.version:
+    if src_m.schema_version not in (ROLLOUT.version, *ROLLOUT.reads):
         raise GRPOError(f"{src.store.display(src_dir)}: rollout schema version {src_m.schema_version}, this grpo reads version {ROLLOUT.version}")
     policy_hash = new.policy_hash(0)
     merged = new.store.manifest(policy_rel(0)).merged_from  # SRC's adapter K merged: sampled from that adapter
@@ -122,7 +122,7 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
             new.store.write_bytes(f"{new_dir}/{name}", data)
         inputs = {"policy": {"path": policy_rel(0), "policy_hash": policy_hash}, "data": new.cfg.data.train, "replayed_from": link}
         body = PartsManifest(
-            stage="rollout", iteration=0, schema_version=ROLLOUT.version, config_hash=new.cfg_hash, seed=new.cfg.seed,
+            stage="rollout", iteration=0, schema_version=src_m.schema_version, config_hash=new.cfg_hash, seed=new.cfg.seed,
             input_hash=input_hash(new.cfg_hash, "rollout", 0, inputs), inputs=inputs, outputs=src_m.outputs,
             rows=src_m.rows, timings={"seconds": round(time.time() - t0, 3)}, policy_hash=policy_hash, engine=src_m.engine,
             replayed_from=ReplayLink(**link, input_hash=src_m.input_hash),  # the stamp the copied parts carry

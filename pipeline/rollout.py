@@ -102,6 +102,8 @@ def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
                     "truncated": s.finish_reason == "length",
                     "completion_length": len(s.token_ids),
                     "policy_hash": plan.policy_hash,
+                    "completion_mask": None,  # every token sampled
+                    "episode": None,
                     **p.columns,
                 }
             )

@@ -29,6 +29,9 @@ class ArtifactSchema:
     """Columns beyond the declared ones are allowed (dataset columns, one per reward)."""
     reads: tuple[int, ...] = ()
     """Older versions this grpo still reads (their columns are a subset of this version's)."""
+    added: dict[str, int] = field(default_factory=dict)
+    """Declared columns introduced after version 1: column -> the version that added it. A part
+    of an older version may lack them; `upgrade` gives it them as nulls, so readers see one shape."""
     doc: dict[str, str] = field(default_factory=dict)
 
     def metadata(self, extra: dict[str, str] | None = None) -> dict[bytes, bytes]:
@@ -70,6 +73,8 @@ class ArtifactSchema:
                 f"{where}: {self.kind} schema version {version or 'missing'}, this grpo reads version {self.version}"
             )
         for f in self.schema:
+            if f.name not in schema.names and self.added.get(f.name, 1) > int(version):
+                continue  # introduced after this part's version: `upgrade` fills it in
             if f.name not in schema.names:
                 raise SchemaError(f"{where}: missing column {f.name!r}")
             got = schema.field(f.name).type
@@ -81,12 +86,26 @@ class ArtifactSchema:
                 raise SchemaError(f"{where}: unexpected column {extras[0]!r}")
 
 
+    def upgrade(self, table: pa.Table) -> pa.Table:
+        """A checked part of an older version with the columns added since as nulls (at their
+        declared place), so that every reader sees this version's columns."""
+        for f in self.schema:
+            if f.name not in table.column_names:
+                table = table.add_column(self.schema.get_field_index(f.name), f, pa.nulls(table.num_rows, f.type))
+        return table
+
+
 _ids = pa.list_(pa.int32())
 _floats = pa.list_(pa.float32())
 
 ROLLOUT = ArtifactSchema(
     kind="rollout",
-    version=1,
+    # v2: `completion_mask` and `episode`, for multi-turn episodes (tools, environments): the
+    # completion is then the whole episode after the prompt, model turns and the tool results
+    # between them. Both are null for a single sampled completion, as every v1 row is.
+    version=2,
+    reads=(1,),
+    added={"completion_mask": 2, "episode": 2},
     extra_columns=True,  # the dataset's other columns travel along for the reward functions
     schema=pa.schema(
         [
@@ -103,6 +122,14 @@ ROLLOUT = ArtifactSchema(
             pa.field("truncated", pa.bool_()),
             pa.field("completion_length", pa.int32()),
             pa.field("policy_hash", pa.string()),
+            # 1 where the model sampled the token, 0 where the episode's context put it there (a
+            # tool result, an environment observation, the chat template's glue between turns);
+            # len = len(completion_ids). Loss, KL, token counts and the sampler's ratio count the
+            # 1s only. null: every token was sampled (a single completion).
+            pa.field("completion_mask", pa.list_(pa.int8())),
+            # the episode turn by turn, JSON: messages (assistant text, tool calls and their
+            # arguments, tool results and errors, timings) and how it ended; null for a single completion
+            pa.field("episode", pa.string()),
         ]
     ),
 )

@@ -175,13 +175,13 @@ def test_corrupt_parquet_part(iter1_undone, cli):
 
 @pytest.mark.slow
 def test_schema_version_mismatch(iter1_undone, cli, monkeypatch):
-    """A run written by a grpo whose rollout schema was version 1, read by one at version 2."""
+    """A run written by a grpo whose rollout schema was version 2, read by one at version 3 that no longer reads it."""
     import pipeline.score
     from schemas.artifacts import ROLLOUT
 
-    monkeypatch.setattr(pipeline.score, "ROLLOUT", replace(ROLLOUT, version=2))
+    monkeypatch.setattr(pipeline.score, "ROLLOUT", replace(ROLLOUT, version=3, reads=()))
     assert cli("score", iter1_undone, "--iter", 1) == (
-        f"{iter1_undone}/iter-0001/rollout/part-00000.parquet: rollout schema version 1, this grpo reads version 2"
+        f"{iter1_undone}/iter-0001/rollout/part-00000.parquet: rollout schema version 2, this grpo reads version 3"
     )
     assert nothing_in(iter1_undone / "iter-0001/score")
 

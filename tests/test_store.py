@@ -77,11 +77,33 @@ def test_rollout_keeps_dataset_columns_as_extras(tmp_path):
     row = {
         "prompt_id": 1, "sample_idx": 0, "group_idx": 0, "prompt": "p", "prompt_raw": '"p"', "prompt_ids": [1, 2],
         "completion": "c", "completion_ids": [3], "sampler_logprobs": [-0.1], "finish_reason": "stop",
-        "truncated": False, "completion_length": 1, "policy_hash": "h", "answer": "1 + 1 = 2\n#### 2",
+        "truncated": False, "completion_length": 1, "policy_hash": "h", "completion_mask": None, "episode": None,
+        "answer": "1 + 1 = 2\n#### 2",
     }
     store.write_table("r.parquet", pa.Table.from_pylist([row]), ROLLOUT)
     t = store.read_table("r.parquet", ROLLOUT)
     assert t.column("answer").to_pylist() == ["1 + 1 = 2\n#### 2"]
+
+
+def test_a_version_1_rollout_part_reads_with_the_columns_added_since_as_nulls(tmp_path):
+    """Runs written before episodes existed (rollout v1: no completion_mask, no episode) still read."""
+    store = RunStore(tmp_path)
+    row = {
+        "prompt_id": 1, "sample_idx": 0, "group_idx": 0, "prompt": "p", "prompt_raw": '"p"', "prompt_ids": [1, 2],
+        "completion": "c", "completion_ids": [3, 4], "sampler_logprobs": [-0.1, -0.2], "finish_reason": "stop",
+        "truncated": False, "completion_length": 2, "policy_hash": "h", "answer": "2",
+    }
+    v1 = ROLLOUT.conform(pa.Table.from_pylist([row | {"completion_mask": None, "episode": None}])).drop(["completion_mask", "episode"])
+    meta = dict(v1.schema.metadata) | {b"grpo.schema_version": b"1"}
+    pq.write_table(v1.replace_schema_metadata(meta), tmp_path / "v1.parquet")
+    t = store.read_table("v1.parquet", ROLLOUT)
+    assert t.column_names[: len(ROLLOUT.schema)] == ROLLOUT.schema.names  # the added columns at their declared place
+    assert t.column("completion_mask").to_pylist() == [None] and t.column("episode").to_pylist() == [None]
+    assert t.column("answer").to_pylist() == ["2"]
+    # a version-2 part must have them
+    pq.write_table(v1.replace_schema_metadata(meta | {b"grpo.schema_version": b"2"}), tmp_path / "v2.parquet")
+    with pytest.raises(GRPOError, match=r"v2.parquet: missing column 'completion_mask'"):
+        store.read_table("v2.parquet", ROLLOUT)
 
 
 def test_corrupt_parquet_is_a_one_line_error(tmp_path):

@@ -201,7 +201,7 @@ class RunStore:
             schema.check(table.schema, where)
         except SchemaError as err:
             raise GRPOError(str(err)) from None
-        return table
+        return schema.upgrade(table)
 
     def table_meta(self, rel: str) -> dict[str, str]:
         """The `grpo.*` key/values stamped into a part's Parquet metadata ({} if unreadable)."""
