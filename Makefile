@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real calibrate-real test test-fast bench clean-demo
+.PHONY: install demo demo-real calibrate-real test test-fast bench docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,11 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench
+
+# docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
+# adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m pipeline.config_doc docs/config.md
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -243,8 +243,8 @@ class TrackingConfig(_Section):
     sample_completions: int = Field(16, ge=0)
     """Completions logged per iteration as an MLflow table."""
     plots_every: int = Field(10, ge=0)
-    """Redraw the PNG plots and diagnostics.json every N iterations (0: only when `iterate`
-    ends or on `grpo sync`); drawing them reads the whole history, so it is not done per stage."""
+    """Redraw the PNG plots and diagnostics.json every N iterations (0: only when `grpo iterate`
+    ends); drawing them reads the whole history, so it is not done per stage."""
 
 
 class Config(_Section):
