@@ -107,6 +107,17 @@ def bad_keys(text: str) -> list[str]:
     return sorted(set(bad))
 
 
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_complete_configs_validate(doc):
+    """A YAML block with model, data and rewards is a whole config: it must pass the tree's validation."""
+    from pipeline.config import resolve
+
+    whole = [t for lang, b in _split(doc.read_text())[1] if lang in ("yaml", "yml")
+             for t in [yaml.safe_load(b)] if isinstance(t, dict) and {"model", "data", "rewards"} <= set(t)]
+    for tree in whole:
+        resolve(tree, source=f"{doc.name} example")  # GRPOError names the key
+
+
 def test_docs_exist():
     names = {p.name for p in DOCS}
     assert {"README.md", "config.md", "loss.md", "scale-out.md"} <= names
