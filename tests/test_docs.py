@@ -123,6 +123,19 @@ def test_docs_exist():
     assert {"README.md", "config.md", "loss.md", "scale-out.md"} <= names
 
 
+def test_readme_is_a_newcomers_page():
+    """At most 250 lines, today's figures only (a figure is replaced when it is re-measured, not
+    kept beside the new one), and every page of docs/ in its index."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, "README.md: over 250 lines; move the detail into docs/"
+    history = re.findall(r"(?i)\b(?:(?:last|this|previous|next) round|round \d+|earlier (?:run|round)s?|"
+                         r"the run before|two rounds ago|before this round)\b", text)
+    assert not history, f"README.md: history of earlier runs: {history}"
+    linked = {Path(t.split("#", 1)[0]).name for t in LINK.findall(text) if t.startswith("docs/")}
+    unlinked = sorted(p.name for p in DOCS[1:] if p.name not in linked)
+    assert not unlinked, f"README.md: docs/ pages missing from its index: {unlinked}"
+
+
 def test_config_reference_is_current():
     """docs/config.md is generated; a key added or changed without regenerating it fails here."""
     current = (REPO / "docs" / "config.md").read_text()
@@ -156,19 +169,37 @@ def test_config_keys_exist(doc):
     assert not bad, f"{doc.relative_to(REPO)}: not config keys: {', '.join(bad)}"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
-def test_links_and_paths_exist(doc):
-    text = doc.read_text()
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"(?m)^#{1,6} (.+)$", _split(page.read_text())[0])
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def bad_links(text: str, base: Path) -> list[str]:
+    """Relative links (and their #heading) and repository paths in code spans that do not exist;
+    `base` is the directory the text's links are relative to."""
     missing = []
     for target in LINK.findall(text):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            continue  # a URL, or an anchor in the same page
-        if not (doc.parent / target.split("#", 1)[0]).exists():
+        if re.match(r"^[a-z]+:", target):
+            continue  # a URL
+        path, _, anchor = target.partition("#")
+        page = base / path if path else None
+        if page is not None and not page.exists():
             missing.append(f"link {target}")
+        elif anchor and page is not None and page.suffix == ".md" and anchor not in _anchors(page):
+            missing.append(f"link {target} (no such heading)")
     for span in SPAN.findall(_split(text)[0]):
         m = REPO_PATH.match(span)
         if m and not (REPO / m.group(1)).exists():
             missing.append(f"path {m.group(1)}")
+    return missing
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_and_paths_exist(doc):
+    text = doc.read_text()
+    same_page = [f"link #{a} (no such heading)" for a in re.findall(r"\]\(#([^)\s]+)\)", text) if a not in _anchors(doc)]
+    missing = bad_links(text, doc.parent) + same_page
     assert not missing, f"{doc.relative_to(REPO)}: {', '.join(missing)}"
 
 
@@ -194,3 +225,8 @@ def test_the_checks_catch_what_drifted():
                                "rollout.num_generation", "train.lora.rank", "train.lrr"]
     assert bad_commands(wrong, commands) == ["grpo iterate --iterations: no such option",
                                              "grpo sync: no such command", "grpo updat: no such command"]
+
+    links = ("[a](docs/loss.md#the-loss-loss-update-stage), [b](https://example.org/x), `pipeline/grpo.py`, "
+             "`examples/rewards.py:check_answer`; [c](docs/nope.md), [d](docs/loss.md#no-such-heading), `pipeline/nothing.py`")
+    assert bad_links(links, REPO) == ["link docs/nope.md", "link docs/loss.md#no-such-heading (no such heading)",
+                                      "path pipeline/nothing.py"]

@@ -97,7 +97,7 @@ def answers_match(predicted: str | None, gold: str | None) -> bool:
     """Gold vs predicted with Hugging Face's math-verify (as TRL's accuracy reward): numbers,
     fractions, percentages, thousands separators, \\boxed{} and LaTeX compare by value.
 
-    Fallback (documented in the README): when math-verify extracts nothing from one side, the
+    Fallback (documented in docs/rewards.md): when math-verify extracts nothing from one side, the
     hand parser decides. The case that needs it: GSM8K-style escaped dollars, `\\$18`, which
     math-verify does not read at all, while "18" is plainly the answer.
     """
