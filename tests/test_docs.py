@@ -92,10 +92,11 @@ def _builtin_kwargs(tree: dict) -> list[str]:
 
 
 def bad_keys(text: str) -> list[str]:
-    """Config keys named in `text` (dotted names anywhere outside YAML blocks; every key of a YAML
-    block that is a config fragment) that the config tree does not have."""
+    """Config keys named in `text` (dotted names in prose, code spans and shell blocks; every key of
+    a YAML block that is a config fragment) that the config tree does not have."""
     prose, blocks = _split(text)
-    found = KEY.findall(prose) + [k for lang, b in blocks if lang not in ("yaml", "yml") for k in KEY.findall(b)]
+    # Python blocks are left out: `model.generate(...)` there is an attribute, not a config key
+    found = KEY.findall(prose) + [k for lang, b in blocks if lang not in ("yaml", "yml", "python", "py") for k in KEY.findall(b)]
     bad = [k for k in found if k.rsplit(".", 1)[-1] not in FILE_EXT and not config_doc.is_key(k)]
     for lang, block in blocks:
         if lang not in ("yaml", "yml"):
