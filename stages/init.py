@@ -8,9 +8,26 @@ the reward functions (pipeline/preflight.py) before it writes anything.
 """
 
 from stages.options import (
-    ConfigOpt, DataOpt, EngineOpt, EvalDataOpt, KlCoefOpt, LoraRankOpt, LossTypeOpt, LrOpt, MaxNewTokensOpt,
-    MiniBatchOpt, ModelOpt, NumGenerationsOpt, PromptColumnOpt, PromptsPerIterOpt, RewardOpt, RunArg, SeedOpt,
-    SetOpt, TemperatureOpt, TotalItersOpt,
+    ConfigOpt,
+    DataOpt,
+    EngineOpt,
+    EvalDataOpt,
+    KlCoefOpt,
+    LoraRankOpt,
+    LossTypeOpt,
+    LrOpt,
+    MaxNewTokensOpt,
+    MiniBatchOpt,
+    ModelOpt,
+    NumGenerationsOpt,
+    PromptColumnOpt,
+    PromptsPerIterOpt,
+    RewardOpt,
+    RunArg,
+    SeedOpt,
+    SetOpt,
+    TemperatureOpt,
+    TotalItersOpt,
 )
 
 EXAMPLE = """Example: your model, your data and a TRL reward function in a file, no YAML:
