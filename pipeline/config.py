@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.errors import GRPOError
 from pipeline.loss_config import LossConfig
-from pipeline.config_errors import format_error, parse_overrides, set_dotted
+from pipeline.config_errors import format_error, parse_overrides, read_tree, set_dotted
 from pipeline.rewards.config import RewardSpec
 
 
@@ -310,31 +310,21 @@ class Config(_Section):
         return t.old_logprobs == "auto" and one_step and no_dropout and self.advantages.kl_in_reward.coef == 0
 
 
-def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -> Config:
-    """Validate a raw config tree with overrides applied; one-line GRPOError on failure."""
+def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None) -> Config:
+    """Validate a raw config tree with overrides applied; one-line GRPOError on failure, from
+    `source` (or the `sources` entry of the key at fault, see `format_error`)."""
     tree = json.loads(json.dumps(tree))  # deep copy, plain types only
     for key, raw in parse_overrides(sets):
         set_dotted(tree, key, raw)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        raise GRPOError(format_error(err, source)) from None
+        raise GRPOError(format_error(err, source, sources=sources)) from None
 
 
 def load(path: str | Path, sets: list[str] | None = None) -> Config:
     """Load a YAML config file, apply `--set` overrides, validate once."""
-    path = Path(path)
-    if not path.is_file():
-        raise GRPOError(f"{path}: config file not found")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        line = getattr(getattr(err, "problem_mark", None), "line", None)
-        where = f" (line {line + 1})" if line is not None else ""
-        raise GRPOError(f"{path}: not valid YAML{where}") from None
-    if not isinstance(tree, dict):
-        raise GRPOError(f"{path}: expected a mapping of config keys at the top level")
-    return resolve(tree, sets, source=str(path))
+    return resolve(read_tree(path), sets, source=str(path))
 
 
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {

@@ -4,6 +4,8 @@ with the close key for a typo and the options of a built-in reward."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -12,8 +14,13 @@ from pipeline.rewards.config import BUILTIN_MODELS, TAGS, unknown_fn_message
 
 
 def set_dotted(tree: dict, dotted: str, raw: str) -> None:
-    """Apply `a.b.c=value` to a nested tree; a number indexes a list (`rewards.1.fn=...`).
-    The value is parsed as YAML (so 1e-5, true, [..] work)."""
+    """Apply `--set a.b.c=value`; the value is parsed as YAML (so 1e-5, true, [..] work)."""
+    put_dotted(tree, dotted, yaml.safe_load(raw) if raw != "" else "", f"--set {dotted}")
+
+
+def put_dotted(tree: dict, dotted: str, value, label: str) -> None:
+    """Set `a.b.c` in a nested tree to `value`; a number indexes a list (`rewards.1.fn`). A
+    section that is absent or null is created; `label` names what set it in an error."""
     keys = dotted.split(".")
     node: dict | list = tree
     for depth, key in enumerate(keys):
@@ -21,18 +28,36 @@ def set_dotted(tree: dict, dotted: str, raw: str) -> None:
         last = depth == len(keys) - 1
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
-                raise GRPOError(f"--set {dotted}: {here} is not an entry of the {len(node)}-entry list {'.'.join(keys[:depth])}")
+                raise GRPOError(f"{label}: {here} is not an entry of the {len(node)}-entry list {'.'.join(keys[:depth])}")
             if last:
-                node[int(key)] = yaml.safe_load(raw) if raw != "" else ""
+                node[int(key)] = value
             else:
                 node = node[int(key)]
             continue
         if not isinstance(node, dict):
-            raise GRPOError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
+            raise GRPOError(f"{label}: {'.'.join(keys[:depth])} is not a section")
         if last:
-            node[key] = yaml.safe_load(raw) if raw != "" else ""
+            node[key] = value
         else:
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # `lora: null` in a file, refined by `train.lora.r=8`
+                node[key] = {}
+            node = node[key]
+
+
+def read_tree(path: str | Path) -> dict:
+    """A YAML config file as a plain tree, or a one-line error naming the file (and the line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise GRPOError(f"{path}: config file not found")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        line = getattr(getattr(err, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise GRPOError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(tree, dict):
+        raise GRPOError(f"{path}: expected a mapping of config keys at the top level")
+    return tree
 
 
 def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
@@ -45,8 +70,10 @@ def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
-def format_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
-    """The first validation error as one line: `source: dotted.key: message`."""
+def format_error(err: ValidationError, source: str, prefix: tuple = (), sources: dict[str, str] | None = None) -> str:
+    """The first validation error as one line: `source: dotted.key: message`. `sources` names
+    where some keys came from (`rollout.num_generations` -> `--num-generations 1`): the longest
+    one equal to the error's key or a section above it replaces `source`."""
     errors = err.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a "missing" too
     loc = list(prefix) + list(first["loc"])
@@ -74,6 +101,8 @@ def format_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
     elif first["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")
     where = ".".join(str(p) for p in loc)
+    given = [k for k in sources or {} if where == k or where.startswith(k + ".")]
+    source = sources[max(given, key=len)] if given else source
     return f"{source}: {where}: {msg}" if where else f"{source}: {msg}"
 
 

@@ -13,7 +13,8 @@ from typing import Callable
 
 from pipeline.report import tracking
 from pipeline.evaluate import eval_summary, run_eval
-from pipeline.logprobs import load_model, pass_plan, run_logprobs
+from pipeline.logprobs import load_model, run_logprobs
+from pipeline.plan import pass_plan
 from pipeline.rollout import policy_engine, run_rollout
 from pipeline.store.run import Run
 from pipeline.score import run_score

@@ -18,6 +18,7 @@ import torch
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.models.lora import AdapterOff, lora_models
+from pipeline.plan import pass_plan
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
 from pipeline.store.run import Run
@@ -91,15 +92,6 @@ def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, samp
             "sampler_gap_max": gap_max,
         }
     )
-
-
-def pass_plan(cfg, k: int) -> tuple[bool, bool]:
-    """(ref_is_old, skip_old) for iteration k. At iteration 0 without a ref_model the old policy
-    is the reference (same weights, same arithmetic): one pass. When every epoch makes one
-    optimizer step (`Config.old_from_update`) the update's first-epoch forward gives the old logprobs, so this stage
-    makes no old pass, unless it makes that very pass for the reference anyway."""
-    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
-    return ref_is_old, cfg.old_from_update and not ref_is_old
 
 
 def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None = None) -> dict | None:

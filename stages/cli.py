@@ -1,6 +1,6 @@
 """`grpo`: the command line. One module per command; heavy libraries load inside commands.
 
-    grpo init RUN --config my-run.yaml
+    grpo init RUN --config my-run.yaml    # or: --model M --data train.jsonl --reward correct ...
     grpo iterate RUN --iters 5        # or the four stages one by one:
     grpo rollout RUN; grpo score RUN; grpo logprobs RUN; grpo update RUN
 """
@@ -24,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="GRPO fine-tuning as four reproducible, resumable stages exchanging Parquet shards.",
 )
-app.command("init")(init.init)
+app.command("init", epilog=init.EXAMPLE)(init.init)
 app.command("rollout")(rollout.rollout)
 app.command("score")(score.score)
 app.command("logprobs")(logprobs.logprobs)

@@ -1,19 +1,82 @@
-"""`grpo init RUN --config FILE [--set k=v ...]`: create a run.
+"""`grpo init RUN [--config FILE] [--model M --data D --reward R ...] [--set k=v ...]`: create a run.
 
-Writes RUN/config.yaml (the resolved config) and RUN/policy/iter-0000 (the initial model).
-Refuses to overwrite an existing run with a different config.
+Writes RUN/config.yaml (the resolved config) and RUN/policy/iter-0000 (the initial model), then
+prints the plan the config implies per iteration (pipeline/plan.py). The options set the
+common keys (pipeline/init_options.py); precedence: defaults < file < options < --set.
+Refuses to overwrite an existing run with a different config; checks the config, the data and
+the reward functions (pipeline/preflight.py) before it writes anything.
 """
 
-from stages.options import ConfigOpt, RunArg, SetOpt
+from stages.options import (
+    ConfigOpt,
+    DataOpt,
+    EngineOpt,
+    EvalDataOpt,
+    KlCoefOpt,
+    LoraRankOpt,
+    LossTypeOpt,
+    LrOpt,
+    MaxNewTokensOpt,
+    MiniBatchOpt,
+    ModelOpt,
+    NumGenerationsOpt,
+    PromptColumnOpt,
+    PromptsPerIterOpt,
+    RewardOpt,
+    RunArg,
+    SeedOpt,
+    SetOpt,
+    TemperatureOpt,
+    TotalItersOpt,
+)
+
+EXAMPLE = """Example: your model, your data and a TRL reward function in a file, no YAML:
+
+    grpo init runs/exp1 --model ./my-model --data train.jsonl \\
+        --reward my_rewards.py:accuracy --reward format=0.5 --lora-rank 16
+
+Then `grpo iterate runs/exp1 --iters 50`. Precedence: defaults < --config file < options < --set."""
 
 
-def init(run: RunArg, config: ConfigOpt, set: SetOpt = None) -> None:
-    """Create a run directory from a config file."""
-    from pipeline import config as config_mod
+def init(
+    run: RunArg,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    data: DataOpt = None,
+    eval_data: EvalDataOpt = None,
+    prompt_column: PromptColumnOpt = None,
+    reward: RewardOpt = None,
+    engine: EngineOpt = None,
+    num_generations: NumGenerationsOpt = None,
+    prompts_per_iter: PromptsPerIterOpt = None,
+    max_new_tokens: MaxNewTokensOpt = None,
+    temperature: TemperatureOpt = None,
+    mini_batch_size: MiniBatchOpt = None,
+    lr: LrOpt = None,
+    total_iters: TotalItersOpt = None,
+    lora_rank: LoraRankOpt = None,
+    loss_type: LossTypeOpt = None,
+    kl_coef: KlCoefOpt = None,
+    seed: SeedOpt = None,
+    set: SetOpt = None,
+) -> None:
+    """Create a run directory from a config file, from options, or from both."""
     from pipeline import preflight
+    from pipeline.init_options import from_command_line
+    from pipeline.plan import machine_precision, plan
     from pipeline.store.run import init_run
 
-    cfg = config_mod.load(config, set)
+    given = {
+        "--model": model, "--data": data, "--eval-data": eval_data, "--prompt-column": prompt_column,
+        "--reward": reward, "--engine": engine, "--num-generations": num_generations,
+        "--prompts-per-iter": prompts_per_iter, "--max-new-tokens": max_new_tokens, "--temperature": temperature,
+        "--mini-batch-size": mini_batch_size, "--lr": lr, "--total-iters": total_iters, "--lora-rank": lora_rank,
+        "--loss-type": loss_type, "--kl-coef": kl_coef, "--seed": seed,
+    }
+    cfg = from_command_line(config, given, set)
     preflight.check(cfg)  # reward functions, dataset header: before anything is written
     r = init_run(run, cfg)
-    print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]}); next: grpo iterate {run} --iters N")
+    print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]})")
+    print("plan:")
+    print("\n".join(plan(cfg, machine_precision(cfg.train.precision)).lines()))
+    print(f"next: grpo iterate {run} --iters N")

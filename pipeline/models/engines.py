@@ -366,9 +366,11 @@ def engine_dtype(dtype: str, precision: str) -> str:
     (bfloat16 where `train.precision` resolves to bf16 autocast, else float32)."""
     if dtype != "auto":
         return dtype
-    from pipeline.models.tokens import resolve_precision
+    if precision == "auto":
+        from pipeline.models.tokens import resolve_precision  # imports torch: only when there is something to resolve
 
-    return "bfloat16" if resolve_precision(precision) == "bf16" else "float32"
+        precision = resolve_precision(precision)
+    return "bfloat16" if precision == "bf16" else "float32"
 
 
 PROMPT_ALLOWANCE = 256

@@ -22,7 +22,7 @@ class UpdateData:
 
     def __init__(self, run: Run, k: int, kl_ctl=None):
         cfg = run.cfg
-        from pipeline.logprobs import pass_plan
+        from pipeline.plan import pass_plan
 
         # one optimizer step per epoch: the old logprobs are the first epoch's forward, detached (recorded by `record_old`)
         self.old_from_update = pass_plan(cfg, k)[1]

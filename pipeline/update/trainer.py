@@ -25,6 +25,7 @@ from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
+from pipeline.plan import steps_per_iter
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.store import MANIFEST
@@ -71,11 +72,6 @@ def _no_shm_comm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def steps_per_iter(cfg: Config) -> int:
-    n = cfg.rollout.prompts_per_iter * cfg.rollout.num_generations
-    return cfg.train.epochs * math.ceil(n / cfg.train.mini_batch_size)
 
 
 def lr_lambda(cfg: Config):

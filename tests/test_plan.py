@@ -1,0 +1,102 @@
+"""The plan `grpo init` prints (pipeline/plan.py): derived quantities against hand-computed values,
+where the old logprobs come from in each case the update and the logprobs stage distinguish,
+and this machine's precision read without torch agreeing with torch's own answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import config as config_mod
+from pipeline.plan import machine_precision, pass_plan, plan, steps_per_iter
+
+BASE = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
+
+
+def cfg_of(**sections):
+    tree = {**BASE}
+    for key, value in sections.items():
+        tree[key] = value
+    return config_mod.resolve(tree)
+
+
+def test_the_defaults():
+    p = plan(cfg_of(), "fp32")
+    assert p.completions == 128  # 16 prompts x 8 generations
+    assert p.max_new_tokens == 8192  # 128 completions x 64 tokens
+    assert p.steps == 4  # 1 epoch x ceil(128 / 32)
+    assert p.total_steps == 400  # 4 steps x 100 iterations (train.total_iters)
+    assert p.micro_batch == 32  # 32 / grad_accum 1 / 1 process
+    assert (p.precision, p.engine, p.engine_dtype) == ("fp32", "vllm", "float32")
+    assert p.old_logprobs == "logprobs stage pass (4 optimizer steps per epoch)" and p.old_logprobs_iter0 is None
+    assert p.reference is None and p.training == "full fine-tuning (every weight)"
+
+
+def test_uneven_mini_batches_accumulation_and_processes():
+    cfg = cfg_of(rollout={"prompts_per_iter": 6, "num_generations": 5, "max_new_tokens": 10},
+                 train={"epochs": 2, "mini_batch_size": 8, "grad_accum": 4, "total_iters": 7})
+    p = plan(cfg, "fp32", world=2)
+    assert p.completions == 30  # 6 x 5
+    assert p.max_new_tokens == 300  # 30 x 10
+    assert p.steps == 8 == steps_per_iter(cfg)  # 2 epochs x ceil(30 / 8) = 2 x 4 (the last mini-batch holds 6)
+    assert p.total_steps == 56  # 8 x 7
+    assert p.micro_batch == 1  # 8 / 4 / 2
+    assert p.old_logprobs == "logprobs stage pass (4 optimizer steps per epoch)"
+
+
+def test_old_logprobs_from_the_update_and_each_reason_for_a_pass():
+    one_step = {"prompts_per_iter": 4, "num_generations": 4}  # 16 completions <= mini_batch_size 32: one step per epoch
+    p = plan(cfg_of(rollout=one_step), "fp32")
+    assert p.steps == 1 and p.old_logprobs == "the update's own forward (one optimizer step per epoch)"
+    assert p.old_logprobs_iter0 is None and p.reference is None
+    p = plan(cfg_of(rollout=one_step, train={"old_logprobs": "pass"}), "fp32")
+    assert p.old_logprobs == "logprobs stage pass (train.old_logprobs pass)"
+    p = plan(cfg_of(rollout=one_step, train={"lora": {"r": 4, "dropout": 0.1}}), "fp32")
+    assert p.old_logprobs == "logprobs stage pass (LoRA dropout)"
+    assert p.training == "LoRA r=4 alpha=32 on all-linear (policies K >= 1 are adapters)"
+    p = plan(cfg_of(rollout=one_step, advantages={"kl_in_reward": {"coef": 0.1}}), "fp32")
+    assert p.old_logprobs == "logprobs stage pass (KL in the reward)"
+    assert p.reference == "every iteration, on policy/iter-0000 (advantages.kl_in_reward.coef 0.1)"
+
+
+def test_a_reference_pass_doubles_as_iteration_0s_old_pass():
+    """Iteration 0 without ref_model: old policy = reference, one pass gives both (pass_plan)."""
+    cfg = cfg_of(rollout={"prompts_per_iter": 4, "num_generations": 4}, loss={"kl_coef": 0.04})
+    assert pass_plan(cfg, 0) == (True, False) and pass_plan(cfg, 1) == (False, True)
+    p = plan(cfg, "fp32")
+    assert p.old_logprobs == "the update's own forward (one optimizer step per epoch)"
+    assert p.old_logprobs_iter0 == "the reference pass (same weights as the old policy)"
+    assert p.reference == "every iteration, on policy/iter-0000 (loss.kl_coef 0.04)"
+    lora = plan(cfg_of(loss={"kl_coef": 0.04}, train={"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}), "fp32")
+    assert lora.reference == "every iteration, on the base with the adapter off (loss.kl_coef 0.04)"
+    assert lora.training == "LoRA r=8 alpha=16 on q_proj, v_proj (policies K >= 1 are adapters)"
+    other = plan(cfg_of(ref_model="ref-dir", loss={"kl_coef": 0.04}), "fp32")
+    assert other.reference == "every iteration, on ref-dir (loss.kl_coef 0.04)"
+    assert other.old_logprobs_iter0 is None  # a separate reference: iteration 0 is like the others
+
+
+@pytest.mark.parametrize("dtype, precision, engine", [("auto", "bf16", "bfloat16"), ("auto", "fp32", "float32"),
+                                                      ("float16", "bf16", "float16"), ("float32", "bf16", "float32")])
+def test_engine_dtype_follows_the_resolved_precision_unless_set(dtype, precision, engine):
+    assert plan(cfg_of(rollout={"dtype": dtype}), precision).engine_dtype == engine
+
+
+def test_machine_precision_agrees_with_torch():
+    """The /proc/cpuinfo reading init uses (no torch import) gives what the stages resolve."""
+    from pipeline.models.tokens import resolve_precision
+
+    assert machine_precision("auto") == resolve_precision("auto")
+    assert machine_precision("fp32") == "fp32" and machine_precision("bf16") == "bf16"
+
+
+def test_the_printed_lines():
+    cfg = cfg_of(rollout={"prompts_per_iter": 6, "num_generations": 4, "max_new_tokens": 48, "engine": "hf"},
+                 train={"mini_batch_size": 8, "total_iters": 20, "precision": "auto", "lora": {"r": 8}}, loss={"kl_coef": 0.02})
+    assert plan(cfg, "bf16").lines() == [
+        "  completions      24 per iteration = 6 prompts x 4 generations (at most 1,152 new tokens)",
+        "  optimizer steps  3 per iteration = 1 epoch x ceil(24 / 8); 60 over train.total_iters 20",
+        "  micro-batch      8 completions per rank = 8 / grad_accum 1 / 1 process",
+        "  precision        bf16 (auto, on this machine); engine hf in bfloat16",
+        "  old logprobs     logprobs stage pass (3 optimizer steps per epoch); iteration 0: the reference pass (same weights as the old policy)",
+        "  reference pass   every iteration, on the base with the adapter off (loss.kl_coef 0.02)",
+        "  training         LoRA r=8 alpha=32 on all-linear (policies K >= 1 are adapters)",
+    ]
