@@ -27,6 +27,8 @@ from pipeline.errors import GRPOError
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.progress import progress
 from pipeline.quiet import captured
+from pipeline.rollout_correction import combine
+from pipeline.update.step_metrics import across_ranks
 from pipeline.store import MANIFEST
 from schemas.artifacts import STEP_METRICS
 
@@ -257,7 +259,7 @@ class Trainer:
                 metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
                 for key, v in metrics.items():  # mini-batch value: mean over micro-batches (the loss as the type adds it up)
                     w = cfg.loss.kind.micro_batch_scale(len(micros)) if key == "loss/policy" else 1.0 / len(micros)
-                    acc[key] = acc.get(key, 0.0) + v * w
+                    combine(acc, key, v, w)
             pre_norm = self._grad_norm()
             for key, v in (("loss/policy", acc.get("loss/policy", 0.0)), ("grad_norm", pre_norm or 0.0)):
                 if not math.isfinite(v):  # stepping would write non-finite weights into the next policy
@@ -292,22 +294,7 @@ class Trainer:
         return self.cfg.loss.kind.rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
 
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
-        """A micro-batch's metrics over all ranks, as one process computes them: token means
-        weighted by each rank's tokens, the loss by the units its type averages over; a loss that
-        is a share of the mini-batch's (`sums_micro_batches`) adds up."""
-        if self.world == 1:
-            return metrics
-        kind = self.cfg.loss.kind
-        keys = sorted(metrics)
-        w = [kind.rank_units(rows, tokens) if k.startswith("loss/") else float(tokens) for k in keys]
-        t = torch.tensor([metrics[k] * wk if wk else 0.0 for k, wk in zip(keys, w)] + w, dtype=torch.float64)  # [2K]
-        torch.distributed.all_reduce(t)
-        K = len(keys)
-        summed = kind.sums_micro_batches  # shares of the mini-batch's loss: the ranks' mean is their sum / world
-        return {
-            k: float(t[i] / (self.world if summed and k.startswith("loss/") else max(float(t[K + i]), 1.0)))
-            for i, k in enumerate(keys)
-        }
+        return across_ranks(metrics, rows, tokens, self.cfg.loss.kind, self.world)
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch; the loss is scaled so that the
@@ -329,16 +316,16 @@ class Trainer:
             loss_share = cfg.loss.kind.piece_share(len(piece) / rows, share_tokens)
             metrics = self._piece_step(data, piece, n_micro, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
-                w = loss_share if key.startswith("loss/") else share_tokens
-                out[key] = out.get(key, 0.0) + v * w
+                combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)
         return out
 
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         dev = self.engine.device
-        batch, old, ref, adv = data.batch(idx, share_prompts=self.share_prompts)
+        batch, old, ref, adv, sampler = data.batch(idx, share_prompts=self.share_prompts)
         batch, adv = batch.to(dev), adv.to(dev)
         ref = ref.to(dev) if ref is not None else None
+        sampler = sampler.to(dev) if sampler is not None else None
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
         if old is None:  # first epoch of one step per epoch: the policy is still the old one (ratio 1, as TRL does)
             old = logp.detach()
@@ -347,15 +334,16 @@ class Trainer:
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
         loss, metrics = grpo.policy_loss(
-            logp, old, adv, batch.completion_mask, cfg.loss,
+            logp, old, adv, batch.loss_mask, cfg.loss,  # the tokens the model sampled: not an episode's tool results
             ref_logprobs=ref if cfg.loss.kl_coef > 0 else None,
             max_completion_length=cfg.rollout.max_new_tokens,
             num_items=mb_tokens / self.world,  # DeepSpeed averages gradients over ranks
             entropy=entropy,
+            sampler_logprobs=sampler,  # the first epoch's forward as old: w from it (one step per epoch)
         )
         if cfg.loss.kl_coef == 0 and ref is not None:
             with torch.no_grad():
-                metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.completion_mask))
+                metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.loss_mask))
         self.engine.backward(loss * cfg.loss.kind.micro_batch_scale(n_micro) * weight, scale_wrt_gas=False)
         return metrics
 
