@@ -6,6 +6,7 @@ tool tokens. Hand-computed values with the arithmetic in the comments."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -217,3 +218,83 @@ def test_a_version_1_update_metrics_part_reads_with_the_correction_columns_as_nu
     assert t.column_names == UPDATE_METRICS.schema.names
     assert all(t.column(n).to_pylist() == [None] for n in ROLLOUT_CORRECTION_METRICS)
     assert t.column("loss/policy").to_pylist() == [1.0]
+
+
+# --------------------------------------------------------------------------- the stages, on real engines
+
+
+@pytest.mark.slow
+def test_stages_honour_an_episode_rollout(assets, make_run):
+    """A real rollout turned into episodes (tokens 2-4 of each completion declared a tool result:
+    mask 0, sampler logprob 0.0), then the real score, logprobs and update stages. A tool token's
+    0.0 against its real logprob (several nats) would show in the sampler gap, in the rollout
+    correction's weight and in the token counts; none does, and the first step's loss is
+    `policy_loss` over the model's tokens, recomputed from the parts."""
+    from pipeline.logprobs import load_model, run_logprobs
+    from pipeline.models.tokens import token_logprobs
+    from pipeline.rollout import RolloutPlan, run_rollout
+    from pipeline.score import run_score
+    from pipeline.store.parts import Shard, read_part, run_parts
+    from pipeline.store.run import Run
+    from pipeline.update.publish import run_update
+    from schemas.artifacts import ROLLOUT
+
+    sections = dict(train={"mini_batch_size": 8, "lr": 3e-4, "epochs": 2}, loss={"kl_coef": 0.05})
+    source, episodes = Run(make_run("source", **sections)), Run(make_run("episodes", **sections))
+    run_rollout(source, 0)
+    src_m = source.manifest(0, "rollout")
+
+    def as_episodes(part: int) -> pa.Table:
+        rows = read_part(source, 0, "rollout", ROLLOUT, part).to_pylist()
+        for r in rows:
+            n = len(r["completion_ids"])
+            mask = [0 if 2 <= t < 5 and n > 6 else 1 for t in range(n)]
+            r["completion_mask"] = mask
+            r["sampler_logprobs"] = [lp if m else 0.0 for lp, m in zip(r["sampler_logprobs"], mask)]
+        return pa.Table.from_pylist(rows)
+
+    plan = RolloutPlan(episodes, 0)
+    extra = {f: getattr(src_m, f) for f in ("policy_hash", "engine", "engine_dtype", "stats", "trainer_state")}
+    run_parts(episodes, 0, "rollout", ROLLOUT, plan.num_parts, Shard(), plan.inputs(), as_episodes, manifest_extra=lambda: extra)
+    run_score(episodes, 0)
+    run_logprobs(episodes, 0)
+    _, trainer = run_update(episodes, 0)
+    trainer.close()
+
+    it = Path(episodes.uri) / "iter-0000"
+    df = (pl.read_parquet(it / "rollout/*.parquet").join(pl.read_parquet(it / "score/*.parquet"), on=["prompt_id", "sample_idx"])
+          .join(pl.read_parquet(it / "logprobs/*.parquet"), on=["prompt_id", "sample_idx"]))
+    assert df["completion_mask"].list.sum().sum() < df["completion_length"].sum()  # the episodes do hide tokens
+    # the sampler gap over the model's tokens: fp32 engine and trainer agree to ~1e-5 (a tool token's would be nats)
+    assert df["sampler_gap_max"].max() < 1e-3
+    steps = pl.read_parquet(it / "update/metrics.parquet")
+    assert steps["rollout_correction/clipped_frac"].max() == 0.0
+    assert (steps["rollout_correction/ratio_min"] > 0.999).all() and (steps["rollout_correction/ratio_max"] < 1.001).all()
+    # token counts: each optimizer step's mini-batch, in the update's order, counts its model tokens
+    trained = df.filter(pl.col("train"))
+    cfg = episodes.cfg
+    for row in steps.iter_rows(named=True):
+        order = np.random.default_rng([cfg.seed, 0, row["epoch"]]).permutation(trained.height)
+        mb = trained[order[row["batch"] * 8 : (row["batch"] + 1) * 8].tolist()]
+        assert row["tokens"] == int(mb["completion_mask"].list.sum().sum())
+
+    # the first step's loss from the parts: policy_loss over the model's tokens, with the sampler's weight
+    first = steps.row(0, named=True)
+    rows = trained[np.random.default_rng([cfg.seed, 0, 0]).permutation(trained.height)[:8].tolist()]
+    batch = Batch.build(rows["prompt_ids"].to_list(), rows["completion_ids"].to_list(), episode_masks=rows["completion_mask"].to_list())
+    T = batch.completion_mask.shape[1]
+
+    def pad(col):
+        out = torch.zeros(len(rows), T)
+        for i, v in enumerate(rows[col].to_list()):
+            out[i, : len(v)] = torch.tensor(v)
+        return out
+
+    with torch.no_grad():
+        logp, entropy = token_logprobs(load_model(Path(episodes.uri) / "policy/iter-0000"), batch, cfg.rollout.temperature, with_entropy=True)
+    _, metrics = policy_loss(logp, pad("old_logprobs"), torch.tensor(rows["advantage"].to_numpy()), batch.loss_mask, cfg.loss,
+                             ref_logprobs=pad("ref_logprobs"), max_completion_length=cfg.rollout.max_new_tokens,
+                             num_items=int(batch.loss_mask.sum()), entropy=entropy, sampler_logprobs=pad("sampler_logprobs"))
+    for key in ("loss/policy", "kl/mean", "entropy/mean", "rollout_correction/ratio_mean"):
+        assert metrics[key] == pytest.approx(first[key], abs=1e-5), key
+    assert first["tokens"] == int(batch.loss_mask.sum())
