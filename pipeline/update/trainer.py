@@ -339,7 +339,7 @@ class Trainer:
             max_completion_length=cfg.rollout.max_new_tokens,
             num_items=mb_tokens / self.world,  # DeepSpeed averages gradients over ranks
             entropy=entropy,
-            sampler_logprobs=sampler,  # the first epoch's forward as old: w from it (one step per epoch)
+            sampler_logprobs=sampler,  # w = exp(old - sampler), old being this forward detached where it stood in above
         )
         if cfg.loss.kl_coef == 0 and ref is not None:
             with torch.no_grad():
