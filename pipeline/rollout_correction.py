@@ -9,6 +9,8 @@ denominator) in docs/loss.md; golden values in tests/test_rollout_correction.py.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pipeline.loss_config import RolloutCorrection
@@ -65,7 +67,7 @@ def combine(acc: dict[str, float], key: str, value: float, weight: float) -> Non
     pick = EXTREMES.get(key)
     if pick is None:
         acc[key] = acc.get(key, 0.0) + value * weight
-    elif value == value:
-        acc[key] = value if acc.get(key, float("nan")) != acc.get(key, float("nan")) else pick(acc[key], value)
-    else:
+    elif math.isnan(value):
         acc.setdefault(key, float("nan"))
+    else:
+        acc[key] = value if math.isnan(acc.get(key, float("nan"))) else pick(acc[key], value)

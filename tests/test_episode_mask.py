@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_grpo import CONFIGS, naive_policy_loss
 
 from pipeline.errors import GRPOError
 from pipeline.grpo import LossConfig, kl_penalised_rewards, policy_loss
 from pipeline.logprobs import old_logprobs_table, sampler_gaps
 from pipeline.models.tokens import Batch
-from test_grpo import CONFIGS, naive_policy_loss
 
 LN = math.log
 

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 import yaml
-
 from conftest import grpo
+
 from pipeline import config as config_mod
 from pipeline.grpo import LossConfig, policy_loss
 from pipeline.loss_config import RolloutCorrection
@@ -174,7 +174,7 @@ def test_pitfall_truncated_sampling_biases_the_weight_so_init_refuses_it(tmp_pat
     close((p.log() - q.log())[kept], [LN(0.8)] * 2)
     # so the correction refuses truncated sampling, at `grpo init` with one line, before anything is written
     for key, value in (("top_p", 0.8), ("top_k", 20), ("min_p", 0.05)):
-        with pytest.raises(config_mod.GRPOError, match=f"needs untruncated sampling .*set loss.rollout_correction.mode none"):
+        with pytest.raises(config_mod.GRPOError, match="needs untruncated sampling .*set loss.rollout_correction.mode none"):
             config_mod.resolve(MINIMAL, [f"rollout.{key}={value}"])
         cfg = config_mod.resolve(MINIMAL, [f"rollout.{key}={value}", "loss.rollout_correction.mode=none"])
         assert cfg.loss.rollout_correction.mode == "none"
@@ -261,7 +261,7 @@ def test_combine_takes_min_and_max_and_skips_pieces_without_tokens():
     acc: dict[str, float] = {}
     for v, w in ((0.5, 0.25), (float("nan"), 0.0), (2.0, 0.75)):
         for key in ("rollout_correction/ratio_mean", "rollout_correction/ratio_min", "rollout_correction/ratio_max"):
-            combine(acc, key, v if v == v or key != "rollout_correction/ratio_mean" else 0.0, w)
+            combine(acc, key, 0.0 if math.isnan(v) and key.endswith("_mean") else v, w)
     # the mean is weighted: 0.5 * 0.25 + 0 + 2.0 * 0.75 = 1.625; min 0.5, max 2.0
     assert acc == {"rollout_correction/ratio_mean": 1.625, "rollout_correction/ratio_min": 0.5, "rollout_correction/ratio_max": 2.0}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pipeline.rollout_correction import EXTREMES
@@ -26,7 +28,7 @@ def across_ranks(metrics: dict[str, float], rows: int, tokens: int, kind, world:
     }
     for key in sorted(k for k in metrics if k in EXTREMES):
         sign = -1.0 if EXTREMES[key] is max else 1.0  # a max is the min of the negated values
-        v = metrics[key] if tokens and metrics[key] == metrics[key] else float("inf") * sign
+        v = metrics[key] if tokens and not math.isnan(metrics[key]) else float("inf") * sign
         x = torch.tensor([v * sign], dtype=torch.float64)
         torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MIN)
         out[key] = float(x) * sign if torch.isfinite(x) else float("nan")

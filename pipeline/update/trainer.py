@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from pipeline.models.tokens import resolve_precision, shared_budget_batches, tok
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.rollout_correction import combine
+from pipeline.update.distributed import _OWN_ENV, _barrier, init_distributed  # noqa: F401  (publish imports them from here)
 from pipeline.update.step_metrics import across_ranks
 from pipeline.store import MANIFEST
 from schemas.artifacts import STEP_METRICS
@@ -37,42 +37,6 @@ if TYPE_CHECKING:
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_OWN_ENV: dict[str, str] = {}
-"""The launcher variables `init_distributed` set itself (no launcher); `Trainer.close` takes them back."""
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group, or make a one-process gloo group without one."""
-    import deepspeed
-
-    if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
-        _OWN_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        os.environ.update(_OWN_ENV)
-    if not torch.cuda.is_available():
-        _no_shm_comm_op()  # before DeepSpeed's backend starts, here or in deepspeed.initialize
-    if not torch.distributed.is_initialized():
-        with captured():
-            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-    return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-
-def _no_shm_comm_op() -> None:
-    """On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce op
-    (g++ for 100-200 s in the first process of an environment; every later process checks and
-    loads it) that serves only its inference all-reduce: training reduces over gloo. Marked
-    unavailable, it is neither built nor loaded, so the first update of a new environment no
-    longer stalls for minutes, nor does its process do anything the later ones do not."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def steps_per_iter(cfg: Config) -> int:
@@ -350,8 +314,3 @@ class Trainer:
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
-
-
-def _barrier() -> None:
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.barrier()
