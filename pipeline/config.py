@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import GRPOError
-from pipeline.loss_config import LossConfig
+from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.config_errors import format_error, parse_overrides, read_tree, set_dotted
 from pipeline.rewards.config import RewardSpec
 
@@ -291,6 +291,8 @@ class Config(_Section):
             raise ValueError("rollout.lora_mode vllm_lora needs train.lora and rollout.engine vllm")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
+        if why := self.loss.rollout_correction.refusal(self.rollout.top_p, self.rollout.top_k, self.rollout.min_p):
+            raise ValueError(why)
         return self
 
     @property
@@ -329,10 +331,12 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
 
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
+    ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option
-(its config.yaml lacks it) stays the one its manifests were written with."""
+(its config.yaml lacks it) stays the one its manifests were written with; and a stored config.yaml
+that lacks one is read with that value (`from_yaml_text`), even where a new run's default differs."""
 
 
 def canonical(cfg: Config) -> str:
@@ -357,4 +361,13 @@ def to_yaml(cfg: Config) -> str:
 
 
 def from_yaml_text(text: str, source: str) -> Config:
-    return resolve(yaml.safe_load(text) or {}, None, source=source)
+    """A run's stored config.yaml: an option it lacks was added after the run was made, and gets
+    the value that keeps the run's behaviour (`ADDED_OPTIONS`), not a new run's default."""
+    tree = yaml.safe_load(text) or {}
+    for (*path, key), neutral in ADDED_OPTIONS.items():
+        section = tree
+        for part in path:
+            section = section.setdefault(part, {}) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key not in section:
+            section[key] = json.loads(json.dumps(neutral))
+    return resolve(tree, None, source=source)

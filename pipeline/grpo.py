@@ -2,7 +2,8 @@
 
 The rewards' side (`combine_rewards`, `group_advantages`, `group_stats`) is NumPy, in
 pipeline/advantages.py, so that the score stage does not load torch. Here: the KL estimators,
-`kl_penalised_rewards` with a KL controller, and the update's `policy_loss` per micro-batch.
+`kl_penalised_rewards` (its controllers in pipeline/kl_control.py), and the update's
+`policy_loss` per micro-batch (its sampler-mismatch weight in pipeline/rollout_correction.py).
 The formulas, one per loss type, are in docs/loss.md; every function here is checked against
 hand-derived numbers and a naive loop in tests/test_grpo.py:
 
@@ -14,6 +15,8 @@ from typing import Literal
 import torch
 
 from pipeline.loss_config import LossConfig  # noqa: F401  (its home before; config.py imports it without torch)
+from pipeline.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller  # noqa: F401  (their home before)
+from pipeline.rollout_correction import correction_weights
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -59,71 +62,6 @@ def kl_penalised_rewards(
     active = mask.bool()  # [B, T]
     k1 = (logprobs.detach() - ref_logprobs.detach()).masked_fill(~active, 0.0)  # [B, T]
     return scores - kl_coef * k1.sum(dim=1).to(scores.dtype)  # [B]
-
-
-class FixedKLController:
-    """A constant KL-in-reward coefficient, with the adaptive controller's interface."""
-
-    def __init__(self, coef: float):
-        if coef < 0:
-            raise ValueError(f"KL coefficient must be >= 0, got {coef}")
-        self.coef = float(coef)
-
-    def update(self, current_kl: float, n_steps: int) -> float:
-        return self.coef
-
-    def state_dict(self) -> dict:
-        return {"kind": "fixed", "coef": self.coef}
-
-    def load_state_dict(self, state: dict) -> None:
-        _check_kind(state, "fixed")
-        self.coef = float(state["coef"])
-
-
-class AdaptiveKLController:
-    """Ziegler et al. (2019): steer the per-completion KL toward `target` over `horizon` completions.
-
-    error = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + error * n_steps / horizon.
-    Multiplicative, so a coefficient of 0 stays 0.
-    """
-
-    def __init__(self, init_coef: float, target: float, horizon: int):
-        if init_coef < 0 or target <= 0 or horizon <= 0:
-            raise ValueError(
-                f"adaptive KL needs init_coef >= 0, target > 0, horizon > 0; got {init_coef}, {target}, {horizon}"
-            )
-        self.coef = float(init_coef)
-        self.target = float(target)
-        self.horizon = int(horizon)
-
-    def update(self, current_kl: float, n_steps: int) -> float:
-        current_kl = float(current_kl)
-        if current_kl != current_kl or abs(current_kl) == float("inf"):
-            raise ValueError(f"adaptive KL controller got a non-finite KL ({current_kl})")
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)  # proportional error, +-20 % at most
-        self.coef *= 1.0 + error * n_steps / self.horizon
-        return self.coef
-
-    def state_dict(self) -> dict:
-        return {"kind": "adaptive", "coef": self.coef, "target": self.target, "horizon": self.horizon}
-
-    def load_state_dict(self, state: dict) -> None:
-        _check_kind(state, "adaptive")
-        self.coef = float(state["coef"])
-        self.target = float(state["target"])
-        self.horizon = int(state["horizon"])
-
-
-def _check_kind(state: dict, kind: str) -> None:
-    if state.get("kind") != kind:
-        raise ValueError(f"KL controller state is of kind {state.get('kind')!r}, expected {kind!r}")
-
-
-def make_kl_controller(
-    coef: float, target: float | None = None, horizon: int = 10000
-) -> FixedKLController | AdaptiveKLController:
-    """Adaptive controller when a target KL is set, else a fixed coefficient."""
-    return FixedKLController(coef) if target is None else AdaptiveKLController(coef, target, horizon)
 
 
 # --------------------------------------------------------------------------- policy loss
@@ -238,11 +176,12 @@ LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (LossType(), BNPOLoss(), D
 
 
 def _check_loss_args(
-    logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy
+    logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy, sampler
 ) -> None:
     if logprobs.dim() != 2:
         raise ValueError(f"policy_loss: logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
-    same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs, "entropy": entropy}
+    same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs, "entropy": entropy,
+                  "sampler_logprobs": sampler}
     for name, t in same_shape.items():
         if t is not None and t.shape != logprobs.shape:
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}")
@@ -265,11 +204,16 @@ def policy_loss(
     max_completion_length: int | None = None,
     num_items: int | float | torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate (or plain REINFORCE) + KL - entropy, aggregated per `config.type`.
 
     logprobs [B, T] (requires grad), old_logprobs / ref_logprobs / mask / entropy [B, T],
-    advantages [B]. Positions where mask is 0 may hold anything (0, -inf, NaN).
+    advantages [B]. mask is 1 on the tokens the model sampled: 0 on padding and on what an
+    episode's context put in the completion (tool results); positions where it is 0 count nowhere
+    and may hold anything (0, -inf, NaN). sampler_logprobs [B, T]: the engine's, for
+    `config.rollout_correction` (its detached weight multiplies the policy term; `pipeline.rollout_correction`);
+    None: the old policy sampled, nothing to correct.
     Aggregation uses this micro-batch's B and tokens, except dapo whose `num_items` counts the
     active tokens of the whole generation batch. The engine then averages: DeepSpeed divides each
     micro-batch loss by its gradient_accumulation_steps and averages gradients over data-parallel
@@ -278,7 +222,7 @@ def policy_loss(
     Returns (loss, metrics) with detached float metrics under flat `section/name` keys.
     """
     _check_loss_args(
-        logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy
+        logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy, sampler_logprobs
     )
     active = mask.bool()  # [B, T]
     # At least float32: bf16 cannot even count tokens past 256 exactly.
@@ -301,6 +245,10 @@ def policy_loss(
         pg_loss = -logp * A  # [B, T] plain policy gradient: no ratio, no clipping
     else:
         pg_loss = -torch.minimum(capped * A, clipped * A)  # [B, T] pessimistic (clipped) surrogate
+    correction = None
+    if config.rollout_correction.mode != "none" and sampler_logprobs is not None:  # w = pi_old / pi_sampler, detached, on the policy term (as TRL)
+        w, correction = correction_weights(old_logprobs, sampler_logprobs, active, config.rollout_correction)  # [B, T]
+        pg_loss = pg_loss * w.to(pg_loss.dtype)  # [B, T]
     kl = ent = None
     if ref_logprobs is not None:
         ref = ref_logprobs.detach().to(logp.dtype).masked_fill(~active, 0.0)  # [B, T]
@@ -337,4 +285,5 @@ def policy_loss(
             metrics["kl/mean"] = token_mean(kl)
         if ent is not None:
             metrics["entropy/mean"] = token_mean(ent)
+        metrics.update(correction or {})
     return loss, metrics

@@ -68,17 +68,31 @@ def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, 
             if not np.isfinite(v).all():
                 raise GRPOError(f"logprobs iteration {k} row {i} (prompt_id {rollout.column('prompt_id')[i]}): {name} has NaN/inf")
     return old_logprobs_table(rollout.column("prompt_id"), rollout.column("sample_idx"), old,
-                              rollout.column("sampler_logprobs").to_pylist(), ref)
+                              rollout.column("sampler_logprobs").to_pylist(), ref, rollout.column("completion_mask").to_pylist())
 
 
-def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, sampler: list, ref: list | None = None) -> pa.Table:
-    """A LOGPROBS table: the old logprobs and their gap to the sampler's (null where `old` is None)."""
+def sampler_gaps(old: list[np.ndarray], sampler: list, masks: list | None = None) -> list[np.ndarray]:
+    """|old - sampler| of each row over the tokens the model sampled (`masks`: the rollout's
+    completion_mask, None for every token); a row without any: [0]."""
+    gaps = []
+    for i, (o, s) in enumerate(zip(old, sampler)):
+        g = np.abs(o - np.asarray(s, np.float32))
+        if masks is not None and masks[i] is not None:
+            g = g[np.asarray(masks[i], bool)]  # a tool result's tokens were not sampled: their 0.0 is no logprob
+        gaps.append(g if len(g) else np.zeros(1, np.float32))
+    return gaps
+
+
+def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, sampler: list, ref: list | None = None,
+                       masks: list | None = None) -> pa.Table:
+    """A LOGPROBS table: the old logprobs and their gap to the sampler's over the model's tokens
+    (null where `old` is None)."""
     n = len(sampler)
     nulls = pa.nulls(n, pa.list_(pa.float32()))
     if old is None:
         old_col, gap_mean, gap_max = nulls, pa.nulls(n, pa.float32()), pa.nulls(n, pa.float32())
     else:
-        gaps = [np.abs(o - np.asarray(s, np.float32)) if len(o) else np.zeros(1, np.float32) for o, s in zip(old, sampler)]
+        gaps = sampler_gaps(old, sampler, masks)
         old_col = pa.array([o.tolist() for o in old], pa.list_(pa.float32()))
         gap_mean = pa.array([float(g.mean()) for g in gaps], pa.float32())
         gap_max = pa.array([float(g.max()) for g in gaps], pa.float32())

@@ -6,6 +6,41 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class RolloutCorrection(BaseModel):
+    """Importance weight w = pi_old / pi_sampler on the policy term, for the gap between the engine
+    that sampled (vLLM, or an older policy when iterations run ahead) and the trainer's old policy;
+    TRL's vllm_importance_sampling_* options. Formulas in docs/loss.md."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "sequence_mask"
+    """none, or a weight per token / one per completion (`sequence_log_ratio` of its model tokens'
+    log-ratios) that is truncated (w = min(w, cap)) or masked (w = 0 outside [lower, cap]).
+    Default sequence_mask, as TRL 1.16. Runs made before this option keep none."""
+    cap: float = Field(3.0, gt=1.0)
+    """Upper bound on w (> 1): truncate modes clip w to it, mask modes zero a weight above it (TRL's clip_max)."""
+    lower: float | None = Field(None, ge=0.0, lt=1.0)
+    """Lower bound on w (< 1): mask modes zero a weight below it, truncate modes raise w to it (TRL's clip_min); None: no bound."""
+    sequence_log_ratio: Literal["sum", "mean"] = "sum"
+    """sequence_* modes: sum (the completion's likelihood ratio, as TRL 1.16) or mean (its geometric
+    mean per token, TRL PR #5815's proposal: no length dependence, but not an importance weight)."""
+
+    def refusal(self, top_p: float, top_k: int, min_p: float) -> str | None:
+        """Why the correction cannot run with these sampling settings, or None. The engine reports
+        logprobs of the distribution it sampled (vLLM processed_logprobs: truncated by top_p, top_k,
+        min_p and renormalised), the trainer of the whole one: log w would then carry log(kept mass)
+        on every token, a bias and not the engines' gap (TRL issue #6789)."""
+        if self.mode == "none" or (top_p == 1.0 and top_k == 0 and min_p == 0.0):
+            return None
+        return (f"loss.rollout_correction.mode {self.mode} needs untruncated sampling (rollout.top_p 1, top_k 0, min_p 0; "
+                f"got {top_p}, {top_k}, {min_p}): the sampler's logprobs are then renormalised over the kept tokens "
+                "and the weight would measure the truncation; set loss.rollout_correction.mode none")
+
+
+NEUTRAL_ROLLOUT_CORRECTION = RolloutCorrection(mode="none").model_dump(mode="json")
+"""What runs did before `loss.rollout_correction` existed: no correction."""
+
+
 class LossConfig(BaseModel):
     """Which surrogate loss the update optimises, and its coefficients."""
 
@@ -27,6 +62,8 @@ class LossConfig(BaseModel):
     """Importance ratio per token (GRPO) or one per sequence from the mean log-ratio (GSPO)."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus weight: the loss subtracts entropy_coef * mean token entropy."""
+    rollout_correction: RolloutCorrection = RolloutCorrection()
+    """Sampler-mismatch correction: importance weight old / sampler on the policy term (TRL's vllm_importance_sampling_*)."""
 
     @property
     def kind(self):

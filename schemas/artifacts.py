@@ -178,12 +178,22 @@ OLD_LOGPROBS = "old_logprobs.parquet"
 """iter-K/update/old_logprobs.parquet (a LOGPROBS table, ref_logprobs null): the old logprobs the
 update took from its own forward when the logprobs stage skipped that pass (`train.old_logprobs`)."""
 
-STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean")
+ROLLOUT_CORRECTION_METRICS = ("rollout_correction/ratio_mean", "rollout_correction/ratio_min", "rollout_correction/ratio_max",
+                              "rollout_correction/clipped_frac")
+"""`loss.rollout_correction`'s weight w = old / sampler per optimizer step, over the model's tokens:
+mean, min, max (after truncation or masking, as TRL logs it) and the share of tokens truncated or
+masked. NaN where the run applies no correction."""
+
+STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean",
+                *ROLLOUT_CORRECTION_METRICS)
 """What `pipeline.grpo.policy_loss` reports per micro-batch and the update stores per optimizer step."""
 
 UPDATE_METRICS = ArtifactSchema(
     kind="update_metrics",
-    version=1,
+    # v2: the rollout_correction/* columns (`loss.rollout_correction`); a v1 part reads with them null
+    version=2,
+    reads=(1,),
+    added={name: 2 for name in ROLLOUT_CORRECTION_METRICS},
     schema=pa.schema(
         [
             pa.field("step", pa.int64()),  # global optimizer step (across iterations)

@@ -125,7 +125,14 @@ def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
     import hashlib
     import json
 
-    a = config_mod.load(write(tmp_path, MINIMAL))
+    # a config at every added option's earlier behaviour (loss.rollout_correction's new default is not)
+    earlier = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    for (*path, key), neutral in config_mod.ADDED_OPTIONS.items():
+        section = earlier
+        for part in path:
+            section = section.setdefault(part, {})
+        section[key] = neutral
+    a = config_mod.resolve(earlier)
     tree = a.model_dump(mode="json")
     for (*path, key) in config_mod.ADDED_OPTIONS:
         section = tree

@@ -54,7 +54,7 @@ def constructed_run(make_run) -> Run:
         "prompt_ids": [[1, 2]] * 6, "completion": [f"c{i}" for i in range(6)],
         "completion_ids": [[5] * n for n in LENGTHS], "sampler_logprobs": [[-0.1] * n for n in LENGTHS],
         "finish_reason": ["stop"] * 5 + ["length"], "truncated": [False] * 5 + [True],
-        "completion_length": LENGTHS, "policy_hash": ["p0"] * 6,
+        "completion_length": LENGTHS, "policy_hash": ["p0"] * 6, "completion_mask": [None] * 6, "episode": [None] * 6,
     })
     group_std = [math.sqrt(1 / 3)] * 3 + [0.0] * 3
     score = pa.table({

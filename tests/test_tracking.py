@@ -212,6 +212,10 @@ def test_metrics_match_the_artifacts(server_run):
             "frac_reward_zero_std": float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)[::4])),  # G=4
             "kl/mean": float(np.nanmean(steps.column("kl/mean").to_numpy())),
             "lr": steps.column("lr").to_pylist()[-1],
+            # loss.rollout_correction (TRL's default, sequence_mask): the iteration's extremes are the steps'
+            "rollout_correction/ratio_mean": float(np.mean(steps.column("rollout_correction/ratio_mean").to_numpy())),
+            "rollout_correction/ratio_min": min(steps.column("rollout_correction/ratio_min").to_pylist()),
+            "rollout_correction/ratio_max": max(steps.column("rollout_correction/ratio_max").to_pylist()),
         }
         for key, value in expect.items():
             assert dict(_history(client, run_id, key))[k] == pytest.approx(value, rel=1e-6, abs=1e-9), (key, k)
@@ -224,6 +228,8 @@ def test_metrics_match_the_artifacts(server_run):
     logged = _history(client, run_id, "step/loss/policy")
     assert [s for s, _ in logged] == steps.column("step").to_pylist()
     assert [v for _, v in logged] == pytest.approx(steps.column("loss/policy").to_pylist(), rel=1e-6)
+    logged = _history(client, run_id, "step/rollout_correction/clipped_frac")
+    assert [v for _, v in logged] == steps.column("rollout_correction/clipped_frac").to_pylist()
 
 
 @pytest.mark.slow

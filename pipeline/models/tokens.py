@@ -50,14 +50,22 @@ class Batch:
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
-    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens
+    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens: the model reads them and their logprobs are computed
     completion_ids: torch.Tensor  # [B, T]
     starts: torch.Tensor  # [B] index in input_ids of the first completion token
     prompts: Prompts | None = None
+    loss_mask: torch.Tensor | None = None
+    """[B, T] 1 on the completion tokens the model sampled: completion_mask times the episode's
+    mask (0 on a tool result the episode put there); what the loss, KL and token counts count."""
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
-              share_prompts: bool = False) -> "Batch":
+              share_prompts: bool = False, episode_masks: list | None = None) -> "Batch":
+        """`episode_masks`: each row's rollout completion_mask (None: every token sampled)."""
         B = len(prompt_ids)
         L = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
         T = max(1, max(len(c) for c in completion_ids))
@@ -72,12 +80,18 @@ class Batch:
             comp[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             cmask[i, : len(c)] = 1.0
         starts = torch.tensor([len(p) for p in prompt_ids])
-        return cls(ids, attn, cmask, comp, starts, Prompts.shared(prompt_ids, pad_id) if share_prompts else None)
+        loss_mask = cmask
+        if episode_masks is not None and any(m is not None for m in episode_masks):
+            loss_mask = cmask.clone()  # [B, T]
+            for i, m in enumerate(episode_masks):
+                if m is not None:
+                    loss_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32)
+        return cls(ids, attn, cmask, comp, starts, Prompts.shared(prompt_ids, pad_id) if share_prompts else None, loss_mask)
 
     def to(self, device) -> "Batch":
         """The same batch on `device` (the model's: a GPU where the trainer runs on one)."""
         return Batch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "completion_mask", "completion_ids", "starts")),
-                     prompts=None if self.prompts is None else self.prompts.to(device))
+                     prompts=None if self.prompts is None else self.prompts.to(device), loss_mask=self.loss_mask.to(device))
 
 
 CHUNK_TOKENS = 1024

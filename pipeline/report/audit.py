@@ -317,7 +317,7 @@ class _Auditor:
             return
         sd, m = opened
         mrel = f"{sd}/{MANIFEST}"
-        self.check_fields(mrel, m, "update", k, UPDATE_METRICS.version)
+        self.check_fields(mrel, m, "update", k, (UPDATE_METRICS.version, *UPDATE_METRICS.reads))
         if m.stage != "update":
             return
         files = {"metrics.parquet": m.outputs.metrics, OLD_LOGPROBS: m.outputs.old_logprobs}

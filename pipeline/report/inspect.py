@@ -20,13 +20,14 @@ import pyarrow.parquet as pq
 from pipeline.errors import GRPOError
 from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
-from schemas.artifacts import BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, UPDATE_METRICS, SchemaError
+from schemas.artifacts import (BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, ROLLOUT_CORRECTION_METRICS,
+                              UPDATE_METRICS, SchemaError)
 
 TRACKED_STAGES = (*STAGES, "eval")
 """Stages whose manifests carry metrics; `eval` of policy k is logged at iteration k."""
 
 UPDATE_STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean",
-                       "kl/mean", "entropy/mean", "grad_norm", "lr")
+                       "kl/mean", "entropy/mean", "grad_norm", "lr", *ROLLOUT_CORRECTION_METRICS)
 
 
 def read_columns(run: Run, k: int, stage: str, columns: list[str]) -> pl.DataFrame:
@@ -152,7 +153,9 @@ def update_steps(run: Run, k: int) -> pl.DataFrame:
 
 def _update(run: Run, k: int, m: dict) -> dict[str, float]:
     steps = update_steps(run, k)
-    out = {name: _f(steps[name].fill_nan(None).mean()) for name in UPDATE_STEP_METRICS if name != "lr"}
+    # the iteration's value: the steps' mean, or their min / max for the weight's extremes
+    how = {"rollout_correction/ratio_min": "min", "rollout_correction/ratio_max": "max"}
+    out = {name: _f(getattr(steps[name].fill_nan(None), how.get(name, "mean"))()) for name in UPDATE_STEP_METRICS if name != "lr"}
     out["lr"] = _f(steps["lr"][-1]) if steps.height else float("nan")  # the rate the iteration ended at
     train_s = float(m.timings.get("train_s", float("nan")))
     out["time/update_s"] = _seconds(m)

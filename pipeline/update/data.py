@@ -27,12 +27,13 @@ class UpdateData:
         # one optimizer step per epoch: the old logprobs are the first epoch's forward, detached (recorded by `record_old`)
         self.old_from_update = pass_plan(cfg, k)[1]
         roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(
-            ["prompt_id", "sample_idx", "prompt_ids", "completion_ids", "sampler_logprobs"]))
+            ["prompt_id", "sample_idx", "prompt_ids", "completion_ids", "sampler_logprobs", "completion_mask"]))
         score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
         lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
         df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
         if df.height != roll.height:
             raise GRPOError(f"update iteration {k}: rollout, score and logprobs parts do not join ({roll.height} rollout rows, {df.height} joined)")
+        _check_masks(df, k)
         self.kl_stats = None
         if cfg.advantages.kl_in_reward.coef > 0 and kl_ctl is not None:
             df = self._kl_in_reward(df, cfg, kl_ctl)
@@ -42,35 +43,42 @@ class UpdateData:
         self.prompt_ids = df["prompt_ids"].to_list()
         self.prompt_key = df["prompt_id"].to_numpy()  # rows of one group share their prompt
         self.completion_ids = df["completion_ids"].to_list()
+        self.masks = df["completion_mask"].to_list()  # a row's episode mask, None: every token sampled
+        self.sampler = df["sampler_logprobs"].to_list()
+        self.corrects = cfg.loss.rollout_correction.mode != "none"
         self.old = df["old_logprobs"].to_list()
         if not self.old_from_update and any(o is None for o in self.old):
             raise GRPOError(f"update iteration {k}: the logprobs parts have no old_logprobs (made with another train.old_logprobs)")
         self.used_old: dict[int, np.ndarray] = {}  # row -> the old logprobs the update's forward gave
         self.ref = df["ref_logprobs"].to_list()
         self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
-        self.lengths = np.array([len(c) for c in self.completion_ids])
+        # what the loss counts per row: the tokens the model sampled (the token type's units, DAPO's num_items)
+        self.model_tokens = np.array([len(c) if m is None else int(sum(m)) for c, m in zip(self.completion_ids, self.masks)])
 
     def _kl_in_reward(self, df: pl.DataFrame, cfg: Config, kl_ctl) -> pl.DataFrame:
         """Fold KL(policy_old || ref) into each reward, then recompute group advantages."""
         G = cfg.rollout.num_generations
         comps = df["completion_ids"].to_list()
-        batch = Batch.build([[0]] * len(comps), comps)
+        batch = Batch.build([[0]] * len(comps), comps, episode_masks=df["completion_mask"].to_list())
         T = batch.completion_mask.shape[1]
         old = _pad(df["old_logprobs"].to_list(), T)
         ref = _pad(df["ref_logprobs"].to_list(), T)
         scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
-        penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.completion_mask, kl_ctl.coef)
+        penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.loss_mask, kl_ctl.coef)
         adv = cfg.advantages.of(penalised.numpy(), G)
-        kl_seq = ((old - ref) * batch.completion_mask).sum(-1)  # [N] k1 summed over tokens
+        kl_seq = ((old - ref) * batch.loss_mask).sum(-1)  # [N] k1 summed over the model's tokens
         self.kl_stats = float(kl_seq.mean())
         return df.with_columns(pl.Series("advantage", adv.astype(np.float32)))
 
     def mask_sum(self, idx) -> int:
-        return int(self.lengths[idx].sum())
+        """Tokens the model sampled in rows `idx`."""
+        return int(self.model_tokens[idx].sum())
 
     def batch(self, idx, share_prompts: bool = True):
-        """(batch, old [B, T] or None when this forward gives them (first epoch), ref or None, advantages)."""
-        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=share_prompts)
+        """(batch, old [B, T] or None when this forward gives them (first epoch), ref or None,
+        advantages, sampler [B, T] or None when no `loss.rollout_correction` needs them)."""
+        b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=share_prompts,
+                        episode_masks=[self.masks[i] for i in idx])
         T = b.completion_mask.shape[1]
         if self.old_from_update:
             recorded = [int(i) in self.used_old for i in idx]
@@ -80,7 +88,8 @@ class UpdateData:
         else:
             old = _pad([self.old[i] for i in idx], T)
         ref = _pad([self.ref[i] for i in idx], T) if self.ref[idx[0]] is not None else None
-        return b, old, ref, self.adv[torch.as_tensor(idx)]
+        sampler = _pad([self.sampler[i] for i in idx], T) if self.corrects else None
+        return b, old, ref, self.adv[torch.as_tensor(idx)], sampler
 
 
     def record_old(self, idx, logp: torch.Tensor) -> None:
@@ -97,9 +106,10 @@ class UpdateData:
         if missing:
             raise GRPOError(f"update: {len(missing)} rows got no old logprobs from the update's forward")
         order = self.df.select(["prompt_id", "sample_idx"]).with_row_index("row").sort(["prompt_id", "sample_idx"])
-        rows, sampler = order["row"].to_list(), self.df["sampler_logprobs"].to_list()
+        rows = order["row"].to_list()
         return old_logprobs_table(pa.array(order["prompt_id"].to_list(), pa.int64()), pa.array(order["sample_idx"].to_list(), pa.int32()),
-                                  [self.used_old[i] for i in rows], [sampler[i] for i in rows])
+                                  [self.used_old[i] for i in rows], [self.sampler[i] for i in rows],
+                                  masks=[self.masks[i] for i in rows])
 
 
 def _pad(rows: list[list[float]], T: int) -> torch.Tensor:
@@ -107,3 +117,11 @@ def _pad(rows: list[list[float]], T: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
     return out
+
+
+def _check_masks(df: pl.DataFrame, k: int) -> None:
+    """Every episode mask is 0/1 and as long as its completion: a one-line error naming the row."""
+    for pid, j, comp, m in zip(df["prompt_id"], df["sample_idx"], df["completion_ids"], df["completion_mask"]):
+        if m is not None and (len(m) != len(comp) or any(v not in (0, 1) for v in m)):
+            raise GRPOError(f"update iteration {k}: rollout row prompt_id {pid} sample_idx {j}: completion_mask must be "
+                            f"{len(comp)} values of 0 or 1 (one per completion token), got {len(m)} ({sorted(set(m))[:4]})")

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,9 @@ from pipeline.models.tokens import resolve_precision, shared_budget_batches, tok
 from pipeline.plan import steps_per_iter
 from pipeline.progress import progress
 from pipeline.quiet import captured
+from pipeline.rollout_correction import combine
+from pipeline.update.distributed import _OWN_ENV, _barrier, init_distributed  # noqa: F401  (publish imports them from here)
+from pipeline.update.step_metrics import across_ranks
 from pipeline.store import MANIFEST
 from schemas.artifacts import STEP_METRICS
 
@@ -38,40 +40,6 @@ STATE = "state"
 TRAINER_JSON = "trainer.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_OWN_ENV: dict[str, str] = {}
-"""The launcher variables `init_distributed` set itself (no launcher); `Trainer.close` takes them back."""
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group, or make a one-process gloo group without one."""
-    import deepspeed
-
-    if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
-        _OWN_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        os.environ.update(_OWN_ENV)
-    if not torch.cuda.is_available():
-        _no_shm_comm_op()  # before DeepSpeed's backend starts, here or in deepspeed.initialize
-    if not torch.distributed.is_initialized():
-        with captured():
-            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-    return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-
-def _no_shm_comm_op() -> None:
-    """On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce op
-    (g++ for 100-200 s in the first process of an environment; every later process checks and
-    loads it) that serves only its inference all-reduce: training reduces over gloo. Marked
-    unavailable, it is neither built nor loaded, so the first update of a new environment no
-    longer stalls for minutes, nor does its process do anything the later ones do not."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def lr_lambda(cfg: Config):
@@ -253,7 +221,7 @@ class Trainer:
                 metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
                 for key, v in metrics.items():  # mini-batch value: mean over micro-batches (the loss as the type adds it up)
                     w = cfg.loss.kind.micro_batch_scale(len(micros)) if key == "loss/policy" else 1.0 / len(micros)
-                    acc[key] = acc.get(key, 0.0) + v * w
+                    combine(acc, key, v, w)
             pre_norm = self._grad_norm()
             for key, v in (("loss/policy", acc.get("loss/policy", 0.0)), ("grad_norm", pre_norm or 0.0)):
                 if not math.isfinite(v):  # stepping would write non-finite weights into the next policy
@@ -288,22 +256,7 @@ class Trainer:
         return self.cfg.loss.kind.rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
 
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
-        """A micro-batch's metrics over all ranks, as one process computes them: token means
-        weighted by each rank's tokens, the loss by the units its type averages over; a loss that
-        is a share of the mini-batch's (`sums_micro_batches`) adds up."""
-        if self.world == 1:
-            return metrics
-        kind = self.cfg.loss.kind
-        keys = sorted(metrics)
-        w = [kind.rank_units(rows, tokens) if k.startswith("loss/") else float(tokens) for k in keys]
-        t = torch.tensor([metrics[k] * wk if wk else 0.0 for k, wk in zip(keys, w)] + w, dtype=torch.float64)  # [2K]
-        torch.distributed.all_reduce(t)
-        K = len(keys)
-        summed = kind.sums_micro_batches  # shares of the mini-batch's loss: the ranks' mean is their sum / world
-        return {
-            k: float(t[i] / (self.world if summed and k.startswith("loss/") else max(float(t[K + i]), 1.0)))
-            for i, k in enumerate(keys)
-        }
+        return across_ranks(metrics, rows, tokens, self.cfg.loss.kind, self.world)
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch; the loss is scaled so that the
@@ -325,16 +278,16 @@ class Trainer:
             loss_share = cfg.loss.kind.piece_share(len(piece) / rows, share_tokens)
             metrics = self._piece_step(data, piece, n_micro, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
-                w = loss_share if key.startswith("loss/") else share_tokens
-                out[key] = out.get(key, 0.0) + v * w
+                combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)
         return out
 
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         dev = self.engine.device
-        batch, old, ref, adv = data.batch(idx, share_prompts=self.share_prompts)
+        batch, old, ref, adv, sampler = data.batch(idx, share_prompts=self.share_prompts)
         batch, adv = batch.to(dev), adv.to(dev)
         ref = ref.to(dev) if ref is not None else None
+        sampler = sampler.to(dev) if sampler is not None else None
         logp, entropy = token_logprobs(self.engine.module, batch, cfg.rollout.temperature, with_entropy=True, precision=self.precision)
         if old is None:  # first epoch of one step per epoch: the policy is still the old one (ratio 1, as TRL does)
             old = logp.detach()
@@ -343,23 +296,19 @@ class Trainer:
         if cfg.loss.entropy_coef == 0:
             entropy = entropy.detach()
         loss, metrics = grpo.policy_loss(
-            logp, old, adv, batch.completion_mask, cfg.loss,
+            logp, old, adv, batch.loss_mask, cfg.loss,  # the tokens the model sampled: not an episode's tool results
             ref_logprobs=ref if cfg.loss.kl_coef > 0 else None,
             max_completion_length=cfg.rollout.max_new_tokens,
             num_items=mb_tokens / self.world,  # DeepSpeed averages gradients over ranks
             entropy=entropy,
+            sampler_logprobs=sampler,  # w = exp(old - sampler), old being this forward detached where it stood in above
         )
         if cfg.loss.kl_coef == 0 and ref is not None:
             with torch.no_grad():
-                metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.completion_mask))
+                metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.loss_mask))
         self.engine.backward(loss * cfg.loss.kind.micro_batch_scale(n_micro) * weight, scale_wrt_gas=False)
         return metrics
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
-
-
-def _barrier() -> None:
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.barrier()
