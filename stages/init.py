@@ -14,6 +14,7 @@ def init(run: RunArg, config: ConfigOpt, set: SetOpt = None) -> None:
     from pipeline.store.run import init_run
 
     cfg = config_mod.load(config, set)
-    preflight.check(cfg)  # reward functions, dataset header: before anything is written
+    for note in preflight.check(cfg):  # reward functions, dataset header, tools: before anything is written
+        print(f"note: {note}")
     r = init_run(run, cfg)
     print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]}); next: grpo iterate {run} --iters N")
