@@ -86,17 +86,13 @@ class EpisodeRunner:
         return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env)
 
     def run(self, engine, episodes: list[Episode]) -> None:
-        live = list(episodes)
-        turn = 0
+        live = [e for e in episodes if e.ending is None]
         while live:
             caps = [min(self.cfg.max_new_tokens, self.budget - len(e.ids)) for e in live]
+            # each episode's turn t is seeded by (group seed, sample, t): independent of its batch
             samples = engine.generate([e.prompt_ids + e.ids for e in live],
-                                      [derive_seed(e.seed, e.sample_idx, turn) for e in live], 1, max_tokens=caps)
-            still = []
-            for e, cap, group in zip(live, caps, samples):
-                if self._after_turn(e, group[0], cap):
-                    still.append(e)
-            live, turn = still, turn + 1
+                                      [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, max_tokens=caps)
+            live = [e for e, cap, group in zip(live, caps, samples) if self._after_turn(e, group[0], cap)]
 
     def _after_turn(self, e: Episode, s, cap: int) -> bool:
         """Record a sampled turn, run its calls; True while the episode goes on."""
