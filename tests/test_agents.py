@@ -212,3 +212,155 @@ def test_fallback_note_and_glue_on_the_test_template(assets):
             {"role": "tool", "name": "m", "content": "7"}]
     glue = fmt.glue_text(msgs, 1, [], "<|im_end|>", True)
     assert glue == "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+# ------------------------------------------------------------------- the loop on the real engine
+def tool_rows(path: Path, n: int = 8) -> str:
+    """Chat prompts whose conversation already holds a worked Hermes tool call."""
+    rows = []
+    for i in range(n):
+        a, b = 11 + 7 * i, 23 + 3 * i
+        msgs = [{"role": "user", "content": "What is 12 * 13?"}, {"role": "assistant", "content": call_text("multiply", {"a": 12, "b": 13})},
+                {"role": "user", "content": "<tool_response>\n156\n</tool_response>"}, {"role": "assistant", "content": "156"},
+                {"role": "user", "content": "What is 41 * 27?"}, {"role": "assistant", "content": call_text("multiply", {"a": 41, "b": 27})},
+                {"role": "user", "content": "<tool_response>\n1107\n</tool_response>"}, {"role": "assistant", "content": "1107"},
+                {"role": "user", "content": f"What is {a} * {b}?"}]
+        rows.append({"prompt": msgs, "answer": f"{a} * {b} = {a * b}\n#### {a * b}"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny2k(assets, tmp_path_factory) -> str:
+    """The session's tiny model with a 2048-token context (its rotary positions extend to any
+    length): the Hermes tool block alone is ~700 of its tokens, more than its own 512."""
+    model = tmp_path_factory.mktemp("tiny2k") / "model"
+    shutil.copytree(assets["model"], model)
+    conf = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**conf, "max_position_embeddings": 2048}))
+    return str(model)
+
+
+def forced(tok, text: str):
+    """A model turn that wrote `text` and ended with its end-of-turn token (logprob -0.5 each)."""
+    from pipeline.models.engines import Sample
+
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return Sample(text, ids, [-0.5] * len(ids), "stop")
+
+
+def agent_plan(make_run, tiny2k, tmp_path, tools, name="agents", **rollout):
+    from pipeline.rollout import RolloutPlan
+    from pipeline.store.run import Run
+
+    ro = {"tools": tools, "max_new_tokens": 12, "max_episode_tokens": 400, "tool_timeout_s": 0.3, **rollout}
+    path = make_run(name, model=tiny2k, data={"train": tool_rows(tmp_path / "tools.jsonl"), "system_prompt": None},
+                    rollout=ro, rewards=[{"fn": "correct"}])
+    run = Run(path)
+    return run, RolloutPlan(run, 0)
+
+
+@pytest.mark.slow
+def test_episode_tokens_masks_and_tool_answers(make_run, tiny2k, tools_file, tmp_path, monkeypatch):
+    from pipeline.agents.episode import trl_completion
+    from pipeline.rollout import policy_engine
+    from schemas.artifacts import ROLLOUT
+
+    monkeypatch.setenv("CALC_LOG", str(tmp_path / "calls.log"))
+    run, plan = agent_plan(make_run, tiny2k, tmp_path, [f"{tools_file}:{n}" for n in ("multiply", "explode", "hang")])
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    first_turns = {  # what each episode's first turn wrote -> the error its tool answer records
+        call_text("multiply", {"a": 11, "b": 23}): None,
+        "<tool_call>{oops</tool_call>": "malformed",
+        call_text("divide", {"a": 1}): "unknown_tool",
+        call_text("multiply", {"a": 1, "c": 2}): "bad_arguments",
+        call_text("explode", {"x": 4}): "raised",
+        call_text("hang", {"x": 1}): "timeout",
+    }
+    episodes = []
+    for j, text in enumerate(first_turns):
+        e = runner.start(p, 0, j, plan.group_seed(p.prompt_id), "test")
+        assert runner._after_turn(e, forced(tok, text), 12)  # the calls run, the glue is appended
+        episodes.append(e)
+    engine = policy_engine(run, 0)
+    try:
+        runner.run(engine, episodes)  # the real engine takes every next turn
+    finally:
+        engine.close()
+    assert (tmp_path / "calls.log").read_text() == "11*23\n"  # the one good multiply call ran, once
+    for e, (text, error) in zip(episodes, first_turns.items()):
+        row = runner.row(e, plan.policy_hash)
+        rec = json.loads(row["episode"])
+        tool = rec["messages"][1]
+        assert tool["role"] == "tool" and tool["error"] == error
+        assert tool["content"] == ("253" if error is None else tool["content"]) and (error is None or "error" in tool["content"])
+        ids, mask, lps = row["completion_ids"], row["completion_mask"], row["sampler_logprobs"]
+        n0 = rec["messages"][0]["tokens"]
+        glue = e.texts[1]
+        glue_ids = tok(glue, add_special_tokens=False)["input_ids"]
+        # turn 1 exactly as "sampled", then the glue tokenised on its own, then turn 2 as sampled
+        assert ids[:n0] == forced(tok, text).token_ids
+        assert ids[n0:n0 + len(glue_ids)] == glue_ids and tool["content"] in glue
+        assert mask == [1] * n0 + [0] * len(glue_ids) + [1] * (len(ids) - n0 - len(glue_ids))
+        assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0) and all(lp < 0 for lp, m in zip(lps, mask) if m == 1)
+        assert rec["model_tokens"] == sum(mask) and rec["context_tokens"] == len(glue_ids)
+        assert rec["turns"] >= 2 and rec["ending"] in ("answered", "max_turns", "length")
+        assert row["completion"] == text + glue + "".join(e.texts[2:])
+        # the whole sequence is what the template renders for the conversation: no re-tokenising drift
+        assert tok.decode(row["prompt_ids"] + ids[:n0 + len(glue_ids)]).endswith(
+            text + "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + tool["content"] + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        trl = trl_completion(rec)
+        assert trl[1] == {"role": "tool", "name": tool["name"] or "unknown", "content": tool["content"]}
+        assert set(trl[0]) <= {"role", "content", "tool_calls"}
+    ROLLOUT.conform(__import__("pyarrow").Table.from_pylist([runner.row(e, plan.policy_hash) for e in episodes]))
+
+
+@pytest.mark.slow
+def test_endings_max_turns_and_budget(make_run, tiny2k, tools_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("CALC_LOG", str(tmp_path / "calls.log"))
+    run, plan = agent_plan(make_run, tiny2k, tmp_path, [f"{tools_file}:multiply"], max_turns=1)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    e = runner.start(p, 0, 0, 1, "test")
+    assert not runner._after_turn(e, forced(tok, call_text("multiply", {"a": 2, "b": 3})), 12)
+    assert e.ending == "max_turns" and len(e.messages) == 1 and not (tmp_path / "calls.log").exists()  # the call is not run
+
+    run2, plan2 = agent_plan(make_run, tiny2k, tmp_path, [f"{tools_file}:multiply"], name="budget", max_episode_tokens=80)
+    text = call_text("multiply", {"a": 2, "b": 3})  # ~70 tokens of the tiny tokenizer: the glue cannot fit in 80
+    e = plan2.episodes.start(plan2.prompts[0], 0, 0, 1, "test")
+    assert not plan2.episodes._after_turn(e, forced(plan2.tokenizer, text), 12)
+    assert e.ending == "max_episode_tokens" and e.messages[1]["dropped"] is True
+    assert (tmp_path / "calls.log").read_text() == "2*3\n"  # it ran; its result is left out of the tokens
+    row = plan2.episodes.row(e, "h")
+    assert row["completion_mask"] == [1] * len(row["completion_ids"])
+    from pipeline.agents.episode import trl_completion
+
+    assert [m["role"] for m in trl_completion(json.loads(row["episode"]))] == ["assistant"]
+
+
+@pytest.mark.slow
+def test_environment_as_trl_factory(make_run, tiny2k, tools_file, tmp_path):
+    """reset(**row) observation appended to the last user message, methods as tools, and reward
+    functions get `environments`: instances rebuilt from the state they ended with."""
+    from pipeline.rollout import policy_engine
+    from pipeline.score import trl_inputs
+    import pyarrow as pa
+
+    run, plan = agent_plan(make_run, tiny2k, tmp_path, [], environment=f"{tools_file}:Counter", max_turns=2)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    e = runner.start(p, 0, 0, plan.group_seed(p.prompt_id), "test")
+    assert e.observation == " (env ready)" and "(env ready)<|im_end|>\n<|im_start|>assistant\n" in e.prompt_text
+    assert "guess" in e.tools and '"name": "guess"' in e.prompt_text  # the method is offered as a tool
+    target = e.env.target
+    assert runner._after_turn(e, forced(tok, call_text("guess", {"n": target})), 12)
+    engine = policy_engine(run, 0)
+    try:
+        runner.run(engine, [e])
+    finally:
+        engine.close()
+    rec_row = runner.row(e, plan.policy_hash)
+    assert json.loads(rec_row["episode"])["messages"][1]["content"] == "yes"
+    prompts, completions, _, columns = trl_inputs(pa.Table.from_pylist([rec_row]), None, run.cfg.rollout.environment)
+    env = columns["environments"][0]
+    assert type(env).__name__ == "Counter" and env.guesses == [target] and env.target == target
+    assert prompts[0][-1]["content"].endswith("(env ready)")
+    assert completions[0][1] == {"role": "tool", "name": "guess", "content": "yes"}
