@@ -154,6 +154,8 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
         table = generate_part(plan, owned["engine"], part)
         stats["generate_s"] += time.time() - t
         stats["tokens"] += int(sum(table.column("completion_length").to_pylist()))
+        if plan.episodes is not None:
+            stats.update(tool_calls=plan.episodes.tool_calls, tool_s=round(plan.episodes.tool_s, 6))
         return table
 
     try:

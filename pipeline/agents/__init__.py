@@ -26,7 +26,7 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
         "tool_calls": [{"type": "function", "function": {"name": str | null, "arguments": {...} | raw str}}]},
        {"role": "tool", "name": str | null, "content": str,   # what the model was shown
         "error": null | "malformed" | "unknown_tool" | "bad_arguments" | "raised" | "timeout",
-        "seconds": float, "dropped": true (only when it did not fit the token budget)}, ...],
+        "dropped": true (only when it did not fit the token budget)}, ...],
      "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length",
      "model_tokens": int, "context_tokens": int,
      "environment": {"class": "module:Class", "state": {attribute: JSON value}}}   # with an environment
@@ -37,4 +37,7 @@ were made, `tool` messages with name and content; no grpo-only keys), `prompts[i
 prompt's messages (with the environment's observation), and with an environment
 `environments[i]`, the episode's instance rebuilt from its recorded state. Scoring and replay
 read the record only: no tool or environment code runs again.
+
+Tool time is not in the record (a part's bytes must not depend on how fast a tool ran): the
+rollout manifest's stats carry `tool_calls` and `tool_s` (seconds in tool calls) per worker.
 """

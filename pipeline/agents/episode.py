@@ -64,6 +64,7 @@ class EpisodeRunner:
         self.budget = cfg.episode_tokens()
         self.max_prompt_len = max_prompt_len
         self.eos_ids = set(agents.eos_ids)
+        self.tool_s, self.tool_calls = 0.0, 0  # this process's tool time, for the rollout manifest's stats
 
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
         raw, obs, env, tools = prompt.raw, None, None, dict(self.a.tools)
@@ -116,7 +117,10 @@ class EpisodeRunner:
             return False
         for c in calls:
             r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s)
-            e.messages.append({"role": "tool", "name": c.name, "content": r.content, "error": r.error, "seconds": r.seconds})
+            # the call's time goes to the manifest's stats, not the record: parts stay byte-identical
+            self.tool_s += r.seconds
+            self.tool_calls += 1
+            e.messages.append({"role": "tool", "name": c.name, "content": r.content, "error": r.error})
         eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.eos_ids
         eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
         history = [_render_message(m) for m in e.messages]

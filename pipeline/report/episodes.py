@@ -100,7 +100,7 @@ def conversation(record: dict, width: int = 400) -> str:
                 f = c["function"]
                 lines.append(f"  -> call {f['name'] or '(malformed)'}({json.dumps(f['arguments'], ensure_ascii=False)})")
         else:
-            tag = f"tool {msg['name'] or '?'}, {msg['seconds']:.3f} s" + (f", {msg['error']}" if msg.get("error") else "") + \
+            tag = f"tool {msg['name'] or '?'}" + (f", {msg['error']}" if msg.get("error") else "") + \
                 (", dropped: over the token budget" if msg.get("dropped") else "")
             lines.append(f"[{tag}] {short(msg['content'])}")
     lines.append(f"[end: {record['ending']} after {record['turns']} turns; {record['model_tokens']} sampled + "
