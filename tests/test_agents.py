@@ -146,11 +146,31 @@ def test_tool_call_outcomes(tools_file, tmp_path, monkeypatch):
     slow = call_tool(fns, "hang", {"x": 1}, 0.2)
     assert slow.error == "timeout" and "timed out after 0.2 s" in slow.content
 
+    async def asleep(x: int) -> int:
+        await __import__("asyncio").sleep(3)
+        return x
+
+    def own_timeout(x: int) -> int:
+        raise TimeoutError("upstream took too long")
+
+    assert call_tool({"asleep": asleep}, "asleep", {"x": 1}, 0.2).error == "timeout"
+    assert call_tool({"own_timeout": own_timeout}, "own_timeout", {"x": 1}, 1.0).error == "raised"
+
     def quit_(x: int) -> int:
         raise SystemExit(3)
 
     with pytest.raises(GRPOError, match="tool 'quit_' tried to end the process"):
         call_tool({"quit_": quit_}, "quit_", {"x": 1}, 1.0)
+
+
+def test_builtin_python_tool_runs_in_the_sandbox():
+    from pipeline.agents.tools import call_tool, load_tools
+
+    fns = {f.__name__: f for f in load_tools(["python"], timeout_s=10.0)}
+    out = call_tool(fns, "python", {"code": "print(123456789 * 987654321)"}, 20.0)
+    assert out.error is None and out.content.strip() == str(123456789 * 987654321)
+    err = call_tool(fns, "python", {"code": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)"}, 20.0)
+    assert err.error is None and "Error" in err.content  # no network in the sandbox; the failure is the answer
 
 
 def test_options_leave_old_config_hashes_alone(assets):

@@ -74,7 +74,7 @@ def tool_schema(fn: Callable, label: str) -> dict:
 
 def load_tools(targets: list[str], timeout_s: float = 10.0) -> list[Callable]:
     """The configured tools, each checked (callable, type hints, docstring) as `rollout.tools[i]`."""
-    _python_timeout[0] = timeout_s
+    _python_timeout[0] = max(0.5, timeout_s - 0.5)  # the sandbox answers before the call is abandoned
     out = []
     for i, target in enumerate(targets):
         label = f"rollout.tools[{i}]"
@@ -126,10 +126,10 @@ def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, time
         pass  # no signature to check against: the call itself will say
     try:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-            value = asyncio.run(asyncio.wait_for(fn(**arguments), timeout=timeout_s))
+            value = asyncio.run(_awaited(fn(**arguments), timeout_s))
         else:
             value = _threaded(fn, arguments, timeout_s)
-    except (asyncio.TimeoutError, TimeoutError):
+    except _Deadline:
         return done(_error_text(f"{name} timed out after {timeout_s:g} s"), "timeout")
     except (SystemExit, KeyboardInterrupt) as err:
         raise GRPOError(f"tool {name!r} tried to end the process ({type(err).__name__} {err}); the stage stops, no part was written") from None
@@ -137,6 +137,19 @@ def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, time
         return done(_error_text(str(err) or type(err).__name__), "raised")
     content = value if isinstance(value, str) else str(value)
     return done(content)
+
+
+class _Deadline(Exception):
+    """The call ran past its timeout (a TimeoutError the tool raises itself is its own error)."""
+
+
+async def _awaited(coro, timeout_s: float):
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        raise _Deadline
+    return task.result()
 
 
 def _threaded(fn: Callable, arguments: dict, timeout_s: float) -> Any:
@@ -154,7 +167,7 @@ def _threaded(fn: Callable, arguments: dict, timeout_s: float) -> Any:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise TimeoutError
+        raise _Deadline
     if "error" in box:
         raise box["error"]
     return box["value"]
