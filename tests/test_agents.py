@@ -466,3 +466,38 @@ def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, t
     pq.write_table(table.set_column(table.schema.get_field_index("episode"), "episode", pa.array(eps, pa.string())), part)
     proc = grpo("audit", str(a), check=False)
     assert proc.returncode == 1 and part.name in proc.stdout + proc.stderr
+
+
+QWEN_LIKE = (  # the shape of Qwen 2.5's tool template: tools in the system turn, calls as <tool_call> JSON
+    "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}Be helpful."
+    "{% endif %}\n\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{%- elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'assistant' and not m.tool_calls) %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}{% for tc in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n'
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- endif %}{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_with_tool_support_is_used_as_is(assets, tools_file):
+    from transformers import AutoTokenizer
+
+    from pipeline.agents.format import choose
+    from pipeline.agents.tools import load_tools, tool_schema
+
+    tok = AutoTokenizer.from_pretrained(assets["model"])
+    # as one line, with a newline right after a block tag spelled out (apply_chat_template trims those)
+    tok.chat_template = QWEN_LIKE.replace("{%-", "{%").replace("%}\n", "%}{{ '\\n' }}")
+    fmt, note = choose(tok, "auto", "qwen-like")
+    assert (fmt.kind, fmt.parser, note) == ("template", "hermes", None)
+    schema = tool_schema(load_tools([f"{tools_file}:multiply"])[0], "t")
+    prompt = fmt.render([{"role": "user", "content": "6 * 7?"}], [schema], True)
+    assert '"name": "multiply"' in prompt and prompt.endswith("<|im_start|>user\n6 * 7?<|im_end|>\n<|im_start|>assistant\n")
+    msgs = [{"role": "user", "content": "6 * 7?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}}]},
+            {"role": "tool", "name": "multiply", "content": "42"}]
+    assert fmt.glue_text(msgs, 1, [schema], "<|im_end|>", True) == \
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert choose(tok, "hermes", "qwen-like")[0].kind == "hermes"  # the fallback on request
