@@ -501,3 +501,32 @@ def test_a_template_with_tool_support_is_used_as_is(assets, tools_file):
     assert fmt.glue_text(msgs, 1, [schema], "<|im_end|>", True) == \
         "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert choose(tok, "hermes", "qwen-like")[0].kind == "hermes"  # the fallback on request
+
+
+def test_episode_metrics_and_conversation_view():
+    from pipeline.report.episodes import conversation, episode_metrics
+
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 2, "b": 3}}}
+    one = {"messages": [{"role": "assistant", "content": "", "text": call_text("multiply", {"a": 2, "b": 3}), "tokens": 20,
+                         "finish_reason": "stop", "tool_calls": [call]},
+                        {"role": "tool", "name": "multiply", "content": "6", "error": None},
+                        {"role": "assistant", "content": "6", "text": "6", "tokens": 2, "finish_reason": "stop"}],
+           "turns": 2, "ending": "answered", "model_tokens": 22, "context_tokens": 18, "observation": None}
+    two = {"messages": [{"role": "assistant", "content": "", "text": "<tool_call>{x</tool_call>", "tokens": 9, "finish_reason": "stop",
+                         "tool_calls": [{"type": "function", "function": {"name": None, "arguments": "{x"}}]},
+                        {"role": "tool", "name": None, "content": "{'error': 'malformed tool call: {x'}", "error": "malformed"},
+                        {"role": "assistant", "content": "", "text": call_text("multiply", {}), "tokens": 11, "finish_reason": "stop",
+                         "tool_calls": [call]}],
+           "turns": 2, "ending": "max_turns", "model_tokens": 20, "context_tokens": 20, "observation": None}
+    m = episode_metrics([one, two])
+    # 2 episodes: 2 turns each; 2 tool answers (1 multiply, 1 malformed), 1 failed; tokens 42 sampled of 80
+    assert m["episodes/turns_mean"] == 2.0 and m["episodes/ending/answered"] == 0.5 and m["episodes/ending/max_turns"] == 0.5
+    assert m["tools/call_frequency"] == 1.0 and m["tools/failure_frequency"] == 0.5
+    assert m["tools/calls/multiply"] == 0.5 and m["tools/calls/malformed"] == 0.5 and m["tools/errors/malformed"] == 1.0
+    assert m["tokens/model_share"] == pytest.approx(42 / 80, abs=1e-12)
+    assert episode_metrics([]) == {}
+    view = conversation(one)
+    assert view.splitlines() == [
+        f"[assistant, 20 tokens] {call_text('multiply', {'a': 2, 'b': 3})}".splitlines()[0], *view.splitlines()[1:3],
+        '  -> call multiply({"a": 2, "b": 3})', "[tool multiply] 6", "[assistant, 2 tokens] 6",
+        "[end: answered after 2 turns; 22 sampled + 18 context tokens]"]
