@@ -404,8 +404,8 @@ def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, t
     conversation it calls the tool in some samples (6 of 16 measured at temperature 0.7)."""
     (tmp_path / "rw.py").write_text(REWARD)
     cfg = base_config(assets, model=smollm2["dir"], data={"train": tool_rows(tmp_path / "tools.jsonl", 4), "system_prompt": None},
-                      rollout={"num_generations": 8, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 32,
-                               "temperature": 0.7, "tools": [f"{tools_file}:multiply"], "max_turns": 2, "max_episode_tokens": 120},
+                      rollout={"num_generations": 8, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 40,
+                               "temperature": 0.7, "tools": [f"{tools_file}:multiply"], "max_turns": 2, "max_episode_tokens": 160},
                       rewards=[{"fn": f"{tmp_path / 'rw.py'}:used_tool"}])
     write_config(tmp_path / "cfg.yaml", cfg)
     log_a, log_b = tmp_path / "calls_a.log", tmp_path / "calls_b.log"
