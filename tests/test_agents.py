@@ -441,7 +441,7 @@ def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, t
         assert all(x == 0.0 for x, m in zip(r["sampler_logprobs"], mask) if m == 0)
 
     grpo("score", str(a), "--iter", "0")
-    score = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for s in pq.read_table(a / "iter-0000/score").to_pylist()}
+    score = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for p in sorted((a / "iter-0000/score").glob("part-*.parquet")) for s in pq.read_table(p).to_pylist()}
     for r, rec in zip(rows, records):
         right = r["answer"].split("#### ")[-1]
         assert score[(r["prompt_id"], r["sample_idx"])] == float(any(m["role"] == "tool" and not m.get("dropped")
@@ -449,7 +449,7 @@ def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, t
     calls = log_a.read_text()
     grpo("replay", str(a), "--iter", "0", "--to", str(tmp_path / "c"), "--until", "score", env={"CALC_LOG": str(log_a)})
     assert log_a.read_text() == calls  # re-scored from the record: no tool ran again
-    replayed = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for s in pq.read_table(tmp_path / "c/iter-0000/score").to_pylist()}
+    replayed = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for p in sorted((tmp_path / "c/iter-0000/score").glob("part-*.parquet")) for s in pq.read_table(p).to_pylist()}
     assert replayed == score
 
     assert grpo("audit", str(a), check=False).returncode == 0
