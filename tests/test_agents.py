@@ -19,7 +19,7 @@ import pytest
 from conftest import base_config, grpo, write_config
 
 TOOLS = '''
-import os, time
+import os, signal, time
 
 
 def multiply(a: int, b: int) -> int:
@@ -29,6 +29,10 @@ def multiply(a: int, b: int) -> int:
         a: The first factor.
         b: The second factor.
     """
+    kill = os.environ.get("KILL_ONCE")  # a worker dying mid-part, once
+    if kill and not os.path.exists(kill):
+        open(kill, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     log = os.environ.get("CALC_LOG")
     if log:
         with open(log, "a") as f:
@@ -414,8 +418,19 @@ def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, t
     assert "using the Hermes fallback" in init.stdout
     grpo("rollout", str(a), "--iter", "0", env={"CALC_LOG": str(log_a)})
     grpo("init", str(b), "--config", str(tmp_path / "cfg.yaml"))
-    for shard in ("1/2", "0/2"):  # each worker its own process, in the other order
-        grpo("rollout", str(b), "--iter", "0", "--shard", shard, env={"CALC_LOG": str(log_b)})
+    # each worker its own process, in the other order; the one holding the calls is SIGKILLed by
+    # its tool mid-part (no part left behind), then resumed
+    calls_in = {p.name for p in (a / "iter-0000/rollout").glob("part-*.parquet")
+                if any(json.loads(e)["turns"] > 1 for e in pq.read_table(p).column("episode").to_pylist())}
+    assert calls_in, "no sample called the tool"
+    first = sorted(calls_in)[0]
+    shard_of = {"part-00000.parquet": "0/2", "part-00001.parquet": "1/2"}
+    other = next(s for n, s in shard_of.items() if n != first)
+    grpo("rollout", str(b), "--iter", "0", "--shard", other, env={"CALC_LOG": str(log_b)})
+    killed = grpo("rollout", str(b), "--iter", "0", "--shard", shard_of[first], check=False,
+                  env={"CALC_LOG": str(log_b), "KILL_ONCE": str(tmp_path / "killed")})
+    assert killed.returncode == -9 and not (b / "iter-0000/rollout" / first).exists()
+    grpo("rollout", str(b), "--iter", "0", "--shard", shard_of[first], env={"CALC_LOG": str(log_b)})
     assert rollout_manifest(a)["outputs"] == rollout_manifest(b)["outputs"]  # same bytes, part by part
     assert sorted(log_a.read_text().splitlines()) == sorted(log_b.read_text().splitlines())
 
