@@ -545,3 +545,21 @@ def test_episode_metrics_and_conversation_view():
         f"[assistant, 20 tokens] {call_text('multiply', {'a': 2, 'b': 3})}".splitlines()[0], *view.splitlines()[1:3],
         '  -> call multiply({"a": 2, "b": 3})', "[tool multiply] 6", "[assistant, 2 tokens] 6",
         "[end: answered after 2 turns; 22 sampled + 18 context tokens]"]
+
+
+@pytest.mark.slow
+def test_eval_runs_episodes_with_the_tools(make_run, tiny2k, tools_file, tmp_path):
+    from pipeline.evaluate import run_eval
+    from pipeline.store.run import Run
+
+    rows = tool_rows(tmp_path / "tools.jsonl")
+    run = Run(make_run("eval", model=tiny2k, data={"train": rows, "eval": rows, "system_prompt": None},
+                       rollout={"tools": [f"{tools_file}:multiply"], "max_new_tokens": 12, "max_episode_tokens": 200},
+                       rewards=[{"fn": "correct"}], eval={"every": 1, "max_prompts": 3}))
+    run_eval(run, 0)
+    table = pq.read_table(next((Path(run.uri) / "iter-0000/eval").glob("part-*.parquet"))).to_pylist()
+    assert len(table) == 3
+    for r in table:
+        rec = json.loads(r["episode"])
+        assert rec["format"] == "hermes" and rec["tools"] == ["multiply"] and rec["turns"] >= 1
+        assert '"name": "multiply"' in r["prompt"]  # the eval prompt offers the tool, as the rollout's does

@@ -59,8 +59,8 @@ class Episode:
 class EpisodeRunner:
     """Runs the episodes of one part; `agents` holds the loaded tools, environment and format."""
 
-    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int):
-        self.a, self.tok, self.cfg, self.data = agents, tokenizer, cfg, data_cfg
+    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False):
+        self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
         self.budget = cfg.episode_tokens()
         self.max_prompt_len = max_prompt_len
         self.eos_ids = set(agents.eos_ids)
@@ -92,7 +92,8 @@ class EpisodeRunner:
             caps = [min(self.cfg.max_new_tokens, self.budget - len(e.ids)) for e in live]
             # each episode's turn t is seeded by (group seed, sample, t): independent of its batch
             samples = engine.generate([e.prompt_ids + e.ids for e in live],
-                                      [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, max_tokens=caps)
+                                      [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, greedy=self.greedy,
+                                      max_tokens=caps)
             live = [e for e, cap, group in zip(live, caps, samples) if self._after_turn(e, group[0], cap)]
 
     def _after_turn(self, e: Episode, s, cap: int) -> bool:
