@@ -19,6 +19,7 @@ from pipeline.errors import GRPOError
 from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.config_errors import format_error, parse_overrides, read_tree, set_dotted
 from pipeline.rewards.config import RewardSpec
+from pipeline.agents.options import AGENT_NEUTRAL, AgentOptions
 
 
 class _Section(BaseModel):
@@ -42,8 +43,9 @@ class DataConfig(_Section):
     """Render prompts with the tokenizer's chat template; false feeds plain text prompts as they are."""
 
 
-class RolloutConfig(_Section):
-    """Sampling of G completions per prompt (stage 1)."""
+class RolloutConfig(_Section, AgentOptions):
+    """Sampling of G completions per prompt (stage 1); with tools or an environment, G multi-turn
+    episodes (the options in pipeline.agents.options)."""
 
     engine: Literal["vllm", "hf"] = "vllm"
     """Generation engine: vllm (default) or hf (transformers generate, for machines without vLLM)."""
@@ -293,6 +295,8 @@ class Config(_Section):
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
         if why := self.loss.rollout_correction.refusal(self.rollout.top_p, self.rollout.top_k, self.rollout.min_p):
             raise ValueError(why)
+        if self.rollout.agentic and not self.data.chat_template:
+            raise ValueError("rollout.tools / rollout.environment need chat prompts; set data.chat_template: true")
         return self
 
     @property
@@ -332,6 +336,7 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
+    **AGENT_NEUTRAL,
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option

@@ -34,14 +34,17 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     context = model_context(run.plain_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)
     seeds = [derive_seed(cfg.seed, k, p.prompt_id, 1) for p in prompts]
-    samples = engine.generate([p.ids for p in prompts], seeds, n=1, greedy=cfg.eval.greedy)
-    rows = []
-    for p, group in zip(prompts, samples):
-        s = group[0]
-        rows.append({"prompt_id": p.prompt_id, "prompt": p.text, "prompt_raw": _json(p.raw), "completion": s.text,
-                     "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
+    if cfg.rollout.agentic:  # held-out episodes, with the run's tools and environment
+        rows = _episode_rows(run, k, engine, tok, prompts, seeds)
+    else:
+        samples = engine.generate([p.ids for p in prompts], seeds, n=1, greedy=cfg.eval.greedy)
+        rows = []
+        for p, group in zip(prompts, samples):
+            s = group[0]
+            rows.append({"prompt_id": p.prompt_id, "prompt": p.text, "prompt_raw": _json(p.raw), "completion": s.text,
+                         "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
     table = pa.Table.from_pylist(rows)
-    prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt)
+    prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
     per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
     names = [r.column for r in cfg.rewards]
     if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
@@ -59,7 +62,25 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     }
     for j, n in enumerate(names):
         out[REWARD_PREFIX + n] = pa.array(per_fn[:, j], from_pandas=True)
+    if "episode" in table.column_names:
+        out["episode"] = table.column("episode")
     return pa.table(out)
+
+
+def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
+    """One episode per eval prompt (greedy with eval.greedy), as rollout runs them."""
+    from pipeline.agents.episode import EpisodeRunner
+    from pipeline.agents.setup import load_agents
+    from pipeline.rollout import engine_max_len
+
+    cfg = run.cfg
+    agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
+    room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
+    runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
+    episodes = [runner.start(p, i, 0, seed, f"{cfg.data.eval} row {p.prompt_id}") for i, (p, seed) in enumerate(zip(prompts, seeds))]
+    runner.run(engine, episodes)
+    keep = ("prompt_id", "prompt", "prompt_raw", "completion", "completion_ids", "completion_length", "episode")
+    return [{c: row[c] for c in keep} | e.prompt.columns for e in episodes for row in [runner.row(e, "")]]
 
 
 def _json(raw):

@@ -11,6 +11,9 @@ Here, with the dataset's header in hand:
     for without a default must be one of those or a `kwargs` option;
   - the column a built-in reads by name (correct's answer_column, code_tests' tests_column)
     is in the dataset.
+  - with rollout.tools / rollout.environment (pipeline.agents.setup): every tool imports and has
+    type hints and a docstring, the environment class has reset, and the model's chat template
+    (or the Hermes fallback) can express a tool exchange.
 Each failure is one GRPOError line naming the key and the file.
 """
 
@@ -51,8 +54,9 @@ def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
             )
 
 
-def check(cfg: Config) -> None:
-    """Every check above, in config order; raises the first failure."""
+def check(cfg: Config) -> list[str]:
+    """Every check above, in config order; raises the first failure. Returns notes for the user
+    (a tool format that fell back)."""
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
     if cfg.data.eval is not None:
         _checked_columns(cfg, cfg.data.eval, "data.eval")
@@ -60,6 +64,8 @@ def check(cfg: Config) -> None:
     if reserved:
         raise GRPOError(f"data.train {cfg.data.train}: column {reserved[0]!r} clashes with the reward-function argument of that name; rename it")
     columns = [c for c in train_columns if c != cfg.data.prompt_column]
+    if cfg.rollout.environment is not None:
+        columns.append("environments")  # TRL passes the episodes' environment instances
     for j, spec in enumerate(cfg.rewards):
         fn = load_reward(spec, index=j)  # imports a custom function: a missing file or name fails here
         if isinstance(spec, CustomReward):
@@ -70,6 +76,12 @@ def check(cfg: Config) -> None:
                     f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
                     f"(columns: {', '.join(train_columns)})"
                 )
+    if cfg.rollout.agentic:
+        from pipeline.agents.setup import check as check_agents
+
+        note = check_agents(cfg)
+        return [note] if note else []
+    return []
 
 
 def _column_options(spec) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ import time
 
 import pyarrow as pa
 
+from pipeline.errors import GRPOError
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
@@ -41,6 +42,17 @@ class RolloutPlan:
         self.prompts = make_prompts(df, ids, self.tokenizer, cfg.data, cfg.data.train, self.context - cfg.rollout.max_new_tokens)
         self.num_parts = n_parts(len(self.prompts), cfg.rollout.groups_per_part)
         self.max_model_len = engine_max_len(cfg, self.context)
+        self.episodes = None
+        if cfg.rollout.agentic:  # multi-turn episodes: tools, environments (pipeline.agents)
+            from pipeline.agents.episode import EpisodeRunner
+            from pipeline.agents.setup import load_agents
+
+            agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(k), cfg.model)
+            room = self.max_model_len - cfg.rollout.episode_tokens()
+            if room < 1:
+                raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "
+                                f"in the engine's {self.max_model_len} tokens")
+            self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room)
 
     def inputs(self) -> dict:
         return {"policy": {"path": policy_rel(self.k), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
@@ -83,6 +95,8 @@ def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
     cfg = plan.run.cfg.rollout
     groups = list(part_groups(part, len(plan.prompts), cfg.groups_per_part))
     prompts = [plan.prompts[g] for g in groups]
+    if plan.episodes is not None:
+        return episode_part(plan, engine, groups, prompts)
     samples = engine.generate([p.ids for p in prompts], [plan.group_seed(p.prompt_id) for p in prompts], cfg.num_generations)
     rows = []
     for g, p, group in zip(groups, prompts, samples):
@@ -110,6 +124,16 @@ def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
+def episode_part(plan: RolloutPlan, engine, groups: list[int], prompts: list) -> pa.Table:
+    """G multi-turn episodes per prompt, one row each (pipeline.agents.episode)."""
+    runner, G = plan.episodes, plan.run.cfg.rollout.num_generations
+    where = plan.run.cfg.data.train
+    episodes = [runner.start(p, g, j, plan.group_seed(p.prompt_id), f"{where} row {p.prompt_id}")
+                for g, p in zip(groups, prompts) for j in range(G)]
+    runner.run(engine, episodes)
+    return pa.Table.from_pylist([runner.row(e, plan.policy_hash) for e in episodes])
+
+
 def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict | None:
     """Write this shard's rollout parts of iteration k; returns the manifest once all are in.
 
@@ -130,6 +154,8 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
         table = generate_part(plan, owned["engine"], part)
         stats["generate_s"] += time.time() - t
         stats["tokens"] += int(sum(table.column("completion_length").to_pylist()))
+        if plan.episodes is not None:
+            stats.update(tool_calls=plan.episodes.tool_calls, tool_s=round(plan.episodes.tool_s, 6))
         return table
 
     try:

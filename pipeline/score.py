@@ -26,9 +26,13 @@ from pipeline.store import part_name, stage_rel
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
 
 
-def trl_inputs(rollout: pa.Table, system_prompt: str | None) -> tuple[list, list, list, dict]:
+def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | None = None) -> tuple[list, list, list, dict]:
     """prompts, completions, completion_ids and dataset columns in TRL's reward contract:
-    message lists for chat prompts, plain strings otherwise."""
+    message lists for chat prompts, plain strings otherwise. An episode (tools, environments)
+    is its conversation after the prompt, as TRL 1.16 passes it (pipeline.agents.episode.
+    trl_completion), its prompt the messages the model saw (with the environment's observation);
+    with `rollout.environment`, `environments` carries each episode's instance, rebuilt from its
+    recorded state (pipeline.agents.environment), as TRL passes its live ones."""
     raws = [json.loads(r) for r in rollout.column("prompt_raw").to_pylist()]
     texts = rollout.column("completion").to_pylist()
     chat = [not isinstance(r, str) for r in raws]
@@ -36,6 +40,20 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None) -> tuple[list, list
     completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat)]
     extra = [c for c in rollout.column_names if c not in ROLLOUT.schema.names]
     columns = {c: rollout.column(c).to_pylist() for c in extra}
+    episodes = rollout.column("episode").to_pylist() if "episode" in rollout.column_names else []
+    if any(e is not None for e in episodes):
+        from pipeline.agents import environment as envs
+        from pipeline.agents.episode import trl_completion
+
+        records = [None if e is None else json.loads(e) for e in episodes]
+        for i, rec in enumerate(records):
+            if rec is not None:
+                prompts[i] = as_messages(envs.observe(raws[i], rec.get("observation")), system_prompt)
+                completions[i] = trl_completion(rec)
+        if environment is not None:
+            cls = envs.load_environment(environment)
+            columns["environments"] = [None if r is None or "environment" not in r else envs.rebuild(cls, r["environment"])
+                                       for r in records]
     return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
 
 
@@ -63,7 +81,7 @@ def extra_column(values: list) -> pa.Array:
 def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, float] | None = None) -> pa.Table:
     cfg = run.cfg
     G = cfg.rollout.num_generations
-    prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt)
+    prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
     per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                              trainer_state=trainer_state(run, k), log=log)  # [N, F]

@@ -74,7 +74,8 @@ def init(
         "--loss-type": loss_type, "--kl-coef": kl_coef, "--seed": seed,
     }
     cfg = from_command_line(config, given, set)
-    preflight.check(cfg)  # reward functions, dataset header: before anything is written
+    for note in preflight.check(cfg):  # reward functions, dataset header, tools: before anything is written
+        print(f"note: {note}")
     r = init_run(run, cfg)
     print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]})")
     print("plan:")

@@ -130,7 +130,9 @@ class VLLMEngine:
         self.llm.collective_rpc(_retie_lm_head)
         self.model_dir = Path(model_dir)
 
-    def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False) -> list[list[Sample]]:
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
+                 max_tokens: list[int] | None = None) -> list[list[Sample]]:
+        """`max_tokens`: a cap per prompt (an episode's turn), else rollout.max_new_tokens."""
         from vllm import SamplingParams
 
         c = self.cfg
@@ -141,12 +143,12 @@ class VLLMEngine:
                 top_p=1.0 if greedy else c.top_p,
                 top_k=0 if greedy else c.top_k,
                 min_p=0.0 if greedy else c.min_p,
-                max_tokens=c.max_new_tokens,
+                max_tokens=max_tokens[i] if max_tokens else c.max_new_tokens,
                 stop=c.stop or None,
                 seed=s,
                 logprobs=0,
             )
-            for s in seeds
+            for i, s in enumerate(seeds)
         ]
         lora = None
         if self.adapter is not None:
@@ -300,14 +302,15 @@ class HFEngine:
         self.model.tie_weights()
         self.model_dir = Path(model_dir)
 
-    def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False) -> list[list[Sample]]:
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
+                 max_tokens: list[int] | None = None) -> list[list[Sample]]:
         torch, c, tok = self.torch, self.cfg, self.tokenizer
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos])
         pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids))
         groups = []
-        for ids, seed in zip(prompt_ids, seeds):
+        for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
             torch.manual_seed(seed)  # one group, one seed: independent of batching
             inp = torch.tensor([ids] * (1 if greedy else n))
             kw = dict(do_sample=False) if greedy else dict(
@@ -315,7 +318,7 @@ class HFEngine:
             )
             with torch.no_grad():
                 out = self.model.generate(
-                    inp, attention_mask=torch.ones_like(inp), max_new_tokens=c.max_new_tokens, pad_token_id=pad,
+                    inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_tokens[i] if max_tokens else c.max_new_tokens, pad_token_id=pad,
                     eos_token_id=list(eos_ids), output_scores=True, return_dict_in_generate=True, **kw,
                 )
             new = out.sequences[:, len(ids):]  # [n, L]

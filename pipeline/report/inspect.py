@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
+from pipeline.report.episodes import episode_metrics, episode_records, episode_texts
 from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
 from schemas.artifacts import (BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, ROLLOUT_CORRECTION_METRICS,
@@ -109,6 +110,7 @@ def _rollout(run: Run, k: int, m: dict) -> dict[str, float]:
         "completions/clipped_ratio": _f(clipped.mean()),
         "time/rollout_s": _seconds(m),
         "tokens_per_s/rollout": _per_s(stats.get("tokens", 0), stats.get("generate_s", 0.0)),
+        **episode_metrics(episode_records(run, k)),  # multi-turn episodes only: turns, endings, tool calls
     }
 
 
@@ -209,6 +211,9 @@ def completions(run: Run, k: int) -> pl.DataFrame:
                                             "completion_length", "finish_reason"])
     score = read_columns(run, k, "score", ["prompt_id", "sample_idx", "reward", "advantage", "group_std", "zero_std",
                                            *[REWARD_PREFIX + n for n in names]])
+    if run.cfg.rollout.agentic:  # an episode shows as its conversation
+        roll = roll.join(episode_texts(run, k), on=["prompt_id", "sample_idx"], how="left").with_columns(
+            pl.coalesce("conversation", "completion").alias("completion")).drop("conversation")
     df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner")
     df = df.join(read_extras(run, k), on=["prompt_id", "sample_idx"], how="left")
     prompts = {raw: prompt_text(raw) for raw in df["prompt_raw"].unique().to_list()}

@@ -1,0 +1,43 @@
+"""Multi-turn rollouts: tools and environments, as TRL 1.16 takes them, recorded turn by turn.
+
+    rollout:
+      tools: [calc.py:multiply, python]     # TRL's `tools`; `python`: a sandboxed interpreter
+      environment: my_env.py:MyEnv           # TRL's `environment_factory` (optional)
+      max_turns: 4                           # model turns per episode
+      max_episode_tokens: 512                # tokens after the prompt (turns + results + glue)
+      tool_timeout_s: 10
+      tool_format: auto                      # the template's own, or hermes (the fallback)
+
+Modules: options (the config keys), tools (loading, schemas, one call with a timeout),
+environment (the factory contract), format (prompt rendering, call parsing, glue between
+turns), episode (the loop and the record), setup (loading it all; `grpo init`'s checks).
+
+A rollout row of an episode holds the whole episode after the prompt: `completion_ids` (every
+token), `completion_mask` (1 sampled, 0 tool result / template glue), `sampler_logprobs` (0.0
+where the mask is 0), `completion` (the text: turns and glue in order), `finish_reason` and
+`truncated` (of the last turn), and `episode`, a JSON object:
+
+    {"version": 1, "format": "hermes" | "template", "tools": [names offered],
+     "observation": str | null,                       # what reset() returned
+     "messages": [
+       {"role": "assistant", "content": str,          # text without the call blocks
+        "text": str,                                  # the turn exactly as sampled (decoded)
+        "tokens": int, "finish_reason": "stop" | "length",
+        "tool_calls": [{"type": "function", "function": {"name": str | null, "arguments": {...} | raw str}}]},
+       {"role": "tool", "name": str | null, "content": str,   # what the model was shown
+        "error": null | "malformed" | "unknown_tool" | "bad_arguments" | "raised" | "timeout",
+        "dropped": true (only when it did not fit the token budget)}, ...],
+     "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length",
+     "model_tokens": int, "context_tokens": int,
+     "environment": {"class": "module:Class", "state": {attribute: JSON value}}}   # with an environment
+
+Reward functions get, as TRL 1.16 passes them for tool episodes, `completions[i]` = the
+conversation after the prompt as messages (assistant messages with `tool_calls` where calls
+were made, `tool` messages with name and content; no grpo-only keys), `prompts[i]` = the
+prompt's messages (with the environment's observation), and with an environment
+`environments[i]`, the episode's instance rebuilt from its recorded state. Scoring and replay
+read the record only: no tool or environment code runs again.
+
+Tool time is not in the record (a part's bytes must not depend on how fast a tool ran): the
+rollout manifest's stats carry `tool_calls` and `tool_s` (seconds in tool calls) per worker.
+"""

@@ -1,0 +1,188 @@
+"""The episode loop: every live episode of a part takes its next model turn together, one engine
+call per turn (n=1, a seed per episode and turn), then its tool calls run and their results
+are appended; an episode ends when the model answers without a call, at rollout.max_turns, when
+its token budget (rollout.max_episode_tokens) would be exceeded, or when a turn is cut at
+rollout.max_new_tokens (length).
+
+Tokens: a turn's tokens are kept exactly as sampled (mask 1, the sampler's logprobs); the next
+turn extends them. Between turns, the template's glue and the tool results are tokenised on
+their own (ToolFormat.glue_text) and appended with mask 0 and logprob 0.0. Seeds derive from
+(group seed, sample index, turn), so an episode's tokens do not depend on which others share a
+call, a part or a worker.
+
+The episode record (the rollout row's `episode`, JSON) is documented in pipeline/agents/__init__.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pipeline.agents import environment as envs
+from pipeline.agents.format import ToolFormat
+from pipeline.agents.tools import call_tool, tool_schema
+from pipeline.data import Prompt, as_messages, derive_seed, raw_to_json
+from pipeline.errors import GRPOError
+
+EPISODE_VERSION = 1
+
+
+@dataclass
+class Episode:
+    prompt: Prompt
+    group_idx: int
+    sample_idx: int
+    seed: int  # the group's seed
+    prompt_text: str
+    prompt_ids: list[int]
+    tools: dict[str, Callable]
+    schemas: list[dict]
+    observation: str | None = None
+    env: Any = None
+    messages: list[dict] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    turns: int = 0
+    ending: str | None = None
+    finish_reason: str = "stop"
+
+    def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.texts.append(text)
+
+
+class EpisodeRunner:
+    """Runs the episodes of one part; `agents` holds the loaded tools, environment and format."""
+
+    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False):
+        self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
+        self.budget = cfg.episode_tokens()
+        self.max_prompt_len = max_prompt_len
+        self.eos_ids = set(agents.eos_ids)
+        self.tool_s, self.tool_calls = 0.0, 0  # this process's tool time, for the rollout manifest's stats
+
+    def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
+        raw, obs, env, tools = prompt.raw, None, None, dict(self.a.tools)
+        schemas = list(self.a.schemas)
+        if self.a.env_cls is not None:
+            env = envs.make(self.a.env_cls)
+            obs = envs.reset(env, {self.data.prompt_column: prompt.raw, **prompt.columns})
+            raw = envs.observe(raw, obs)
+            for m in envs.methods(env):
+                if m.__name__ in tools:
+                    raise GRPOError(f"rollout.environment: method {m.__name__!r} has the name of a tool in rollout.tools")
+                tools[m.__name__] = m
+                schemas.append(tool_schema(m, f"rollout.environment method {m.__name__!r}"))
+        messages = as_messages(raw, self.data.system_prompt)
+        text = self.a.format.render(messages, schemas, True)
+        ids = self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) > self.max_prompt_len:
+            raise GRPOError(f"{where}: prompt with tools has {len(ids)} tokens, more than the {self.max_prompt_len} the model's "
+                            f"context leaves beside rollout.max_episode_tokens ({self.budget})")
+        return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env)
+
+    def run(self, engine, episodes: list[Episode]) -> None:
+        live = [e for e in episodes if e.ending is None]
+        while live:
+            caps = [min(self.cfg.max_new_tokens, self.budget - len(e.ids)) for e in live]
+            # each episode's turn t is seeded by (group seed, sample, t): independent of its batch
+            samples = engine.generate([e.prompt_ids + e.ids for e in live],
+                                      [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, greedy=self.greedy,
+                                      max_tokens=caps)
+            live = [e for e, cap, group in zip(live, caps, samples) if self._after_turn(e, group[0], cap)]
+
+    def _after_turn(self, e: Episode, s, cap: int) -> bool:
+        """Record a sampled turn, run its calls; True while the episode goes on."""
+        prefix_len = len(e.ids)
+        e.extend(list(s.token_ids), list(s.logprobs), s.text)
+        e.turns += 1
+        e.finish_reason = s.finish_reason
+        prefix = self.tok.decode(e.prompt_ids + e.ids[:prefix_len]) if self.a.format.parser == "response_template" else ""
+        content, calls = self.a.format.parse(s.text, prefix)
+        msg = {"role": "assistant", "content": content, "text": s.text, "tokens": len(s.token_ids), "finish_reason": s.finish_reason}
+        if calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        e.messages.append(msg)
+        if s.finish_reason == "length":
+            e.ending = "max_episode_tokens" if cap < self.cfg.max_new_tokens else "length"
+        elif not calls:
+            e.ending = "answered"
+        elif e.turns >= self.cfg.max_turns:
+            e.ending = "max_turns"
+        if e.ending is not None:
+            return False
+        for c in calls:
+            r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s)
+            # the call's time goes to the manifest's stats, not the record: parts stay byte-identical
+            self.tool_s += r.seconds
+            self.tool_calls += 1
+            e.messages.append({"role": "tool", "name": c.name, "content": r.content, "error": r.error})
+        eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.eos_ids
+        eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
+        history = [_render_message(m) for m in e.messages]
+        glue = self.a.format.glue_text(_prompt_messages(e, self.data) + history,
+                                       len(calls), e.schemas, eot, eot_sampled)
+        glue_ids = self.tok(glue, add_special_tokens=False, verbose=False)["input_ids"]
+        if len(e.ids) + len(glue_ids) + 1 > self.budget:  # no room for one more sampled token
+            for m in e.messages[-len(calls):]:
+                m["dropped"] = True  # ran, but its result did not fit: not part of the tokens
+            e.ending = "max_episode_tokens"
+            return False
+        e.extend(list(glue_ids), None, glue)
+        return True
+
+    def row(self, e: Episode, policy_hash: str) -> dict:
+        p = e.prompt
+        record = {
+            "version": EPISODE_VERSION,
+            "format": self.a.format.kind,
+            "tools": [s["function"]["name"] for s in e.schemas],
+            "observation": e.observation,
+            "messages": e.messages,
+            "turns": e.turns,
+            "ending": e.ending,
+            "model_tokens": sum(e.mask),
+            "context_tokens": len(e.mask) - sum(e.mask),
+        }
+        if e.env is not None:
+            record["environment"] = envs.snapshot(e.env)
+        return {
+            "prompt_id": p.prompt_id, "sample_idx": e.sample_idx, "group_idx": e.group_idx,
+            "prompt": e.prompt_text, "prompt_raw": raw_to_json(p.raw), "prompt_ids": e.prompt_ids,
+            "completion": "".join(e.texts), "completion_ids": e.ids, "sampler_logprobs": e.logprobs,
+            "finish_reason": e.finish_reason, "truncated": e.finish_reason == "length",
+            "completion_length": len(e.ids), "policy_hash": policy_hash,
+            "completion_mask": e.mask, "episode": json.dumps(record, ensure_ascii=False, sort_keys=True),
+            **p.columns,
+        }
+
+
+def _prompt_messages(e: Episode, data) -> list[dict]:
+    return as_messages(envs.observe(e.prompt.raw, e.observation), data.system_prompt)
+
+
+def _render_message(m: dict) -> dict:
+    """An episode message as the format renders it: the assistant's raw text rides along for hermes."""
+    if m["role"] == "assistant":
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls", [])]
+        return {"role": "assistant", "content": m["content"], "raw": m["text"], "tool_calls": calls}
+    return {"role": "tool", "name": m["name"], "content": m["content"]}
+
+
+def trl_completion(record: dict) -> list[dict]:
+    """The episode after the prompt as TRL 1.16 hands it to reward functions: assistant messages
+    (content, and tool_calls {type, function: {name, arguments}} when it made calls) and tool
+    messages {role, name, content}; results dropped for the token budget are left out, as TRL does."""
+    out = []
+    for m in record["messages"]:
+        if m["role"] == "assistant":
+            calls = [c for c in m.get("tool_calls", []) if c["function"]["name"] is not None]
+            out.append({"role": "assistant", "content": m["content"], **({"tool_calls": calls} if calls else {})})
+        elif not m.get("dropped"):
+            out.append({"role": "tool", "name": m["name"] or "unknown", "content": m["content"]})
+    return out

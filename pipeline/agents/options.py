@@ -1,0 +1,59 @@
+"""The rollout options of multi-turn episodes (tools, environments), kept beside the agents
+package and mixed into `pipeline.config.RolloutConfig` (whose keys they are: `rollout.tools`, ...)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PYTHON_TOOL = "python"
+"""The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
+
+
+class AgentOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    tools: list[str] = []
+    """Tools the model may call, as TRL takes them: `path/file.py:function`, `module:function`
+    (plain functions, sync or async, with type hints and a docstring) or the built-in `python`
+    (a code interpreter run in the sandbox). Empty with no environment: one plain completion per sample."""
+    environment: str | None = None
+    """`path/file.py:Class` or `module:Class`: TRL's environment_factory. One instance per episode;
+    reset(**dataset_row) may return an observation appended to the last user message; its public
+    methods are tools; reward functions get the instances as `environments`."""
+    max_turns: int = Field(4, ge=1, le=256)
+    """Model turns per episode at most (TRL's max_tool_calling_iterations + 1): calls made in the
+    last allowed turn are recorded but not run (ending max_turns)."""
+    max_episode_tokens: int | None = Field(None, ge=1)
+    """Tokens after the prompt per episode at most (model turns, tool results, template glue);
+    None = max_turns x max_new_tokens. A turn is cut to what is left; a tool result that would not
+    leave room for one more token ends the episode (ending max_episode_tokens), as TRL drops it."""
+    tool_timeout_s: float = Field(10.0, gt=0.0)
+    """Wall-clock seconds per tool call; a call past it is answered with a timeout error the model sees."""
+    tool_format: Literal["auto", "hermes"] = "auto"
+    """How tools reach the prompt and calls are parsed. auto: the chat template's own tool support
+    (tools=, assistant tool_calls, tool messages; calls parsed by the tokenizer's response_template
+    or the template's <tool_call> JSON), falling back to hermes when the template renders no tool
+    calls; hermes: the Hermes/Qwen format in plain messages whatever the template: the tool
+    signatures in the system message, calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
+    results as user messages <tool_response>...</tool_response>."""
+
+    @property
+    def agentic(self) -> bool:
+        """Whether samples are multi-turn episodes (tools or an environment)."""
+        return bool(self.tools) or self.environment is not None
+
+    def episode_tokens(self) -> int:
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens  # type: ignore[attr-defined]
+
+
+AGENT_NEUTRAL = {
+    ("rollout", "tools"): [],
+    ("rollout", "environment"): None,
+    ("rollout", "max_turns"): 4,
+    ("rollout", "max_episode_tokens"): None,
+    ("rollout", "tool_timeout_s"): 10.0,
+    ("rollout", "tool_format"): "auto",
+}
+"""Their values in runs made before them (no tools: a single completion), for config.ADDED_OPTIONS."""

@@ -1,0 +1,173 @@
+"""Tools as TRL 1.16 takes them: plain functions (sync or async) with type hints and a Google-style
+docstring, their JSON schemas from transformers' `get_json_schema`, and one call of one of them
+with a wall-clock timeout whose outcome, whatever it is, becomes the text of a tool message.
+
+    rollout:
+      tools: [calc.py:multiply, mypkg.search:lookup, python]
+
+User tools run in the rollout process, as TRL runs them: they can read and write what the
+rollout can. A sync tool past its timeout is answered with a timeout error and left running on
+its thread (Python cannot stop a thread); an async one is cancelled. A tool that raises
+SystemExit fails the stage with one line; one that kills its process (os._exit, a signal) takes
+the stage with it, before its part is written, so a resume samples that part again.
+The built-in `python` tool runs the model's code in the reward sandbox (pipeline.rewards.sandbox:
+its own process, no network, memory/CPU/process limits) and answers with what it printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.agents.options import PYTHON_TOOL
+from pipeline.errors import GRPOError
+
+PYTHON_TOOL_MEMORY_MB = 512
+
+
+def python(code: str) -> str:
+    """Run Python code in a sandbox and return what it printed (stdout and stderr, the last 2000 characters).
+
+    Args:
+        code: The Python source to run; use print() to see values.
+    """
+    from pipeline.rewards.sandbox import run_python
+
+    # the sandbox keeps the tail of stderr and drops stdout: print to stderr, so both come back
+    result = run_python("import sys as _sys\n_sys.stdout = _sys.stderr\n" + code, [], timeout_s=_python_timeout[0],
+                        memory_mb=PYTHON_TOOL_MEMORY_MB)
+    out = result.stderr_tail
+    if result.status == "timeout":
+        out += f"\n[timed out after {_python_timeout[0]:g} s]"
+    elif result.status == "crashed":
+        out += "\n[the process died: a resource limit or os._exit]"
+    return out
+
+
+_python_timeout = [10.0]  # the sandbox's own deadline: rollout.tool_timeout_s, set by load_tools
+
+
+def _resolve(target: str, label: str) -> Any:
+    from pipeline.rewards.contract import _resolve as resolve_target
+
+    try:
+        return resolve_target(target, os.getcwd())
+    except GRPOError as err:
+        raise GRPOError(f"{label} {target!r}: {err}") from None
+
+
+def tool_schema(fn: Callable, label: str) -> dict:
+    """{"type": "function", "function": {name, description, parameters}}: what chat templates render."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(fn)
+    except Exception as err:  # TypeHintParsingException, DocstringParsingException
+        msg = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GRPOError(f"{label}: {msg} (a tool needs type hints on every argument and a Google-style docstring, as TRL requires)") from None
+
+
+def load_tools(targets: list[str], timeout_s: float = 10.0) -> list[Callable]:
+    """The configured tools, each checked (callable, type hints, docstring) as `rollout.tools[i]`."""
+    _python_timeout[0] = max(0.5, timeout_s - 0.5)  # the sandbox answers before the call is abandoned
+    out = []
+    for i, target in enumerate(targets):
+        label = f"rollout.tools[{i}]"
+        fn = python if target == PYTHON_TOOL else _resolve(target, label)
+        if not callable(fn) or inspect.isclass(fn):
+            raise GRPOError(f"{label} {target!r}: not a function")
+        tool_schema(fn, f"{label} {target!r}")
+        out.append(fn)
+    names = [f.__name__ for f in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise GRPOError(f"rollout.tools: two tools are named {dup[0]!r}; the model calls tools by name")
+    return out
+
+
+@dataclass
+class CallResult:
+    content: str
+    """What the model sees in the tool message."""
+    error: str | None
+    """None, or: unknown_tool | bad_arguments | raised | timeout | malformed."""
+    seconds: float
+
+
+def _error_text(message: str) -> str:
+    return str({"error": message})  # what TRL puts in the tool message for a failed call
+
+
+def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, timeout_s: float) -> CallResult:
+    """Run one parsed call. Every failure is an answer the model sees, never an exception, but
+    for SystemExit / KeyboardInterrupt, which fail the stage (GRPOError)."""
+    start = time.perf_counter()
+
+    def done(content, error=None) -> CallResult:
+        return CallResult(content, error, round(time.perf_counter() - start, 6))
+
+    if name is None:
+        return done(_error_text(f"malformed tool call: {arguments}"), "malformed")
+    fn = tools.get(name)
+    if fn is None:
+        return done(_error_text(f"Tool {name} not found."), "unknown_tool")
+    if not isinstance(arguments, dict):
+        return done(_error_text(f"arguments of {name} must be a JSON object"), "bad_arguments")
+    try:
+        inspect.signature(fn).bind(**arguments)
+    except TypeError as err:
+        return done(_error_text(f"{name}: {err}"), "bad_arguments")
+    except ValueError:
+        pass  # no signature to check against: the call itself will say
+    try:
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+            value = asyncio.run(_awaited(fn(**arguments), timeout_s))
+        else:
+            value = _threaded(fn, arguments, timeout_s)
+    except _Deadline:
+        return done(_error_text(f"{name} timed out after {timeout_s:g} s"), "timeout")
+    except (SystemExit, KeyboardInterrupt) as err:
+        raise GRPOError(f"tool {name!r} tried to end the process ({type(err).__name__} {err}); the stage stops, no part was written") from None
+    except Exception as err:
+        return done(_error_text(str(err) or type(err).__name__), "raised")
+    content = value if isinstance(value, str) else str(value)
+    return done(content)
+
+
+class _Deadline(Exception):
+    """The call ran past its timeout (a TimeoutError the tool raises itself is its own error)."""
+
+
+async def _awaited(coro, timeout_s: float):
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        raise _Deadline
+    return task.result()
+
+
+def _threaded(fn: Callable, arguments: dict, timeout_s: float) -> Any:
+    """fn(**arguments) on a daemon thread of its own, so that a call past its timeout can be left
+    behind (a shared pool would fill up with hung calls and time out every later one)."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn(**arguments)
+        except BaseException as err:  # noqa: BLE001 (re-raised in the caller's thread)
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name=f"grpo-tool-{getattr(fn, '__name__', 'tool')}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Deadline
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,108 @@
+"""Multi-turn episodes in the reports: their metrics (logged to MLflow with the rollout's) and an
+episode shown as a conversation (`grpo inspect`).
+
+Metrics, over an iteration's episodes (none when it has none):
+    episodes/turns_mean, episodes/turns_max        model turns per episode
+    episodes/ending/<answered|max_turns|max_episode_tokens|length>   share of episodes
+    tools/call_frequency                           tool calls per episode (TRL's name)
+    tools/failure_frequency                        failed calls / calls (TRL's name)
+    tools/calls/<tool>                             calls of each tool per episode
+    tools/errors/<malformed|unknown_tool|bad_arguments|raised|timeout>   count
+    tools/dropped                                  results run but cut by the token budget
+    tokens/model_share                             sampled tokens / all completion tokens
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pyarrow.parquet as pq
+
+from pipeline.store import stage_rel
+from pipeline.store.run import Run
+
+ENDINGS = ("answered", "max_turns", "max_episode_tokens", "length")
+ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout")
+
+
+def _episode_rows(run: Run, k: int, columns: list[str]) -> list[dict]:
+    """`columns` of iteration k's rollout rows that are episodes (parts of schema v1 have none)."""
+    m = run.manifest(k, "rollout")
+    out = []
+    for name in sorted(n for n in m.outputs if n.endswith(".parquet")):
+        with run.store.fs.open(run.store.path(f"{stage_rel(k, 'rollout')}/{name}"), "rb") as f:
+            pf = pq.ParquetFile(f)
+            if "episode" in pf.schema_arrow.names:
+                out += [r for r in pf.read(columns=[*columns, "episode"]).to_pylist() if r["episode"] is not None]
+    return out
+
+
+def episode_records(run: Run, k: int) -> list[dict]:
+    """Iteration k's episode records."""
+    return [json.loads(r["episode"]) for r in _episode_rows(run, k, [])]
+
+
+def episode_texts(run: Run, k: int):
+    """(prompt_id, sample_idx, conversation) of iteration k's episodes, for `grpo inspect`."""
+    import polars as pl
+
+    rows = [{"prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"], "conversation": conversation(json.loads(r["episode"]))}
+            for r in _episode_rows(run, k, ["prompt_id", "sample_idx"])]
+    return pl.DataFrame(rows, schema={"prompt_id": pl.Int64, "sample_idx": pl.Int32, "conversation": pl.String})
+
+
+def episode_metrics(records: list[dict]) -> dict[str, float]:
+    if not records:
+        return {}
+    n = len(records)
+    turns = [r["turns"] for r in records]
+    endings = Counter(r["ending"] for r in records)
+    calls, errors = Counter(), Counter()
+    dropped = 0
+    for r in records:
+        for msg in r["messages"]:
+            if msg["role"] == "tool":
+                calls[msg["name"] or "malformed"] += 1
+                if msg.get("error"):
+                    errors[msg["error"]] += 1
+                dropped += bool(msg.get("dropped"))
+    total_calls = sum(calls.values())
+    model = sum(r["model_tokens"] for r in records)
+    context = sum(r["context_tokens"] for r in records)
+    out = {
+        "episodes/turns_mean": sum(turns) / n,
+        "episodes/turns_max": float(max(turns)),
+        **{f"episodes/ending/{e}": endings[e] / n for e in ENDINGS},
+        "tools/call_frequency": total_calls / n,
+        "tools/failure_frequency": sum(errors.values()) / total_calls if total_calls else 0.0,
+        **{f"tools/calls/{name}": c / n for name, c in sorted(calls.items())},
+        **{f"tools/errors/{e}": float(errors[e]) for e in ERRORS},
+        "tools/dropped": float(dropped),
+        "tokens/model_share": model / (model + context) if model + context else float("nan"),
+    }
+    return out
+
+
+def conversation(record: dict, width: int = 400) -> str:
+    """An episode as a person reads it: one block per message, long texts shortened in the middle."""
+
+    def short(text: str) -> str:
+        return text if len(text) <= width else text[: width // 2] + " ... " + text[-width // 2:]
+
+    lines = []
+    if record.get("observation"):
+        lines.append(f"[observation] {short(record['observation'])}")
+    for msg in record["messages"]:
+        if msg["role"] == "assistant":
+            lines.append(f"[assistant, {msg['tokens']} tokens{', cut' if msg['finish_reason'] == 'length' else ''}] {short(msg['text'])}")
+            for c in msg.get("tool_calls", []):
+                f = c["function"]
+                lines.append(f"  -> call {f['name'] or '(malformed)'}({json.dumps(f['arguments'], ensure_ascii=False)})")
+        else:
+            tag = f"tool {msg['name'] or '?'}" + (f", {msg['error']}" if msg.get("error") else "") + \
+                (", dropped: over the token budget" if msg.get("dropped") else "")
+            lines.append(f"[{tag}] {short(msg['content'])}")
+    lines.append(f"[end: {record['ending']} after {record['turns']} turns; {record['model_tokens']} sampled + "
+                 f"{record['context_tokens']} context tokens]")
+    return "\n".join(lines)
