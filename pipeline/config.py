@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.config_errors import format_error, parse_overrides, set_dotted
 from pipeline.errors import GRPOError
 from pipeline.loss_config import LossConfig
-from pipeline.config_errors import format_error, parse_overrides, set_dotted
 from pipeline.rewards.config import RewardSpec
 
 
@@ -318,7 +318,7 @@ def resolve(tree: dict, sets: list[str] | None = None, source: str = "config") -
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        raise GRPOError(format_error(err, source)) from None
+        raise GRPOError(format_error(err, source, Config)) from None
 
 
 def load(path: str | Path, sets: list[str] | None = None) -> Config:
