@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.config_errors import format_error, parse_overrides, read_tree, set_dotted
 from pipeline.errors import GRPOError
 from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
-from pipeline.config_errors import format_error, parse_overrides, read_tree, set_dotted
 from pipeline.rewards.config import RewardSpec
 from pipeline.agents.options import AGENT_NEUTRAL, AgentOptions
 
@@ -325,7 +325,7 @@ def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", s
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        raise GRPOError(format_error(err, source, sources=sources)) from None
+        raise GRPOError(format_error(err, source, Config, sources=sources)) from None
 
 
 def load(path: str | Path, sets: list[str] | None = None) -> Config:

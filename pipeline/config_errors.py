@@ -1,16 +1,21 @@
 """Turning what a user wrote into the config tree, and its mistakes into one line: `--set`
 overrides (dotted keys, list indices) and validation errors as `source: dotted.key: message`,
-with the close key for a typo and the options of a built-in reward."""
+with the close key for a typo and the options of a built-in reward.
+
+A floor below `pipeline.config` and above `pipeline.rewards.config`: the root model whose keys a
+typo is matched against comes in as an argument (`root`), so nothing here imports the tree's root.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.errors import GRPOError
-from pipeline.rewards.config import BUILTIN_MODELS, TAGS, unknown_fn_message
+from pipeline.rewards.config import BUILTIN_MODELS, TAGS, unknown_fn_message, validate_reward
 
 
 def set_dotted(tree: dict, dotted: str, raw: str) -> None:
@@ -70,10 +75,13 @@ def parse_overrides(sets: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
-def format_error(err: ValidationError, source: str, prefix: tuple = (), sources: dict[str, str] | None = None) -> str:
-    """The first validation error as one line: `source: dotted.key: message`. `sources` names
-    where some keys came from (`rollout.num_generations` -> `--num-generations 1`): the longest
-    one equal to the error's key or a section above it replaces `source`."""
+def format_error(err: ValidationError, source: str, root: type[BaseModel] | None, prefix: tuple = (),
+                 sources: dict[str, str] | None = None) -> str:
+    """The first validation error as one line: `source: dotted.key: message`. A misspelt key is
+    matched against the fields of the section it sits in, found by walking `root` (the model that
+    was validated; None: no walk) along the error's location. `sources` names where some keys came
+    from (`rollout.num_generations` -> `--num-generations 1`): the longest one equal to the error's
+    key or a section above it replaces `source`."""
     errors = err.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains a "missing" too
     loc = list(prefix) + list(first["loc"])
@@ -87,7 +95,7 @@ def format_error(err: ValidationError, source: str, prefix: tuple = (), sources:
             options = list(BUILTIN_MODELS[tag].model_fields["kwargs"].annotation.model_fields)
             msg = f"{tag} has no option {loc[-1]!r} (options: {', '.join(options) or 'none'})"
         else:
-            msg += _did_you_mean(loc, BUILTIN_MODELS.get(tag) if len(loc) == 3 else None)
+            msg += _did_you_mean(loc, root, BUILTIN_MODELS.get(tag) if len(loc) == 3 else None)
     elif first["type"] == "missing":
         msg = "required key is missing"
     elif first["type"] == "union_tag_invalid":
@@ -106,15 +114,13 @@ def format_error(err: ValidationError, source: str, prefix: tuple = (), sources:
     return f"{source}: {where}: {msg}" if where else f"{source}: {msg}"
 
 
-def _did_you_mean(loc: list, section: type[BaseModel] | None = None) -> str:
+def _did_you_mean(loc: list, root: type[BaseModel] | None, section: type[BaseModel] | None = None) -> str:
     """`; did you mean 'lr'?` for a misspelt key, from the fields of the section it sits in
-    (found by walking the config tree, or given: a reward entry's model)."""
+    (found by walking the tree from `root`, or given: a reward entry's model)."""
     import difflib
 
-    if section is None:
-        from pipeline.config import Config  # the root of the tree this error came from
-
-        section = Config
+    if section is None and root is not None:
+        section = root
         for part in loc[:-1]:
             if isinstance(part, int) or section is None:
                 continue
@@ -126,3 +132,13 @@ def _did_you_mean(loc: list, section: type[BaseModel] | None = None) -> str:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def reward_spec(tree: dict | Any, index: int = 0) -> Any:
+    """Validate one `rewards:` entry outside a whole config (tests, tools); GRPOError naming the key.
+    No root to walk: from the config's root, a walk through `rewards` finds no section either (its
+    items are an annotated union), so a reward entry's typos are named as in a whole config."""
+    try:
+        return validate_reward(tree)
+    except ValidationError as err:
+        raise GRPOError(format_error(err, "rewards", None, prefix=("rewards", index))) from None

@@ -67,7 +67,7 @@ class LossConfig(BaseModel):
 
     @property
     def kind(self):
-        """The `pipeline.grpo.LossType` that owns this type's arithmetic (torch loads here)."""
-        from pipeline.grpo import LOSS_TYPES
+        """The `pipeline.loss_types.LossType` that owns this type's arithmetic (torch loads here)."""
+        from pipeline.loss_types import LOSS_TYPES
 
         return LOSS_TYPES[self.type]

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
+from pipeline.config_errors import reward_spec
 from pipeline.rewards.answers import answers_match, fallback_match
-from pipeline.rewards.config import reward_spec
 from pipeline.rewards.contract import compute_rewards
 
 # (gold after ####, predicted answer block, equal?)

@@ -17,7 +17,8 @@ import torch
 from test_grpo import CONFIGS, naive_policy_loss
 
 from pipeline.errors import GRPOError
-from pipeline.grpo import LossConfig, kl_penalised_rewards, policy_loss
+from pipeline.grpo import kl_penalised_rewards, policy_loss
+from pipeline.loss_config import LossConfig
 from pipeline.logprobs import old_logprobs_table, sampler_gaps
 from pipeline.models.tokens import Batch
 

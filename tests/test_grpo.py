@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from pipeline.advantages import combine_rewards, group_advantages, group_stats
+from pipeline.loss_config import LossConfig
 from pipeline.grpo import (
     AdaptiveKLController,
     FixedKLController,
-    LossConfig,
     kl_estimate,
     kl_penalised_rewards,
     make_kl_controller,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline import grpo
+from pipeline.loss_config import LossConfig
 from pipeline.models import tokens
 from pipeline.models.tokens import Batch, token_logprobs
 
@@ -146,7 +147,7 @@ def test_token_budget_pieces_give_the_micro_batch_gradient(loss_type):
     prompts = [batch_rows.input_ids[i, : int(batch_rows.starts[i])].tolist() for i in range(4)]
     comps = [batch_rows.completion_ids[i, : int(batch_rows.completion_mask[i].sum())].tolist() for i in range(4)]
     rows = [0, 1, 2]  # rows with completions
-    cfg = grpo.LossConfig(type=loss_type)
+    cfg = LossConfig(type=loss_type)
     adv = torch.tensor([1.0, -0.5, 0.25])
     torch.manual_seed(0)
     olds = [torch.randn(len(comps[i])) * 0.05 for i in rows]  # old = current - small noise: ratios near 1, unclipped

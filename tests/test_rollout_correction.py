@@ -15,7 +15,8 @@ import yaml
 from conftest import grpo
 
 from pipeline import config as config_mod
-from pipeline.grpo import LossConfig, policy_loss
+from pipeline.grpo import policy_loss
+from pipeline.loss_config import LossConfig
 from pipeline.loss_config import RolloutCorrection
 from pipeline.rollout_correction import combine, correction_weights
 

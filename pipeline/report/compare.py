@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipeline.report.audit import PART_STAGES, short
-from pipeline.store.run import Run
+from pipeline.report.audit_record import PART_STAGES, short
 from pipeline.store import policy_rel, stage_rel
+from pipeline.store.run import Run
 from schemas.artifacts import OLD_LOGPROBS
 
 

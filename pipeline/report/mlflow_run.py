@@ -14,11 +14,13 @@ import re
 import tempfile
 from pathlib import Path
 
-from pipeline.report.tracking import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target, log
+from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
 from pipeline.store.run import Run
 from schemas.artifacts import STEP_METRICS
 from schemas.manifests import parse_manifest
+
+log = logging.getLogger("grpo.tracking")  # the logger of pipeline.report.tracking: one name for all its warnings
 
 
 def flat_params(tree, prefix: str = "") -> dict[str, str]:
@@ -247,5 +249,4 @@ def write_plots(rows: list[dict], reward_names: list[str], out: Path) -> list[Pa
     return paths
 
 
-__all__ = ["Target", "Tracker", "resolve_target", "tracking_info", "log_stage", "log_final", "sync", "flat_params",
-           "write_plots"]
+__all__ = ["Tracker", "flat_params", "write_plots"]

@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.report.tracking_names import TRACKING_JSON, Target
 from pipeline.store import cache_dir, is_rank0, sha256_bytes
 from pipeline.store.run import Run
 
@@ -38,28 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("grpo.tracking")
 
-TRACKING_JSON = "tracking.json"
-LOCK = ".lock-tracking"
-LEDGER = "grpo.logged."
 EMBEDDED = "embedded"
-MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch
-
-PLOTS = (
-    ("reward.png", "reward/mean", "mean reward (total and per function)"),
-    ("eval_accuracy.png", "eval/accuracy", "held-out accuracy of policy k"),
-    ("kl.png", "kl/mean", "KL(policy || ref) per token"),
-    ("completion_length.png", "completions/mean_length", "mean completion length (tokens)"),
-)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a run logs: the tracking URI, its key in tracking.json, the experiment's artifact root."""
-
-    uri: str
-    key: str
-    artifact_location: str | None = None
-    note: str | None = None
 
 
 def resolve_target(run: Run) -> Target | None:

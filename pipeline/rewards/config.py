@@ -19,9 +19,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, create_model, model_validator
-
-from pipeline.errors import GRPOError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model, model_validator
 
 
 class _Section(BaseModel):
@@ -204,13 +202,9 @@ def unknown_fn_message(fn: Any) -> str:
 _ADAPTER = TypeAdapter(RewardSpec)
 
 
-def reward_spec(tree: dict | Any, index: int = 0) -> Any:
-    """Validate one `rewards:` entry outside a whole config (tests, tools); GRPOError naming the key."""
-    from pipeline.config_errors import format_error  # it imports this module: late import, no cycle at load
-
+def validate_reward(tree: dict | Any) -> Any:
+    """One `rewards:` entry validated alone; pydantic's ValidationError on failure
+    (`pipeline.config_errors.reward_spec` turns it into the one line naming the key)."""
     if isinstance(tree, _Reward):
         return tree
-    try:
-        return _ADAPTER.validate_python(tree)
-    except ValidationError as err:
-        raise GRPOError(format_error(err, "rewards", prefix=("rewards", index))) from None
+    return _ADAPTER.validate_python(tree)

@@ -1,0 +1,125 @@
+"""The record `grpo audit` fills (`Audit`) and the auditor's shared state and helpers (`Auditor`):
+reading a manifest as a problem rather than a crash, the common manifest fields, file hashes,
+committed policies. The checks themselves: `pipeline.report.audit_lineage` (policies, updates)
+and `pipeline.report.audit_parts` (part stages); the walk over a run: `pipeline.report.audit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from pipeline.errors import GRPOError
+from pipeline.store import MANIFEST, TMP_MARK, hash_dir, policy_rel, stage_rel
+from pipeline.store.run import Run
+
+PART_STAGES = ("rollout", "score", "logprobs", "eval")
+LINEAGE_STAGES = ("rollout", "score", "logprobs")
+
+
+def short(h: str | None) -> str:
+    return (h or "none")[:12]
+
+
+@dataclass
+class Audit:
+    """What `audit_run` found: problems (one line each, naming the artifact) and counts."""
+
+    uri: str
+    problems: list[str] = field(default_factory=list)
+    manifests: int = 0
+    files: int = 0
+    iterations: int = 0
+    skipped: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, rel: str, message: str) -> None:
+        self.problems.append(f"{rel}: {message}")
+
+    def summary(self) -> str:
+        skipped = f"; {len(self.skipped)} interrupted attempt(s) without a manifest ignored" if self.skipped else ""
+        if self.pruned:
+            names = ", ".join(r.rsplit("/", 1)[-1] for r in self.pruned)
+            skipped = f"; pruned by train.keep_policies (manifest and hashes kept, weights removed): {names}" + skipped
+        if self.ok:
+            return (f"audit {self.uri}: ok, {self.iterations} iteration(s), {self.manifests} manifests and "
+                    f"{self.files} files verified, lineage intact{skipped}")
+        return f"audit {self.uri}: {len(self.problems)} problem(s){skipped}"
+
+
+class Auditor:
+    """One audit's state: the run, the `Audit` it fills, the committed policies' hashes seen so far."""
+
+    def __init__(self, run: Run):
+        self.run, self.store = run, run.store
+        self.cfg_hash = run.cfg_hash  # an unreadable or invalid config.yaml is a GRPOError here
+        self.audit = Audit(run.store.display())
+        self.policy: dict[int, str] = {}  # committed policies' recorded hashes
+        self.config_mismatch: list[str] = []
+
+    def manifest(self, rel_dir: str):
+        """The typed manifest, or None: absent, or unreadable / malformed (recorded as a problem)."""
+        try:
+            return self.store.manifest(rel_dir)
+        except GRPOError as err:
+            self.audit.problem(f"{rel_dir}/{MANIFEST}", str(err).removeprefix(f"{self.store.display(f'{rel_dir}/{MANIFEST}')}: "))
+            return None
+
+    def manifest_sha(self, rel_dir: str) -> str | None:
+        return self.store.manifest_hash(rel_dir)
+
+    def check_fields(self, rel: str, m, stage: str, k: int, version: int | tuple | None) -> None:
+        if m.stage != stage:
+            self.audit.problem(rel, f"manifest says stage {m.stage!r}, expected {stage!r} (a swapped manifest?)")
+        if m.iteration != k:
+            self.audit.problem(rel, f"manifest says iteration {m.iteration!r}, expected {k} (a swapped manifest?)")
+        readable = version if isinstance(version, tuple) else (version,)
+        if version is not None and getattr(m, "schema_version", None) not in readable:
+            self.audit.problem(rel, f"schema_version {getattr(m, 'schema_version', None)!r}, this grpo reads version {readable[0]}")
+        if getattr(m, "config_hash", None) != self.cfg_hash:
+            self.config_mismatch.append(rel)
+
+    def sha_file(self, rel: str) -> tuple[str, int]:
+        h, n = hashlib.sha256(), 0
+        with self.store.fs.open(self.store.path(rel), "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+                n += len(block)
+        return h.hexdigest(), n
+
+    def tree(self, rel: str) -> dict[str, str]:
+        """sha256 of every file under a policy directory, as `hash_dir` lists them."""
+        if self.store.local:
+            return hash_dir(self.store.path(rel))
+        root = self.store.path(rel)
+        out = {}
+        for path in sorted(self.store.fs.find(root)):
+            name = path[len(root) + 1 :]
+            base = name.rsplit("/", 1)[-1]
+            if base != MANIFEST and TMP_MARK not in base and base != ".complete":
+                out[name] = self.sha_file(f"{rel}/{name}")[0]
+        return out
+
+    def committed_policy(self, k: int, who: str) -> str | None:
+        if k not in self.policy:
+            self.audit.problem(who, f"links to {policy_rel(k)}, which has no committed manifest")
+            return None
+        return self.policy[k]
+
+    def open_stage(self, k: int, stage: str) -> tuple[str, object] | None:
+        """The stage dir and its manifest, counted; None when the stage is absent or unfinished
+        (recorded as skipped) or its manifest is unreadable (recorded as a problem)."""
+        sd = stage_rel(k, stage)
+        if not self.store.exists(sd):
+            return None
+        m = self.manifest(sd)
+        if m is None:
+            if not self.store.exists(f"{sd}/{MANIFEST}"):
+                self.audit.skipped.append(sd)
+            return None
+        self.audit.manifests += 1
+        return sd, m
