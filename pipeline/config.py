@@ -19,6 +19,7 @@ from pipeline.errors import GRPOError
 from pipeline.loss_config import LossConfig
 from pipeline.config_errors import format_error, parse_overrides, set_dotted
 from pipeline.rewards.config import RewardSpec
+from pipeline.staleness import uncorrectable
 
 
 class _Section(BaseModel):
@@ -216,6 +217,9 @@ class TrainConfig(_Section):
     policy/iter-0000 and the reference is the base with the adapter off; policies K >= 1 are adapters."""
     keep_policies: KeepPoliciesConfig = KeepPoliciesConfig()
     """Policy retention: keep the last K policies and every N-th (default: keep all)."""
+    max_staleness: int = Field(0, ge=0, le=16)
+    """s: iteration k samples from policy max(0, k - s), so `iterate` samples k+1 while k trains
+    (pipeline/staleness.py); 0 (default) samples from policy k, strictly on-policy."""
 
 
 class EvalConfig(_Section):
@@ -291,6 +295,8 @@ class Config(_Section):
             raise ValueError("rollout.lora_mode vllm_lora needs train.lora and rollout.engine vllm")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
+        if (problem := uncorrectable(self)) is not None:
+            raise ValueError(problem)
         return self
 
     @property
@@ -339,6 +345,7 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
 
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
+    ("train", "max_staleness"): 0,
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option

@@ -17,6 +17,7 @@ from pipeline.logprobs import load_model, pass_plan, run_logprobs
 from pipeline.rollout import policy_engine, run_rollout
 from pipeline.store.run import Run
 from pipeline.score import run_score
+from pipeline.staleness import behaviour
 from pipeline.update.publish import run_update
 
 
@@ -30,6 +31,7 @@ class WarmEngines:
         self.trainer = None
 
     def rollout_engine(self, k: int):
+        """The engine holding policy k (a rollout's behaviour policy, or the policy evaluated)."""
         self.engine = policy_engine(self.run, k, self.engine)
         return self.engine
 
@@ -86,7 +88,13 @@ class WarmEngines:
 
 
 def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
-    """Bring the run to `iters` completed iterations; returns one summary row per iteration run."""
+    """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
+    With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
+    (pipeline/overlap.py); the artifacts do not depend on which."""
+    if run.cfg.train.max_staleness:
+        from pipeline.overlap import iterate_overlapped
+
+        return iterate_overlapped(run, iters, on_iteration)
     warm = WarmEngines(run)
     rows = []
     try:
@@ -98,34 +106,48 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             timings = {}
             with tracking.reporting(run, k, "rollout"):
                 if not run.done(k, "rollout"):
-                    run_rollout(run, k, engine=warm.rollout_engine(k))
+                    run_rollout(run, k, engine=warm.rollout_engine(behaviour(run.cfg, k)))
             warm.idle_engine()
             timings["rollout"] = time.time() - t0
-            with tracking.reporting(run, k, "score"):
-                run_score(run, k)
-            timings["score"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "logprobs"):
-                run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
-            timings["logprobs"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "update"):
-                _, warm.trainer = run_update(run, k, warm.trainer)
-            timings["update"] = time.time() - t0 - sum(timings.values())
-            every = run.cfg.eval.every
-            if every and run.cfg.data.eval and (k + 1) % every == 0:
+            learn(run, warm, k, t0, timings)
+            if eval_due(run, k + 1):
                 with tracking.reporting(run, k + 1, "eval"):
                     run_eval(run, k + 1, warm.rollout_engine(k + 1))
                 timings["eval"] = time.time() - t0 - sum(timings.values())
-            row = iteration_summary(run, k)
-            row.update(eval_summary(run, k + 1) or {})  # the policy this iteration produced
-            row["seconds"] = time.time() - t0
-            row["timings"] = timings
-            rows.append(row)
-            if on_iteration:
-                on_iteration(row)
+            rows.append(finish_row(run, k, t0, timings, on_iteration))
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         warm.close()
     return rows
+
+
+def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict) -> None:
+    """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`."""
+    with tracking.reporting(run, k, "score"):
+        run_score(run, k)
+    timings["score"] = time.time() - t0 - sum(timings.values())
+    with tracking.reporting(run, k, "logprobs"):
+        run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
+    timings["logprobs"] = time.time() - t0 - sum(timings.values())
+    with tracking.reporting(run, k, "update"):
+        _, warm.trainer = run_update(run, k, warm.trainer)
+    timings["update"] = time.time() - t0 - sum(timings.values())
+
+
+def eval_due(run: Run, k: int) -> bool:
+    """Whether policy k (k >= 1, written by update k-1) is evaluated: every eval.every policies."""
+    every = run.cfg.eval.every
+    return bool(every and run.cfg.data.eval and k % every == 0)
+
+
+def finish_row(run: Run, k: int, t0: float, timings: dict, on_iteration) -> dict:
+    row = iteration_summary(run, k)
+    row.update(eval_summary(run, k + 1) or {})  # the policy this iteration produced
+    row["seconds"] = time.time() - t0
+    row["timings"] = timings
+    if on_iteration:
+        on_iteration(row)
+    return row
 
 
 def iteration_summary(run: Run, k: int) -> dict:

@@ -17,7 +17,7 @@ policy/iter-0001, ...):
 - iter-K/<stage> for rollout, score, logprobs, eval: the stage, iteration, schema_version and
   config_hash fields; `input_hash` recomputed from `inputs`; every listed part's sha256, size,
   row count, Parquet kind + schema version and the stamp inside it; no unlisted part. Links:
-  rollout and eval were sampled from policy K; score and logprobs read exactly this rollout
+  eval sampled from policy K, rollout from policy b(K) (pipeline/staleness.py); score and logprobs read exactly this rollout
   (its manifest's sha256 and its outputs) and have its rows, part by part; logprobs used policy K.
 - iter-K/update: metrics.parquet (and old_logprobs.parquet when the update took the old logprobs
   from its own forward), its inputs (the three manifests and policy K) and the policy K+1 it wrote.
@@ -42,6 +42,7 @@ from pipeline.store import parts
 from pipeline.errors import GRPOError
 from pipeline.store.retention import TOMBSTONE
 from pipeline.store.run import Run
+from pipeline.staleness import check_sampled_from
 from pipeline.store import MANIFEST, TMP_MARK, RunStore, canonical_hash, hash_dir, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, OLD_LOGPROBS, UPDATE_METRICS, SchemaError
 from schemas.manifests import FileEntry, ReplayLink
@@ -236,10 +237,7 @@ class _Auditor:
             if name.startswith("part-") and name not in outputs:
                 self.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
         if stage in ("rollout", "eval"):
-            policy = inputs.get("policy") or {}
-            want = self.committed_policy(k, mrel)
-            if want is not None and (policy.get("policy_hash") != want or (m.policy_hash or want) != want):
-                self.audit.problem(mrel, f"inputs.policy.policy_hash {short(policy.get('policy_hash'))} does not match {policy_rel(k)} ({short(want)})")
+            check_sampled_from(self, k, m, mrel, stage)
         else:
             self.check_rollout_link(k, mrel, inputs.get("rollout") or {}, outputs)
         if stage == "logprobs":
