@@ -20,6 +20,7 @@ from pipeline.errors import GRPOError
 from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.rewards.config import RewardSpec
 from pipeline.agents.options import AGENT_NEUTRAL, AgentOptions
+from pipeline.staleness import uncorrectable
 
 
 class _Section(BaseModel):
@@ -218,6 +219,9 @@ class TrainConfig(_Section):
     policy/iter-0000 and the reference is the base with the adapter off; policies K >= 1 are adapters."""
     keep_policies: KeepPoliciesConfig = KeepPoliciesConfig()
     """Policy retention: keep the last K policies and every N-th (default: keep all)."""
+    max_staleness: int = Field(0, ge=0, le=16)
+    """s: iteration k samples from policy max(0, k - s), so `iterate` samples k+1 while k trains
+    (pipeline/staleness.py); 0 (default) samples from policy k, strictly on-policy."""
 
 
 class EvalConfig(_Section):
@@ -297,6 +301,8 @@ class Config(_Section):
             raise ValueError(why)
         if self.rollout.agentic and not self.data.chat_template:
             raise ValueError("rollout.tools / rollout.environment need chat prompts; set data.chat_template: true")
+        if (problem := uncorrectable(self)) is not None:
+            raise ValueError(problem)
         return self
 
     @property
@@ -337,6 +343,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
     **AGENT_NEUTRAL,
+    ("train", "max_staleness"): 0,
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option

@@ -12,82 +12,20 @@ import time
 from typing import Callable
 
 from pipeline.report import tracking
-from pipeline.evaluate import eval_summary, run_eval
-from pipeline.logprobs import load_model, run_logprobs
-from pipeline.plan import pass_plan
-from pipeline.rollout import policy_engine, run_rollout
+from pipeline.evaluate import run_eval
+from pipeline.iteration import WarmEngines, eval_due, finish_row, learn
+from pipeline.rollout import run_rollout
 from pipeline.store.run import Run
-from pipeline.score import run_score
-from pipeline.update.publish import run_update
-
-
-class WarmEngines:
-    """The rollout engine, logprob models and trainer, created on first use and kept."""
-
-    def __init__(self, run: Run):
-        self.run = run
-        self.engine = None
-        self.models: dict = {}
-        self.trainer = None
-
-    def rollout_engine(self, k: int):
-        self.engine = policy_engine(self.run, k, self.engine)
-        return self.engine
-
-    def logprob_models(self, k: int) -> dict:
-        from safetensors.torch import load_file
-
-        cfg = self.run.cfg
-        _, skip_old = pass_plan(cfg, k)
-        if skip_old and not cfg.uses_ref:  # no pass at all: the update's forward gives the old logprobs
-            self.models.clear()
-            return self.models
-        policy = self.run.policy_dir(k)
-        if cfg.train.lora is not None:
-            return self._lora_models(k, policy)
-        if cfg.uses_ref and self.models.get("ref") is None:
-            self.models["ref"] = load_model(self.run.ref_dir())
-        if skip_old:  # only the reference pass; the old model is not kept in memory
-            self.models.pop("old_dir", None)
-            self.models["old"] = None
-            return self.models
-        if self.models.get("old") is None:
-            self.models["old"] = load_model(policy)
-        elif self.models.get("old_dir") != policy:
-            state = {}
-            for f in sorted(policy.glob("*.safetensors")):
-                state.update(load_file(f))
-            self.models["old"].load_state_dict(state, strict=False)
-            self.models["old"].tie_weights()
-        self.models["old_dir"] = policy
-        return self.models
-
-    def _lora_models(self, k: int, policy) -> dict:
-        """One loaded base: old = adapter k on it, ref = the same model with the adapter off."""
-        from pipeline.models import lora
-        if "old" not in self.models:
-            self.models.update(lora.lora_models(self.run, k))
-        elif self.models.get("old_dir") != policy:
-            lora.set_policy(self.models["old"], policy if k > 0 else None)
-        self.models["old_dir"] = policy
-        return self.models
-
-    def idle_engine(self) -> None:
-        """Between generations the engine's KV cache and weights go back to the OS, so the
-        update's peak memory does not stack on them (the next rollout or eval takes them again,
-        with the new policy's weights)."""
-        if self.engine is not None and hasattr(self.engine, "sleep"):
-            self.engine.sleep()
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        if self.trainer is not None:
-            self.trainer.close()
-
+from pipeline.staleness import behaviour
 
 def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
-    """Bring the run to `iters` completed iterations; returns one summary row per iteration run."""
+    """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
+    With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
+    (pipeline/overlap.py); the artifacts do not depend on which."""
+    if run.cfg.train.max_staleness:
+        from pipeline.overlap import iterate_overlapped
+
+        return iterate_overlapped(run, iters, on_iteration)
     warm = WarmEngines(run)
     rows = []
     try:
@@ -99,52 +37,16 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             timings = {}
             with tracking.reporting(run, k, "rollout"):
                 if not run.done(k, "rollout"):
-                    run_rollout(run, k, engine=warm.rollout_engine(k))
+                    run_rollout(run, k, engine=warm.rollout_engine(behaviour(run.cfg, k)))
             warm.idle_engine()
             timings["rollout"] = time.time() - t0
-            with tracking.reporting(run, k, "score"):
-                run_score(run, k)
-            timings["score"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "logprobs"):
-                run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
-            timings["logprobs"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "update"):
-                _, warm.trainer = run_update(run, k, warm.trainer)
-            timings["update"] = time.time() - t0 - sum(timings.values())
-            every = run.cfg.eval.every
-            if every and run.cfg.data.eval and (k + 1) % every == 0:
+            learn(run, warm, k, t0, timings)
+            if eval_due(run, k + 1):
                 with tracking.reporting(run, k + 1, "eval"):
                     run_eval(run, k + 1, warm.rollout_engine(k + 1))
                 timings["eval"] = time.time() - t0 - sum(timings.values())
-            row = iteration_summary(run, k)
-            row.update(eval_summary(run, k + 1) or {})  # the policy this iteration produced
-            row["seconds"] = time.time() - t0
-            row["timings"] = timings
-            rows.append(row)
-            if on_iteration:
-                on_iteration(row)
+            rows.append(finish_row(run, k, t0, timings, on_iteration))
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         warm.close()
     return rows
-
-
-def iteration_summary(run: Run, k: int) -> dict:
-    """The numbers a person checks per iteration: reward, eval accuracy (of policy k+1), KL."""
-    import numpy as np
-    import pyarrow as pa
-
-    from pipeline.store.parts import read_parts
-    from schemas.artifacts import SCORE, UPDATE_METRICS
-
-    row: dict = {"iteration": k}
-    if run.done(k, "score"):
-        score = pa.concat_tables(read_parts(run, k, "score", SCORE))
-        rewards = score.column("reward").to_numpy(zero_copy_only=False)
-        row["reward/mean"] = float(np.nanmean(rewards))
-        row["frac_reward_zero_std"] = float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)))
-    if run.done(k, "update"):
-        m = run.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS)
-        kl = m.column("kl/mean").to_numpy(zero_copy_only=False)
-        row["kl/mean"] = float(np.nanmean(kl)) if len(kl) and not np.isnan(kl).all() else float("nan")
-    return row

@@ -14,7 +14,10 @@ NEW/policy/iter-0000 is a copy of SRC/policy/iter-K (NEW's `model` names that di
 its policy hash is SRC's), and NEW/iter-0000/rollout holds SRC's parts byte for byte under a
 manifest whose `replayed_from` records {run, iteration, manifest_sha256} of the source, plus
 the stamp the copied parts carry. The reference model stays SRC's: when NEW needs one and
-SRC's config set no `ref_model`, NEW's `ref_model` is SRC/policy/iter-0000.
+SRC's config set no `ref_model`, NEW's `ref_model` is SRC/policy/iter-0000. Where SRC sampled
+iteration K from an older policy b(K) (train.max_staleness), the copied rollout is checked
+against SRC's policy b(K) and keeps its `staleness`: its sampler_logprobs are b(K)'s, which is
+what the update's rollout correction weighs against NEW's policy 0 (SRC's policy K).
 
 Not carried over, by design: the optimizer state (NEW's update starts a fresh AdamW, as
 iteration 0 of any run does; SRC keeps only its newest trainer state anyway) and iteration-
@@ -47,6 +50,7 @@ from pipeline.errors import GRPOError
 from pipeline.store.parts import input_hash
 from pipeline.store.retention import pruned_error
 from pipeline.rewards.contract import load_reward
+from pipeline.staleness import behaviour
 from pipeline.store.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
@@ -109,8 +113,10 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
     policy_hash = new.policy_hash(0)
     merged = new.store.manifest(policy_rel(0)).merged_from  # SRC's adapter K merged: sampled from that adapter
     sampled_from = merged.adapter_policy_hash if merged is not None else policy_hash
+    if (b := behaviour(src.cfg, k)) != k:  # SRC sampled iteration K from an older policy (train.max_staleness)
+        sampled_from = src.policy_hash(b)
     if (src_m.inputs.get("policy") or {}).get("policy_hash") != sampled_from:
-        raise GRPOError(f"{src.store.display(src_dir)}: was not sampled from {src.store.display(policy_rel(k))} (policy hash differs)")
+        raise GRPOError(f"{src.store.display(src_dir)}: was not sampled from {src.store.display(policy_rel(b))} (policy hash differs)")
     t0 = time.time()
     with new.store.lock(f"{new_dir}/.lock-manifest", "replay of the rollout", wait=60):
         if (m := new.manifest(0, "rollout")) is not None:
@@ -127,7 +133,7 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
             rows=src_m.rows, timings={"seconds": round(time.time() - t0, 3)}, policy_hash=policy_hash, engine=src_m.engine,
             replayed_from=ReplayLink(**link, input_hash=src_m.input_hash),  # the stamp the copied parts carry
             # the state the source iteration's reward functions saw, so a re-score is reproducible
-            trainer_state=src_m.trainer_state,
+            trainer_state=src_m.trainer_state, staleness=src_m.staleness,  # the source's: its sampler_logprobs are b(K)'s
         )
         return new.store.write_manifest(new_dir, body)
 

@@ -1,6 +1,7 @@
-"""Stage 1: sample G completions for each of iteration k's prompts from policy k.
+"""Stage 1: sample G completions for each of iteration k's prompts from its behaviour policy
+b(k): policy k, or with train.max_staleness s the policy max(0, k - s) (pipeline/staleness.py).
 
-    prompts(data.train, seed, k) --policy/iter-k--> iter-k/rollout/part-*.parquet + MANIFEST.json
+    prompts(data.train, seed, k) --policy/iter-b(k)--> iter-k/rollout/part-*.parquet + MANIFEST.json
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
 from pipeline.store import policy_rel
+from pipeline.staleness import behaviour, staleness
 from schemas.artifacts import ROLLOUT
 
 
@@ -25,20 +27,22 @@ def engine_max_len(cfg, context: int) -> int:
 
 
 class RolloutPlan:
-    """Iteration k's prompts, rendered and tokenized, and how they split into parts."""
+    """Iteration k's prompts, rendered and tokenized, how they split into parts, and the
+    behaviour policy b(k) that samples them."""
 
     def __init__(self, run: Run, k: int):
         from transformers import AutoTokenizer
 
         cfg = run.cfg
         self.run, self.k = run, k
-        self.policy_dir = run.policy_dir(k)
-        self.policy_hash = run.policy_hash(k)
-        self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(k))
+        self.policy_iter = b = behaviour(cfg, k)
+        self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
+        self.policy_hash = run.policy_hash(b)
+        self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(b))
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template)
         self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
-        self.context = model_context(run.plain_dir(k))
+        self.context = model_context(run.plain_dir(b))
         self.prompts = make_prompts(df, ids, self.tokenizer, cfg.data, cfg.data.train, self.context - cfg.rollout.max_new_tokens)
         self.num_parts = n_parts(len(self.prompts), cfg.rollout.groups_per_part)
         self.max_model_len = engine_max_len(cfg, self.context)
@@ -55,7 +59,7 @@ class RolloutPlan:
             self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room)
 
     def inputs(self) -> dict:
-        return {"policy": {"path": policy_rel(self.k), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
+        return {"policy": {"path": policy_rel(self.policy_iter), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
 
     def trainer_state(self) -> TrainerState:
         """What TRL reward functions get as `trainer_state` when these completions are scored."""
@@ -66,8 +70,9 @@ class RolloutPlan:
 
 
 def policy_engine(run: Run, k: int, engine=None):
-    """An engine sampling from policy k: started, or given policy k in place. A LoRA policy is
-    sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
+    """An engine sampling from policy k (the policy's own index: a rollout passes its behaviour
+    policy b(k), eval the policy it evaluates): started, or given policy k in place. A LoRA policy
+    is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
     cfg = run.cfg
     lora, adapter = cfg.train.lora, None
     if lora is not None and cfg.rollout.lora_mode == "vllm_lora":
@@ -137,7 +142,7 @@ def episode_part(plan: RolloutPlan, engine, groups: list[int], prompts: list) ->
 def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict | None:
     """Write this shard's rollout parts of iteration k; returns the manifest once all are in.
 
-    `engine` lets `iterate` pass a warm engine already holding policy k.
+    `engine` lets `iterate` pass a warm engine already holding policy b(k).
     """
     if run.done(k, "rollout"):
         return run.manifest(k, "rollout")
@@ -148,7 +153,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     def make_part(part: int) -> pa.Table:
         if owned["engine"] is None:
             t = time.time()
-            owned["engine"] = policy_engine(run, k)
+            owned["engine"] = policy_engine(run, plan.policy_iter)
             stats["engine_start_s"] += time.time() - t
         t = time.time()
         table = generate_part(plan, owned["engine"], part)
@@ -163,7 +168,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
             run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
             manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats,
                                     "engine_dtype": engine_dtype(run.cfg.rollout.dtype, run.cfg.train.precision),
-                                    "trainer_state": plan.trainer_state().to_dict()},
+                                    "trainer_state": plan.trainer_state().to_dict(), "staleness": staleness(run.cfg, k)},
         )
     finally:
         if engine is None and owned["engine"] is not None:

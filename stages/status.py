@@ -1,6 +1,7 @@
 """`grpo status RUN [--format table|json]`: where a run stands.
 
-Per iteration: which stages are done (rows, seconds), mean reward, eval accuracy of the policy
+Per iteration: which stages are done (rows, seconds; a rollout sampled from an older policy under
+train.max_staleness says which, and how stale), mean reward, eval accuracy of the policy
 the iteration produced (k+1, as `grpo iterate` prints it; `--format json` keeps policy k's eval on
 row k, as MLflow logs it), KL, the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
 """
@@ -42,6 +43,8 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
         for stage in ("rollout", "score", "logprobs", "update"):
             s = row["stages"][stage]
             cells.append(f"{s['rows']} rows {s['seconds']:.1f}s" if s else "-")
+            if stage == "rollout" and s and row.get("rollout/staleness"):  # sampled from policy k - staleness
+                cells[-1] += f" (policy {k - int(row['rollout/staleness'])}, stale {int(row['rollout/staleness'])})"
         cells.append(_fmt(row.get("reward/mean"), ".3f"))
         cells.append(_fmt(acc.get(k + 1), ".3f"))  # policy k+1, the one this iteration's update wrote
         cells += [_fmt(row.get("kl/mean"), ".4f"), _fmt(row.get("seconds"), ".1f")]

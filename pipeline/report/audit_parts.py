@@ -11,6 +11,7 @@ import io
 
 import pyarrow.parquet as pq
 
+from pipeline.staleness import check_sampled_from
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
 from pipeline.store import MANIFEST, RunStore, parts, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, SchemaError
@@ -41,10 +42,7 @@ def check_stage(a: Auditor, k: int, stage: str) -> None:
         if name.startswith("part-") and name not in outputs:
             a.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
     if stage in ("rollout", "eval"):
-        policy = inputs.get("policy") or {}
-        want = a.committed_policy(k, mrel)
-        if want is not None and (policy.get("policy_hash") != want or (m.policy_hash or want) != want):
-            a.audit.problem(mrel, f"inputs.policy.policy_hash {short(policy.get('policy_hash'))} does not match {policy_rel(k)} ({short(want)})")
+        check_sampled_from(a, k, m, mrel, stage)
     else:
         _check_rollout_link(a, k, mrel, inputs.get("rollout") or {}, outputs)
     if stage == "logprobs":

@@ -102,7 +102,9 @@ def _rollout(run: Run, k: int, m: dict) -> dict[str, float]:
     length, clipped = df["completion_length"], df["truncated"]
     terminated = length.filter(~clipped)
     stats = m.stats or {}
+    stale = {} if m.staleness is None else {"rollout/staleness": float(m.staleness)}  # train.max_staleness > 0 only
     return {
+        **stale,
         "completions/mean_length": _f(length.mean()),
         "completions/min_length": _f(length.min()),
         "completions/max_length": _f(length.max()),

@@ -12,7 +12,9 @@ idempotent and always recomputes the kept set over all policies).
 
 Never pruned: iter-0000 (the initial policy and, without `ref_model`, the reference), the
 newest policy (what the next iteration samples from, and what resume needs with the newest
-trainer state), and a policy whose evaluation is due and not yet done.
+trainer state), with train.max_staleness s the s policies before it (the behaviour policies of
+the rollouts still to come, one of which may be sampling right now), and a policy whose
+evaluation is due and not yet done.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def prune_policies(run, newest: int) -> list[int]:
     if rule.last is None:
         return []
     store = run.store
-    keep = kept(newest, rule.last, rule.every)
+    keep = kept(newest, rule.last, rule.every) | set(range(max(0, newest - run.cfg.train.max_staleness), newest + 1))
     pruned = []
     for k in range(1, newest):
         if k in keep or _eval_due(run, k):
