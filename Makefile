@@ -31,7 +31,7 @@ demo: $(STAMP)
 # per machine) on generated one-step multiplication word problems, held-out accuracy before and
 # after; see examples/. DEMO_DIR as for `make demo`; REAL_CONFIG=examples/gsm8k_format.yaml for
 # the GSM8K-format example (it learns the format, not the arithmetic: REAL_ITERS=4 shows it).
-REAL_ITERS ?= 20
+REAL_ITERS ?= 8
 REAL_CONFIG ?= examples/real.yaml
 demo-real: $(STAMP)
 	$(BIN)/pip install -q -e ".[real]"

@@ -1,6 +1,6 @@
 """`make demo-real`: GRPO on a real pretrained model (SmolLM2-135M-Instruct) on this machine.
 
-    python examples/demo_real.py [--dir runs/demo-real] [--iters 20] [--config examples/real.yaml]
+    python examples/demo_real.py [--dir runs/demo-real] [--iters 8] [--config examples/real.yaml]
                                  [--model DIR] [--seed 0] [--set key=value ...]
 
 Generates the problems its config's task module writes (TASKS: examples/real.yaml takes the
@@ -73,7 +73,7 @@ def accuracy_line(label: str, summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", "runs/demo-real")))
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--config", type=Path, default=HERE / "real.yaml", help=f"an example config ({', '.join(TASKS)})")
     ap.add_argument("--model", default=os.environ.get("GRPO_DEMO_MODEL"))
     ap.add_argument("--seed", type=int, default=0)
