@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             print(accuracy_line(f"after GRPO (policy {last}) ", final))
             print(f"held-out accuracy: {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f} "
                   f"(reward {first['eval/reward']:.3f} -> {final['eval/reward']:.3f}; policy 0 -> {last}) "
-                  f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)", flush=True)
+                  f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)"
+                  + (" [resumed: the seconds are this call's, the evals' all of the run's]" if resumed else ""), flush=True)
             summary = {"iters": last, "first": first, "final": final, "grpo_s": grpo_s, "eval_s": eval_s,
                        "train_s": grpo_s - eval_s, "resumed": resumed}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
