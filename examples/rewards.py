@@ -83,3 +83,10 @@ def check_numbers(prompts, completions, answer, **kwargs) -> list[float]:
     """1.0 when the completion's last number is the gold answer, tags or not (partial credit for
     getting the arithmetic right before getting the format right)."""
     return [1.0 if _number(_text(c)) == float(gold) else 0.0 for c, gold in zip(completions, answer)]
+
+
+def last_number_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion's last number is the gold answer (`6 * 7 = 42.`, `$42`), else 0.
+    The times-table demo's only reward (examples/real.yaml): an answer cut off by the token
+    limit, or buried before more talk, scores 0, so being right and brief is what pays."""
+    return [1.0 if _number(_text(c)) == float(gold) else 0.0 for c, gold in zip(completions, answer)]

@@ -1,5 +1,6 @@
-"""examples/: the real-model demo's generated word problems, its TRL-style reward functions
-(loaded by path as a user's file is) and its config."""
+"""examples/: the real-model demo's generated problems (times_problems for examples/real.yaml,
+word_problems for examples/gsm8k_format.yaml), its TRL-style reward functions (loaded by path
+as a user's file is) and its configs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
 
+import demo_real  # noqa: E402
+import times_problems  # noqa: E402
 import word_problems  # noqa: E402
 
 
@@ -67,14 +70,54 @@ def test_rewards_give_partial_credit(monkeypatch):
     assert _load("check_numbers")(None, completions, answer=gold) == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
 
 
-def test_real_config_validates_and_loads_its_rewards(monkeypatch):
+def test_times_problems_are_seeded_split_and_correct(tmp_path):
+    a = times_problems.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
+    b = times_problems.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    train, eval_ = ([json.loads(line) for line in p.read_text().splitlines()] for p in a)
+    assert (len(train), len(eval_)) == (300, 30)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in eval_}
+    wordings = set()
+    for row in train + eval_:
+        x, y, product = map(int, re.fullmatch(r"(\d) \* (\d) = (\d+)", row["working"]).groups())
+        assert 2 <= x <= 9 and 2 <= y <= 9 and product == x * y == int(row["answer"])
+        assert sorted(map(int, re.findall(r"\d+", row["prompt"]))) == sorted([x, y])  # the question holds both factors
+        wordings.add(re.sub(r"\d+", "N", row["prompt"]).split(".")[-2][-12:])
+    assert len(wordings) >= 5  # varied wording
+
+
+def test_last_number_correct(monkeypatch):
+    monkeypatch.chdir(REPO)
+    completions = [c("6 * 7 = 42"), c("She has 6 * 7 = 42 apples."), c("That is $42."), c("42 apples, not 6 * 7 = 41"),
+                   c("To solve this problem, we need to multiply 6 by"), c("6 * 7 = 4"), c(""), c("1,042")]
+    # right only when the LAST number is 42: a cut-off answer (`= 4`, `by`) or a later number scores 0
+    assert _load("last_number_correct")(None, completions, answer=["42"] * 8) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("name", sorted(demo_real.TASKS))
+def test_example_configs_validate_and_load_their_rewards(monkeypatch, tmp_path, name):
     from pipeline import config as config_mod
     from pipeline.rewards.contract import load_reward
 
     monkeypatch.chdir(REPO)
-    cfg = config_mod.load(REPO / "examples" / "real.yaml")
-    assert cfg.data.system_prompt == word_problems.SYSTEM_PROMPT
+    cfg = config_mod.load(REPO / "examples" / name)
+    task = {"times_problems": times_problems, "word_problems": word_problems}[demo_real.TASKS[name]]
+    assert cfg.data.system_prompt == task.SYSTEM_PROMPT
     assert cfg.eval.reward in [r.column for r in cfg.rewards]
     assert cfg.train.keep_policies.last == 2
+    assert cfg.train.lora.r == 16
     for j, spec in enumerate(cfg.rewards):
         assert callable(load_reward(spec, index=j))
+    # the demo fills in the task's generated data and the model, and refuses a config it has no task for
+    filled = demo_real.real_config(REPO / "examples" / name, tmp_path / "data", tmp_path / "model", 0, [])
+    assert (filled.data.train, filled.data.eval) == (str(tmp_path / "data" / "train.jsonl"), str(tmp_path / "data" / "eval.jsonl"))
+    assert filled.model == str(tmp_path / "model")
+
+
+def test_demo_real_refuses_an_unknown_config(tmp_path):
+    from pipeline.errors import GRPOError
+
+    other = tmp_path / "mine.yaml"
+    other.write_text((REPO / "examples" / "real.yaml").read_text())
+    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml\)"):
+        demo_real.real_config(other, tmp_path / "data", tmp_path / "model", 0, [])
