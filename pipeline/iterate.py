@@ -2,7 +2,8 @@
 
 What is done is skipped and what died is redone, so rerunning the same command after a crash
 finishes the same N iterations, never more. The engines stay warm: vLLM receives each new
-policy in place (`reload_weights`), the logprob models and the DeepSpeed trainer are kept.
+policy in place (`reload_weights`, from the stored policy or, with rollout.weight_sync memory,
+from the trainer's memory), the logprob models and the DeepSpeed trainer are kept.
 The artifacts are the ones the four separate commands write (the tests compare hashes).
 """
 
@@ -14,7 +15,7 @@ from typing import Callable
 from pipeline.report import tracking
 from pipeline.evaluate import eval_summary, run_eval
 from pipeline.logprobs import load_model, pass_plan, run_logprobs
-from pipeline.rollout import policy_engine, run_rollout
+from pipeline.rollout import engine_plan, policy_engine, run_rollout
 from pipeline.store.run import Run
 from pipeline.score import run_score
 from pipeline.update.publish import run_update
@@ -28,9 +29,17 @@ class WarmEngines:
         self.engine = None
         self.models: dict = {}
         self.trainer = None
+        # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
+        # before any engine or model loads
+        self.plan = engine_plan(run, run.completed_iters(), shared=True)
 
     def rollout_engine(self, k: int):
-        self.engine = policy_engine(self.run, k, self.engine)
+        """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
+        weights where the trainer just published policy k (else it reads the stored policy)."""
+        weights = None
+        if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
+            weights = self.trainer.published_weights(self.run.policy_dir(k))
+        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights)
         return self.engine
 
     def logprob_models(self, k: int) -> dict:

@@ -38,7 +38,8 @@ PROMPT = [[3, 4, 5, 6, 7, 8]]
 
 
 def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
-    from pipeline.models.engines import VLLMEngine, cpu_env
+    from pipeline.models.engines import cpu_env
+    from pipeline.models.vllm_engine import VLLMEngine
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12)
@@ -64,7 +65,7 @@ def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
 
 def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
     """The sampled tokens' logprobs from vLLM equal the teacher-forced HF logprobs."""
-    from pipeline.models.engines import VLLMEngine
+    from pipeline.models.vllm_engine import VLLMEngine
 
     _, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, temperature=0.7)
@@ -80,7 +81,7 @@ def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
 
 
 def test_hf_engine_is_seeded_per_group(two_policies):
-    from pipeline.models.engines import HFEngine
+    from pipeline.models.hf_engine import HFEngine
 
     a, _ = two_policies
     eng = HFEngine(a, RolloutConfig(engine="hf", max_new_tokens=10), 256, seed=0)
@@ -99,7 +100,8 @@ def test_sleeping_engine_gives_kv_cache_and_weights_back_and_wakes_to_the_same_s
     """`iterate` lets the idle engine sleep while it trains: its KV cache and weights go back
     to the OS. A generate wakes it with the weights it had, a load with new ones, and either
     samples exactly what an engine that never slept samples."""
-    from pipeline.models.engines import VLLMEngine, kv_cache_bytes
+    from pipeline.models.engine_memory import kv_cache_bytes
+    from pipeline.models.vllm_engine import VLLMEngine
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, kv_cache_gib=0.5)

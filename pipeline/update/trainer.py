@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +26,7 @@ from pipeline.models.tokens import resolve_precision, shared_budget_batches, tok
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.store import MANIFEST
+from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -35,42 +34,6 @@ if TYPE_CHECKING:
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_OWN_ENV: dict[str, str] = {}
-"""The launcher variables `init_distributed` set itself (no launcher); `Trainer.close` takes them back."""
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group, or make a one-process gloo group without one."""
-    import deepspeed
-
-    if "RANK" not in os.environ:  # no launcher: DeepSpeed would try MPI discovery and fail
-        _OWN_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        os.environ.update(_OWN_ENV)
-    if not torch.cuda.is_available():
-        _no_shm_comm_op()  # before DeepSpeed's backend starts, here or in deepspeed.initialize
-    if not torch.distributed.is_initialized():
-        with captured():
-            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-    return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-
-def _no_shm_comm_op() -> None:
-    """On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce op
-    (g++ for 100-200 s in the first process of an environment; every later process checks and
-    loads it) that serves only its inference all-reduce: training reduces over gloo. Marked
-    unavailable, it is neither built nor loaded, so the first update of a new environment no
-    longer stalls for minutes, nor does its process do anything the later ones do not."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def steps_per_iter(cfg: Config) -> int:
@@ -95,30 +58,10 @@ def lr_lambda(cfg: Config):
     return f
 
 
-def ds_config(cfg: Config, world: int) -> dict:
-    t = cfg.train
-    micro = t.mini_batch_size // t.grad_accum
-    if micro % world:
-        raise GRPOError(f"train.mini_batch_size / grad_accum ({micro}) must be divisible by the {world} processes")
-    return {
-        "train_micro_batch_size_per_gpu": micro // world,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.max_grad_norm,
-        "optimizer": {
-            "type": "AdamW",
-            # torch's AdamW: avoids a 30-50 s JIT build of FusedAdam on the CPU
-            "params": {"lr": t.lr, "betas": list(t.betas), "eps": 1e-8, "weight_decay": t.weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.bf16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
 class Trainer:
     """A DeepSpeed engine over the policy, kept alive across iterations by `iterate`."""
 
+    @deepspeed_env
     def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None, base_dir: Path | None = None):
         """`base_dir`: with train.lora, the base (policy 0) that `policy_dir`'s adapter sits on."""
         import deepspeed
@@ -146,6 +89,7 @@ class Trainer:
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
+        self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
         self.share_prompts = not cfg.train.gradient_checkpointing  # a checkpointed layer cannot write the prompts' KV cache
         a = cfg.advantages.kl_in_reward
         self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
@@ -161,6 +105,7 @@ class Trainer:
         )
 
     # -- state ---------------------------------------------------------------------------
+    @deepspeed_env
     def save_state(self, out: Path) -> None:
         # LoRA: the frozen base is policy 0; the state holds the adapter and its optimizer only.
         # No zip CRC32 in torch.save: 0.98 -> 0.45 s for SmolLM2-135M's 1.6 GB state (page cache
@@ -173,6 +118,7 @@ class Trainer:
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
+    @deepspeed_env
     def load_state(self, src: Path) -> None:
         path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=self.cfg.train.lora is None)
         if path is None:
@@ -181,6 +127,7 @@ class Trainer:
         self.global_step = meta["global_step"]
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
+    @deepspeed_env
     def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> None:
         """A plain HF model dir with the fp32 master weights (consolidated under ZeRO-3/bf16)."""
         module = self.engine.module
@@ -192,6 +139,8 @@ class Trainer:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
+        if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
+            self.published = (out, state if state is not None else module.state_dict())
         if self.rank == 0 and self.cfg.train.lora is not None:
             from pipeline.models.lora import save_adapter
 
@@ -208,17 +157,27 @@ class Trainer:
                 if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
                     shutil.copy2(f, out / f.name)
 
+    def published_weights(self, policy_dir: Path) -> list | None:
+        """rollout.weight_sync memory: the weights `save_policy` wrote, once published as
+        `policy_dir`, as (name, tensor) pairs named as its safetensors files name them; else None.
+        They are handed over once (the reference is dropped)."""
+        if self.published is None or self.published[0] != Path(policy_dir):
+            return None
+        from safetensors import safe_open
+
+        names = set()
+        for f in sorted(Path(policy_dir).glob("*.safetensors")):
+            with safe_open(f, "pt") as st:
+                names.update(st.keys())
+        state, self.published = self.published[1], None
+        return [(n, t.detach()) for n, t in state.items() if n in names]
+
     def close(self) -> None:
-        """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down."""
-        if torch.distributed.is_initialized():
-            _barrier()
-            torch.distributed.destroy_process_group()
-        for key, value in list(_OWN_ENV.items()):  # what runs next in this process (a vLLM engine) sees no launcher
-            if os.environ.get(key) == value:
-                del os.environ[key]
-            del _OWN_ENV[key]
+        self.published = None
+        close_distributed()
 
     # -- one iteration -------------------------------------------------------------------
+    @deepspeed_env
     def train_iteration(self, data: "UpdateData", k: int) -> list[dict]:
         t = self.cfg.train
         n, rows = data.size, []
@@ -362,8 +321,3 @@ class Trainer:
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
-
-
-def _barrier() -> None:
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.barrier()
