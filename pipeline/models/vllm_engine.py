@@ -8,6 +8,7 @@ device (eager or CUDA graphs, memory fraction, sleep mode) is a `device_plan.Eng
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pipeline.config import RolloutConfig
@@ -15,6 +16,19 @@ from pipeline.errors import GRPOError
 from pipeline.models import engine_memory as mem
 from pipeline.models.device_plan import EnginePlan, plan_engine, this_device
 from pipeline.models.engines import Sample, cpu_env, environment_kept
+
+
+def _env_kept(method):
+    """`method` run inside `environment_kept`: what vLLM and torch set in os.environ as they run
+    (torch's compiled-kernel loader leaves a pointer of this process there) stays out of the
+    processes started later."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with environment_kept():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 class VLLMEngine:
@@ -66,6 +80,7 @@ class VLLMEngine:
         self._asleep: set[str] = set()  # vLLM sleep mode: the memory tags not yet woken
         self._weights_stale = False  # level 2 discarded the weights: a wake reloads them
 
+    @_env_kept
     def sleep(self) -> None:
         """Give the idle engine's memory back while the rest of an `iterate` iteration runs
         beside it: the KV cache, and the weights, which the next iteration replaces by `load`
@@ -86,6 +101,7 @@ class VLLMEngine:
         if self._kv_released or self._weights_released:
             mem.trim_heap()
 
+    @_env_kept
     def wake(self) -> None:
         """Take the KV cache and the weights back (before anything generates through `self.llm`):
         the weights come again from `model_dir`, unless a `load` already brought new ones."""
@@ -106,6 +122,7 @@ class VLLMEngine:
             self.llm.wake_up(tags=sorted(tags))
             self._asleep -= tags
 
+    @_env_kept
     def load(self, model_dir: Path, weights: list | None = None) -> None:
         """Swap in new weights without restarting the engine (same architecture): those stored
         in `model_dir`, or `weights` ((name, tensor) pairs as the checkpoint names them, e.g.
@@ -123,6 +140,7 @@ class VLLMEngine:
         self.llm.collective_rpc(_retie_lm_head)
         self.model_dir = Path(model_dir)
 
+    @_env_kept
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False) -> list[list[Sample]]:
         from vllm import SamplingParams
 

@@ -19,10 +19,6 @@ import socket
 from pipeline.errors import GRPOError
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-_OWN_GROUP: list[bool] = []
-"""[True] once `init_distributed` made the group itself (no launcher)."""
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,15 +62,14 @@ def init_distributed(device=None) -> tuple[int, int]:
         # no launcher: without these DeepSpeed would try MPI discovery and fail
         with _set_for_now(own), captured():
             deepspeed.init_distributed(dist_backend=dist_backend(device))
-        _OWN_GROUP[:] = [not launched()]
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 @contextlib.contextmanager
 def local_rank_env():
-    """LOCAL_RANK set inside, where the group is this process's own: DeepSpeed's engine reads it
-    from os.environ as it starts and (ZeRO-3) as it trains."""
-    own = {"LOCAL_RANK": "0"} if _OWN_GROUP and _OWN_GROUP[0] and "LOCAL_RANK" not in os.environ else {}
+    """LOCAL_RANK set inside where no launcher set it (the group is, or will be, this process's
+    own): DeepSpeed's engine reads it from os.environ as it starts and (ZeRO-3) as it trains."""
+    own = {"LOCAL_RANK": "0"} if not launched() and "LOCAL_RANK" not in os.environ else {}
     with _set_for_now(own):
         yield
 
@@ -91,13 +86,16 @@ def deepspeed_env(fn):
 
 
 def close_distributed() -> None:
-    """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down."""
+    """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down. Through
+    DeepSpeed, which then drops the groups it derived from this one: torn down behind its back,
+    its next engine in this process (a second `iterate`) would use them and fail."""
     import torch
 
     if torch.distributed.is_initialized():
+        import deepspeed.comm
+
         barrier()
-        torch.distributed.destroy_process_group()
-    _OWN_GROUP.clear()
+        deepspeed.comm.destroy_process_group()
 
 
 def barrier() -> None:

@@ -1,0 +1,52 @@
+"""`iterate` with rollout.weight_sync memory: the trainer's weights reach the warm vLLM engine
+from memory, the stored policy is still written and hashed, and every artifact equals those of
+a run whose engine reloads the stored policy (weight_sync disk, the default)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import grpo
+
+pytestmark = pytest.mark.slow
+
+
+def outputs(run: Path, k: int, stage: str) -> dict:
+    return json.loads((run / f"iter-{k:04d}" / stage / "MANIFEST.json").read_text())["outputs"]
+
+
+def policy_hash(run: Path, k: int) -> str:
+    return json.loads((run / "policy" / f"iter-{k:04d}" / "MANIFEST.json").read_text())["policy_hash"]
+
+
+def test_memory_weight_sync_writes_what_a_disk_reload_writes(make_run):
+    from pipeline.iterate import iterate
+    from pipeline.models.vllm_engine import VLLMEngine
+    from pipeline.store.run import Run
+
+    disk = Path(make_run("disk"))
+    memory = Path(make_run("memory", rollout={"weight_sync": "memory"}))
+    grpo("iterate", str(disk), "--iters", "2")
+
+    loads, load = [], VLLMEngine.load
+
+    def recorded(self, model_dir, weights=None):  # the real load, noting where the weights came from
+        loads.append((Path(model_dir).name, "memory" if weights is not None else "disk"))
+        return load(self, model_dir, weights=weights)
+
+    VLLMEngine.load = recorded
+    try:
+        iterate(Run(str(memory)), 2)
+    finally:
+        VLLMEngine.load = load
+    assert loads == [("iter-0001", "memory")]  # policy 1 reached the warm engine from the trainer
+    for k in range(2):
+        for stage in ("rollout", "score", "logprobs"):
+            assert outputs(disk, k, stage) == outputs(memory, k, stage), (k, stage)
+        assert outputs(disk, k, "update")["metrics.parquet"] == outputs(memory, k, "update")["metrics.parquet"]
+    for k in range(3):  # still written and hashed, and the same policy
+        assert policy_hash(disk, k) == policy_hash(memory, k)
+    assert ": ok, 2 iteration(s)" in grpo("audit", str(memory)).stdout
