@@ -23,30 +23,32 @@ def policy_hash(run: Path, k: int) -> str:
 
 
 def test_memory_weight_sync_writes_what_a_disk_reload_writes(make_run):
+    """Both runs in this process (one engine at a time), so that they differ only in where the
+    warm engine's new weights come from."""
     from pipeline.iterate import iterate
     from pipeline.models.vllm_engine import VLLMEngine
     from pipeline.store.run import Run
 
-    disk = Path(make_run("disk"))
-    memory = Path(make_run("memory", rollout={"weight_sync": "memory"}))
-    grpo("iterate", str(disk), "--iters", "2")
-
+    runs = {"disk": Path(make_run("disk")), "memory": Path(make_run("memory", rollout={"weight_sync": "memory"}))}
     loads, load = [], VLLMEngine.load
 
     def recorded(self, model_dir, weights=None):  # the real load, noting where the weights came from
-        loads.append((Path(model_dir).name, "memory" if weights is not None else "disk"))
+        loads.append((Path(model_dir).parent.parent.name, Path(model_dir).name, "memory" if weights is not None else "disk"))
         return load(self, model_dir, weights=weights)
 
     VLLMEngine.load = recorded
     try:
-        iterate(Run(str(memory)), 2)
+        for run in runs.values():
+            iterate(Run(str(run)), 2)
     finally:
         VLLMEngine.load = load
-    assert loads == [("iter-0001", "memory")]  # policy 1 reached the warm engine from the trainer
+    # policy 1 reached each warm engine once: read from disk, or handed over by the trainer
+    assert loads == [("disk", "iter-0001", "disk"), ("memory", "iter-0001", "memory")]
+    disk, memory = runs["disk"], runs["memory"]
     for k in range(2):
         for stage in ("rollout", "score", "logprobs"):
             assert outputs(disk, k, stage) == outputs(memory, k, stage), (k, stage)
         assert outputs(disk, k, "update")["metrics.parquet"] == outputs(memory, k, "update")["metrics.parquet"]
     for k in range(3):  # still written and hashed, and the same policy
         assert policy_hash(disk, k) == policy_hash(memory, k)
-    assert ": ok, 2 iteration(s)" in grpo("audit", str(memory)).stdout
+    assert ": ok, 2 iteration(s)" in grpo("audit", str(memory)).stdout  # a grpo command after in-process updates
