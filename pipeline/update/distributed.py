@@ -89,6 +89,8 @@ def close_distributed() -> None:
     """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down. Through
     DeepSpeed, which then drops the groups it derived from this one: torn down behind its back,
     its next engine in this process (a second `iterate`) would use them and fail."""
+    import sys
+
     import torch
 
     if torch.distributed.is_initialized():
@@ -96,6 +98,12 @@ def close_distributed() -> None:
 
         barrier()
         deepspeed.comm.destroy_process_group()
+        return
+    # the group is already gone (in `iterate`, vLLM's engine closed the group it made and the
+    # trainer joined): DeepSpeed still holds the groups it derived from it
+    release = getattr(sys.modules.get("deepspeed.utils.groups"), "_release_process_group_references", None)
+    if release is not None:
+        release(group=None)
 
 
 def barrier() -> None:
