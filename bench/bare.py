@@ -157,7 +157,7 @@ class BareDeepSpeed:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from pipeline.update.trainer import ds_config, init_distributed
+        from pipeline.update.distributed import ds_config, init_distributed, local_rank_env
 
         self.cfg = cfg
         self.micro_batch = micro_batch or cfg.train.mini_batch_size // cfg.train.grad_accum
@@ -171,7 +171,8 @@ class BareDeepSpeed:
 
             model = get_peft_model(model, peft_config(cfg.train.lora))
         params = [p for p in model.parameters() if p.requires_grad]
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(cfg, 1))
+        with local_rank_env():  # DeepSpeed reads it as it starts
+            self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(cfg, 1))
 
     def step_loop(self, k: int, data: dict) -> dict:
         from pipeline.models.tokens import autocast

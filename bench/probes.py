@@ -246,7 +246,7 @@ def install_product_probes(probes: Probes) -> None:
 
     for name, patch in {
         "pipeline.iteration": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
-        "pipeline.update.publish": publish, "pipeline.models.engines": engines, "pipeline.update.trainer": trainer,
+        "pipeline.update.publish": publish, "pipeline.models.vllm_engine": engines, "pipeline.update.trainer": trainer,
         "pipeline.update.data": lambda m: pm(m.UpdateData, "__init__", "update_data"),
         "pipeline.store": store, "pipeline.store.parts": lambda m: pf(m, "_rows", "parquet_read", io=True),
         "pipeline.store.run": lambda m: pf(m, "policy_manifest", "manifests", io=True),

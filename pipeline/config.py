@@ -19,12 +19,9 @@ from pipeline.config_errors import format_error, parse_overrides, read_tree, set
 from pipeline.errors import GRPOError
 from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.rewards.config import RewardSpec
-from pipeline.agents.options import AGENT_NEUTRAL, AgentOptions
+from pipeline.agents.options import AGENT_NEUTRAL
+from pipeline.rollout_config import RolloutConfig, Section as _Section
 from pipeline.staleness import uncorrectable
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
 class DataConfig(_Section):
@@ -42,53 +39,6 @@ class DataConfig(_Section):
     """System message prepended to every prompt when the chat template is applied."""
     chat_template: bool = True
     """Render prompts with the tokenizer's chat template; false feeds plain text prompts as they are."""
-
-
-class RolloutConfig(_Section, AgentOptions):
-    """Sampling of G completions per prompt (stage 1); with tools or an environment, G multi-turn
-    episodes (the options in pipeline.agents.options)."""
-
-    engine: Literal["vllm", "hf"] = "vllm"
-    """Generation engine: vllm (default) or hf (transformers generate, for machines without vLLM)."""
-    num_generations: int = Field(8, ge=2, le=1024)
-    """G: completions sampled per prompt; the group whose rewards are normalised together."""
-    prompts_per_iter: int = Field(16, ge=1)
-    """Prompts drawn per iteration (epoch-wise shuffle of data.train, seeded by `seed`)."""
-    groups_per_part: int = Field(64, ge=1)
-    """Groups (prompts) per Parquet part; parts are the unit of sharding and of resume."""
-    max_new_tokens: int = Field(64, ge=1)
-    """Maximum completion length in tokens; longer completions are truncated (finish_reason=length)."""
-    temperature: float = Field(1.0, gt=0.0)
-    """Sampling temperature; logprobs are computed from logits divided by it, as TRL does."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
-    top_k: int = Field(0, ge=0)
-    """Top-k sampling; 0 disables."""
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    """Min-p sampling; 0 disables."""
-    stop: list[str] = []
-    """Extra stop strings (EOS always stops)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Engine dtype. auto: the trainer's arithmetic (`train.precision` as resolved on this machine),
-    bfloat16 where it trains under bf16 autocast, else float32; the sampler then runs at the
-    precision the trainer computes its logprobs at, with half the weights and KV cache of fp32."""
-    max_model_len: int | None = Field(None, ge=16)
-    """vLLM context length; None = longest prompt + max_new_tokens, capped by the model's context."""
-    kv_cache_gib: float | None = Field(None, gt=0.0)
-    """vLLM CPU KV-cache size in GiB; None = what one part needs: groups_per_part x G sequences
-    of (prompt allowance + max_new_tokens) tokens x the model's KV bytes per token, with a floor."""
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    """vLLM GPU memory fraction (GPU machines only)."""
-    tensor_parallel_size: int = Field(1, ge=1)
-    """vLLM tensor parallelism (GPU machines)."""
-    data_parallel_size: int = Field(1, ge=1)
-    """vLLM data parallelism (GPU machines)."""
-    lora_mode: Literal["merged", "vllm_lora"] = "merged"
-    """With train.lora: how vLLM samples from an adapter policy. merged (default): the adapter is
-    merged into the base and loaded in place as plain weights (fastest on CPU); vllm_lora: vLLM's
-    own LoRA layers serve the adapter (`enable_lora`, a `LoRARequest` per policy; for GPU machines)."""
-    max_lora_rank: int | None = Field(None, ge=1)
-    """vllm_lora only: vLLM's max_lora_rank; None = train.lora.r rounded up to a rank vLLM supports."""
 
 
 class KLRewardConfig(_Section):
@@ -295,6 +245,8 @@ class Config(_Section):
             raise ValueError("train.lora: the reference is the base with the adapter off; leave ref_model unset")
         if self.rollout.lora_mode == "vllm_lora" and (self.train.lora is None or self.rollout.engine != "vllm"):
             raise ValueError("rollout.lora_mode vllm_lora needs train.lora and rollout.engine vllm")
+        if self.rollout.weight_sync == "memory" and self.train.lora is not None:
+            raise ValueError("rollout.weight_sync memory hands over full weights; with train.lora use weight_sync disk")
         if self.loss.type == "reinforce" and self.train.epochs > 1:
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
         if why := self.loss.rollout_correction.refusal(self.rollout.top_p, self.rollout.top_k, self.rollout.min_p):
@@ -344,6 +296,8 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
     **AGENT_NEUTRAL,
     ("train", "max_staleness"): 0,
+    ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
+    ("rollout", "weight_sync"): "disk",
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option

@@ -2,7 +2,8 @@
 
 What is done is skipped and what died is redone, so rerunning the same command after a crash
 finishes the same N iterations, never more. The engines stay warm: vLLM receives each new
-policy in place (`reload_weights`), the logprob models and the DeepSpeed trainer are kept.
+policy in place (`reload_weights`, from the stored policy or, with rollout.weight_sync memory,
+from the trainer's memory), the logprob models and the DeepSpeed trainer are kept.
 The artifacts are the ones the four separate commands write (the tests compare hashes).
 """
 

@@ -10,7 +10,7 @@ from pipeline.report import tracking
 from pipeline.evaluate import eval_summary
 from pipeline.logprobs import load_model, run_logprobs
 from pipeline.plan import pass_plan
-from pipeline.rollout import policy_engine
+from pipeline.rollout import engine_plan, policy_engine
 from pipeline.store.run import Run
 from pipeline.score import run_score
 from pipeline.update.publish import run_update
@@ -23,10 +23,17 @@ class WarmEngines:
         self.engine = None
         self.models: dict = {}
         self.trainer = None
+        # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
+        # before any engine or model loads
+        self.plan = engine_plan(run, run.completed_iters(), shared=True)
 
     def rollout_engine(self, k: int):
-        """The engine holding policy k (a rollout's behaviour policy, or the policy evaluated)."""
-        self.engine = policy_engine(self.run, k, self.engine)
+        """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
+        weights where the trainer just published policy k (else it reads the stored policy)."""
+        weights = None
+        if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
+            weights = self.trainer.published_weights(self.run.policy_dir(k))
+        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights)
         return self.engine
 
     def logprob_models(self, k: int) -> dict:

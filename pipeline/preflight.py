@@ -10,16 +10,20 @@ Here, with the dataset's header in hand:
     every dataset column (so either **kwargs or each of them by name); an argument it asks
     for without a default must be one of those or a `kwargs` option;
   - the column a built-in reads by name (correct's answer_column, code_tests' tests_column)
-    is in the dataset.
+    is in the dataset;
   - with rollout.tools / rollout.environment (pipeline.agents.setup): every tool imports and has
     type hints and a docstring, the environment class has reset, and the model's chat template
-    (or the Hermes fallback) can express a tool exchange.
+    (or the Hermes fallback) can express a tool exchange;
+  - on a GPU machine, that vLLM and the trainer each fit on one GPU (pipeline.models.device_plan;
+    the split of one GPU between them in `iterate` is checked when it starts, before any engine
+    loads, since separate stage commands never share it). A CPU machine cannot know the GPU.
 Each failure is one GRPOError line naming the key and the file.
 """
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.data import dataset_columns, prompt_columns
@@ -76,12 +80,31 @@ def check(cfg: Config) -> list[str]:
                     f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
                     f"(columns: {', '.join(train_columns)})"
                 )
+    check_device(cfg)
     if cfg.rollout.agentic:
         from pipeline.agents.setup import check as check_agents
 
         note = check_agents(cfg)
         return [note] if note else []
     return []
+
+
+def check_device(cfg: Config, device=None) -> None:
+    """On a GPU (`device`, default this machine's): the engine alone and the trainer alone fit."""
+    from pipeline.models import device_plan as dp
+
+    if device is None and not dp.may_have_gpu():  # no NVIDIA driver: no GPU, and no torch import at init
+        return
+    device = device or dp.this_device()
+    model = Path(cfg.model)
+    if not device.cuda or not (model / "config.json").is_file():  # a GGUF file is converted after init
+        return
+    from pipeline.models.engines import model_context
+    from pipeline.rollout import engine_max_len
+
+    if cfg.rollout.engine == "vllm":
+        dp.plan_engine(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
+    dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), cfg, device)[1], device)
 
 
 def _column_options(spec) -> list[tuple[str, str]]:

@@ -69,12 +69,27 @@ class RolloutPlan:
         return derive_seed(self.run.cfg.seed, self.k, prompt_id)
 
 
-def policy_engine(run: Run, k: int, engine=None):
-    """An engine sampling from policy k (the policy's own index: a rollout passes its behaviour
-    policy b(k), eval the policy it evaluates): started, or given policy k in place. A LoRA policy
-    is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
+def engine_plan(run: Run, k: int, shared: bool = False):
+    """How a vLLM engine for policy k uses this machine (pipeline.models.device_plan), None for
+    rollout.engine hf. `shared`: the trainer shares the GPU (`iterate`). Raises the one-line
+    error of a GPU split that cannot fit: called before any engine loads."""
     cfg = run.cfg
-    lora, adapter = cfg.train.lora, None
+    if cfg.rollout.engine != "vllm":
+        return None
+    from pipeline.models.device_plan import plan_engine, this_device
+
+    plain = run.plain_dir(k)
+    return plan_engine(cfg.rollout, plain, engine_max_len(cfg, model_context(plain)), cfg.train.precision, this_device(),
+                       shared_with=cfg if shared else None)
+
+
+def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None = None):
+    """An engine sampling from policy k (the policy's own index: a rollout passes its behaviour
+    policy b(k), eval the policy it evaluates): started (as `plan` says), or given policy k in place,
+    from its stored directory or from `weights` equal to it (rollout.weight_sync memory). A
+    LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
+    cfg = run.cfg
+    lora, adapter, weights_given = cfg.train.lora, None, weights
     if lora is not None and cfg.rollout.lora_mode == "vllm_lora":
         weights = run.policy_dir(0)
         adapter = run.policy_dir(k) if k > 0 else None
@@ -89,9 +104,9 @@ def policy_engine(run: Run, k: int, engine=None):
 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         rank = vllm_rank(lora, cfg.rollout.max_lora_rank) if adapter is not None or cfg.rollout.lora_mode == "vllm_lora" else None
-        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank, precision=cfg.train.precision)
+        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank, precision=cfg.train.precision, plan=plan)
     elif engine.model_dir != weights:
-        engine.load(weights)
+        engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter
     return engine
 
@@ -147,13 +162,14 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     if run.done(k, "rollout"):
         return run.manifest(k, "rollout")
     plan = RolloutPlan(run, k)
+    device_plan = engine_plan(run, plan.policy_iter) if engine is None else None  # a split that cannot fit fails before any part
     stats = {"engine_start_s": 0.0, "tokens": 0, "generate_s": 0.0}
     owned = {"engine": engine}
 
     def make_part(part: int) -> pa.Table:
         if owned["engine"] is None:
             t = time.time()
-            owned["engine"] = policy_engine(run, plan.policy_iter)
+            owned["engine"] = policy_engine(run, plan.policy_iter, plan=device_plan)
             stats["engine_start_s"] += time.time() - t
         t = time.time()
         table = generate_part(plan, owned["engine"], part)

@@ -35,19 +35,6 @@ def _isolated_cache(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
-@pytest.fixture(autouse=True)
-def _no_env_leak():
-    """Each test leaves os.environ as it found it. A test that updates in process joins a
-    one-process group, which sets RANK, MASTER_PORT, ... while it holds that port, and code run
-    in process may set other variables; left there, every later `grpo` subprocess would inherit
-    them (and fail to bind the same port, or load other libraries than the runs before it), so
-    runs that a test compares would differ in more than the test means."""
-    from pipeline.models.engines import environment_kept
-
-    with environment_kept():
-        yield
-
-
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> dict:
     """Demo data (small) and a tiny warm-started model, built once for the whole session."""

@@ -184,7 +184,7 @@ def test_saved_model_loads_back_and_generates(trained, tokenizer):
 def greedy(model_dir, question: str, max_new_tokens: int) -> str:
     """The library's HF engine, greedy, on one demo question."""
     from pipeline.config import RolloutConfig
-    from pipeline.models.engines import HFEngine
+    from pipeline.models.hf_engine import HFEngine
 
     engine = HFEngine(model_dir, RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)
     ids = engine.tokenizer(tinymodel.chat_prompt(engine.tokenizer, question), add_special_tokens=False).input_ids

@@ -38,7 +38,8 @@ PROMPT = [[3, 4, 5, 6, 7, 8]]
 
 
 def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
-    from pipeline.models.engines import VLLMEngine, cpu_env
+    from pipeline.models.engines import cpu_env
+    from pipeline.models.vllm_engine import VLLMEngine
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12)
@@ -64,7 +65,7 @@ def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
 
 def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
     """The sampled tokens' logprobs from vLLM equal the teacher-forced HF logprobs."""
-    from pipeline.models.engines import VLLMEngine
+    from pipeline.models.vllm_engine import VLLMEngine
 
     _, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, temperature=0.7)
@@ -80,7 +81,7 @@ def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
 
 
 def test_hf_engine_is_seeded_per_group(two_policies):
-    from pipeline.models.engines import HFEngine
+    from pipeline.models.hf_engine import HFEngine
 
     a, _ = two_policies
     eng = HFEngine(a, RolloutConfig(engine="hf", max_new_tokens=10), 256, seed=0)
@@ -99,7 +100,8 @@ def test_sleeping_engine_gives_kv_cache_and_weights_back_and_wakes_to_the_same_s
     """`iterate` lets the idle engine sleep while it trains: its KV cache and weights go back
     to the OS. A generate wakes it with the weights it had, a load with new ones, and either
     samples exactly what an engine that never slept samples."""
-    from pipeline.models.engines import VLLMEngine, kv_cache_bytes
+    from pipeline.models.engine_memory import kv_cache_bytes
+    from pipeline.models.vllm_engine import VLLMEngine
 
     a, b = two_policies
     cfg = RolloutConfig(max_new_tokens=12, kv_cache_gib=0.5)
@@ -134,3 +136,62 @@ def _weight_bytes(worker) -> tuple[int, int]:
     model = worker.get_model()
     return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
             sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()))
+
+
+def _stored_names(policy) -> set[str]:
+    from safetensors import safe_open
+
+    names = set()
+    for f in policy.glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            names.update(st.keys())
+    return names
+
+
+def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_policies):
+    """rollout.weight_sync memory: a sleeping engine given policy b's tensors from a model in
+    this process (as `iterate` hands it the trainer's) samples exactly what it samples after
+    reading b's stored directory, and then holds b's directory as its model."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.models.vllm_engine import VLLMEngine
+
+    a, b = two_policies
+    module = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)
+    names = _stored_names(b)
+    weights = [(n, t.detach()) for n, t in module.state_dict().items() if n in names]
+    assert {n for n, _ in weights} == names
+    eng = VLLMEngine(a, RolloutConfig(max_new_tokens=12), 256, seed=0)
+    try:
+        from_a = eng.generate(PROMPT, [7], n=4)
+        eng.load(b)
+        from_disk = eng.generate(PROMPT, [7], n=4)
+        eng.load(a)
+        eng.sleep()  # as in `iterate`: the new policy reaches an engine asleep since the rollout
+        eng.load(b, weights=weights)
+        held = eng.model_dir
+        from_memory = eng.generate(PROMPT, [7], n=4)
+    finally:
+        eng.close()
+    assert held == b
+    for m, d in zip(from_memory[0], from_disk[0]):
+        assert m.token_ids == d.token_ids and m.logprobs == d.logprobs
+    assert [s.logprobs for s in from_a[0]] != [s.logprobs for s in from_disk[0]]
+
+
+def test_hf_engine_takes_weights_from_memory_like_from_disk(two_policies):
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.models.hf_engine import HFEngine
+
+    a, b = two_policies
+    module = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)
+    weights = [(n, t.detach()) for n, t in module.state_dict().items() if n in _stored_names(b)]
+    cfg = RolloutConfig(engine="hf", max_new_tokens=10)
+    disk, memory = HFEngine(a, cfg, 256, seed=0), HFEngine(a, cfg, 256, seed=0)
+    disk.load(b)
+    memory.load(b, weights=weights)
+    assert memory.model_dir == b
+    got, want = memory.generate(PROMPT, [4], n=3), disk.generate(PROMPT, [4], n=3)
+    assert [s.token_ids for s in got[0]] == [s.token_ids for s in want[0]]
+    assert [s.logprobs for s in got[0]] == [s.logprobs for s in want[0]]

@@ -140,7 +140,7 @@ def test_the_trainer_has_deepspeed_build_no_op_on_a_cpu(tmp_path):
     """DeepSpeed's shm comm op (inference all-reduce only) is neither JIT-built nor loaded: the
     first update of a fresh environment would compile it for 100-200 s inside the update."""
     extensions = tmp_path / "torch_extensions"  # empty, as in a new environment
-    probe = ("from pipeline.update.trainer import init_distributed; print(init_distributed()); "
+    probe = ("from pipeline.update.distributed import init_distributed; print(init_distributed()); "
              "from deepspeed.comm import comm; print('shm op:', comm.cdb.shm_comm_op)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "DS_ACCELERATOR": "cpu"})

@@ -102,15 +102,12 @@ ROW_BLOCK = 128
 works on at a time, in place, so a chunk costs one [tokens, V] buffer and not three."""
 
 
-def resolve_precision(precision: str) -> str:
-    """`train.precision` on this machine: auto -> bf16 where the hardware computes in bf16."""
-    if precision != "auto":
-        return precision
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    cpu = torch.cpu
-    fast = any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return "bf16" if fast else "fp32"
+def resolve_precision(precision: str, device=None) -> str:
+    """`train.precision` on `device` (default: this machine's): auto -> bf16 where the hardware
+    computes in bf16 (pipeline.models.device_plan)."""
+    from pipeline.models import device_plan
+
+    return device_plan.resolve_precision(precision, device or device_plan.this_device())
 
 
 def autocast(precision: str):

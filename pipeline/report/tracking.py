@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.report.tracking_names import TRACKING_JSON, Target
-from pipeline.store import cache_dir, is_rank0, sha256_bytes
+from pipeline.store import cache_dir, sha256_bytes
 from pipeline.store.run import Run
+from pipeline.update.distributed import is_rank_zero
 
 if TYPE_CHECKING:
     from pipeline.report.mlflow_run import Tracker
@@ -76,7 +77,7 @@ def reporting(run: Run, k: int, stage: str):
     The write path knows nothing of MLflow; the stages and `iterate` report through this."""
     fresh = not run.done(k, stage)
     yield
-    if fresh and is_rank0() and run.done(k, stage):
+    if fresh and is_rank_zero() and run.done(k, stage):
         log_stage(run, k, stage)
 
 

@@ -302,12 +302,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GRPO_CACHE_DIR", Path.home() / ".cache" / "grpo"))
 
 
-def is_rank0() -> bool:
-    """Whether this process is rank 0 of a torchrun/deepspeed launch (or runs without one): the
-    one that holds the locks, publishes and reports."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def hash_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -26,12 +26,13 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.store import cache_dir, canonical_hash, hash_dir, is_rank0, policy_rel, stage_rel
+from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
 from pipeline.store.retention import prune_policies
 from pipeline.store.run import Run, policy_manifest
 from pipeline.update.data import UpdateData
-from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer, _barrier, init_distributed
+from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
+from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer
 from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, UPDATE_METRICS
 from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
 
@@ -73,7 +74,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         raise GRPOError(f"update iteration {k}: update of iteration {k - 1} is not done")
     sd = stage_rel(k, "update")
     t0 = time.time()
-    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank0() else contextlib.nullcontext()
+    lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank_zero() else contextlib.nullcontext()
     with lock:
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
@@ -103,6 +104,8 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
             manifest = None
             if trainer.rank == 0:
                 manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash)
+                if trainer.published is not None:  # the weights it saved are now policy k+1 (rollout.weight_sync memory)
+                    trainer.published = (run.policy_dir(k + 1), trainer.published[1])
             _barrier()
     return manifest, trainer
 

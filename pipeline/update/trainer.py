@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,9 +27,9 @@ from pipeline.plan import steps_per_iter
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.rollout_correction import combine
-from pipeline.update.distributed import _OWN_ENV, _barrier, init_distributed  # noqa: F401  (publish imports them from here)
 from pipeline.update.step_metrics import across_ranks
 from pipeline.store import MANIFEST
+from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
 STATE = "state"
 TRAINER_JSON = "trainer.json"
-
-
 
 
 def lr_lambda(cfg: Config):
@@ -59,30 +56,10 @@ def lr_lambda(cfg: Config):
     return f
 
 
-def ds_config(cfg: Config, world: int) -> dict:
-    t = cfg.train
-    micro = t.mini_batch_size // t.grad_accum
-    if micro % world:
-        raise GRPOError(f"train.mini_batch_size / grad_accum ({micro}) must be divisible by the {world} processes")
-    return {
-        "train_micro_batch_size_per_gpu": micro // world,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.max_grad_norm,
-        "optimizer": {
-            "type": "AdamW",
-            # torch's AdamW: avoids a 30-50 s JIT build of FusedAdam on the CPU
-            "params": {"lr": t.lr, "betas": list(t.betas), "eps": 1e-8, "weight_decay": t.weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.bf16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
 class Trainer:
     """A DeepSpeed engine over the policy, kept alive across iterations by `iterate`."""
 
+    @deepspeed_env
     def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None, base_dir: Path | None = None):
         """`base_dir`: with train.lora, the base (policy 0) that `policy_dir`'s adapter sits on."""
         import deepspeed
@@ -110,6 +87,7 @@ class Trainer:
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
+        self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
         self.share_prompts = not cfg.train.gradient_checkpointing  # a checkpointed layer cannot write the prompts' KV cache
         a = cfg.advantages.kl_in_reward
         self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
@@ -125,6 +103,7 @@ class Trainer:
         )
 
     # -- state ---------------------------------------------------------------------------
+    @deepspeed_env
     def save_state(self, out: Path) -> None:
         # LoRA: the frozen base is policy 0; the state holds the adapter and its optimizer only.
         # No zip CRC32 in torch.save: 0.98 -> 0.45 s for SmolLM2-135M's 1.6 GB state (page cache
@@ -137,6 +116,7 @@ class Trainer:
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
+    @deepspeed_env
     def load_state(self, src: Path) -> None:
         path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=self.cfg.train.lora is None)
         if path is None:
@@ -145,6 +125,7 @@ class Trainer:
         self.global_step = meta["global_step"]
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
+    @deepspeed_env
     def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> None:
         """A plain HF model dir with the fp32 master weights (consolidated under ZeRO-3/bf16)."""
         module = self.engine.module
@@ -156,6 +137,8 @@ class Trainer:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
+        if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
+            self.published = (out, state if state is not None else module.state_dict())
         if self.rank == 0 and self.cfg.train.lora is not None:
             from pipeline.models.lora import save_adapter
 
@@ -172,17 +155,27 @@ class Trainer:
                 if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
                     shutil.copy2(f, out / f.name)
 
+    def published_weights(self, policy_dir: Path) -> list | None:
+        """rollout.weight_sync memory: the weights `save_policy` wrote, once published as
+        `policy_dir`, as (name, tensor) pairs named as its safetensors files name them; else None.
+        They are handed over once (the reference is dropped)."""
+        if self.published is None or self.published[0] != Path(policy_dir):
+            return None
+        from safetensors import safe_open
+
+        names = set()
+        for f in sorted(Path(policy_dir).glob("*.safetensors")):
+            with safe_open(f, "pt") as st:
+                names.update(st.keys())
+        state, self.published = self.published[1], None
+        return [(n, t.detach()) for n, t in state.items() if n in names]
+
     def close(self) -> None:
-        """Multi-process ZeRO-3 aborts at exit unless ranks meet and the group is torn down."""
-        if torch.distributed.is_initialized():
-            _barrier()
-            torch.distributed.destroy_process_group()
-        for key, value in list(_OWN_ENV.items()):  # what runs next in this process (a vLLM engine) sees no launcher
-            if os.environ.get(key) == value:
-                del os.environ[key]
-            del _OWN_ENV[key]
+        self.published = None
+        close_distributed()
 
     # -- one iteration -------------------------------------------------------------------
+    @deepspeed_env
     def train_iteration(self, data: "UpdateData", k: int) -> list[dict]:
         t = self.cfg.train
         n, rows = data.size, []

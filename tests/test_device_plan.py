@@ -1,0 +1,247 @@
+"""The GPU path's decisions, taken from device facts passed in: CUDA graphs or eager, vLLM's
+sleep level, bf16, NCCL or gloo, the memory estimates and the split of one GPU between vLLM and
+the trainer, and the one-line errors of a split that cannot fit. No GPU is needed: each
+decision is a function of a `Device`; the CPU's decisions are the path the suite runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import config as config_mod
+from pipeline.errors import GRPOError
+from pipeline.models import device_plan as dp
+from pipeline.models.device_plan import Device, ModelShape
+
+GiB = 1 << 30
+CPU = Device("cpu")
+CPU_BF16 = Device("cpu", 0, True)
+H100 = Device("cuda", 80 * GiB, True)
+GPU24 = Device("cuda", 24 * GiB, True)
+OLD_GPU = Device("cuda", 16 * GiB, False)  # no bf16 (a V100)
+
+SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json, the fields the estimates read
+    "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+    "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192,
+}
+QWEN_7B = {  # Qwen2.5-7B's shape
+    "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+}
+
+
+def make_cfg(**sections) -> config_mod.Config:
+    tree = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "format"}], **sections}
+    return config_mod.resolve(tree)
+
+
+def model_dir(tmp_path: Path, conf: dict) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    return tmp_path
+
+
+def test_cuda_graphs_unless_enforce_eager_and_always_eager_on_a_cpu():
+    for option in (None, True, False):
+        assert dp.enforce_eager(CPU, option) is True  # the CPU path as it always was
+    assert dp.enforce_eager(H100, None) is False  # CUDA graphs by default
+    assert dp.enforce_eager(H100, True) is True
+    assert dp.enforce_eager(H100, False) is False
+
+
+def test_sleep_mode_level_2_for_full_weights_1_for_served_adapters_none_on_a_cpu():
+    assert dp.sleep_level(H100, "merged") == 2  # weights and KV cache discarded: the next policy replaces them
+    assert dp.sleep_level(H100, "vllm_lora") == 1  # the base is offloaded and comes back: no iteration reloads it
+    assert dp.sleep_level(CPU, "merged") is None and dp.sleep_level(CPU, "vllm_lora") is None
+
+
+def test_bf16_by_default_where_the_device_computes_in_it():
+    assert dp.resolve_precision("auto", H100) == "bf16" and dp.engine_dtype("auto", "auto", H100) == "bfloat16"
+    assert dp.resolve_precision("auto", OLD_GPU) == "fp32" and dp.engine_dtype("auto", "auto", OLD_GPU) == "float32"
+    assert dp.resolve_precision("auto", CPU) == "fp32" and dp.resolve_precision("auto", CPU_BF16) == "bf16"
+    # explicit settings are kept, and rollout.dtype overrides what auto would follow
+    assert dp.resolve_precision("fp32", H100) == "fp32" and dp.engine_dtype("auto", "fp32", H100) == "float32"
+    assert dp.engine_dtype("float16", "auto", H100) == "float16" and dp.engine_dtype("bfloat16", "fp32", CPU) == "bfloat16"
+
+
+def test_tokens_resolve_precision_takes_the_device():
+    from pipeline.models.tokens import resolve_precision
+
+    assert resolve_precision("auto", H100) == "bf16" and resolve_precision("auto", OLD_GPU) == "fp32"
+    assert resolve_precision("auto") == dp.resolve_precision("auto", dp.this_device())
+
+
+def test_deepspeed_over_nccl_on_gpus_and_gloo_on_cpus():
+    assert dp.dist_backend(H100) == "nccl" and dp.dist_backend(CPU) == "gloo"
+
+
+def test_this_machine_is_a_cpu_here():
+    """The suite runs on CPU machines: the path it exercises end to end is the CPU one."""
+    import torch
+
+    assert dp.this_device().cuda == torch.cuda.is_available()
+
+
+def test_parameter_count_from_config_equals_the_weights_of_smollm2(smollm2):
+    """134,515,008 parameters: embedding 49152 x 576 = 28,311,552 (tied head) + 30 layers x
+    (q, o: 2 x 576 x 576 = 663,552; k, v: 2 x 576 x 192 = 221,184; MLP 3 x 576 x 1536 = 2,654,208;
+    norms 1,152) = 30 x 3,540,096 = 106,202,880 + final norm 576; counted here from the
+    safetensors headers of the converted model."""
+    import math
+
+    from safetensors import safe_open
+
+    shape = ModelShape.from_dir(Path(smollm2["dir"]))
+    stored = 0
+    for f in Path(smollm2["dir"]).glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            stored += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    assert shape.params == stored == 134_515_008
+    assert shape.kv_bytes_per_token("bfloat16") == 2 * 30 * 3 * 64 * 2 == 23_040
+    assert shape.kv_bytes_per_token("float32") == 46_080
+
+
+def test_trainer_estimates_full_bf16_and_lora():
+    shape = ModelShape.from_config(SMOLLM2)
+    P = 134_515_008
+    # full fp32, one step per iteration, no KL: 4 + 4 + 8 = 16 bytes a parameter, no logprob model kept
+    a = make_cfg(rollout={"prompts_per_iter": 4, "num_generations": 4}, train={"mini_batch_size": 16})
+    resident, peak = dp.trainer_bytes(shape, a, H100)
+    assert resident == 16 * P == 2_152_240_128
+    # activations 88 x 576 x 30 x 1024 tokens = 1,557,135,360; head 2 x 4 x 1024 x 49152 = 402,653,184
+    assert peak == 2_152_240_128 + 1_557_135_360 + 402_653_184
+    b = a.model_copy(update={"train": a.train.model_copy(update={"gradient_checkpointing": True})})
+    assert dp.trainer_bytes(shape, b, H100)[1] == 2_152_240_128 + 155_713_536 + 402_653_184  # a tenth of the activations
+    # train.bf16 (2 + 2 + 4 master + 4 accumulator + 8 moments = 20) with KL and a logprobs pass: ref and old kept, 4 + 4
+    c = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
+    assert dp.trainer_bytes(shape, c, H100)[0] == 28 * P == 3_766_420_224
+    # ZeRO-3 over 4 ranks splits weights, gradients and optimizer: 20P / 4, kept models unsplit
+    z = make_cfg(train={"bf16": True, "mini_batch_size": 8, "zero_stage": 3}, loss={"kl_coef": 0.05})
+    assert dp.trainer_bytes(shape, z, H100, world=4)[0] == 5 * P + 8 * P
+    # LoRA r16 under bf16: embedding fp32 4 x 28,311,552 + linears bf16 2 x 106,203,456 = 325,653,120;
+    # adapter 16 x 30 x (2 x (576+576) + 2 x (576+192) + 3 x (576+1536)) = 4,884,480 params x 16 = 78,151,680;
+    # with KL one fp32 base kept for old and ref: 4P = 538,060,032
+    d = make_cfg(train={"lora": {"r": 16}, "precision": "auto", "mini_batch_size": 8}, loss={"kl_coef": 0.05})
+    assert shape.lora_params(16) == 4_884_480
+    assert dp.trainer_bytes(shape, d, H100)[0] == 325_653_120 + 78_151_680 + 538_060_032
+    assert dp.trainer_bytes(shape, d, OLD_GPU)[0] == 4 * P + 78_151_680 + 538_060_032  # no bf16: the base stays fp32
+
+
+def test_engine_minimum_is_weights_one_sequence_of_kv_and_the_overhead():
+    shape = ModelShape.from_config(SMOLLM2)
+    # 2 x 134,515,008 + 23,040 x 2048 + 1 GiB
+    assert dp.engine_min_bytes(shape, "bfloat16", 2048) == 269_030_016 + 47_185_920 + GiB
+    assert dp.engine_min_bytes(shape, "bfloat16", 2048, tensor_parallel=2) == 134_515_008 + 23_592_960 + GiB
+
+
+def test_gpu_memory_utilization_is_derived_to_leave_the_trainer_room(tmp_path):
+    m = model_dir(tmp_path, SMOLLM2)
+    cfg = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
+    plan = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, GPU24, shared_with=cfg)
+    # (24 GiB - 3,766,420,224 trainer - 1,288,490,188 margin (24 GiB / 20)) / 24 GiB = 0.80384...
+    assert plan.gpu_memory_utilization == round((24 * GiB - 3_766_420_224 - 1_288_490_188) / (24 * GiB), 4) == 0.8038
+    assert plan.enforce_eager is False and plan.sleep_level == 2 and plan.dtype == "bfloat16"
+    assert plan.kv_cache_bytes is None  # on a GPU vLLM sizes the KV cache from the fraction
+    alone = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, GPU24)
+    assert alone.gpu_memory_utilization == 0.9  # vLLM's default, for a rollout command alone
+    small = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, H100, shared_with=cfg)
+    assert small.gpu_memory_utilization == 0.9  # never more than vLLM's own default
+    given = make_cfg(rollout={"gpu_memory_utilization": 0.5, "kv_cache_gib": 2.0, "enforce_eager": True})
+    plan = dp.plan_engine(given.rollout, m, 2048, "auto", GPU24, shared_with=given)
+    assert (plan.gpu_memory_utilization, plan.kv_cache_bytes, plan.enforce_eager) == (0.5, 2 * GiB, True)
+
+
+def test_a_7b_model_shares_an_h100_only_with_lora(tmp_path):
+    m = model_dir(tmp_path, QWEN_7B)
+    shape = ModelShape.from_dir(m)
+    # 28 x (2 x 3584^2 + 2 x 3584 x 512 + 3 x 3584 x 18944 + 2 x 3584) = 28 x 233,053,184 = 6,525,489,152,
+    # untied embedding and head 2 x 152064 x 3584 = 1,089,994,752, final norm 3584: Qwen2.5-7B's
+    # 7,615,616,512 less its q/k/v biases, 28 x (3584 + 512 + 512) = 129,024
+    assert shape.params == 7_615_487_488 == 7_615_616_512 - 129_024
+    full = make_cfg(train={"mini_batch_size": 8})
+    with pytest.raises(GRPOError) as err:
+        dp.plan_engine(full.rollout, m, 4096, "auto", H100, shared_with=full)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("GPU (80.0 GiB): the trainer needs ~") and "train.lora" in msg
+    with pytest.raises(GRPOError):  # and so it does alone (checked at grpo init)
+        dp.check_trainer(dp.trainer_bytes(shape, full, H100)[1], H100)
+    lora = make_cfg(train={"lora": {"r": 16}, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
+    resident = dp.trainer_bytes(shape, lora, H100)[0]
+    plan = dp.plan_engine(lora.rollout, m, 4096, "auto", H100, shared_with=lora)
+    assert 0.35 < plan.gpu_memory_utilization == round((80 * GiB - resident - 4 * GiB) / (80 * GiB), 4) < 0.45
+    assert plan.gpu_memory_utilization * 80 * GiB > dp.engine_min_bytes(shape, "bfloat16", 4096)
+
+
+def test_a_split_that_cannot_fit_is_one_line_naming_the_option(tmp_path):
+    m = model_dir(tmp_path, QWEN_7B)
+    lora = make_cfg(train={"lora": {"r": 16}, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
+    cases = {
+        # the fraction given leaves the trainer (~47 GiB) too little
+        0.9: r"rollout.gpu_memory_utilization 0.9 leaves 8.0 GiB of the 80.0 GiB GPU, and the trainer needs ~4\d.\d GiB",
+        # the fraction given is below vLLM's minimum (~16.5 GiB for the bf16 weights and one sequence)
+        0.1: r"rollout.gpu_memory_utilization 0.1 gives vLLM 8.0 GiB of the 80.0 GiB GPU, less than the 1\d.\d GiB it needs",
+    }
+    for util, pattern in cases.items():
+        cfg = lora.model_copy(update={"rollout": lora.rollout.model_copy(update={"gpu_memory_utilization": util})})
+        with pytest.raises(GRPOError, match=pattern) as err:
+            dp.plan_engine(cfg.rollout, m, 4096, "auto", H100, shared_with=cfg)
+        assert "\n" not in str(err.value)
+    # derived, on a 60 GiB GPU: the trainer's peak (~53.8 GiB) fits, but its ~44.2 GiB resident
+    # and the 3 GiB margin leave vLLM ~12.8 GiB, less than its ~15.4 GiB minimum
+    gpu60 = Device("cuda", 60 * GiB, True)
+    with pytest.raises(GRPOError, match=r"^GPU \(60.0 GiB\): the trainer needs ~44.2 GiB beside the engine .* they cannot share it"):
+        dp.plan_engine(lora.rollout, m, 4096, "auto", gpu60, shared_with=lora)
+    dp.plan_engine(lora.rollout, m, 4096, "auto", gpu60)  # each alone fits: separate commands run
+    dp.check_trainer(dp.trainer_bytes(ModelShape.from_dir(m), lora, gpu60)[1], gpu60)
+
+
+def test_the_cpu_plan_is_what_the_cpu_path_always_passed(tmp_path):
+    from pipeline.models.engine_memory import kv_cache_bytes
+
+    m = model_dir(tmp_path, SMOLLM2)
+    cfg = make_cfg(train={"mini_batch_size": 8, "precision": "fp32"})
+    for shared in (None, cfg):
+        plan = dp.plan_engine(cfg.rollout, m, 2048, "fp32", CPU, shared_with=shared)
+        assert plan == dp.EnginePlan(True, None, 0.5, kv_cache_bytes(cfg.rollout, m, 2048, "float32"), "float32")
+    # a CPU never refuses: it cannot know a GPU, and nothing here needs one
+    tiny = dp.plan_engine(cfg.rollout, model_dir(tmp_path, QWEN_7B), 4096, "fp32", CPU, shared_with=cfg)
+    assert tiny.sleep_level is None and tiny.enforce_eager
+
+
+def test_init_checks_the_gpu_on_a_gpu_machine_and_nothing_on_a_cpu(tmp_path):
+    from pipeline.preflight import check_device
+
+    m = model_dir(tmp_path, QWEN_7B)
+    full = make_cfg(model=str(m), train={"mini_batch_size": 8})
+    check_device(full, CPU)  # a CPU machine cannot know the GPU
+    check_device(full.model_copy(update={"train": full.train.model_copy(update={"lora": config_mod.LoraSpec()})}), H100)
+    with pytest.raises(GRPOError, match=r"^GPU \(80.0 GiB\): the trainer needs ~1\d\d.\d GiB at its peak"):
+        check_device(full, H100)  # a full fine-tuning of 7 B (16 bytes a parameter) fits no H100
+    given = make_cfg(model=str(m), rollout={"gpu_memory_utilization": 0.1}, train={"lora": {"r": 8}})
+    with pytest.raises(GRPOError, match=r"^rollout.gpu_memory_utilization 0.1 gives vLLM"):
+        check_device(given, H100)
+
+
+def test_grpo_init_refuses_a_gpu_split_before_writing_anything(assets, tmp_path, monkeypatch):
+    """`grpo init` on a (described) GPU the engine cannot fit on: one line, no run directory."""
+    from conftest import base_config
+    from stages.init import init
+
+    monkeypatch.setattr(dp, "may_have_gpu", lambda: True)  # an NVIDIA driver is loaded
+    monkeypatch.setattr(dp, "this_device", lambda: Device("cuda", GiB, True))  # 1 GiB: less than vLLM's overhead
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(base_config(assets)))
+    with pytest.raises(GRPOError, match=r"^rollout.gpu_memory_utilization 0.9 gives vLLM 0.9 GiB of the 1.0 GiB GPU"):
+        init(str(tmp_path / "run"), str(cfg))
+    assert not (tmp_path / "run").exists()
+
+
+def test_new_options_keep_the_config_hash_of_runs_made_before_them():
+    cfg = make_cfg()
+    tree = json.loads(config_mod.canonical(cfg))
+    assert "enforce_eager" not in tree["rollout"] and "weight_sync" not in tree["rollout"]
+    changed = make_cfg(rollout={"weight_sync": "memory"})
+    assert config_mod.config_hash(changed) != config_mod.config_hash(cfg)
+    with pytest.raises(GRPOError, match="rollout.weight_sync memory hands over full weights"):
+        make_cfg(rollout={"weight_sync": "memory"}, train={"lora": {"r": 8}})
