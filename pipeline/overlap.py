@@ -49,7 +49,10 @@ class Sampler:
     def ask(self, kind: str, k: int) -> None:
         if (kind, k) not in self.asked:
             self.asked.add((kind, k))
-            self.conn.send((kind, k))
+            try:
+                self.conn.send((kind, k))
+            except OSError:  # the sampler is dead: the wait for what it still owes says so, in one line
+                pass
 
     def wait(self, kind: str, k: int) -> None:
         """Until the sampler has finished `kind` of iteration k (asked for before)."""
@@ -58,7 +61,7 @@ class Sampler:
                 status, what, j, text = self.conn.recv()
             except (EOFError, OSError):
                 self.proc.join(10)
-                raise GRPOError(f"iterate: the sampler process died (exit {self.proc.exitcode}) before {kind} of iteration {k} "
+                raise GRPOError(f"iterate: the sampler process died ({_how(self.proc.exitcode)}) before {kind} of iteration {k} "
                                 "was done; rerun the same command to resume") from None
             if status == "error":
                 raise GRPOError(text)
@@ -73,6 +76,20 @@ class Sampler:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+
+
+def _how(code: int | None) -> str:
+    """A process's end in words: `exit 1`, `killed by SIGKILL`."""
+    import signal
+
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
 
 
 def iterate_overlapped(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:

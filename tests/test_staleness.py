@@ -117,7 +117,7 @@ def test_killed_at_several_moments_then_rerun_equals_uninterrupted(stale_run, as
     # the sampler dies after iteration 1's first part, a rollout it sampled while update 0 ran
     out = grpo("iterate", R, "--iters", str(ITERS), env={"GRPO_FAULT": "rollout:part:1"}, check=False)
     assert out.returncode == 1, out.stderr[-3000:]
-    assert ("iterate: the sampler process died (exit -9) before rollout of iteration 1 was done; "
+    assert ("iterate: the sampler process died (killed by SIGKILL) before rollout of iteration 1 was done; "
             "rerun the same command to resume") in out.stderr, out.stderr[-3000:]
     assert (run / "iter-0001/rollout/part-00000.parquet").exists() and not (run / "iter-0001/rollout/MANIFEST.json").exists()
 
