@@ -17,11 +17,11 @@ make a 135M instruct model use the tags often enough to learn from its first sam
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import random
 from pathlib import Path
+
+from splits import cli, write_splits
 
 REASONING_START, REASONING_END = "<start_working_out>", "<end_working_out>"
 SOLUTION_START, SOLUTION_END = "<SOLUTION>", "</SOLUTION>"
@@ -146,18 +146,8 @@ def problems(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], list
 
 def write(out: Path, n_train: int = 2000, n_eval: int = 100, seed: int = 0) -> tuple[Path, Path]:
     """Write OUT/train.jsonl and OUT/eval.jsonl (same seed, same bytes)."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "train.jsonl", out / "eval.jsonl"
-    for path, rows in zip(paths, problems(n_train, n_eval, seed)):
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return paths
+    return write_splits(out, problems(n_train, n_eval, seed))
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--train", type=int, default=2000)
-    ap.add_argument("--eval", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    print(*write(a.out, a.train, a.eval, a.seed))
+    cli(write, __doc__)
