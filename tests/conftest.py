@@ -86,6 +86,24 @@ def grpo(*args: str, cwd: Path | None = None, check: bool = True, env: dict | No
     return proc
 
 
+def short_answers_run(assets: dict, tmp_path: Path, iters: int, **train) -> tuple[Path, list[float]]:
+    """The learning check: reward short completions only (<= 6 tokens: about a quarter of the
+    warm-started model's samples, which mostly write their working in 9) and run `iters`
+    iterations through the real CLI; returns the run and each iteration's mean reward."""
+    import polars as pl
+
+    cfg = base_config(
+        assets,
+        rollout={"num_generations": 8, "prompts_per_iter": 8, "groups_per_part": 8, "max_new_tokens": 24},
+        rewards=[{"fn": "length_range", "kwargs": {"min_tokens": 1, "max_tokens": 6}}],
+        train={"mini_batch_size": 16, "lr": 1e-3, **train},
+    )
+    run = tmp_path / "run"
+    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    grpo("iterate", str(run), "--iters", str(iters))
+    return run, [pl.read_parquet(run / f"iter-{k:04d}/score/*.parquet")["reward"].mean() for k in range(iters)]
+
+
 @pytest.fixture
 def make_run(assets, tmp_path):
     """make_run(name, **sections) -> run path: `grpo init` on base_config with overrides (in-process)."""

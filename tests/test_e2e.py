@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import base_config, grpo, write_config
+from conftest import base_config, grpo, short_answers_run, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -134,18 +134,8 @@ def test_second_epoch_ratios_move_and_clip(two_runs):
 
 
 def test_a_rewarded_behaviour_grows(assets, tmp_path):
-    """Reward short completions only (<= 6 tokens: about a quarter of the warm-started model's
-    samples, which mostly write their working in 9); a few iterations raise the mean reward."""
-    cfg = base_config(
-        assets,
-        rollout={"num_generations": 8, "prompts_per_iter": 8, "groups_per_part": 8, "max_new_tokens": 24},
-        rewards=[{"fn": "length_range", "kwargs": {"min_tokens": 1, "max_tokens": 6}}],
-        train={"mini_batch_size": 16, "lr": 1e-3},
-    )
-    run = tmp_path / "run"
-    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
-    grpo("iterate", str(run), "--iters", "3")
-    means = [pl.read_parquet(run / f"iter-{k:04d}/score/*.parquet")["reward"].mean() for k in range(3)]
+    """Reward short completions only; a few iterations raise the mean reward."""
+    _, means = short_answers_run(assets, tmp_path, 3)
     assert means[0] < 0.5, means  # the behaviour starts out rare...
     assert means[2] > means[0] + 0.3, means  # ...and GRPO makes it common
 

@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import base_config, grpo, write_config
+from conftest import base_config, grpo, short_answers_run, write_config
 from test_reproduce import first_difference, record
 from test_resume import killed, killed_when
 
@@ -166,16 +166,7 @@ def test_replay_of_a_stale_iteration(stale_run, tmp_path):
 def test_a_rewarded_behaviour_grows_with_stale_samples(assets, tmp_path):
     """test_e2e's learning check with max_staleness 1: iteration 3 samples from policy 2, the
     policy on-policy iteration 2 samples from, and the rare short answers have become common."""
-    cfg = stale_config(
-        assets,
-        rollout={"num_generations": 8, "prompts_per_iter": 8, "groups_per_part": 8, "max_new_tokens": 24},
-        rewards=[{"fn": "length_range", "kwargs": {"min_tokens": 1, "max_tokens": 6}}],
-        train={"mini_batch_size": 16, "lr": 1e-3},
-    )
-    run = tmp_path / "run"
-    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
-    grpo("iterate", str(run), "--iters", "4")
-    means = [pl.read_parquet(run / f"iter-{k:04d}/score/*.parquet")["reward"].mean() for k in range(4)]
+    run, means = short_answers_run(assets, tmp_path, 4, max_staleness=1)
     assert manifest(run, "iter-0003/rollout")["inputs"]["policy"]["path"] == "policy/iter-0002"
     assert means[0] < 0.5, means  # the behaviour starts out rare...
     assert means[3] > means[0] + 0.3, means  # ...and GRPO on one-update-old samples makes it common
