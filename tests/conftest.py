@@ -86,6 +86,36 @@ def grpo(*args: str, cwd: Path | None = None, check: bool = True, env: dict | No
     return proc
 
 
+def padded(values: list, T: int):
+    """Per-row lists (logprobs of one column of a rollout/logprobs table) as a zero-padded [B, T] tensor."""
+    import torch
+
+    out = torch.zeros(len(values), T)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.tensor(v)
+    return out
+
+
+def init_error_line(capsys, run_dir: Path, *args) -> str:
+    """The one error line of `grpo init RUN_DIR *args` run in process; asserts exit 1, one `error:`
+    line, no traceback, and no run directory left behind."""
+    from stages.cli import main
+
+    argv = sys.argv
+    sys.argv = ["grpo", "init", str(run_dir), *map(str, args)]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+    finally:
+        sys.argv = argv
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert not run_dir.exists()
+    return lines[0][len("error: "):]
+
+
 def short_answers_run(assets: dict, tmp_path: Path, iters: int, **train) -> tuple[Path, list[float]]:
     """The learning check: reward short completions only (<= 6 tokens: about a quarter of the
     warm-started model's samples, which mostly write their working in 9) and run `iters`

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import base_config, grpo, short_answers_run, write_config
+from conftest import base_config, grpo, padded, short_answers_run, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -102,10 +102,7 @@ def test_first_minibatch_loss_equals_policy_loss_from_parts(two_runs):
     T = batch.completion_mask.shape[1]
 
     def pad(col):
-        out = torch.zeros(len(rows), T)
-        for i, v in enumerate(rows[col].to_list()):
-            out[i, : len(v)] = torch.tensor(v)
-        return out
+        return padded(rows[col].to_list(), T)
 
     model = load_model(sep / "policy/iter-0000")
     with torch.no_grad():

@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import padded
 import torch
 from test_grpo import CONFIGS, naive_policy_loss
 
@@ -286,10 +287,7 @@ def test_stages_honour_an_episode_rollout(assets, make_run):
     T = batch.completion_mask.shape[1]
 
     def pad(col):
-        out = torch.zeros(len(rows), T)
-        for i, v in enumerate(rows[col].to_list()):
-            out[i, : len(v)] = torch.tensor(v)
-        return out
+        return padded(rows[col].to_list(), T)
 
     with torch.no_grad():
         logp, entropy = token_logprobs(load_model(Path(episodes.uri) / "policy/iter-0000"), batch, cfg.rollout.temperature, with_entropy=True)

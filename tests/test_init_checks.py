@@ -7,11 +7,11 @@ Fast: no model is built and no engine starts (the checks come before the model i
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import init_error_line
 
 from pipeline import preflight
 from pipeline import config as config_mod
@@ -31,20 +31,11 @@ def init(tmp_path, data, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def run(rewards=None, **sections) -> str:
-        from stages.cli import main
 
         tree = {"model": str(tmp_path / "no-model-needed"), "data": {"train": str(data)},
                 "rewards": rewards or [{"fn": "correct"}], **sections}
         (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(tree))
-        monkeypatch.setattr(sys, "argv", ["grpo", "init", str(tmp_path / "run"), "--config", str(tmp_path / "cfg.yaml")])
-        with pytest.raises(SystemExit) as exit_:
-            main()
-        err = capsys.readouterr().err
-        assert exit_.value.code == 1, err
-        lines = [line for line in err.splitlines() if line.startswith("error: ")]
-        assert len(lines) == 1 and "Traceback" not in err, err
-        assert not (tmp_path / "run").exists()
-        return lines[0][len("error: "):]
+        return init_error_line(capsys, tmp_path / "run", "--config", tmp_path / "cfg.yaml")
 
     return run
 

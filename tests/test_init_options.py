@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, grpo
+from conftest import REPO, grpo, init_error_line
 
 from pipeline import config as config_mod
 from pipeline.init_options import OPTIONS, from_command_line, reward_entry
@@ -225,17 +225,7 @@ def init_error(files, capsys, monkeypatch):
     monkeypatch.chdir(files)
 
     def run(*args) -> str:
-        from stages.cli import main
-
-        monkeypatch.setattr(sys, "argv", ["grpo", "init", str(files / "run"), *map(str, args)])
-        with pytest.raises(SystemExit) as exit_:
-            main()
-        err = capsys.readouterr().err
-        assert exit_.value.code == 1, err
-        lines = [line for line in err.splitlines() if line.startswith("error: ")]
-        assert len(lines) == 1 and "Traceback" not in err, err
-        assert not (files / "run").exists()
-        return lines[0][len("error: "):]
+        return init_error_line(capsys, files / "run", *args)
 
     return run
 
