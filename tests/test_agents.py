@@ -6,11 +6,8 @@ conversation, replay without calling any tool, audit of a tampered tool result."
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import sys
-import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
