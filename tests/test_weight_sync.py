@@ -5,7 +5,6 @@ engine in test_engines.py; here, that `iterate` takes each path and the record s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,6 @@ import pytest
 from conftest import grpo
 
 pytestmark = pytest.mark.slow
-
-
-def outputs(run: Path, k: int, stage: str) -> dict:
-    return json.loads((run / f"iter-{k:04d}" / stage / "MANIFEST.json").read_text())["outputs"]
-
-
-def policy_hash(run: Path, k: int) -> str:
-    return json.loads((run / "policy" / f"iter-{k:04d}" / "MANIFEST.json").read_text())["policy_hash"]
 
 
 def test_memory_weight_sync_writes_what_a_disk_reload_writes(make_run):
