@@ -108,14 +108,10 @@ def test_separate_stage_commands_write_what_iterate_writes(stale_run, assets, tm
 @pytest.mark.slow
 def test_killed_at_several_moments_then_rerun_finishes_the_run(stale_run, assets, tmp_path):
     """SIGKILLs of the sampler and of iterate itself at several moments; the rerun finishes the run
-    with every stage done once, audit clean, and what no update can have changed (iterations 0
-    and 1, both sampled from policy 0) byte for byte the uninterrupted run's. Later bytes are not
-    compared: with the sampler beside it on the same cores the trainer's last bits have differed
-    between two runs of the same config (grad_norm 1.936498999595642 vs 1.9364988803863525 in
-    update 0), which is open work (issue 28), not a resume defect.
-    """
-    import numpy as np
-
+    to the uninterrupted run's bytes (every rollout, score, logprob and update artifact and every
+    policy), with every stage done once and audit clean. The trainer trains beside the sampler on
+    the same cores here, so this also checks that its arithmetic does not follow the thread
+    schedule (`trainer.serial_accumulation`)."""
     from pipeline.report.audit import audit_run
     from pipeline.store.run import Run
 
@@ -144,13 +140,11 @@ def test_killed_at_several_moments_then_rerun_finishes_the_run(stale_run, assets
     assert (run / "policy/iter-0002/MANIFEST.json").exists() and not (run / "iter-0001/update/MANIFEST.json").exists()
     grpo("iterate", R, "--iters", str(ITERS))
 
-    for k in (0, 1):
+    assert record(run, ITERS) == record(stale_run, ITERS), first_difference(run, stale_run, ITERS)
+    for k in range(ITERS):
         for part in sorted((stale_run / f"iter-{k:04d}/rollout").glob("part-*.parquet")):
             assert part.read_bytes() == (run / part.relative_to(stale_run)).read_bytes(), part
-    for k in range(ITERS):
         assert manifest(run, f"iter-{k:04d}/rollout")["inputs"]["policy"]["path"] == f"policy/iter-{max(0, k - 1):04d}"
-    a, b = (pl.read_parquet(r / "iter-0000/update/metrics.parquet").to_numpy().astype(float) for r in (run, stale_run))
-    assert np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True), first_difference(run, stale_run, 1)
     report = audit_run(Run(R))
     assert report.ok, report.problems
     assert report.skipped == []
