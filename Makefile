@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real calibrate-real test test-fast bench docs clean-demo
+.PHONY: install demo demo-real calibrate-real test test-fast bench bench-overlap docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench
+
+# asynchronous against synchronous iterate on the same work, cores shared and split (bench/overlap.py)
+bench-overlap: $(STAMP)
+	$(BIN)/python -m bench.overlap
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.

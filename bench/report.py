@@ -11,10 +11,12 @@ Definitions (also printed in the markdown):
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
 from bench.probes import ARTIFACT
+from bench.workloads import ROOT
 
 STAGES = ("rollout", "score", "logprobs", "update")
 BARE = {"rollout": "vLLM `generate`", "logprobs": "HF forward", "update": "DeepSpeed step loop"}
@@ -454,6 +456,11 @@ def render(results: dict) -> str:
         for name, prof in profiled:
             for key in ("tottime", "cumulative"):
                 out += [f"<details><summary>{name}: by {key}</summary>", "", "```", prof[key], "```", "", "</details>", ""]
+    overlap = ROOT / "overlap.json"  # `make bench-overlap` (bench/overlap.py)
+    if overlap.exists():
+        from bench.overlap import section
+
+        out += section(json.loads(overlap.read_text()))
     out += ["## Definitions", "",
             "- tokens/s: completion tokens processed per second (update: once per epoch).",
             "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "
