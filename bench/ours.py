@@ -80,13 +80,12 @@ def main(workload_json: str, out: str) -> None:
         warm.engine.wake()  # iterate gave its KV cache and policy k's weights back after the rollout
         row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
         warm.engine.sleep()  # as iterate left it: our next rollout pays the wake, as it would without this baseline
-        old_model = warm.models.get("old")
+        old_model = warm.logprobs.old
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
-            from pipeline.logprobs import load_model
-            from pipeline.models.lora import lora_models
+            from pipeline.models.policy import policy_kind
 
             # a LoRA policy k > 0 is an adapter: the base with it, as the logprobs stage would load it
-            old_model = lora_models(run, k)["old"] if cfg.train.lora is not None else load_model(run.policy_dir(k))
+            old_model = policy_kind(cfg).load_old(run, k)
         row["bare"]["logprobs"] = bare.hf_forward(old_model, cfg, data)
         row["bare"]["logprobs"]["ours_made_no_old_pass"] = data["old_from_update"]
         del old_model

@@ -195,8 +195,6 @@ def install_product_probes(probes: Probes) -> None:
         pf(m, "iteration_summary", phase="summary")
         pm(m.WarmEngines, "rollout_engine", "engine_reload")
         m.WarmEngines.rollout_engine = probes.phase_marker(m.WarmEngines.rollout_engine, "rollout")
-        pm(m.WarmEngines, "logprob_models", "engine_reload")
-        m.WarmEngines.logprob_models = probes.phase_marker(m.WarmEngines.logprob_models, "logprobs")
 
     def rollout(m):
         pf(m, "run_rollout", phase="rollout")
@@ -208,8 +206,13 @@ def install_product_probes(probes: Probes) -> None:
 
     def logprobs(m):
         pf(m, "run_logprobs", phase="logprobs")
-        pf(m, "load_model", "engine_start")
         pf(m, "sequence_logprobs", "forward")
+
+    def policy(m):  # the logprob pass's models: loaded (cold, or iterate's first), or given policy k in place
+        for cls in (m.FullPolicy, m.LoraPolicy):
+            pm(cls, "load_old", "engine_start")
+            pm(cls, "ref_of", "engine_start")
+            pm(cls, "give_old", "engine_reload")
 
     def publish(m):
         pf(m, "run_update", phase="update")
@@ -246,6 +249,7 @@ def install_product_probes(probes: Probes) -> None:
 
     for name, patch in {
         "pipeline.iteration": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
+        "pipeline.models.policy": policy,
         "pipeline.update.publish": publish, "pipeline.models.vllm_engine": engines, "pipeline.update.trainer": trainer,
         "pipeline.update.data": lambda m: pm(m.UpdateData, "__init__", "update_data"),
         "pipeline.store": store, "pipeline.store.parts": lambda m: pf(m, "_rows", "parquet_read", io=True),

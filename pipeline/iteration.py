@@ -8,8 +8,8 @@ import time
 
 from pipeline.report import tracking
 from pipeline.evaluate import eval_summary
-from pipeline.logprobs import load_model, run_logprobs
-from pipeline.plan import pass_plan
+from pipeline.logprobs import run_logprobs
+from pipeline.models.policy import LogprobModels
 from pipeline.rollout import engine_plan, policy_engine
 from pipeline.store.run import Run
 from pipeline.score import run_score
@@ -21,7 +21,7 @@ class WarmEngines:
     def __init__(self, run: Run):
         self.run = run
         self.engine = None
-        self.models: dict = {}
+        self.logprobs = LogprobModels(run)  # the logprob pass's models, kept across iterations
         self.trainer = None
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
@@ -35,44 +35,6 @@ class WarmEngines:
             weights = self.trainer.published_weights(self.run.policy_dir(k))
         self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights)
         return self.engine
-
-    def logprob_models(self, k: int) -> dict:
-        from safetensors.torch import load_file
-
-        cfg = self.run.cfg
-        _, skip_old = pass_plan(cfg, k)
-        if skip_old and not cfg.uses_ref:  # no pass at all: the update's forward gives the old logprobs
-            self.models.clear()
-            return self.models
-        policy = self.run.policy_dir(k)
-        if cfg.train.lora is not None:
-            return self._lora_models(k, policy)
-        if cfg.uses_ref and self.models.get("ref") is None:
-            self.models["ref"] = load_model(self.run.ref_dir())
-        if skip_old:  # only the reference pass; the old model is not kept in memory
-            self.models.pop("old_dir", None)
-            self.models["old"] = None
-            return self.models
-        if self.models.get("old") is None:
-            self.models["old"] = load_model(policy)
-        elif self.models.get("old_dir") != policy:
-            state = {}
-            for f in sorted(policy.glob("*.safetensors")):
-                state.update(load_file(f))
-            self.models["old"].load_state_dict(state, strict=False)
-            self.models["old"].tie_weights()
-        self.models["old_dir"] = policy
-        return self.models
-
-    def _lora_models(self, k: int, policy) -> dict:
-        """One loaded base: old = adapter k on it, ref = the same model with the adapter off."""
-        from pipeline.models import lora
-        if "old" not in self.models:
-            self.models.update(lora.lora_models(self.run, k))
-        elif self.models.get("old_dir") != policy:
-            lora.set_policy(self.models["old"], policy if k > 0 else None)
-        self.models["old_dir"] = policy
-        return self.models
 
     def idle_engine(self) -> None:
         """Between generations the engine's KV cache and weights go back to the OS, so the
@@ -94,7 +56,7 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict) -> None
         run_score(run, k)
     timings["score"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "logprobs"):
-        run_logprobs(run, k, models=warm.logprob_models(k) if not run.done(k, "logprobs") else None)
+        run_logprobs(run, k, models=warm.logprobs)
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
         _, warm.trainer = run_update(run, k, warm.trainer)

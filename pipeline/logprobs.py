@@ -17,19 +17,13 @@ import torch
 
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
-from pipeline.models.lora import AdapterOff, lora_models
+from pipeline.models.lora import AdapterOff
+from pipeline.models.policy import LogprobModels
 from pipeline.plan import pass_plan
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
 from pipeline.store.run import Run
 from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, ROLLOUT
-
-
-def load_model(path):
-    from transformers import AutoModelForCausalLM
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
 @torch.no_grad()
@@ -108,38 +102,31 @@ def old_logprobs_table(prompt_id, sample_idx, old: list[np.ndarray] | None, samp
     )
 
 
-def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: dict | None = None) -> dict | None:
-    """`models` lets `iterate` pass warm {"old": model, "ref": model} instances."""
+def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels | None = None) -> dict | None:
+    """`models`: `iterate`'s warm `LogprobModels` (else this stage makes its own, loaded at the
+    first part it computes)."""
     if run.done(k, "logprobs"):
         return run.manifest(k, "logprobs")
     rollout_m = run.require(k, "logprobs", "rollout")
     cfg = run.cfg
-    models = dict(models or {})
+    models = models or LogprobModels(run)
     stats = {"tokens": 0, "load_s": 0.0}
     precision = resolve_precision(cfg.train.precision)  # the update computes its logprobs the same way
-
     ref_is_old, skip_old = pass_plan(cfg, k)
-    needs_model = cfg.uses_ref or not skip_old
 
     def make_part(p: int) -> pa.Table:
-        if needs_model and "old" not in models:
-            t = time.time()
-            if cfg.train.lora is not None:
-                models.update(lora_models(run, k))
-            else:
-                models["old"] = load_model(run.policy_dir(k)) if not skip_old or ref_is_old else None
-                models["ref"] = (models["old"] if ref_is_old else load_model(run.ref_dir())) if cfg.uses_ref else None
-            stats["load_s"] += time.time() - t
+        t = time.time()
+        old_model, ref_model, _ = models.for_iteration(k)  # loaded once, or given policy k in place
+        stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
-        old_model = None if skip_old else models["old"]
-        return logprobs_table(rollout, old_model, models.get("ref") if cfg.uses_ref else None, cfg.rollout.temperature,
-                              cfg.train.token_budget, k, precision, ref_is_old)
+        return logprobs_table(rollout, old_model, ref_model, cfg.rollout.temperature, cfg.train.token_budget, k, precision,
+                              ref_is_old)
 
     inputs = {
         "rollout": upstream(run, k, "rollout"),
         "policy_hash": run.policy_hash(k),
-        "ref": ("policy/iter-0000 (adapter off)" if cfg.train.lora is not None else "policy/iter-0000") if cfg.ref_model is None else cfg.ref_model,
+        "ref": models.policy.ref_label if cfg.ref_model is None else cfg.ref_model,
         "uses_ref": cfg.uses_ref,
         "precision": precision,
     }

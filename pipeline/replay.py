@@ -47,6 +47,7 @@ from pathlib import Path
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
+from pipeline.models.policy import policy_kind
 from pipeline.store.parts import input_hash
 from pipeline.store.retention import pruned_error
 from pipeline.rewards.contract import load_reward
@@ -78,17 +79,13 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
 
 def is_adapter_policy(src: Run, k: int) -> bool:
     """Whether SRC's policy K is a LoRA adapter (K >= 1 of a LoRA run) rather than full weights."""
-    return src.cfg.train.lora is not None and k > 0
+    return policy_kind(src.cfg).adapter and k > 0
 
 
 def replay_model(src: Run, k: int) -> Path:
     """NEW's model: SRC's policy K; for an adapter, the adapter merged into SRC's base (built once
     per policy in the local cache), on which NEW trains a fresh adapter."""
-    if is_adapter_policy(src, k):
-        from pipeline.models.lora import merged_dir
-
-        return merged_dir(src, k)
-    return src.policy_dir(k).resolve()
+    return policy_kind(src.cfg).replay_model(src, k)
 
 
 def merged_origin(src: Run, k: int) -> dict | None:

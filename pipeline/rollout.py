@@ -13,6 +13,7 @@ import pyarrow as pa
 from pipeline.errors import GRPOError
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
+from pipeline.models.policy import policy_kind
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
@@ -88,23 +89,12 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     policy b(k), eval the policy it evaluates): started (as `plan` says), or given policy k in place,
     from its stored directory or from `weights` equal to it (rollout.weight_sync memory). A
     LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base."""
-    cfg = run.cfg
-    lora, adapter, weights_given = cfg.train.lora, None, weights
-    if lora is not None and cfg.rollout.lora_mode == "vllm_lora":
-        weights = run.policy_dir(0)
-        adapter = run.policy_dir(k) if k > 0 else None
-    elif lora is not None and k > 0:
-        from pipeline.models.lora import merged_dir
-
-        weights = merged_dir(run, k)
-    else:
-        weights = run.policy_dir(k)
+    cfg, policy, weights_given = run.cfg, policy_kind(run.cfg), weights
+    weights, adapter = policy.engine_weights(run, k)
     if engine is None:
-        from pipeline.models.lora import vllm_rank
-
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
-        rank = vllm_rank(lora, cfg.rollout.max_lora_rank) if adapter is not None or cfg.rollout.lora_mode == "vllm_lora" else None
-        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=rank, precision=cfg.train.precision, plan=plan)
+        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
+                             precision=cfg.train.precision, plan=plan)
     elif engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter

@@ -100,3 +100,40 @@ def test_the_printed_lines():
         "  reference pass   every iteration, on the base with the adapter off (loss.kl_coef 0.02)",
         "  training         LoRA r=8 alpha=32 on all-linear (policies K >= 1 are adapters)",
     ]
+
+
+def test_the_logprob_pass_loads_what_the_plan_says(assets, tmp_path):
+    """`LogprobModels` (the same object cold in `grpo logprobs` and warm in `iterate`): iteration 0
+    of a KL run makes one pass that is both old and reference, with one model loaded; iteration 1
+    (one optimizer step: the update gives the old logprobs) keeps only the reference, policy 0,
+    and gives the old model's memory back; a LoRA run's reference is its loaded base, adapter off;
+    a run with no pass at all loads nothing."""
+    import torch
+
+    from conftest import base_config, grpo, write_config
+    from pipeline.models.lora import AdapterOff
+    from pipeline.models.policy import LogprobModels, load_model
+    from pipeline.store.run import Run
+
+    def run_of(name, **sections):
+        cfg = base_config(assets, train={"mini_batch_size": 16, "precision": "fp32", **sections.pop("train", {})}, **sections)
+        grpo("init", str(tmp_path / name), "--config", str(write_config(tmp_path / f"{name}.yaml", cfg)))
+        return Run(str(tmp_path / name))
+
+    kl = run_of("kl", loss={"kl_coef": 0.04})
+    models = LogprobModels(kl)
+    old, ref, ref_is_old = models.for_iteration(0)
+    assert ref_is_old and old is ref and models.ref is None
+    policy0 = load_model(kl.policy_dir(0))
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), policy0.state_dict().values()))
+    old, ref, ref_is_old = models.for_iteration(1)
+    assert old is None and not ref_is_old and models.old is None
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), policy0.state_dict().values()))
+
+    lora = LogprobModels(run_of("lora", loss={"kl_coef": 0.04}, train={"lora": {"r": 4}}))
+    old, ref, ref_is_old = lora.for_iteration(0)
+    assert ref_is_old and old is ref and type(old).__name__ == "PeftModelForCausalLM"
+    assert isinstance(lora.policy.ref_of(lora.run, old), AdapterOff)
+
+    none = LogprobModels(run_of("none"))
+    assert none.for_iteration(0) == (None, None, False) and none.loaded() == {"old": None, "ref": None}

@@ -254,10 +254,3 @@ def _prune_merged(keep: Path, n: int = 2) -> None:
 def vllm_rank(spec, given: int | None) -> int:
     r = given or spec.r
     return next((v for v in VLLM_RANKS if v >= r), r)
-
-
-def lora_models(run, k: int) -> dict:
-    """The logprob stage's models for a LoRA run: {"old": base + adapter k, "ref": adapter off}."""
-    policy = run.policy_dir(k)
-    old = policy_model(run.policy_dir(0), policy if k > 0 else None, run.cfg.train.lora, trainable=False, seed=run.cfg.seed)
-    return {"old": old, "ref": AdapterOff(old) if run.cfg.uses_ref else None}

@@ -80,7 +80,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
             return run.manifest(k, "update"), trainer
         prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
         if trainer is None:
-            trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0) if cfg.train.lora else None)
+            trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0))
         data = UpdateData(run, k, trainer.kl_ctl)
         rows = trainer.train_iteration(data, k)
         if data.kl_stats is not None:
@@ -125,12 +125,7 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_h
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
         lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        adapter = None
-        if run.cfg.train.lora is not None:
-            from pipeline.models.lora import adapter_manifest
-
-            adapter = adapter_manifest(run.policy_hash(0))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=adapter)
+        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=trainer.policy.manifest(run))
         store.put_dir(work / "policy", policy_rel(k + 1), move=True)
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,13 +22,13 @@ import torch
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
+from pipeline.models.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.plan import steps_per_iter
 from pipeline.progress import progress
 from pipeline.quiet import captured
 from pipeline.rollout_correction import combine
 from pipeline.update.step_metrics import across_ranks
-from pipeline.store import MANIFEST
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
 from schemas.artifacts import STEP_METRICS
 
@@ -62,25 +61,19 @@ class Trainer:
 
     @deepspeed_env
     def __init__(self, cfg: Config, policy_dir: Path, state_dir: Path | None, base_dir: Path | None = None):
-        """`base_dir`: with train.lora, the base (policy 0) that `policy_dir`'s adapter sits on."""
+        """`base_dir`: policy 0, the base a LoRA policy's adapter sits on (unused for whole weights)."""
         import deepspeed
-        from transformers import AutoModelForCausalLM
 
-        from pipeline.models import fused, lora
+        from pipeline.models import fused
         from pipeline.models.engines import cpu_env
 
         cpu_env()
         self.cfg = cfg
+        self.policy = policy_kind(cfg)
         self.precision = resolve_precision(cfg.train.precision)
         self.rank, self.world = init_distributed()
         torch.manual_seed(cfg.seed)
-        if cfg.train.lora is not None:  # only the adapter's parameters train
-            adapter = policy_dir if lora.is_adapter(policy_dir) else None
-            model = lora.policy_model(base_dir or policy_dir, adapter, cfg.train.lora, trainable=True, seed=cfg.seed)
-            if self.precision == "bf16":
-                lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
-        else:
-            model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        model = self.policy.train_model(policy_dir, base_dir, self.precision)  # LoRA: only the adapter trains
         model.config.use_cache = False
         if cfg.train.gradient_checkpointing:  # layers recompute in the backward (under engine.train())
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -113,13 +106,13 @@ class Trainer:
 
         with serialization.patch({"save.compute_crc32": False}):
             self.engine.save_checkpoint(str(out), tag="state", save_latest=False,
-                                        exclude_frozen_parameters=self.cfg.train.lora is not None)
+                                        exclude_frozen_parameters=self.policy.adapter)
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
     @deepspeed_env
     def load_state(self, src: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=self.cfg.train.lora is None)
+        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=not self.policy.adapter)
         if path is None:
             raise GRPOError(f"{src}: trainer state could not be loaded")
         meta = json.loads((src / TRAINER_JSON).read_text())
@@ -128,7 +121,8 @@ class Trainer:
 
     @deepspeed_env
     def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> None:
-        """A plain HF model dir with the fp32 master weights (consolidated under ZeRO-3/bf16)."""
+        """Policy K+1 as the policy object saves it (a plain HF model dir, or a LoRA adapter) from
+        the fp32 master weights (consolidated under ZeRO-3/bf16)."""
         module = self.engine.module
         if self.cfg.train.bf16 and self.cfg.train.zero_stage >= 1:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -140,21 +134,8 @@ class Trainer:
             state = None
         if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
             self.published = (out, state if state is not None else module.state_dict())
-        if self.rank == 0 and self.cfg.train.lora is not None:
-            from pipeline.models.lora import save_adapter
-
-            save_adapter(module, out, state_dict=state)
-        elif self.rank == 0:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-            if state is not None:
-                module.save_pretrained(out, state_dict=state, safe_serialization=True)
-            else:
-                module.save_pretrained(out, safe_serialization=True)
-            for f in src_dir.iterdir():  # tokenizer and generation settings travel with the weights
-                if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
-                    shutil.copy2(f, out / f.name)
+        if self.rank == 0:
+            self.policy.save(module, out, src_dir, state)  # whole weights, or the LoRA adapter
 
     def published_weights(self, policy_dir: Path) -> list | None:
         """rollout.weight_sync memory: the weights `save_policy` wrote, once published as

@@ -1,0 +1,203 @@
+"""What a policy is in a run, decided once from its config (`policy_kind`): whole weights
+(`FullPolicy`, full fine-tuning) or a LoRA adapter on policy 0 (`LoraPolicy`, `train.lora`).
+
+The stages ask this object instead of branching on `train.lora`: the model the trainer trains and
+what its state and a published policy hold (pipeline/update), the weights a rollout engine
+samples from (pipeline/rollout.py), the model a replay starts from (pipeline/replay.py), and the
+logprob pass's models (`LogprobModels`, used cold by `grpo logprobs` and warm by `iterate`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.plan import pass_plan
+
+
+def load_model(path):
+    """A whole policy (or reference) in fp32 for the logprob pass, on the GPU if there is one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+class FullPolicy:
+    """Every policy K is a whole model directory; the reference is policy 0 (or `ref_model`)."""
+
+    adapter = False
+    ref_label = "policy/iter-0000"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    # -- the trainer ---------------------------------------------------------------------
+    def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
+        """Policy K+1 as a plain HF model directory (`state_dict`: consolidated weights, if any),
+        with `src_dir`'s tokenizer and generation settings."""
+        import shutil
+
+        from transformers.utils import logging as hf_logging
+
+        from pipeline.store import MANIFEST
+
+        hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
+        module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+        for f in src_dir.iterdir():  # tokenizer and generation settings travel with the weights
+            if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
+                shutil.copy2(f, out / f.name)
+
+    def manifest(self, run) -> dict | None:
+        """What a published policy's manifest says about its base (nothing: it is whole)."""
+        return None
+
+    # -- sampling --------------------------------------------------------------------------
+    def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
+        """(the weights an engine loads, the adapter it applies) to sample from policy k."""
+        return run.policy_dir(k), None
+
+    def engine_lora_rank(self) -> int | None:
+        return None
+
+    # -- replay ----------------------------------------------------------------------------
+    def replay_model(self, src, k: int) -> Path:
+        """A replay's model: SRC's policy K as whole weights."""
+        return src.policy_dir(k).resolve()
+
+    # -- the logprob pass ------------------------------------------------------------------
+    def load_old(self, run, k: int):
+        return load_model(run.policy_dir(k))
+
+    def give_old(self, model, run, k: int) -> None:
+        """A loaded old model given policy k's weights in place."""
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in sorted(run.policy_dir(k).glob("*.safetensors")):
+            state.update(load_file(f))
+        model.load_state_dict(state, strict=False)
+        model.tie_weights()
+
+    def ref_of(self, run, old):
+        return load_model(run.ref_dir())
+
+
+class LoraPolicy(FullPolicy):
+    """Policy 0 is the base; every policy K >= 1 is a PEFT adapter on it. The reference is the
+    base with the adapter off, in the same loaded model."""
+
+    adapter = True
+    ref_label = "policy/iter-0000 (adapter off)"
+
+    def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
+        from pipeline.models import lora
+
+        adapter = policy_dir if lora.is_adapter(policy_dir) else None
+        model = lora.policy_model(base_dir or policy_dir, adapter, self.cfg.train.lora, trainable=True, seed=self.cfg.seed)
+        if precision == "bf16":
+            lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
+        return model
+
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
+        from pipeline.models.lora import save_adapter
+
+        save_adapter(module, out, state_dict=state_dict)
+
+    def manifest(self, run) -> dict | None:
+        from pipeline.models.lora import adapter_manifest
+
+        return adapter_manifest(run.policy_hash(0))
+
+    def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
+        if self.cfg.rollout.lora_mode == "vllm_lora":
+            return run.policy_dir(0), run.policy_dir(k) if k > 0 else None
+        if k == 0:
+            return run.policy_dir(0), None
+        from pipeline.models.lora import merged_dir
+
+        return merged_dir(run, k), None
+
+    def engine_lora_rank(self) -> int | None:
+        from pipeline.models.lora import vllm_rank
+
+        return vllm_rank(self.cfg.train.lora, self.cfg.rollout.max_lora_rank) if self.cfg.rollout.lora_mode == "vllm_lora" else None
+
+    def replay_model(self, src, k: int) -> Path:
+        """A policy K >= 1 is an adapter: merged into SRC's base (built once per policy in the
+        local cache), on which the replay trains a fresh adapter."""
+        if k == 0:
+            return src.policy_dir(0).resolve()
+        from pipeline.models.lora import merged_dir
+
+        return merged_dir(src, k)
+
+    def load_old(self, run, k: int):
+        from pipeline.models.lora import policy_model
+
+        return policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora, trainable=False,
+                            seed=self.cfg.seed)
+
+    def give_old(self, model, run, k: int) -> None:
+        from pipeline.models.lora import set_policy
+
+        set_policy(model, run.policy_dir(k) if k > 0 else None)
+
+    def ref_of(self, run, old):
+        from pipeline.models.lora import AdapterOff
+
+        return AdapterOff(old)
+
+
+def policy_kind(cfg) -> FullPolicy:
+    """The run's policy object: `LoraPolicy` with `train.lora`, else `FullPolicy`."""
+    return LoraPolicy(cfg) if cfg.train.lora is not None else FullPolicy(cfg)
+
+
+class LogprobModels:
+    """The logprob pass's models, as `pipeline.plan.pass_plan` says iteration k needs them: loaded
+    on first use and given policy k's weights in place after that. `grpo logprobs` makes one for
+    its iteration (cold); `iterate` keeps one across iterations (warm): the same code either way.
+    """
+
+    def __init__(self, run):
+        self.run = run
+        self.policy = policy_kind(run.cfg)
+        self.old = self.ref = None
+        self.old_k: int | None = None
+
+    def for_iteration(self, k: int) -> tuple:
+        """(old model or None, reference or None, ref_is_old) for iteration k. None old: the
+        update's forward gives the old logprobs (`Config.old_from_update`). ref_is_old: the
+        reference is policy k itself (iteration 0 without a ref_model), the reference returned
+        is the old model and its logprobs are the old ones."""
+        cfg, p = self.run.cfg, self.policy
+        ref_is_old, skip_old = pass_plan(cfg, k)
+        need_old = not skip_old or ref_is_old
+        need_ref = cfg.uses_ref and not ref_is_old
+        if not need_old and not need_ref:  # no pass at all: nothing is kept
+            self.old = self.ref = self.old_k = None
+            return None, None, False
+        if need_old or (need_ref and p.adapter):  # a LoRA reference is the old model's base
+            if self.old is None:
+                self.old = p.load_old(self.run, k)
+            elif self.old_k != k:
+                p.give_old(self.old, self.run, k)
+            self.old_k = k
+        elif self.old is not None and not p.adapter:  # not needed: its memory goes back
+            self.old, self.old_k = None, None
+        if need_ref and self.ref is None:
+            self.ref = p.ref_of(self.run, self.old)
+        if ref_is_old:
+            return self.old, self.old, True
+        return None if skip_old else self.old, self.ref if cfg.uses_ref else None, False
+
+    def loaded(self) -> dict:
+        """What is loaded now: {"old": model or None, "ref": model or None}."""
+        return {"old": self.old, "ref": self.ref}
