@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.config import RolloutConfig
-from pipeline.logprobs import Batch, load_model, token_logprobs
+from pipeline.logprobs import Batch, token_logprobs
+from pipeline.models.policy import load_model
 
 pytestmark = pytest.mark.slow
 

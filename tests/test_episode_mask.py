@@ -232,7 +232,8 @@ def test_stages_honour_an_episode_rollout(assets, make_run):
     0.0 against its real logprob (several nats) would show in the sampler gap, in the rollout
     correction's weight and in the token counts; none does, and the first step's loss is
     `policy_loss` over the model's tokens, recomputed from the parts."""
-    from pipeline.logprobs import load_model, run_logprobs
+    from pipeline.logprobs import run_logprobs
+    from pipeline.models.policy import load_model
     from pipeline.models.tokens import token_logprobs
     from pipeline.rollout import RolloutPlan, run_rollout
     from pipeline.score import run_score

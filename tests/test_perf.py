@@ -229,7 +229,8 @@ def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pa
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
+    from pipeline.logprobs import run_logprobs, sequence_logprobs
+    from pipeline.models.policy import load_model
     from pipeline.store.parts import read_parts
     from pipeline.rollout import run_rollout
     from pipeline.store.run import Run
@@ -259,7 +260,8 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.logprobs import load_model, run_logprobs, sequence_logprobs
+    from pipeline.logprobs import run_logprobs, sequence_logprobs
+    from pipeline.models.policy import load_model
     from pipeline.report.audit import audit_run
     from pipeline.report.inspect import stage_metrics
     from pipeline.rollout import run_rollout
