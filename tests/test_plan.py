@@ -136,4 +136,4 @@ def test_the_logprob_pass_loads_what_the_plan_says(assets, tmp_path):
     assert isinstance(lora.policy.ref_of(lora.run, old), AdapterOff)
 
     none = LogprobModels(run_of("none"))
-    assert none.for_iteration(0) == (None, None, False) and none.loaded() == {"old": None, "ref": None}
+    assert none.for_iteration(0) == (None, None, False) and none.old is None and none.ref is None

@@ -81,11 +81,14 @@ def resolve_precision(precision: str, device: Device) -> str:
     return "bf16" if device.bf16 else "fp32"
 
 
-def engine_dtype(dtype: str, precision: str, device: Device) -> str:
+def engine_dtype(dtype: str, precision: str, device: Device | None = None) -> str:
     """The engine's dtype: `rollout.dtype`, or for auto the trainer's arithmetic on `device`
-    (bfloat16 where `train.precision` resolves to bf16 autocast, else float32)."""
+    (bfloat16 where `train.precision` resolves to bf16 autocast, else float32). Without a
+    `device` this machine's is asked (which imports torch) only when both settings are auto."""
     if dtype != "auto":
         return dtype
+    if precision == "auto" and device is None:
+        device = this_device()
     return "bfloat16" if resolve_precision(precision, device) == "bf16" else "float32"
 
 

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.models.device_plan import engine_dtype  # noqa: F401  (the engines import it from here)
+
 
 @dataclass
 class Sample:
@@ -44,18 +46,6 @@ def environment_kept():
         for key in set(os.environ) - set(before):
             del os.environ[key]
         os.environ.update(before)
-
-
-def engine_dtype(dtype: str, precision: str, device=None) -> str:
-    """The engine's dtype on `device` (default: this machine's): `device_plan.engine_dtype`. Asks
-    the device (which imports torch) only when both settings are auto."""
-    if dtype != "auto":
-        return dtype
-    if precision != "auto":
-        return "bfloat16" if precision == "bf16" else "float32"
-    from pipeline.models import device_plan
-
-    return device_plan.engine_dtype(dtype, precision, device or device_plan.this_device())
 
 
 def model_context(model_dir: Path) -> int:

@@ -197,7 +197,3 @@ class LogprobModels:
         if ref_is_old:
             return self.old, self.old, True
         return None if skip_old else self.old, self.ref if cfg.uses_ref else None, False
-
-    def loaded(self) -> dict:
-        """What is loaded now: {"old": model or None, "ref": model or None}."""
-        return {"old": self.old, "ref": self.ref}

@@ -293,8 +293,8 @@ def serial_accumulation(device: torch.device):
     atomic float adds whose order follows the thread schedule, so a trainer competing for its
     cores (the sampler of `train.max_staleness`, another job) gave gradients differing in the
     last bits. The deterministic kernel adds in index order: bit-identical updates, and no
-    slower (0.9 ms against 4.3 ms for one layer's keys of 8 prompts x 8 completions here). CUDA is left as it was (its deterministic mode needs cuBLAS set up
-    before the device starts)."""
+    slower (0.9 ms against 4.3 ms for one layer's keys of 8 prompts x 8 completions here).
+    CUDA is left as it was (its deterministic mode needs cuBLAS set up before the device starts)."""
     if device.type != "cpu":
         yield
         return
