@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real calibrate-real test test-fast bench bench-overlap docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,14 @@ demo-real: $(STAMP)
 	$(BIN)/pip install -q -e ".[real]"
 	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) --iters $(REAL_ITERS) --config $(REAL_CONFIG)
 
+# The agent demo: SmolLM2-135M-Instruct learns to call a calculator tool on multiplications too
+# large for it (examples/agent.yaml, examples/calc_problems.py); held-out accuracy and tool use
+# before and after. DEMO_DIR as for `make demo`.
+AGENT_ITERS ?= 2
+demo-agent: $(STAMP)
+	$(BIN)/pip install -q -e ".[real]"
+	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-agent) --iters $(AGENT_ITERS) --config examples/agent.yaml
+
 # TRL 1.16's GRPOTrainer on demo-real's exact work, compared by held-out accuracy gained per
 # minute (bench/calibrate_real.py); run after `make demo-real` with the same DEMO_DIR.
 # TRL_BF16=1 for bf16; TRL_ITERS=N for N generation cycles (default: the demo's iterations).
@@ -59,6 +67,13 @@ bench: $(STAMP)
 # asynchronous against synchronous iterate on the same work, cores shared and split (bench/overlap.py)
 bench-overlap: $(STAMP)
 	$(BIN)/python -m bench.overlap
+
+# the agent workload (tool episodes) against TRL 1.16's GRPOTrainer with the same tool (bench/agent.py);
+# the first run trains its model with make demo-agent's settings into bench/work (about 7 minutes)
+bench-agent: $(STAMP)
+	$(BIN)/pip install -q -e ".[real,bench]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m bench.agent
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.

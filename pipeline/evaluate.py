@@ -120,9 +120,10 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
 
 
 def eval_summary(run: Run, k: int) -> dict | None:
-    """accuracy, mean reward and mean length of policy k's eval, or None."""
+    """accuracy, mean reward and mean length of policy k's eval (and its tool use, for episodes), or None."""
     if not run.done(k, "eval"):
         return None
+    from pipeline.report.episodes import eval_episode_metrics
     from pipeline.store.parts import read_parts
 
     t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
@@ -130,4 +131,5 @@ def eval_summary(run: Run, k: int) -> dict | None:
         "eval/accuracy": float(np.mean(t.column("correct").to_numpy(zero_copy_only=False))),
         "eval/reward": float(np.nanmean(t.column("reward").to_numpy(zero_copy_only=False).astype(float))),
         "eval/mean_length": float(np.mean(t.column("completion_length").to_numpy())),
+        **eval_episode_metrics(t),
     }

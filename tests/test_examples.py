@@ -1,6 +1,7 @@
-"""examples/: the real-model demo's generated problems (times_problems for examples/real.yaml,
-word_problems for examples/gsm8k_format.yaml), its TRL-style reward functions (loaded by path
-as a user's file is) and its configs."""
+"""examples/: the real-model demos' generated problems (times_problems for examples/real.yaml,
+word_problems for examples/gsm8k_format.yaml, calc_problems for the agent demo's
+examples/agent.yaml), their TRL-style reward functions (loaded by path as a user's file is) and
+their configs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
 
+import calc_problems  # noqa: E402
 import demo_real  # noqa: E402
 import times_problems  # noqa: E402
 import word_problems  # noqa: E402
@@ -94,6 +96,37 @@ def test_last_number_correct(monkeypatch):
     assert _load("last_number_correct")(None, completions, answer=["42"] * 8) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
+def test_calc_problems_are_seeded_split_and_need_the_tool(tmp_path):
+    a = calc_problems.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
+    b = calc_problems.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    train, eval_ = ([json.loads(line) for line in p.read_text().splitlines()] for p in a)
+    assert (len(train), len(eval_)) == (300, 30)
+    assert not {r["question"] for r in train} & {r["question"] for r in eval_}
+    wordings = set()
+    for row in train + eval_:
+        assert row["prompt"][:-1] == calc_problems.WORKED and row["prompt"][-1] == {"role": "user", "content": row["question"]}
+        x, y = map(int, re.findall(r"\d+", row["question"]))
+        assert int(row["answer"]) == x * y and 100 <= max(x, y) <= 999 and 11 <= min(x, y) <= 99
+        wordings.add(re.sub(r"\d+", "N", row["question"]))
+    assert len(wordings) == len(calc_problems.WORDINGS)
+    # the worked calls are what the Hermes fallback reads: each call parses to multiply with its factors
+    from pipeline.agents.format import parse_hermes
+
+    calls = [parse_hermes(m["content"])[1] for m in calc_problems.WORKED if "<tool_call>" in m["content"]]
+    assert [(c.name, c.arguments) for [c] in calls] == [("multiply", {"a": 12, "b": 13}), ("multiply", {"a": 41, "b": 27})]
+
+
+def test_final_answer_correct_reads_the_models_last_message(monkeypatch):
+    monkeypatch.chdir(REPO)
+    call = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}]},
+            {"role": "tool", "name": "multiply", "content": "42"}]
+    completions = [[*call, {"role": "assistant", "content": "42"}], [*call, {"role": "assistant", "content": "It is 41."}],
+                   call, c("6 * 7 = 42"), c("42, or 43"), [{"role": "tool", "name": "multiply", "content": "42"}]]
+    # the tool's 42 alone pays nothing: only what the model said, and its last number
+    assert _load("final_answer_correct")(None, completions, answer=["42"] * 6) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("name", sorted(demo_real.TASKS))
 def test_example_configs_validate_and_load_their_rewards(monkeypatch, tmp_path, name):
     from pipeline import config as config_mod
@@ -101,7 +134,7 @@ def test_example_configs_validate_and_load_their_rewards(monkeypatch, tmp_path, 
 
     monkeypatch.chdir(REPO)
     cfg = config_mod.load(REPO / "examples" / name)
-    task = {"times_problems": times_problems, "word_problems": word_problems}[demo_real.TASKS[name]]
+    task = {"times_problems": times_problems, "word_problems": word_problems, "calc_problems": calc_problems}[demo_real.TASKS[name]]
     assert cfg.data.system_prompt == task.SYSTEM_PROMPT
     assert cfg.eval.reward in [r.column for r in cfg.rewards]
     assert cfg.train.keep_policies.last == 2
@@ -119,5 +152,5 @@ def test_demo_real_refuses_an_unknown_config(tmp_path):
 
     other = tmp_path / "mine.yaml"
     other.write_text((REPO / "examples" / "real.yaml").read_text())
-    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml\)"):
+    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml\)"):
         demo_real.real_config(other, tmp_path / "data", tmp_path / "model", 0, [])

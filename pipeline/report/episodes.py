@@ -5,6 +5,7 @@ Metrics, over an iteration's episodes (none when it has none):
     episodes/turns_mean, episodes/turns_max        model turns per episode
     episodes/ending/<answered|max_turns|max_episode_tokens|length>   share of episodes
     tools/call_frequency                           tool calls per episode (TRL's name)
+    tools/used                                     share of episodes with at least one call
     tools/failure_frequency                        failed calls / calls (TRL's name)
     tools/calls/<tool>                             calls of each tool per episode
     tools/errors/<malformed|unknown_tool|bad_arguments|raised|timeout>   count
@@ -59,8 +60,9 @@ def episode_metrics(records: list[dict]) -> dict[str, float]:
     turns = [r["turns"] for r in records]
     endings = Counter(r["ending"] for r in records)
     calls, errors = Counter(), Counter()
-    dropped = 0
+    dropped = used = 0
     for r in records:
+        used += any(msg["role"] == "tool" for msg in r["messages"])
         for msg in r["messages"]:
             if msg["role"] == "tool":
                 calls[msg["name"] or "malformed"] += 1
@@ -75,6 +77,7 @@ def episode_metrics(records: list[dict]) -> dict[str, float]:
         "episodes/turns_max": float(max(turns)),
         **{f"episodes/ending/{e}": endings[e] / n for e in ENDINGS},
         "tools/call_frequency": total_calls / n,
+        "tools/used": used / n,
         "tools/failure_frequency": sum(errors.values()) / total_calls if total_calls else 0.0,
         **{f"tools/calls/{name}": c / n for name, c in sorted(calls.items())},
         **{f"tools/errors/{e}": float(errors[e]) for e in ERRORS},
@@ -82,6 +85,18 @@ def episode_metrics(records: list[dict]) -> dict[str, float]:
         "tokens/model_share": model / (model + context) if model + context else float("nan"),
     }
     return out
+
+
+EVAL_EPISODE_METRICS = ("episodes/turns_mean", "tools/call_frequency", "tools/used")
+"""What held-out episodes add to the eval's metrics, as eval/<name>: how the policy uses its tools."""
+
+
+def eval_episode_metrics(table) -> dict[str, float]:
+    """eval/<name> of EVAL_EPISODE_METRICS over an eval table's episodes (none without episodes)."""
+    if "episode" not in table.column_names:
+        return {}
+    m = episode_metrics([json.loads(e) for e in table.column("episode").to_pylist() if e is not None])
+    return {f"eval/{name}": m[name] for name in EVAL_EPISODE_METRICS if name in m}
 
 
 def conversation(record: dict, width: int = 400) -> str:
