@@ -493,6 +493,51 @@ QWEN_LIKE = (  # the shape of Qwen 2.5's tool template: tools in the system turn
 )
 
 
+LLAMA_LIKE = (  # the shape of Llama 3.2's tool template: calls as one bare JSON object with "parameters", results as ipython turns
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nYou may call these functions:{% for t in tools %}\n{{ t | tojson }}"
+    "{% endfor %}{{ eos_token }}{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{% for tc in m.tool_calls %}{"name": "{{ tc.function.name }}", "parameters": {{ tc.function.arguments | tojson }}}{% endfor %}{{ eos_token }}'
+    "{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}{{ eos_token }}"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_parse_llama_json_calls():
+    from pipeline.agents.format import parse_json_call
+
+    assert [(c.name, c.arguments) for c in parse_json_call('{"name": "multiply", "parameters": {"a": 6, "b": 7}}')[1]] == [("multiply", {"a": 6, "b": 7})]
+    content, calls = parse_json_call('<|python_tag|>{"name": "m", "arguments": "{\\"a\\": 1}"}')
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("m", {"a": 1})]
+    assert [c.name for c in parse_json_call('{"name": "multiply", "parameters": {"a": 6')[1]] == [None]  # cut off: malformed
+    assert parse_json_call("6 * 7 = 42") == ("6 * 7 = 42", [])
+    assert parse_json_call('{"answer": 42}') == ('{"answer": 42}', [])  # JSON, but not a call
+
+
+def test_a_llama_style_template_is_used_with_its_bare_json_calls(assets, tools_file):
+    """A template that renders calls as Llama 3.x does (bare JSON) is used as it is, and calls are
+    read in that format, instead of falling back to Hermes."""
+    from transformers import AutoTokenizer
+
+    from pipeline.agents.format import choose
+    from pipeline.agents.tools import load_tools, tool_schema
+
+    tok = AutoTokenizer.from_pretrained(assets["model"])
+    tok.chat_template = LLAMA_LIKE
+    fmt, note = choose(tok, "auto", "llama-like")
+    assert (fmt.kind, fmt.parser, note) == ("template", "json", None)
+    schema = tool_schema(load_tools([f"{tools_file}:multiply"])[0], "t")
+    prompt = fmt.render([{"role": "user", "content": "6 * 7?"}], [schema], True)
+    assert '"name": "multiply"' in prompt and prompt.endswith("user<|end_header_id|>\n\n6 * 7?<|im_end|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert [(c.name, c.arguments) for c in fmt.parse('{"name": "multiply", "parameters": {"a": 6, "b": 7}}', "")[1]] == [("multiply", {"a": 6, "b": 7})]
+    msgs = [{"role": "user", "content": "6 * 7?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}}]},
+            {"role": "tool", "name": "multiply", "content": "42"}]
+    assert fmt.glue_text(msgs, 1, [schema], "<|im_end|>", True) == \
+        "<|start_header_id|>ipython<|end_header_id|>\n\n42<|im_end|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
 def test_a_template_with_tool_support_is_used_as_is(assets, tools_file):
     from transformers import AutoTokenizer
 

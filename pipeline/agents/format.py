@@ -6,7 +6,8 @@ Two formats (`rollout.tool_format`):
   `tools=` (JSON schemas), assistant turns carry `tool_calls`, results are `tool` messages.
   Calls are parsed by the tokenizer's `response_template` (transformers' parse_response) when
   it has one, else as Hermes/Qwen `<tool_call>{json}</tool_call>` blocks when that is how the
-  template renders a call. `auto` picks it when the template renders a whole tool exchange (TRL's
+  template renders a call, else as Llama 3.x's bare JSON (a turn that is one
+  `{"name": ..., "parameters": {...}}` object, after an optional `<|python_tag|>`) when that is. `auto` picks it when the template renders a whole tool exchange (TRL's
   supports_tool_calling probe).
 - hermes, the fallback for templates without tool support (SmolLM2's, the test model's): plain
   messages any template renders. The tool signatures go into the system message (Qwen 2.5's
@@ -65,6 +66,32 @@ def parse_hermes(text: str) -> tuple[str, list[Call]]:
         else:
             calls.append(Call(obj["name"], {} if args is None else args))
     return _CALL.sub("", text).strip(), calls
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def parse_json_call(text: str) -> tuple[str, list[Call]]:
+    """Llama 3.x's calls: a turn that is one JSON object with a "name" and its "parameters" (or
+    "arguments") is a call; a turn that starts like one and does not parse is a malformed call;
+    anything else is the answer."""
+    body = text.strip()
+    body = body[len(_PYTHON_TAG):].strip() if body.startswith(_PYTHON_TAG) else body
+    if not re.match(r'\{\s*"name"\s*:', body):
+        return text, []
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return "", [Call(None, body)]
+    args = obj.get("parameters", obj.get("arguments", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    if not isinstance(obj.get("name"), str):
+        return "", [Call(None, body)]
+    return "", [Call(obj["name"], {} if args is None else args)]
 
 
 def hermes_system(schemas: list[dict]) -> str:
@@ -129,6 +156,8 @@ class ToolFormat:
                 ok = isinstance(f, dict) and isinstance(f.get("name"), str)
                 calls.append(Call(f["name"], f.get("arguments") or {}) if ok else Call(None, json.dumps(c, default=str)))
             return parsed.get("content") or "", calls
+        if self.parser == "json":
+            return parse_json_call(text)
         return parse_hermes(text)
 
 
@@ -165,6 +194,8 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
                 return _checked(ToolFormat(tokenizer, "template", "response_template"), model), None
             if "<tool_call>" in text:
                 return _checked(ToolFormat(tokenizer, "template", "hermes"), model), None
+            if re.search(rf'\{{\s*"name"\s*:\s*"{name}"\s*,\s*"(?:parameters|arguments)"\s*:', text):  # Llama 3.x
+                return _checked(ToolFormat(tokenizer, "template", "json"), model), None
             return _checked(ToolFormat(tokenizer, "hermes"), model), (
                 f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
                 "using the Hermes fallback (rollout.tool_format: hermes)")
