@@ -461,6 +461,11 @@ def render(results: dict) -> str:
         from bench.overlap import section
 
         out += section(json.loads(overlap.read_text()))
+    agent = ROOT / "agent.json"  # `make bench-agent` (bench/agent.py)
+    if agent.exists():
+        from bench.agent import section as agent_section
+
+        out += agent_section(json.loads(agent.read_text()))
     out += ["## Definitions", "",
             "- tokens/s: completion tokens processed per second (update: once per epoch).",
             "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "

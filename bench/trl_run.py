@@ -68,7 +68,7 @@ def main(workload_json: str, out: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trainer = GRPOTrainer(
         model=model, reward_funcs=[trl_reward(spec, calls) for spec in cfg.rewards], args=args,
-        train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(cfg),
+        train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(cfg), tools=trl_tools(cfg),
     )
     setup_s = time.perf_counter() - t_load
 
@@ -94,6 +94,20 @@ def main(workload_json: str, out: str) -> None:
         gen.append({"seconds": time.perf_counter() - t, "cpu_s": time.process_time() - c, "tokens": int(out["completion_mask"].sum())})
         return out
 
+    if cfg.rollout.tools:  # the agent workload: turns and tool calls per episode, from TRL's own loop
+        tool_loop = trainer._tool_call_loop
+
+        def counted_tool_loop(prompts, prompt_ids, completion_ids, completions, *a, **kw):
+            out = tool_loop(prompts, prompt_ids, completion_ids, completions, *a, **kw)
+            episodes = out[1]  # (tool_mask, completions, ...): each completion a list of messages
+            calls = [sum(m["role"] == "tool" for m in c) for c in episodes]
+            turns = [sum(m["role"] == "assistant" for m in c) for c in episodes]
+            shapes.append({"turns_mean": sum(turns) / len(turns), "calls_mean": sum(calls) / len(calls)})
+            return out
+
+        trainer._tool_call_loop = counted_tool_loop
+    shapes: list[dict] = []
+
     trainer._generate_and_score_completions = timed_generate
     info = machine_info()
     t0 = time.perf_counter()
@@ -118,6 +132,7 @@ def main(workload_json: str, out: str) -> None:
                 "reward/mean": float(total.mean()),
                 "accuracy": float(np.nanmean(per_fn["correct"])) if "correct" in per_fn else math.nan,
                 "loadavg": loadavg(),
+                **(shapes[c] if c < len(shapes) else {}),
             }
         )
         print(f"[trl {w.name}] cycle {c}: {seconds:.1f}s (generate {cycles[-1]['generate_s']:.1f}s) "
@@ -153,6 +168,15 @@ def trl_dataset(cfg):
     return Dataset.from_list([{**{k: v for k, v in r.items() if k != col}, "prompt": prompt(r[col])} for r in rows])
 
 
+def trl_tools(cfg) -> list | None:
+    """rollout.tools as the functions TRL takes (loaded as the run loads them), None without tools."""
+    if not cfg.rollout.tools:
+        return None
+    from pipeline.agents.tools import load_tools
+
+    return load_tools(cfg.rollout.tools)
+
+
 def cycle_steps(cfg) -> int:
     """TRL optimizer steps per generation cycle (= one of our iterations)."""
     return cfg.rollout.prompts_per_iter * cfg.rollout.num_generations // cfg.train.mini_batch_size * cfg.train.epochs
@@ -186,7 +210,7 @@ def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int
         # one generation batch = one of our iterations (TRL's steps_per_generation counts micro-batches)
         generation_batch_size=r.prompts_per_iter * r.num_generations,
         num_generations=r.num_generations,
-        max_completion_length=r.max_new_tokens,
+        max_completion_length=r.episode_tokens() if r.agentic else r.max_new_tokens,  # with tools: the whole episode's
         num_iterations=t.epochs,
         temperature=r.temperature,
         top_p=r.top_p,
@@ -219,6 +243,7 @@ def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int
         remove_unused_columns=False,
         dataloader_num_workers=0,
         log_completions=False,
+        **({"max_tool_calling_iterations": r.max_turns - 1} if r.agentic else {}),
     )
 
 

@@ -60,6 +60,8 @@ class Workload:
 
     @property
     def name(self) -> str:
+        if self.size == "agent":  # bench/agent.py's one workload
+            return "agent-lora"
         if self.size == "real":  # real-full, real-lora, real-lora-e2 (issue 17's names)
             kind = "lora" if self.lora else "full"
             return f"real-{kind}" + (f"-e{self.epochs}" if self.epochs > 1 else "")
@@ -101,10 +103,14 @@ def real_workloads() -> list[Workload]:
 
 
 def data_dir(size: str = "tiny") -> Path:
-    return WORK / ("data-real" if size == "real" else "data")
+    return WORK / {"real": "data-real", "agent": "data-agent"}.get(size, "data")
 
 
 def model_dir(size: str) -> Path:
+    if size == "agent":
+        from bench.agent import MODEL_DIR
+
+        return MODEL_DIR
     if size == "real":
         from bench.real import model_dir as real_model_dir
 
@@ -114,6 +120,28 @@ def model_dir(size: str) -> Path:
 
 def train_path(size: str) -> Path:
     return data_dir(size) / ("gsm8k_style.jsonl" if size == "real" else "train.jsonl")
+
+
+AGENT_CONFIG = ROOT.parent / "examples" / "agent.yaml"
+
+
+def agent_tree(w: Workload) -> dict:
+    """The agent workload's run config: the agent demo's (examples/agent.yaml: tool, reward,
+    loss, LoRA), with this workload's sizes, the tool and reward files named absolutely, the
+    turn budget TRL has (each turn may use what is left of the episode's), eval off."""
+    tree = yaml.safe_load(AGENT_CONFIG.read_text())
+    repo = ROOT.parent
+    tree["model"] = str(model_dir("agent"))
+    tree["data"].update(train=str(train_path("agent")), eval=None)
+    tree["rollout"].update(num_generations=w.num_generations, prompts_per_iter=w.prompts_per_iter, groups_per_part=w.prompts_per_iter,
+                           max_new_tokens=w.max_new_tokens, max_episode_tokens=w.max_new_tokens, temperature=w.temperature,
+                           tools=[str(repo / t) for t in tree["rollout"]["tools"]])
+    tree["rewards"] = [{**r, "fn": str(repo / r["fn"])} for r in tree["rewards"]]
+    tree["loss"] = {"type": "dapo", "clip_eps_low": 0.2, "clip_eps_high": 0.28, "kl_coef": 0.0}
+    tree["train"].update(epochs=w.epochs, mini_batch_size=w.mini_batch_size, lr=w.lr, lora=dict(LORA), zero_stage=0)
+    tree["eval"] = {"every": 0}
+    tree["seed"] = w.seed
+    return tree
 
 
 def build_assets(sizes: list[str]) -> dict:
@@ -136,9 +164,11 @@ def build_assets(sizes: list[str]) -> dict:
 
 
 def config_tree(w: Workload) -> dict:
-    """The run config: the demo's, with this workload's sizes."""
+    """The run config: the demo's, with this workload's sizes (the agent demo's for the agent workload)."""
     from demo.task import SYSTEM_PROMPT
 
+    if w.size == "agent":
+        return agent_tree(w)
     tree = yaml.safe_load(DEMO_CONFIG.read_text())
     tree["model"] = str(model_dir(w.size))
     tree["data"].update(train=str(train_path(w.size)), eval=None, system_prompt=SYSTEM_PROMPT)
