@@ -21,13 +21,19 @@ import times_problems  # noqa: E402
 import word_problems  # noqa: E402
 
 
-def test_problems_are_seeded_split_and_correct(tmp_path):
-    a = word_problems.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
-    b = word_problems.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
+def seeded_splits(task, tmp_path, key: str) -> tuple[list[dict], list[dict]]:
+    """TASK's train and held-out rows for seed 3, written twice with the same bytes, no `key` in both."""
+    a = task.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
+    b = task.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
     train, eval_ = ([json.loads(line) for line in p.read_text().splitlines()] for p in a)
     assert (len(train), len(eval_)) == (300, 30)
-    assert not {r["question"] for r in train} & {r["question"] for r in eval_}
+    assert not {r[key] for r in train} & {r[key] for r in eval_}
+    return train, eval_
+
+
+def test_problems_are_seeded_split_and_correct(tmp_path):
+    train, eval_ = seeded_splits(word_problems, tmp_path, "question")
     shots = {q for q, _, _ in word_problems.FEW_SHOT}
     templates = set()
     for row in train + eval_:
@@ -73,12 +79,7 @@ def test_rewards_give_partial_credit(monkeypatch):
 
 
 def test_times_problems_are_seeded_split_and_correct(tmp_path):
-    a = times_problems.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
-    b = times_problems.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
-    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
-    train, eval_ = ([json.loads(line) for line in p.read_text().splitlines()] for p in a)
-    assert (len(train), len(eval_)) == (300, 30)
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in eval_}
+    train, eval_ = seeded_splits(times_problems, tmp_path, "prompt")
     wordings = set()
     for row in train + eval_:
         x, y, product = map(int, re.fullmatch(r"(\d) \* (\d) = (\d+)", row["working"]).groups())
@@ -97,12 +98,7 @@ def test_last_number_correct(monkeypatch):
 
 
 def test_calc_problems_are_seeded_split_and_need_the_tool(tmp_path):
-    a = calc_problems.write(tmp_path / "a", n_train=300, n_eval=30, seed=3)
-    b = calc_problems.write(tmp_path / "b", n_train=300, n_eval=30, seed=3)
-    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
-    train, eval_ = ([json.loads(line) for line in p.read_text().splitlines()] for p in a)
-    assert (len(train), len(eval_)) == (300, 30)
-    assert not {r["question"] for r in train} & {r["question"] for r in eval_}
+    train, eval_ = seeded_splits(calc_problems, tmp_path, "question")
     wordings = set()
     for row in train + eval_:
         assert row["prompt"][:-1] == calc_problems.WORKED and row["prompt"][-1] == {"role": "user", "content": row["question"]}
