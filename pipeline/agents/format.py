@@ -7,8 +7,9 @@ Two formats (`rollout.tool_format`):
   Calls are parsed by the tokenizer's `response_template` (transformers' parse_response) when
   it has one, else as Hermes/Qwen `<tool_call>{json}</tool_call>` blocks when that is how the
   template renders a call, else as Llama 3.x's bare JSON (a turn that is one
-  `{"name": ..., "parameters": {...}}` object, after an optional `<|python_tag|>`) when that is. `auto` picks it when the template renders a whole tool exchange (TRL's
-  supports_tool_calling probe).
+  `{"name": ..., "parameters": {...}}` object, after an optional `<|python_tag|>`) when that is.
+  `auto` picks it when the template renders a whole tool exchange (TRL's supports_tool_calling
+  probe).
 - hermes, the fallback for templates without tool support (SmolLM2's, the test model's): plain
   messages any template renders. The tool signatures go into the system message (Qwen 2.5's
   wording), calls are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the assistant's
@@ -46,26 +47,27 @@ class Call:
     arguments: object  # a dict for a well-formed call; the raw text for a malformed one
 
 
+def read_call(raw: str) -> Call:
+    """One call written as JSON, {"name": ..., "arguments" or "parameters": {...} or its JSON
+    text}; malformed (name None, the raw text kept) when it does not parse or has no name."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return Call(None, raw)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return Call(None, raw)
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    return Call(obj["name"], {} if args is None else args)
+
+
 def parse_hermes(text: str) -> tuple[str, list[Call]]:
     """(content without the call blocks, calls) from `<tool_call>{json}</tool_call>` blocks."""
-    calls = []
-    for m in _CALL.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            calls.append(Call(None, m.group(1)))
-            continue
-        args = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                pass
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(Call(None, m.group(1)))
-        else:
-            calls.append(Call(obj["name"], {} if args is None else args))
-    return _CALL.sub("", text).strip(), calls
+    return _CALL.sub("", text).strip(), [read_call(m.group(1)) for m in _CALL.finditer(text)]
 
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -75,23 +77,10 @@ def parse_json_call(text: str) -> tuple[str, list[Call]]:
     """Llama 3.x's calls: a turn that is one JSON object with a "name" and its "parameters" (or
     "arguments") is a call; a turn that starts like one and does not parse is a malformed call;
     anything else is the answer."""
-    body = text.strip()
-    body = body[len(_PYTHON_TAG):].strip() if body.startswith(_PYTHON_TAG) else body
+    body = text.strip().removeprefix(_PYTHON_TAG).strip()
     if not re.match(r'\{\s*"name"\s*:', body):
         return text, []
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return "", [Call(None, body)]
-    args = obj.get("parameters", obj.get("arguments", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            pass
-    if not isinstance(obj.get("name"), str):
-        return "", [Call(None, body)]
-    return "", [Call(obj["name"], {} if args is None else args)]
+    return "", [read_call(body)]
 
 
 def hermes_system(schemas: list[dict]) -> str:
