@@ -659,6 +659,38 @@ def test_smollm2_gguf_lora_tool_episodes_through_iterate(assets, smollm2, tools_
     assert ": ok, 2 iteration(s)" in grpo("audit", str(run)).stdout
 
 
+ENV_REWARD = '''
+def found(completions, environments, **kwargs):
+    """1 when the episode's environment saw its hidden number guessed (TRL hands reward functions the instances)."""
+    return [float(e.target in e.guesses) for e in environments]
+'''
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_lora_environment_episodes_through_iterate(assets, smollm2, tools_file, tmp_path):
+    """A TRL environment_factory class, unchanged, on SmolLM2 given as its GGUF file with a LoRA
+    adapter: every episode starts from reset(**row), the reward function reads the instances, the
+    update counts the model's tokens only, the policy is an adapter and the run audits clean."""
+    (tmp_path / "rw.py").write_text(ENV_REWARD)
+    cfg = base_config(assets, model=smollm2["gguf"], data={"train": tool_rows(tmp_path / "tools.jsonl", 4), "system_prompt": None},
+                      rollout={"num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 40,
+                               "temperature": 0.7, "environment": f"{tools_file}:Counter", "max_turns": 2, "max_episode_tokens": 160},
+                      rewards=[{"fn": f"{tmp_path / 'rw.py'}:found"}],
+                      train={"mini_batch_size": 8, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}})
+    run = tmp_path / "run"
+    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    grpo("iterate", str(run), "--iters", "1")
+    rows = [r for p in sorted((run / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert len(rows) == 8 and all("(env ready)" in r["prompt"] for r in rows)
+    assert all(json.loads(r["episode"])["ending"] for r in rows)
+    rewards = [v for p in sorted((run / "iter-0000/score").glob("part-*.parquet")) for v in pq.read_table(p).column("reward").to_pylist()]
+    assert len(rewards) == 8 and set(rewards) <= {0.0, 1.0}
+    steps = pq.read_table(run / "iter-0000/update/metrics.parquet").to_pylist()
+    assert sum(s["tokens"] for s in steps) == model_tokens(run, 0)
+    assert (run / "policy/iter-0001/adapter_config.json").exists()
+    assert ": ok, 1 iteration(s)" in grpo("audit", str(run)).stdout
+
+
 @pytest.mark.slow
 def test_environment_episodes_through_iterate(assets, tiny2k, tools_file, tmp_path):
     """A TRL environment_factory class, unchanged, through `grpo iterate` on the tiny model: every
