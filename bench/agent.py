@@ -48,7 +48,7 @@ DATA_DIR = WORK / "data-agent"
 DEMO_ITERS = 2
 
 
-def workload(iters: int = 4, trl_steps: int = 3) -> Workload:
+def workload(iters: int = 4, trl_steps: int = 2) -> Workload:
     return Workload("agent", 1, iters=iters, commands=0, trl_steps=trl_steps, lora=True, num_generations=8, prompts_per_iter=8,
                     max_new_tokens=120, mini_batch_size=16, lr=2e-4, temperature=0.8)
 
@@ -88,12 +88,6 @@ def build_model() -> Path:
     return MODEL_DIR
 
 
-def episode_shape(episodes: list[dict]) -> dict:
-    """Model turns and tool calls per episode."""
-    n = len(episodes) or 1
-    return {"turns_mean": sum(e["turns"] for e in episodes) / n, "calls_mean": sum(e["calls"] for e in episodes) / n}
-
-
 def ours_worker(w_json: str, out: str) -> None:
     """`grpo iterate` on the workload in this process; seconds per iteration and episode shape."""
     from bench.workloads import load_workload, resolved_config
@@ -101,7 +95,7 @@ def ours_worker(w_json: str, out: str) -> None:
 
     cpu_env()
     from pipeline.iterate import iterate
-    from pipeline.report.episodes import episode_records
+    from pipeline.report.episodes import episode_metrics, episode_records
     from pipeline.store.run import init_run
 
     w = load_workload(w_json)
@@ -114,11 +108,11 @@ def ours_worker(w_json: str, out: str) -> None:
     t0 = time.perf_counter()
     iterate(run, w.iters, on_iteration=rows.append)
     wall = time.perf_counter() - t0
-    shapes = []
-    for k in range(w.iters):
-        recs = episode_records(run, k)
-        shapes.append(episode_shape([{"turns": r["turns"], "calls": sum(m["role"] == "tool" for m in r["messages"])} for r in recs]))
-    iters = [{"iteration": k, "seconds": r["seconds"], "reward/mean": r.get("reward/mean"), **shapes[k]} for k, r in enumerate(rows)]
+    iters = []
+    for k, r in enumerate(rows):  # turns and tool calls per episode: the rollout's own episode metrics
+        m = episode_metrics(episode_records(run, k))
+        iters.append({"iteration": k, "seconds": r["seconds"], "reward/mean": r.get("reward/mean"),
+                      "turns_mean": m["episodes/turns_mean"], "calls_mean": m["tools/call_frequency"]})
     for it in iters:
         print(f"[ours {w.name}] iteration {it['iteration']}: {it['seconds']:.1f}s, {it['turns_mean']:.2f} turns, "
               f"{it['calls_mean']:.2f} calls an episode", flush=True)
