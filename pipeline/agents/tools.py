@@ -6,24 +6,26 @@ with a wall-clock timeout whose outcome, whatever it is, becomes the text of a t
       tools: [calc.py:multiply, mypkg.search:lookup, python]
 
 User tools run in the rollout process, as TRL runs them: they can read and write what the
-rollout can. A sync tool past its timeout is answered with a timeout error and left running on
-its thread (Python cannot stop a thread); an async one is cancelled. A tool that raises
-SystemExit fails the stage with one line; one that kills its process (os._exit, a signal) takes
-the stage with it, before its part is written, so a resume samples that part again.
+rollout can. Where a call runs and the arguments it gets are pipeline.agents.execution's: a sync
+tool on its episode's thread, an async one on the process's event loop, arguments cast to the
+schema's types as TRL casts them. A call past its timeout is answered with a timeout error: a
+sync one is left running on its thread, which is given up (Python cannot stop a thread); an async
+one is cancelled. A tool that raises SystemExit fails the stage with one line; one that kills its
+process (os._exit, a signal) takes the stage with it, before its part is written, so a resume
+samples that part again.
 The built-in `python` tool runs the model's code in the reward sandbox (pipeline.rewards.sandbox:
 its own process, no network, memory/CPU/process limits) and answers with what it printed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pipeline.agents.execution import BadArgument, Deadline, EpisodeThread, cast_arguments, parameters, run_async
 from pipeline.agents.options import PYTHON_TOOL
 from pipeline.errors import GRPOError
 
@@ -103,8 +105,12 @@ def _error_text(message: str) -> str:
     return str({"error": message})  # what TRL puts in the tool message for a failed call
 
 
-def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, timeout_s: float) -> CallResult:
-    """Run one parsed call. Every failure is an answer the model sees, never an exception, but
+def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, timeout_s: float,
+              thread: EpisodeThread | None = None, properties: dict | None = None) -> CallResult:
+    """Run one parsed call: its arguments cast to the schema's types (`properties`: the tool's
+    parameters, read from its schema when not given), a sync tool on the episode's `thread` (a
+    thread of its own when none is given), an async one on the process's event loop (see
+    pipeline.agents.execution). Every failure is an answer the model sees, never an exception, but
     for SystemExit / KeyboardInterrupt, which fail the stage (GRPOError)."""
     start = time.perf_counter()
 
@@ -125,11 +131,17 @@ def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, time
     except ValueError:
         pass  # no signature to check against: the call itself will say
     try:
+        arguments = cast_arguments(tool_parameters(fn) if properties is None else properties, arguments)
+    except BadArgument as err:
+        return done(_error_text(f"{name}: {err}"), "bad_arguments")
+    try:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-            value = asyncio.run(_awaited(fn(**arguments), timeout_s))
+            value = run_async(fn(**arguments), timeout_s)
+        elif thread is None:
+            value = _one_off(fn, arguments, timeout_s, name)
         else:
-            value = _threaded(fn, arguments, timeout_s)
-    except _Deadline:
+            value = thread.run(fn, arguments, timeout_s)
+    except Deadline:
         return done(_error_text(f"{name} timed out after {timeout_s:g} s"), "timeout")
     except (SystemExit, KeyboardInterrupt) as err:
         raise GRPOError(f"tool {name!r} tried to end the process ({type(err).__name__} {err}); the stage stops, no part was written") from None
@@ -139,35 +151,18 @@ def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, time
     return done(content)
 
 
-class _Deadline(Exception):
-    """The call ran past its timeout (a TimeoutError the tool raises itself is its own error)."""
+def _one_off(fn: Callable, arguments: dict, timeout_s: float, name: str) -> Any:
+    """A call outside an episode, on a thread made for it."""
+    thread = EpisodeThread(f"grpo-tool-{name}")
+    try:
+        return thread.run(fn, arguments, timeout_s)
+    finally:
+        thread.close()
 
 
-async def _awaited(coro, timeout_s: float):
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if not done:
-        task.cancel()
-        raise _Deadline
-    return task.result()
-
-
-def _threaded(fn: Callable, arguments: dict, timeout_s: float) -> Any:
-    """fn(**arguments) on a daemon thread of its own, so that a call past its timeout can be left
-    behind (a shared pool would fill up with hung calls and time out every later one)."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn(**arguments)
-        except BaseException as err:  # noqa: BLE001 (re-raised in the caller's thread)
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name=f"grpo-tool-{getattr(fn, '__name__', 'tool')}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _Deadline
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def tool_parameters(fn: Callable) -> dict:
+    """The parameters of `fn`'s schema ({} when it has none to read)."""
+    try:
+        return parameters(tool_schema(fn, "tool"))
+    except GRPOError:
+        return {}

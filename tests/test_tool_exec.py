@@ -1,0 +1,224 @@
+"""Tool execution as TRL 1.16's users expect it (issue 32, item 6; pipeline/agents/execution.py):
+an episode's sync calls and its environment's reset on one thread (a sqlite connection made in
+reset works in every call), async tools on one event loop per process (a client session made in
+one call works in the next), a blocking async tool still timed out, a timed-out environment call
+ending its episode with the state from before that call (never the late call's changes), and
+arguments cast to the schema's types as TRL casts them."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+
+import pytest
+
+TOOLS = '''
+import asyncio, sqlite3, threading, time
+
+
+class Ledger:
+    """An environment holding a sqlite connection made in reset: bound to the thread that made it."""
+
+    def reset(self, **row):
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("create table t (n integer)")
+
+    def add(self, n: int) -> str:
+        """Add a number to the ledger and return the total.
+
+        Args:
+            n: The number.
+        """
+        self.db.execute("insert into t values (?)", (n,))
+        return f"{type(n).__name__} {self.db.execute('select sum(n) from t').fetchone()[0]}"
+
+    def __getstate__(self):
+        return {"rows": [r[0] for r in self.db.execute("select n from t order by rowid")]}
+
+    def __setstate__(self, state):
+        self.rows = state["rows"]
+
+
+class Stalling:
+    """An environment with a method that does not answer before the test releases it."""
+    release = threading.Event()
+    finished = threading.Event()
+
+    def reset(self, **row):
+        self.log = []
+
+    def note(self, x: int) -> str:
+        """Note a number.
+
+        Args:
+            x: The number.
+        """
+        self.log.append(x)
+        return "noted"
+
+    def stall(self, x: int) -> str:
+        """Note a number, slowly.
+
+        Args:
+            x: The number.
+        """
+        type(self).release.wait(60)
+        self.log.append(-x)  # the late call's change: never recorded
+        type(self).finished.set()
+        return "late"
+
+
+def wait_here(x: int) -> str:
+    """Wait until released (a plain tool).
+
+    Args:
+        x: Anything.
+    """
+    Stalling.release.wait(60)
+    return "late"
+
+
+def thread_id(x: int) -> int:
+    """The thread this call runs on.
+
+    Args:
+        x: Anything.
+    """
+    return threading.get_ident()
+
+
+def typed(a: int, b: float, c: bool, d: list[int], e: dict, s: str, o: int | None = None) -> str:
+    """Show the arguments' types.
+
+    Args:
+        a: an int
+        b: a float
+        c: a bool
+        d: a list
+        e: a dict
+        s: a string
+        o: an optional int
+    """
+    return repr((a, b, c, d, e, s, o))
+
+
+class Client:
+    """A client session in the style of aiohttp's: a connection task on the loop it was made on."""
+
+    def __init__(self):
+        self.requests = asyncio.Queue()
+        self.task = asyncio.get_running_loop().create_task(self.serve())
+
+    async def serve(self):
+        while True:
+            x, answer = await self.requests.get()
+            answer.set_result(2 * x)
+
+    async def ask(self, x):
+        answer = asyncio.get_running_loop().create_future()
+        await self.requests.put((x, answer))
+        return await answer
+
+
+_session = []
+
+
+async def double(x: int) -> int:
+    """Double a number through the session made in the first call.
+
+    Args:
+        x: The number.
+    """
+    if not _session:
+        _session.append(Client())
+    return await _session[0].ask(x)
+
+
+async def asleep(x: int) -> int:
+    """Wait (awaiting) far past any timeout.
+
+    Args:
+        x: Anything.
+    """
+    await asyncio.sleep(60)
+    return x
+
+
+async def blocking(x: int) -> int:
+    """Block the event loop (time.sleep inside async def).
+
+    Args:
+        x: Anything.
+    """
+    time.sleep(1.5)
+    return x
+
+
+async def plus(x: int) -> int:
+    """Add one.
+
+    Args:
+        x: The number.
+    """
+    return x + 1
+'''
+
+
+@pytest.fixture(scope="module")
+def exec_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("exec-tools") / "exec_tools.py"
+    path.write_text(TOOLS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fns(exec_file) -> dict:
+    from pipeline.agents.tools import load_tools
+
+    names = ("thread_id", "typed", "double", "asleep", "blocking", "plus")
+    return {f.__name__: f for f in load_tools([f"{exec_file}:{n}" for n in names])}
+
+
+# ------------------------------------------------------------------------------ tool level, fast
+def test_arguments_are_cast_to_the_schema_types_as_trl_casts_them(fns):
+    from pipeline.agents.tools import call_tool
+
+    args = {"a": "3", "b": "2.5", "c": "true", "d": "[1, 2]", "e": '{"k": 1}', "s": "7", "o": "null"}
+    r = call_tool(fns, "typed", args, 5.0)
+    assert (r.error, r.content) == (None, repr((3, 2.5, True, [1, 2], {"k": 1}, "7", None)))
+    r = call_tool(fns, "typed", {**args, "b": "4", "o": "5"}, 5.0)  # a whole number stays an int, as TRL leaves it
+    assert r.content == repr((3, 4, True, [1, 2], {"k": 1}, "7", 5))
+    r = call_tool(fns, "typed", {**args, "a": 3, "s": 7}, 5.0)  # values that are not strings are passed as they are
+    assert r.content == repr((3, 2.5, True, [1, 2], {"k": 1}, 7, None))
+    for key, value in (("a", "3x"), ("b", "two"), ("c", "yes"), ("d", "[1"), ("d", '{"k": 1}'), ("o", "none")):
+        bad = call_tool(fns, "typed", {**args, key: value}, 5.0)
+        message = ast.literal_eval(bad.content)["error"]  # TRL's {"error": ...} text
+        assert bad.error == "bad_arguments" and message.startswith(f"typed: argument {key!r} must be "), (key, value, message)
+
+
+def test_sync_calls_given_one_thread_share_it(fns):
+    from pipeline.agents.execution import EpisodeThread
+    from pipeline.agents.tools import call_tool
+
+    thread = EpisodeThread()
+    try:
+        ids = {call_tool(fns, "thread_id", {"x": i}, 5.0, thread).content for i in range(3)}
+    finally:
+        thread.close()
+    assert len(ids) == 1 and ids != {str(threading.get_ident())}  # one thread, not the caller's
+
+
+def test_async_tools_share_one_event_loop_and_a_blocking_one_times_out(fns):
+    from pipeline.agents.tools import call_tool
+
+    # a session made in the first call serves the later ones (a fresh loop per call strands it)
+    assert [call_tool(fns, "double", {"x": x}, 5.0).content for x in (1, 2, 3)] == ["2", "4", "6"]
+    # a call that awaits past its timeout is cancelled; the loop, and the session on it, go on
+    assert call_tool(fns, "asleep", {"x": 1}, 0.2).error == "timeout"
+    assert call_tool(fns, "double", {"x": 4}, 5.0).content == "8"
+    # a call that blocks the loop itself still gets its timeout answer ...
+    blocked = call_tool(fns, "blocking", {"x": 1}, 0.2)
+    assert blocked.error == "timeout" and "timed out after 0.2 s" in blocked.content
+    # ... and the next async call is served on a new loop, in time, while the old one is still blocked
+    assert (call_tool(fns, "plus", {"x": 1}, 1.0).error, call_tool(fns, "plus", {"x": 2}, 1.0).content) == (None, "3")
