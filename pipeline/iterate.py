@@ -5,6 +5,12 @@ finishes the same N iterations, never more. The engines stay warm: vLLM receives
 policy in place (`reload_weights`, from the stored policy or, with rollout.weight_sync memory,
 from the trainer's memory), the logprob models and the DeepSpeed trainer are kept.
 The artifacts are the ones the four separate commands write (the tests compare hashes).
+
+One loop serves both schedules. A sampler runs the rollouts and evals it is asked for:
+`InlineSampler` here, on the warm engine, at once (train.max_staleness 0), or
+`pipeline.overlap.ProcessSampler`, in a second process ahead of the training (max_staleness
+>= 1). At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
+`pipeline.iteration_plan`) and that is not done is asked for; with s = 0 that is rollout k alone.
 """
 
 from __future__ import annotations
@@ -15,39 +21,70 @@ from typing import Callable
 from pipeline.report import tracking
 from pipeline.evaluate import run_eval
 from pipeline.iteration import WarmEngines, eval_due, finish_row, learn
+from pipeline.iteration_plan import iteration_plan
 from pipeline.rollout import run_rollout
 from pipeline.store.run import Run
-from pipeline.staleness import behaviour
+
+
+class InlineSampler:
+    """Rollouts and evals in this process, on the warm engine, run when asked."""
+
+    def __init__(self, run: Run, warm: WarmEngines):
+        self.run, self.warm = run, warm
+
+    def ask(self, kind: str, k: int) -> None:
+        run = self.run
+        with tracking.reporting(run, k, kind):
+            if kind == "rollout" and not run.done(k, "rollout"):
+                run_rollout(run, k, engine=self.warm.rollout_engine(iteration_plan(run.cfg, k).behaviour))
+                self.warm.idle_engine()
+            elif kind == "eval" and not run.done(k, "eval"):
+                run_eval(run, k, self.warm.rollout_engine(k))
+
+    def wait(self, kind: str, k: int) -> None:
+        """Nothing to wait for: `ask` ran it."""
+
+    def drain(self) -> None:
+        """Nothing is still running."""
+
+    def close(self) -> None:
+        """The engine belongs to `WarmEngines`, which closes it."""
+
 
 def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
     """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
     With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
     (pipeline/overlap.py); the artifacts do not depend on which."""
-    if run.cfg.train.max_staleness:
-        from pipeline.overlap import iterate_overlapped
-
-        return iterate_overlapped(run, iters, on_iteration)
+    cfg = run.cfg
+    start = run.completed_iters()
     warm = WarmEngines(run)
+    if cfg.train.max_staleness:
+        from pipeline.overlap import ProcessSampler
+
+        sampler = ProcessSampler(run)
+    else:
+        sampler = InlineSampler(run, warm)
     rows = []
     try:
-        if run.cfg.eval.every and not run.done(0, "eval") and run.cfg.data.eval:
-            with tracking.reporting(run, 0, "eval"):
-                run_eval(run, 0, warm.rollout_engine(0))
-        for k in range(run.completed_iters(), iters):
+        if cfg.eval.every and cfg.data.eval and not run.done(0, "eval"):
+            sampler.ask("eval", 0)
+        for k in range(start, iters):
             t0 = time.time()
-            timings = {}
-            with tracking.reporting(run, k, "rollout"):
-                if not run.done(k, "rollout"):
-                    run_rollout(run, k, engine=warm.rollout_engine(behaviour(run.cfg, k)))
-            warm.idle_engine()
-            timings["rollout"] = time.time() - t0
+            for j in range(start, iters):  # every rollout whose behaviour policy exists now (policy k does)
+                if iteration_plan(cfg, j).behaviour <= k and not run.done(j, "rollout"):
+                    sampler.ask("rollout", j)
+            sampler.wait("rollout", k)
+            timings = {"rollout": time.time() - t0}  # overlapped: the wait, what the overlap did not hide
             learn(run, warm, k, t0, timings)
-            if eval_due(run, k + 1):
-                with tracking.reporting(run, k + 1, "eval"):
-                    run_eval(run, k + 1, warm.rollout_engine(k + 1))
+            if eval_due(run, k + 1) and not run.done(k + 1, "eval"):
+                sampler.ask("eval", k + 1)  # overlapped: behind rollout k+1 (running), ahead of rollout k+2
+                sampler.wait("eval", k + 1)
                 timings["eval"] = time.time() - t0 - sum(timings.values())
             rows.append(finish_row(run, k, t0, timings, on_iteration))
+        sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
+        sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
+        sampler.close()
         warm.close()
     return rows

@@ -19,7 +19,7 @@ from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.models.lora import AdapterOff
 from pipeline.models.policy import LogprobModels
-from pipeline.plan import pass_plan
+from pipeline.iteration_plan import iteration_plan
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
 from pipeline.store.run import Run
@@ -112,7 +112,8 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
     models = models or LogprobModels(run)
     stats = {"tokens": 0, "load_s": 0.0}
     precision = resolve_precision(cfg.train.precision)  # the update computes its logprobs the same way
-    ref_is_old, skip_old = pass_plan(cfg, k)
+    plan = iteration_plan(cfg, k)
+    ref_is_old = plan.ref_is_old
 
     def make_part(p: int) -> pa.Table:
         t = time.time()
@@ -132,7 +133,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
     }
     # which policy each column came from, and how many forward passes were made
     passes = {"old_logprobs": f"policy/iter-{k:04d}", "ref_logprobs": None, "forward_passes": 1}
-    if skip_old:
+    if plan.old_from_update:
         passes["old_logprobs"] = (f"none here: the update's forward of policy/iter-{k:04d}, detached (one optimizer step, "
                                   f"ratio 1), stored in {stage_rel(k, 'update')}/{OLD_LOGPROBS}")
         passes["forward_passes"] = 0

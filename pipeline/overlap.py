@@ -1,11 +1,12 @@
 """`iterate` with train.max_staleness s >= 1: the sampling overlapped with the training.
 
-A sampler process, spawned once per `iterate` and holding its own warm engine, runs rollouts and
-evals in the order they are asked for; this process scores, computes logprobs and updates, and
-never starts an engine itself. At the start of iteration k (policy k exists) every rollout j <
-iters whose behaviour policy b(j) = j - s exists and that is not done is queued (with s = 1:
-rollout k+1, from policy k), then this process waits for rollout k and trains on it while the
-sampler samples ahead. The eval of policy k+1 is queued after update k and waited for before
+`ProcessSampler`, the sampler of `pipeline.iterate`'s one loop for this schedule: a process,
+spawned once per `iterate` and holding its own warm engine (sized by the same memory plan as
+`iterate`'s own engine), runs rollouts and evals in the order they are asked for; the iterate
+process scores, computes logprobs and updates, and never starts an engine itself. At the start
+of iteration k (policy k exists) every rollout j < iters whose behaviour policy b(j) = j - s
+exists and that is not done is queued (with s = 1: rollout k+1, from policy k), then the loop
+waits for rollout k and trains on it while the sampler samples ahead. The eval of policy k+1 is queued after update k and waited for before
 iteration k's row is printed, as `iterate` without staleness spends that time too.
 
 What is written never depends on this timing: which policy samples which iteration is fixed by
@@ -23,8 +24,6 @@ starts its threads, to those CPUs (the trainer then belongs on the others, e.g. 
 from __future__ import annotations
 
 import os
-import time
-from typing import Callable
 
 from pipeline.errors import GRPOError
 from pipeline.store.run import Run
@@ -32,22 +31,29 @@ from pipeline.store.run import Run
 SAMPLER_CPUS = "GRPO_SAMPLER_CPUS"
 
 
-class Sampler:
-    """The sampling process and the requests this process has made of it."""
+class ProcessSampler:
+    """The sampling process, started at the first request, and the requests made of it
+    (`pipeline.iterate`'s sampler interface: ask, wait, drain, close)."""
 
     def __init__(self, run: Run):
+        self.run = run
+        self.proc = self.conn = None
+        self.asked: set[tuple[str, int]] = set()
+        self.done: set[tuple[str, int]] = set()
+
+    def _start(self) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no torch threads or engine state inherited
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(run.uri, child, os.getpid()), name="grpo-sampler")
+        self.proc = ctx.Process(target=serve, args=(self.run.uri, child, os.getpid()), name="grpo-sampler")
         self.proc.start()
         child.close()
-        self.asked: set[tuple[str, int]] = set()
-        self.done: set[tuple[str, int]] = set()
 
     def ask(self, kind: str, k: int) -> None:
         if (kind, k) not in self.asked:
+            if self.proc is None:
+                self._start()
             self.asked.add((kind, k))
             try:
                 self.conn.send((kind, k))
@@ -55,7 +61,9 @@ class Sampler:
                 pass
 
     def wait(self, kind: str, k: int) -> None:
-        """Until the sampler has finished `kind` of iteration k (asked for before)."""
+        """Until the sampler has finished `kind` of iteration k (asked for before, or done already)."""
+        if (kind, k) not in self.asked:
+            return
         while (kind, k) not in self.done:
             try:
                 status, what, j, text = self.conn.recv()
@@ -67,7 +75,14 @@ class Sampler:
                 raise GRPOError(text)
             self.done.add((what, j))
 
+    def drain(self) -> None:
+        """Until everything asked for is done."""
+        for kind, k in sorted(self.asked - self.done):
+            self.wait(kind, k)
+
     def close(self) -> None:
+        if self.proc is None:
+            return
         try:
             self.conn.send(("stop", -1))
         except OSError:
@@ -76,6 +91,7 @@ class Sampler:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+        self.proc = None
 
 
 def _how(code: int | None) -> str:
@@ -92,58 +108,6 @@ def _how(code: int | None) -> str:
     return f"exit {code}"
 
 
-def iterate_overlapped(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
-    """`pipeline.iterate.iterate` for train.max_staleness >= 1 (see the module docstring)."""
-    from pipeline.iteration import WarmEngines, eval_due, finish_row, learn
-    from pipeline.report import tracking
-    from pipeline.staleness import behaviour
-
-    cfg = run.cfg
-    start = run.completed_iters()
-    sampler = None
-    warm = WarmEngines(run)  # logprob models and the trainer; its engine stays None here
-    rows = []
-
-    def ask(kind: str, k: int) -> None:
-        nonlocal sampler
-        if sampler is None:
-            sampler = Sampler(run)
-        sampler.ask(kind, k)
-
-    def feed(newest: int) -> None:
-        """Queue every rollout still to do whose behaviour policy exists (policy `newest` does)."""
-        for j in range(start, iters):
-            if behaviour(cfg, j) <= newest and not run.done(j, "rollout"):
-                ask("rollout", j)
-
-    try:
-        if cfg.eval.every and cfg.data.eval and not run.done(0, "eval"):
-            ask("eval", 0)
-        for k in range(start, iters):
-            t0 = time.time()
-            feed(k)
-            if not run.done(k, "rollout"):
-                sampler.wait("rollout", k)
-            timings = {"rollout": time.time() - t0}  # the wait: what the overlap did not hide
-            learn(run, warm, k, t0, timings)
-            if eval_due(run, k + 1) and not run.done(k + 1, "eval"):
-                ask("eval", k + 1)  # behind rollout k+1 (running), ahead of rollout k+2
-                sampler.wait("eval", k + 1)
-                timings["eval"] = time.time() - t0 - sum(timings.values())
-            rows.append(finish_row(run, k, t0, timings, on_iteration))
-        if sampler is not None and ("eval", 0) in sampler.asked:
-            sampler.wait("eval", 0)
-        if sampler is not None:
-            sampler.close()  # the rollouts queued beyond `iters` are none: feed stops at iters
-            sampler = None
-        tracking.log_final(run)
-    finally:
-        if sampler is not None:
-            sampler.close()
-        warm.close()
-    return rows
-
-
 def serve(uri: str, conn, parent: int) -> None:
     """The sampler process: rollouts and evals as asked, one at a time, on one warm engine."""
     _die_with(parent)
@@ -153,12 +117,15 @@ def serve(uri: str, conn, parent: int) -> None:
     from pipeline.evaluate import run_eval
     from pipeline.models.engines import cpu_env
     from pipeline.report import tracking
-    from pipeline.rollout import policy_engine, run_rollout
-    from pipeline.staleness import behaviour
+    from pipeline.iteration_plan import iteration_plan
+    from pipeline.rollout import engine_plan, policy_engine, run_rollout
 
     cpu_env()
     run = Run(uri)
     engine = None
+    # the engine shares the machine with the trainer in the other process: sized as `iterate`
+    # sizes its own (a GPU split that cannot fit is the one-line error, before any engine loads)
+    plan = engine_plan(run, run.completed_iters(), shared=True)
     try:
         while True:
             if engine is not None and hasattr(engine, "sleep") and not conn.poll():
@@ -172,10 +139,10 @@ def serve(uri: str, conn, parent: int) -> None:
             try:
                 with tracking.reporting(run, k, kind):
                     if kind == "rollout" and not run.done(k, "rollout"):
-                        engine = policy_engine(run, behaviour(run.cfg, k), engine)
+                        engine = policy_engine(run, iteration_plan(run.cfg, k).behaviour, engine, plan=plan)
                         run_rollout(run, k, engine=engine)
                     elif kind == "eval" and not run.done(k, "eval"):
-                        engine = policy_engine(run, k, engine)
+                        engine = policy_engine(run, k, engine, plan=plan)
                         run_eval(run, k, engine)
                 conn.send(("done", kind, k, None))
             except GRPOError as err:

@@ -5,8 +5,9 @@ as nanoGPT prints its tokens per iteration, so a user can check the arithmetic b
     optimizer steps  = epochs x ceil(completions / mini_batch_size)
     micro-batch      = mini_batch_size / grad_accum / processes (per rank)
 
-`pass_plan` and `steps_per_iter` are the ones the stages use (logprobs, update), so the plan
-cannot say something the run then does differently. Nothing here imports torch: `init` stays fast.
+`iteration_plan` (what iteration k does: which policy samples it, where its old logprobs come
+from, whether a reference pass runs) and `steps_per_iter` are the ones the stages use, so the
+plan cannot say something the run then does differently. Nothing here imports torch: `init` stays fast.
 """
 
 from __future__ import annotations
@@ -16,21 +17,13 @@ import os
 from dataclasses import dataclass
 
 from pipeline.config import Config
+from pipeline.iteration_plan import iteration_plan
 
 
 def steps_per_iter(cfg: Config) -> int:
     """Optimizer steps of one iteration: every epoch walks the completions in mini-batches."""
     n = cfg.rollout.prompts_per_iter * cfg.rollout.num_generations
     return cfg.train.epochs * math.ceil(n / cfg.train.mini_batch_size)
-
-
-def pass_plan(cfg: Config, k: int) -> tuple[bool, bool]:
-    """(ref_is_old, skip_old) for iteration k. At iteration 0 without a ref_model the old policy
-    is the reference (same weights, same arithmetic): one pass. When every epoch makes one
-    optimizer step (`Config.old_from_update`) the update's first-epoch forward gives the old logprobs, so this stage
-    makes no old pass, unless it makes that very pass for the reference anyway."""
-    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
-    return ref_is_old, cfg.old_from_update and not ref_is_old
 
 
 def machine_precision(precision: str) -> str:
@@ -117,18 +110,18 @@ def plan(cfg: Config, precision: str, world: int = 1) -> Plan:
 
 def _old_logprobs(cfg: Config, k: int) -> str:
     """Where iteration k's old-policy logprobs come from, and why."""
-    ref_is_old, skip_old = pass_plan(cfg, k)
-    if ref_is_old:
+    it = iteration_plan(cfg, k)
+    if it.ref_is_old:
         return "the reference pass (same weights as the old policy)"
-    if skip_old:
+    if it.old_from_update:
         return "the update's own forward (one optimizer step per epoch)"
     t = cfg.train
     if t.old_logprobs == "pass":
         why = "train.old_logprobs pass"
     elif cfg.rollout.prompts_per_iter * cfg.rollout.num_generations > t.mini_batch_size:
         why = f"{math.ceil(cfg.rollout.prompts_per_iter * cfg.rollout.num_generations / t.mini_batch_size)} optimizer steps per epoch"
-    elif t.lora is not None and t.lora.dropout > 0:
-        why = "LoRA dropout"
+    elif (random := _policy(cfg).random_forward()) is not None:
+        why = random
     else:
         why = "KL in the reward"
     return f"logprobs stage pass ({why})"
@@ -148,13 +141,15 @@ def _reference(cfg: Config) -> str | None:
     if cfg.ref_model is not None:
         ref = cfg.ref_model
     else:
-        ref = "the base with the adapter off" if cfg.train.lora is not None else "policy/iter-0000"
+        ref = _policy(cfg).reference_line()
     return f"every iteration, on {ref} ({', '.join(why)})"
 
 
 def _training(cfg: Config) -> str:
-    lora = cfg.train.lora
-    if lora is None:
-        return "full fine-tuning (every weight)"
-    targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
-    return f"LoRA r={lora.r} alpha={lora.alpha:g} on {targets} (policies K >= 1 are adapters)"
+    return _policy(cfg).training_line()
+
+
+def _policy(cfg: Config):
+    from pipeline.models.policy import policy_kind  # it imports this module
+
+    return policy_kind(cfg)

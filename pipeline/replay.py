@@ -51,7 +51,7 @@ from pipeline.models.policy import policy_kind
 from pipeline.store.parts import input_hash
 from pipeline.store.retention import pruned_error
 from pipeline.rewards.contract import load_reward
-from pipeline.staleness import behaviour
+from pipeline.iteration_plan import iteration_plan
 from pipeline.store.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
@@ -69,8 +69,8 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     tree = src.cfg.model_dump(mode="json")
     tree["model"] = str(replay_model(src, k))
     cfg = config_mod.resolve(tree, sets, source="replay --set")
-    if cfg.uses_ref and cfg.ref_model is None and cfg.train.lora is None:  # LoRA: the reference is NEW's base, SRC's policy 0
-        tree["ref_model"] = str(src.policy_dir(0).resolve())  # SRC's reference: its initial policy
+    if cfg.uses_ref and cfg.ref_model is None and (ref := policy_kind(cfg).replay_reference(src)) is not None:
+        tree["ref_model"] = str(ref)  # SRC's reference: its initial policy
         cfg = config_mod.resolve(tree, sets, source="replay --set")
     for j, spec in enumerate(cfg.rewards):  # a reward that cannot even load fails before NEW exists
         load_reward(spec, index=j)
@@ -79,7 +79,7 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
 
 def is_adapter_policy(src: Run, k: int) -> bool:
     """Whether SRC's policy K is a LoRA adapter (K >= 1 of a LoRA run) rather than full weights."""
-    return policy_kind(src.cfg).adapter and k > 0
+    return policy_kind(src.cfg).stored_as_adapter(k)
 
 
 def replay_model(src: Run, k: int) -> Path:
@@ -110,7 +110,7 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
     policy_hash = new.policy_hash(0)
     merged = new.store.manifest(policy_rel(0)).merged_from  # SRC's adapter K merged: sampled from that adapter
     sampled_from = merged.adapter_policy_hash if merged is not None else policy_hash
-    if (b := behaviour(src.cfg, k)) != k:  # SRC sampled iteration K from an older policy (train.max_staleness)
+    if (b := iteration_plan(src.cfg, k).behaviour) != k:  # SRC sampled iteration K from an older policy (train.max_staleness)
         sampled_from = src.policy_hash(b)
     if (src_m.inputs.get("policy") or {}).get("policy_hash") != sampled_from:
         raise GRPOError(f"{src.store.display(src_dir)}: was not sampled from {src.store.display(policy_rel(b))} (policy hash differs)")

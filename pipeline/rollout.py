@@ -18,7 +18,7 @@ from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
 from pipeline.store import policy_rel
-from pipeline.staleness import behaviour, staleness
+from pipeline.iteration_plan import iteration_plan
 from schemas.artifacts import ROLLOUT
 
 
@@ -36,7 +36,8 @@ class RolloutPlan:
 
         cfg = run.cfg
         self.run, self.k = run, k
-        self.policy_iter = b = behaviour(cfg, k)
+        self.iteration = iteration_plan(cfg, k)
+        self.policy_iter = b = self.iteration.behaviour
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
         self.policy_hash = run.policy_hash(b)
         self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(b))
@@ -52,7 +53,7 @@ class RolloutPlan:
             from pipeline.agents.episode import EpisodeRunner
             from pipeline.agents.setup import load_agents
 
-            agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(k), cfg.model)
+            agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(b), cfg.model)  # b(k): policy k may not exist yet
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "
@@ -174,7 +175,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
             run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
             manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats,
                                     "engine_dtype": engine_dtype(run.cfg.rollout.dtype, run.cfg.train.precision),
-                                    "trainer_state": plan.trainer_state().to_dict(), "staleness": staleness(run.cfg, k)},
+                                    "trainer_state": plan.trainer_state().to_dict(), "staleness": plan.iteration.staleness},
         )
     finally:
         if engine is None and owned["engine"] is not None:

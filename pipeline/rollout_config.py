@@ -70,3 +70,9 @@ class RolloutConfig(Section, AgentOptions):
     own LoRA layers serve the adapter (`enable_lora`, a `LoRARequest` per policy; for GPU machines)."""
     max_lora_rank: int | None = Field(None, ge=1)
     """vllm_lora only: vLLM's max_lora_rank; None = train.lora.r rounded up to a rank vLLM supports."""
+
+    def completion_budget(self) -> int:
+        """The most tokens one sample's completion can hold: max_new_tokens, or for episodes their
+        whole budget (model turns, template glue and tool results), as TRL's max_completion_length
+        bounds a multi-turn completion; Dr. GRPO's fixed normaliser."""
+        return self.episode_tokens() if self.agentic else self.max_new_tokens

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline import config as config_mod
-from pipeline.plan import machine_precision, pass_plan, plan, steps_per_iter
+from pipeline.iteration_plan import iteration_plan
+from pipeline.plan import machine_precision, plan, steps_per_iter
 
 BASE = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
 
@@ -59,9 +60,11 @@ def test_old_logprobs_from_the_update_and_each_reason_for_a_pass():
 
 
 def test_a_reference_pass_doubles_as_iteration_0s_old_pass():
-    """Iteration 0 without ref_model: old policy = reference, one pass gives both (pass_plan)."""
+    """Iteration 0 without ref_model: old policy = reference, one pass gives both (iteration_plan)."""
     cfg = cfg_of(rollout={"prompts_per_iter": 4, "num_generations": 4}, loss={"kl_coef": 0.04})
-    assert pass_plan(cfg, 0) == (True, False) and pass_plan(cfg, 1) == (False, True)
+    zero, one = iteration_plan(cfg, 0), iteration_plan(cfg, 1)
+    assert (zero.ref_is_old, zero.old_from_update, zero.old_pass, zero.ref_pass) == (True, False, True, False)
+    assert (one.ref_is_old, one.old_from_update, one.old_pass, one.ref_pass) == (False, True, False, True)
     p = plan(cfg, "fp32")
     assert p.old_logprobs == "the update's own forward (one optimizer step per epoch)"
     assert p.old_logprobs_iter0 == "the reference pass (same weights as the old policy)"

@@ -174,17 +174,10 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     20; ZeRO stage >= 1 splits the optimizer's share over `world` ranks, >= 2 the gradients,
     3 the weights. LoRA: the frozen base (linears in bf16 under bf16 precision) and 16 bytes per
     adapter parameter."""
-    t, P = cfg.train, shape.params
-    embed = shape.vocab * shape.hidden
-    if t.lora is not None:
-        linear_bytes = 2 if resolve_precision(t.precision, device) == "bf16" else 4
-        resident = 4 * embed + linear_bytes * (P - embed) + 16 * shape.lora_params(t.lora.r)
-        kept = 4 * P if not (cfg.old_from_update and not cfg.uses_ref) else 0  # one base for old and ref
-    else:
-        weights, grads, optim = (2 * P, 2 * P, 16 * P) if t.bf16 else (4 * P, 4 * P, 8 * P)
-        z = t.zero_stage
-        resident = weights // (world if z >= 3 else 1) + grads // (world if z >= 2 else 1) + optim // (world if z >= 1 else 1)
-        kept = 4 * P * (int(cfg.uses_ref) + int(not cfg.old_from_update))  # fp32 ref and old models
+    from pipeline.models.policy import policy_kind
+
+    t = cfg.train
+    resident, kept = policy_kind(cfg).trainer_bytes(shape, resolve_precision(t.precision, device) == "bf16", world)
     tokens = t.update_token_budget
     act = ACTIVATION_BYTES * shape.hidden * shape.layers * tokens
     act = int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.plan import pass_plan
+from pipeline.iteration_plan import iteration_plan
 
 
 def load_model(path):
@@ -26,11 +26,40 @@ def load_model(path):
 class FullPolicy:
     """Every policy K is a whole model directory; the reference is policy 0 (or `ref_model`)."""
 
-    adapter = False
     ref_label = "policy/iter-0000"
+    ref_in_old = False
+    """The reference lives in the old model (a LoRA base with its adapter off): kept with it."""
+    frozen_base = False
+    """The trainer's state leaves the frozen base out (it is policy 0, stored once): saved without
+    frozen parameters and loaded non-strictly."""
 
     def __init__(self, cfg):
         self.cfg = cfg
+
+    # -- what `grpo init` prints and checks ---------------------------------------------------
+    def training_line(self) -> str:
+        return "full fine-tuning (every weight)"
+
+    def reference_line(self) -> str:
+        """What the reference is when no ref_model is given."""
+        return "policy/iter-0000"
+
+    def random_forward(self) -> str | None:
+        """Why the trainer's forward is random (its logprobs then need their own pass), or None."""
+        return None
+
+    def check_model(self, model_dir: Path) -> None:
+        """`grpo init`: the model can be trained as this policy (whole weights: any causal LM)."""
+
+    def trainer_bytes(self, shape, bf16_linears: bool, world: int) -> tuple[int, int]:
+        """(what the trainer keeps per rank: weights, gradients, optimizer state as ZeRO splits them
+        over `world` ranks; the fp32 models the logprob pass keeps), in bytes (pipeline.models.device_plan)."""
+        t, P = self.cfg.train, shape.params
+        weights, grads, optim = (2 * P, 2 * P, 16 * P) if t.bf16 else (4 * P, 4 * P, 8 * P)
+        z = t.zero_stage
+        resident = weights // (world if z >= 3 else 1) + grads // (world if z >= 2 else 1) + optim // (world if z >= 1 else 1)
+        kept = 4 * P * (int(self.cfg.uses_ref) + int(not self.cfg.old_from_update))  # fp32 ref and old models
+        return resident, kept
 
     # -- the trainer ---------------------------------------------------------------------
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
@@ -59,6 +88,10 @@ class FullPolicy:
         return None
 
     # -- sampling --------------------------------------------------------------------------
+    def plain_dir(self, run, k: int) -> Path:
+        """Policy k's tokenizer, chat template and model config: its own directory."""
+        return run.policy_dir(k)
+
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
         """(the weights an engine loads, the adapter it applies) to sample from policy k."""
         return run.policy_dir(k), None
@@ -66,10 +99,28 @@ class FullPolicy:
     def engine_lora_rank(self) -> int | None:
         return None
 
-    # -- replay ----------------------------------------------------------------------------
+    # -- replay and export ----------------------------------------------------------------
     def replay_model(self, src, k: int) -> Path:
         """A replay's model: SRC's policy K as whole weights."""
         return src.policy_dir(k).resolve()
+
+    def replay_reference(self, src) -> Path | None:
+        """The ref_model a replay of SRC needs to keep SRC's reference (its policy 0), or None when
+        the replay's own model already holds it (a LoRA replay: NEW's base, SRC's policy 0)."""
+        return src.policy_dir(0).resolve()
+
+    def stored_as_adapter(self, k: int) -> bool:
+        """Whether policy k is stored as an adapter on policy 0 rather than as whole weights."""
+        return False
+
+    def export(self, run, k: int, out: Path, merged: bool) -> str:
+        """Policy k copied to `out` (verified by the caller); what to say about loading it."""
+        import shutil
+
+        from pipeline.store import MANIFEST
+
+        shutil.copytree(run.policy_dir(k), out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST, ".complete"))
+        return f"policy {k} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
 
     # -- the logprob pass ------------------------------------------------------------------
     def load_old(self, run, k: int):
@@ -93,8 +144,33 @@ class LoraPolicy(FullPolicy):
     """Policy 0 is the base; every policy K >= 1 is a PEFT adapter on it. The reference is the
     base with the adapter off, in the same loaded model."""
 
-    adapter = True
     ref_label = "policy/iter-0000 (adapter off)"
+    ref_in_old = True
+    frozen_base = True
+
+    def training_line(self) -> str:
+        lora = self.cfg.train.lora
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+        return f"LoRA r={lora.r} alpha={lora.alpha:g} on {targets} (policies K >= 1 are adapters)"
+
+    def reference_line(self) -> str:
+        return "the base with the adapter off"
+
+    def random_forward(self) -> str | None:
+        return "LoRA dropout" if self.cfg.train.lora.dropout > 0 else None
+
+    def check_model(self, model_dir: Path) -> None:
+        from pipeline.models.lora import check_targets
+
+        check_targets(model_dir, self.cfg.train.lora)
+
+    def trainer_bytes(self, shape, bf16_linears: bool, world: int) -> tuple[int, int]:
+        """The frozen base (its linears in bf16 under bf16 precision) and 16 bytes per adapter
+        parameter, on every rank; the old and reference models share the one loaded base."""
+        P, embed = shape.params, shape.vocab * shape.hidden
+        resident = 4 * embed + (2 if bf16_linears else 4) * (P - embed) + 16 * shape.lora_params(self.cfg.train.lora.r)
+        kept = 4 * P if not (self.cfg.old_from_update and not self.cfg.uses_ref) else 0  # one base for old and ref
+        return resident, kept
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
         from pipeline.models import lora
@@ -115,6 +191,10 @@ class LoraPolicy(FullPolicy):
 
         return adapter_manifest(run.policy_hash(0))
 
+    def plain_dir(self, run, k: int) -> Path:
+        """An adapter has no tokenizer or model config of its own: its base's."""
+        return run.policy_dir(0) if self.stored_as_adapter(k) else run.policy_dir(k)
+
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
         if self.cfg.rollout.lora_mode == "vllm_lora":
             return run.policy_dir(0), run.policy_dir(k) if k > 0 else None
@@ -128,6 +208,32 @@ class LoraPolicy(FullPolicy):
         from pipeline.models.lora import vllm_rank
 
         return vllm_rank(self.cfg.train.lora, self.cfg.rollout.max_lora_rank) if self.cfg.rollout.lora_mode == "vllm_lora" else None
+
+    def replay_reference(self, src) -> Path | None:
+        return None
+
+    def stored_as_adapter(self, k: int) -> bool:
+        return k > 0
+
+    def export(self, run, k: int, out: Path, merged: bool) -> str:
+        """An adapter with its base_model_name_or_path set to the run's policy 0, or (`merged`) the
+        base with the adapter merged in, a plain HF model."""
+        import json
+
+        from pipeline.models.lora import ADAPTER_CONFIG, merge
+
+        if not self.stored_as_adapter(k):
+            return super().export(run, k, out, merged)
+        if merged:
+            merge(run.policy_dir(0), run.policy_dir(k), out)
+            return f"policy {k} (adapter merged into policy 0) -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
+        super().export(run, k, out, merged)
+        base = run.policy_dir(0).resolve()
+        conf = json.loads((out / ADAPTER_CONFIG).read_text())
+        conf["base_model_name_or_path"] = str(base)
+        (out / ADAPTER_CONFIG).write_text(json.dumps(conf, indent=2, sort_keys=True))
+        return (f"policy {k} (LoRA adapter) -> {out} (load with PeftModel.from_pretrained(base, '{out}'), base {base}; "
+                "--merged for a plain model)")
 
     def replay_model(self, src, k: int) -> Path:
         """A policy K >= 1 is an adapter: merged into SRC's base (built once per policy in the
@@ -161,7 +267,7 @@ def policy_kind(cfg) -> FullPolicy:
 
 
 class LogprobModels:
-    """The logprob pass's models, as `pipeline.plan.pass_plan` says iteration k needs them: loaded
+    """The logprob pass's models, as `pipeline.iteration_plan` says iteration k needs them: loaded
     on first use and given policy k's weights in place after that. `grpo logprobs` makes one for
     its iteration (cold); `iterate` keeps one across iterations (warm): the same code either way.
     """
@@ -177,23 +283,21 @@ class LogprobModels:
         update's forward gives the old logprobs (`Config.old_from_update`). ref_is_old: the
         reference is policy k itself (iteration 0 without a ref_model), the reference returned
         is the old model and its logprobs are the old ones."""
-        cfg, p = self.run.cfg, self.policy
-        ref_is_old, skip_old = pass_plan(cfg, k)
-        need_old = not skip_old or ref_is_old
-        need_ref = cfg.uses_ref and not ref_is_old
+        p, plan = self.policy, iteration_plan(self.run.cfg, k)
+        need_old, need_ref = plan.old_pass, plan.ref_pass
         if not need_old and not need_ref:  # no pass at all: nothing is kept
             self.old = self.ref = self.old_k = None
             return None, None, False
-        if need_old or (need_ref and p.adapter):  # a LoRA reference is the old model's base
+        if need_old or (need_ref and p.ref_in_old):  # a LoRA reference is the old model's base
             if self.old is None:
                 self.old = p.load_old(self.run, k)
             elif self.old_k != k:
                 p.give_old(self.old, self.run, k)
             self.old_k = k
-        elif self.old is not None and not p.adapter:  # not needed: its memory goes back
+        elif self.old is not None and not p.ref_in_old:  # not needed: its memory goes back
             self.old, self.old_k = None, None
         if need_ref and self.ref is None:
             self.ref = p.ref_of(self.run, self.old)
-        if ref_is_old:
+        if plan.ref_is_old:
             return self.old, self.old, True
-        return None if skip_old else self.old, self.ref if cfg.uses_ref else None, False
+        return None if plan.old_from_update else self.old, self.ref if plan.reference else None, False

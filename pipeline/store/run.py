@@ -111,10 +111,9 @@ class Run:
 
     def plain_dir(self, k: int) -> Path:
         """Policy k's tokenizer and config: its own directory, or a LoRA adapter's base."""
-        from pipeline.models.lora import is_adapter
+        from pipeline.models.policy import policy_kind
 
-        path = self.policy_dir(k)
-        return self.policy_dir(0) if k > 0 and is_adapter(path) else path
+        return policy_kind(self.cfg).plain_dir(self, k)
 
     def ref_dir(self) -> Path:
         if self.cfg.ref_model is None:
@@ -168,10 +167,9 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None) -> Run:
     model, conversion = model_source(cfg.model, "model")
     if cfg.ref_model:
         model_source(cfg.ref_model, "ref_model")
-    if cfg.train.lora is not None:
-        from pipeline.models.lora import check_targets
+    from pipeline.models.policy import policy_kind
 
-        check_targets(model, cfg.train.lora)
+    policy_kind(cfg).check_model(model)
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))

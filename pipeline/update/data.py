@@ -22,15 +22,17 @@ class UpdateData:
 
     def __init__(self, run: Run, k: int, kl_ctl=None):
         cfg = run.cfg
-        from pipeline.plan import pass_plan
+        from pipeline.iteration_plan import iteration_plan
 
         # one optimizer step per epoch: the old logprobs are the first epoch's forward, detached (recorded by `record_old`)
-        self.old_from_update = pass_plan(cfg, k)[1]
+        self.old_from_update = iteration_plan(cfg, k).old_from_update
         roll = pl.from_arrow(pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT)).select(
             ["prompt_id", "sample_idx", "prompt_ids", "completion_ids", "sampler_logprobs", "completion_mask"]))
         score = pl.from_arrow(pa.concat_tables(read_parts(run, k, "score", SCORE)).select(["prompt_id", "sample_idx", "reward", "advantage", "train"]))
         lp = pl.from_arrow(pa.concat_tables(read_parts(run, k, "logprobs", LOGPROBS)).select(["prompt_id", "sample_idx", "old_logprobs", "ref_logprobs"]))
-        df = roll.join(score, on=["prompt_id", "sample_idx"], how="inner").join(lp, on=["prompt_id", "sample_idx"], how="inner")
+        # the rollout's row order, explicitly: rows are regrouped in blocks of G below (polars leaves a join's order unspecified)
+        key = ["prompt_id", "sample_idx"]
+        df = roll.join(score, on=key, how="inner", maintain_order="left").join(lp, on=key, how="inner", maintain_order="left")
         if df.height != roll.height:
             raise GRPOError(f"update iteration {k}: rollout, score and logprobs parts do not join ({roll.height} rollout rows, {df.height} joined)")
         _check_masks(df, k)

@@ -106,13 +106,13 @@ class Trainer:
 
         with serialization.patch({"save.compute_crc32": False}):
             self.engine.save_checkpoint(str(out), tag="state", save_latest=False,
-                                        exclude_frozen_parameters=self.policy.adapter)
+                                        exclude_frozen_parameters=self.policy.frozen_base)
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
     @deepspeed_env
     def load_state(self, src: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=not self.policy.adapter)
+        path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=not self.policy.frozen_base)
         if path is None:
             raise GRPOError(f"{src}: trainer state could not be loaded")
         meta = json.loads((src / TRAINER_JSON).read_text())
@@ -273,7 +273,7 @@ class Trainer:
         loss, metrics = grpo.policy_loss(
             logp, old, adv, batch.loss_mask, cfg.loss,  # the tokens the model sampled: not an episode's tool results
             ref_logprobs=ref if cfg.loss.kl_coef > 0 else None,
-            max_completion_length=cfg.rollout.max_new_tokens,
+            max_completion_length=cfg.rollout.completion_budget(),  # Dr. GRPO's normaliser
             num_items=mb_tokens / self.world,  # DeepSpeed averages gradients over ranks
             entropy=entropy,
             sampler_logprobs=sampler,  # w = exp(old - sampler), old being this forward detached where it stood in above
