@@ -102,8 +102,8 @@ class EpisodeRunner:
         e.extend(list(s.token_ids), list(s.logprobs), s.text)
         e.turns += 1
         e.finish_reason = s.finish_reason
-        prefix = self.tok.decode(e.prompt_ids + e.ids[:prefix_len]) if self.a.format.parser == "response_template" else ""
-        content, calls = self.a.format.parse(s.text, prefix)
+        # from the tokens, special ones kept: Mistral's [TOOL_CALLS] is one, and s.text dropped it
+        content, calls = self.a.format.parse_turn(s.token_ids, e.prompt_ids + e.ids[:prefix_len], self.eos_ids)
         msg = {"role": "assistant", "content": content, "text": s.text, "tokens": len(s.token_ids), "finish_reason": s.finish_reason}
         if calls:
             msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]

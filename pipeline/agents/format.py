@@ -5,21 +5,29 @@ Two formats (`rollout.tool_format`):
 - template: the chat template's own tool support, as TRL uses it: the prompt is rendered with
   `tools=` (JSON schemas), assistant turns carry `tool_calls`, results are `tool` messages.
   Calls are parsed by the tokenizer's `response_template` (transformers' parse_response) when
-  it has one, else as Hermes/Qwen `<tool_call>{json}</tool_call>` blocks when that is how the
-  template renders a call, else as Llama 3.x's bare JSON (a turn that is one
-  `{"name": ..., "parameters": {...}}` object, after an optional `<|python_tag|>`) when that is.
-  `auto` picks it when the template renders a whole tool exchange (TRL's supports_tool_calling
-  probe).
+  it has one, else in the family the template writes a sample call in (call_formats: Hermes
+  JSON, Llama's bare JSON, Qwen3-Coder/Qwen3.5 XML, GLM-4.5, Mistral). `auto` picks it when the
+  template renders a whole tool exchange (TRL's supports_tool_calling probe) in a known family.
 - hermes, the fallback for templates without tool support (SmolLM2's, the test model's): plain
   messages any template renders. The tool signatures go into the system message (Qwen 2.5's
   wording), calls are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the assistant's
   text, results come back as a user message of `<tool_response>\n...\n</tool_response>` blocks.
+`grpo init` renders a sample call through the template and parses it back; a format that does not
+give back the same call is refused there.
+
+A turn is parsed from its token ids decoded with special tokens kept (Mistral's `[TOOL_CALLS]` and
+Llama's `<|python_tag|>` are special tokens), less the stop token that ended it.
 
 The glue (`glue_text`) is the text the template puts between the end of a model turn and the
 start of the next: the tool messages and the next assistant header. It is the suffix of the
 conversation rendered with the tool messages and a generation prompt over the one rendered
-without them, cut after the turn's end-of-turn token; the sampled tokens themselves are never
-re-tokenised. A template that renders earlier turns differently once more follow (not prefix-
+without them, from the template's end of the assistant turn (its end-of-turn token, `eot`, when
+it renders one there); the sampled tokens themselves are never re-tokenised. A turn that ended in
+the token the glue starts with (the template's end of turn, or GLM's `<|observation|>`) does not
+get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
+Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
+of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
+the completion. A template that renders earlier turns differently once more follow (not prefix-
 preserving) is refused at `grpo init`.
 """
 
@@ -29,6 +37,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from pipeline.agents import call_formats
+from pipeline.agents.call_formats import SPECS
 from pipeline.errors import GRPOError
 
 HERMES_SYSTEM = (
@@ -88,14 +98,15 @@ def hermes_system(schemas: list[dict]) -> str:
 
 
 class ToolFormat:
-    def __init__(self, tokenizer, kind: str, parser: str = "hermes"):
+    def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None):
         self.tokenizer, self.kind, self.parser = tokenizer, kind, parser
+        self.eot = eot  # the special token the template writes right after an assistant message, if any
 
     # ------------------------------------------------------------------------------ rendering
     def conversation(self, messages: list[dict], schemas: list[dict]) -> tuple[list[dict], dict]:
         """Episode messages (TRL's shapes) -> (messages to render, apply_chat_template kwargs)."""
         if self.kind == "template":
-            return [_template_message(m) for m in messages], {"tools": schemas or None}
+            return _template_messages(messages), {"tools": schemas or None}
         out, pending = [], []
         for m in messages:
             if m["role"] == "tool":
@@ -121,33 +132,71 @@ class ToolFormat:
 
     def glue_text(self, messages: list[dict], n_new: int, schemas: list[dict], eot: str, eot_sampled: bool) -> str:
         """The text between the last model turn's sampled tokens and the next turn: `messages`
-        ends with that turn's assistant message and `n_new` tool messages. `eot`: the end-of-turn
-        text; `eot_sampled`: whether the turn's tokens end with it (else the glue starts with it)."""
+        ends with that turn's assistant message and `n_new` tool messages. `eot`: the text of the
+        stop token the turn ended in; `eot_sampled`: whether it ended in one (see the module's
+        docstring for the stop tokens the template does not render there)."""
         before = self.render(messages[: len(messages) - n_new], schemas, False)
         after = self.render(messages, schemas, True)
-        cut = before.rfind(eot)
-        if cut < 0 or not after.startswith(before[:cut]):
+        body = before.rstrip()
+        cut = len(body) - len(self.eot) if self.eot and body.endswith(self.eot) else len(body)
+        if not after.startswith(before[:cut]):
             raise GRPOError("rollout.tools: the chat template renders earlier turns differently once tool messages follow "
                             "(not prefix-preserving); set rollout.tool_format: hermes")
-        return after[cut + len(eot) if eot_sampled else cut:]
+        rest = after[cut:]
+        if eot_sampled and eot and rest.startswith(eot):  # the template writes the token the turn ended in
+            return rest[len(eot):]
+        if eot_sampled and self.eot and rest.startswith(self.eot):  # another stop token stands in for it
+            return rest[len(self.eot):]
+        return rest
 
     # -------------------------------------------------------------------------------- parsing
+    def parse_turn(self, token_ids: list[int], prefix_ids: list[int], stop_ids) -> tuple[str, list[Call]]:
+        """(content, calls) of one sampled turn, from its tokens decoded with special tokens kept, less
+        the stop token that ended it; `prefix_ids`: the tokens before it (prompt and earlier turns)."""
+        ids = list(token_ids)
+        if ids and ids[-1] in stop_ids:
+            ids.pop()
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        prefix = self.tokenizer.decode(prefix_ids[-64:]) if self.parser in SPECS else ""
+        if self.parser == "response_template":
+            prefix = self.tokenizer.decode(prefix_ids)
+        return self.parse(text, prefix)
+
     def parse(self, text: str, prefix: str) -> tuple[str, list[Call]]:
-        """(content, calls) of one model turn's text."""
+        """(content, calls) of one model turn's text (special tokens kept)."""
+        if self.parser in SPECS:
+            content, calls = call_formats.parse(self.tokenizer, self.parser, text, prefix)
+            return content, [Call(n, a) for n, a in calls]
         if self.parser == "response_template":
             try:
                 parsed = self.tokenizer.parse_response(text, prefix=prefix)
             except Exception:
                 return text, ([Call(None, text)] if "<tool_call>" in text else [])
-            calls = []
-            for c in parsed.get("tool_calls") or []:
-                f = c.get("function", c) if isinstance(c, dict) else None
-                ok = isinstance(f, dict) and isinstance(f.get("name"), str)
-                calls.append(Call(f["name"], f.get("arguments") or {}) if ok else Call(None, json.dumps(c, default=str)))
-            return parsed.get("content") or "", calls
+            return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
             return parse_json_call(text)
         return parse_hermes(text)
+
+
+def _template_messages(messages: list[dict]) -> list[dict]:
+    """Episode messages as the template takes them; calls get ids (`call00001`, ...: nine
+    alphanumerics, as Mistral's templates require) and each tool message the id of its call."""
+    out, pending, n = [], [], 0
+    for m in messages:
+        t = _template_message(m)
+        if t["role"] == "assistant":
+            pending = []
+            for c in t.get("tool_calls", []):
+                n += 1
+                c["id"] = f"call{n:05d}"
+                pending.append(c["id"])
+        elif t["role"] == "tool":
+            if not pending:  # a malformed call's answer: no call in the template's messages to point to
+                n += 1
+                pending.append(f"call{n:05d}")
+            t["tool_call_id"] = pending.pop(0)
+        out.append(t)
+    return out
 
 
 def _template_message(m: dict) -> dict:
@@ -167,40 +216,56 @@ def _renders(tokenizer, messages, **kw) -> str | None:
         return None
 
 
+def end_of_turn(tokenizer) -> str | None:
+    """The special token the template writes right after an assistant message (`<|im_end|>`,
+    `<|eot_id|>`, `</s>`), or None (GLM's templates write none: the next message's header ends it)."""
+    sentinel = _SENTINELS[3]
+    text = _renders(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}])
+    if text is None or sentinel not in text:
+        return None
+    tail = text[text.rindex(sentinel) + len(sentinel):].lstrip()
+    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | set(tokenizer.all_special_tokens)
+    return next((t for t in sorted(specials, key=len, reverse=True) if t and tail.startswith(t)), None)
+
+
 def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
     """The format for `rollout.tool_format` on this tokenizer, and a note when auto fell back;
-    GRPOError when neither the template nor the fallback can express a tool exchange."""
+    GRPOError when neither the template nor the fallback can express a tool exchange, or when the
+    template's own calls do not parse back."""
     if not getattr(tokenizer, "chat_template", None):
         raise GRPOError(f"rollout.tools: the tokenizer of {model} has no chat template, so tools cannot be rendered")
     name, key, val, content = _SENTINELS
+    eot = end_of_turn(tokenizer)
     if option == "auto":
-        call = {"type": "function", "function": {"name": name, "arguments": {key: val}}}
+        call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "name": name, "content": content}]
+                 {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
         text = _renders(tokenizer, probe)
         if text is not None and all(s in text for s in _SENTINELS):
             if getattr(tokenizer, "response_template", None) is not None:
-                return _checked(ToolFormat(tokenizer, "template", "response_template"), model), None
-            if "<tool_call>" in text:
-                return _checked(ToolFormat(tokenizer, "template", "hermes"), model), None
-            if re.search(rf'\{{\s*"name"\s*:\s*"{name}"\s*,\s*"(?:parameters|arguments)"\s*:', text):  # Llama 3.x
-                return _checked(ToolFormat(tokenizer, "template", "json"), model), None
-            return _checked(ToolFormat(tokenizer, "hermes"), model), (
+                return _checked(ToolFormat(tokenizer, "template", "response_template", eot), model), None
+            family = call_formats.detect(text, name)
+            if family is not None:
+                return _checked(ToolFormat(tokenizer, "template", family, eot), model), None
+            return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), (
                 f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
                 "using the Hermes fallback (rollout.tool_format: hermes)")
         note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
-        return _checked(ToolFormat(tokenizer, "hermes"), model), note
-    return _checked(ToolFormat(tokenizer, "hermes"), model), None
+        return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), note
+    return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), None
 
 
 def _checked(fmt: ToolFormat, model: str) -> ToolFormat:
-    """A dummy exchange renders with every part visible, and the glue is a clean suffix."""
+    """A dummy exchange renders with every part visible, the glue is a clean suffix, and a call the
+    template writes in its own format parses back to the same call."""
     name, key, val, content = _SENTINELS
     schema = {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
-        "type": "object", "properties": {key: {"type": "string", "description": "probe"}}, "required": [key]}}}
-    raw = f'<tool_call>\n{{"name": "{name}", "arguments": {{"{key}": "{val}"}}}}\n</tool_call>'
+        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
+                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
+    args = {key: val, "count": 7}
+    raw = f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
     msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "raw": raw, "tool_calls": [{"name": name, "arguments": {key: val}}]},
+            {"role": "assistant", "content": "", "raw": raw, "tool_calls": [{"name": name, "arguments": args}]},
             {"role": "tool", "name": name, "content": content}]
     try:
         text = fmt.render(msgs, [schema], True)
@@ -210,5 +275,36 @@ def _checked(fmt: ToolFormat, model: str) -> ToolFormat:
     if not all(s in text for s in _SENTINELS):
         raise GRPOError(f"rollout.tools: the chat template of {model} drops part of a tool exchange, in its own format and in the "
                         "Hermes fallback; tools cannot be expressed for this model")
-    fmt.glue_text(msgs, 1, [schema], fmt.tokenizer.eos_token or "", True)
+    fmt.glue_text(msgs, 1, [schema], fmt.eot or fmt.tokenizer.eos_token or "", True)
+    if fmt.kind == "template":
+        _round_trip(fmt, model, msgs[:2], schema)
     return fmt
+
+
+def _round_trip(fmt: ToolFormat, model: str, msgs: list[dict], schema: dict) -> None:
+    """The assistant's part of the rendering (what a model of this template writes, less its end of
+    turn) parses back to the call it renders: same name, same arguments (an XML family's values
+    as the strings it writes them in)."""
+    prompt = fmt.render(msgs[:1], [schema], True)
+    full = fmt.render(msgs, [schema], False)
+    n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+    turn = full[n:].rstrip()
+    turn = turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+    want = msgs[1]["tool_calls"][0]
+    try:
+        _, calls = fmt.parse(turn, prompt)
+    except Exception as err:  # a tokenizer's own response_template may raise
+        calls = [Call(None, f"{type(err).__name__}: {err}")]
+    ok = len(calls) == 1 and calls[0].name == want["name"] and isinstance(calls[0].arguments, dict) and \
+        sorted(calls[0].arguments) == sorted(want["arguments"]) and \
+        all(_same_value(calls[0].arguments[k], v) for k, v in want["arguments"].items())
+    if not ok:
+        label = "its response_template" if fmt.parser == "response_template" else f"the {fmt.parser} call format"
+        got = [(c.name, c.arguments) for c in calls]
+        raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls in {label}, but a sample call does not "
+                        f"parse back (read {json.dumps(got, default=str)[:120]}); set rollout.tool_format: hermes to use the "
+                        "Hermes fallback")
+
+
+def _same_value(got, want) -> bool:
+    return got == want or (isinstance(got, str) and not isinstance(want, str) and got.strip() == json.dumps(want))

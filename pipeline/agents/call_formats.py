@@ -1,0 +1,146 @@
+"""The tool-call formats models write, as transformers response templates, and how to tell them
+apart from one call rendered through a chat template.
+
+A family is recognised from what the template writes for a sample call (`detect`), not from the
+model's name: a fine-tune that keeps its base's template keeps its format. The families are those
+TRL 1.16 ships response schemas for, and Mistral's:
+
+- hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen 2.5 / Qwen3, Hermes);
+- json: one bare `{"name": ..., "parameters": {...}}` object, after an optional `<|python_tag|>`
+  (Llama 3.1 / 3.2);
+- qwen_xml: `<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`
+  (Qwen3-Coder, Qwen3.5, Nemotron 3);
+- glm: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>` (GLM-4.5 and later);
+- mistral_list: `[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]` (Mistral 7B v0.3, Small 3.1);
+- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call (Mistral Small 3.2, Magistral, Devstral).
+
+hermes and json are read by format.py's own parsers; the others go through transformers'
+`parse_response` with the response templates below. Values in the XML families are the raw
+strings the model wrote: the tool's JSON schema types them, in one place (the tool call).
+`[TOOL_CALLS]` is a special token in Mistral's tokenizers, dropped by a decode that skips special
+tokens, so a turn is parsed from its token ids decoded with special tokens kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_STRING = r"(?P<value>.*?)"
+SPECS: dict[str, dict] = {
+    "qwen_xml": {
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*"},
+            "tool_calls": {
+                "open_pattern": r"\s*<tool_call>\s*<function=(?P<name>[^>\n]+)>",
+                "close_pattern": r"</function>\s*</tool_call>\s*",
+                "repeats": True,
+                "content": "xml-inline",
+                "content_args": {"tag_pattern": r"<parameter=(?P<key>[^>\n]+)>\n?" + _STRING + r"\n?</parameter>"},
+                "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+            },
+            "content": {"close_pattern": r"<\|im_end\|>"},
+        },
+    },
+    "glm": {
+        "start_anchor": "<|assistant|>",
+        "fields": {
+            "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*"},
+            "tool_calls": {
+                "open_pattern": r"\s*<tool_call>(?P<name>[^\s<]+)\s*",
+                "close_pattern": r"</tool_call>\s*",
+                "repeats": True,
+                "content": "xml-inline",
+                "content_args": {"tag_pattern": r"<arg_key>(?P<key>[^<]+)</arg_key>\s*<arg_value>" + _STRING + r"</arg_value>"},
+                "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+            },
+            "content": {"close_pattern": r"<\|(?:user|observation|endoftext)\|>"},
+        },
+    },
+    "mistral_list": {
+        "start_anchor": ["[/INST]", "[/TOOL_RESULTS]"],
+        "fields": {
+            "tool_calls": {"open_pattern": r"\s*\[TOOL_CALLS\]", "content": "json", "content_args": {"allow_non_json": True}},
+            "content": {"close": "</s>"},
+        },
+    },
+    "mistral_args": {
+        "start_anchor": ["[/INST]", "[/TOOL_RESULTS]"],
+        "fields": {
+            "tool_calls": {
+                "open_pattern": r"\s*\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]",
+                "close_pattern": r"(?=\[TOOL_CALLS\])",
+                "repeats": True,
+                "content": "json",
+                "content_args": {"allow_non_json": True},
+                "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+            },
+            "content": {"close": "</s>"},
+        },
+    },
+}
+MARKERS = {"hermes": "<tool_call>", "qwen_xml": "<tool_call>", "glm": "<tool_call>",
+           "mistral_list": "[TOOL_CALLS]", "mistral_args": "[TOOL_CALLS]"}
+# the text that closes one call, where a call can be left open (cut off, or a stop token inside it)
+CLOSERS = {"qwen_xml": re.compile(r"</function>\s*</tool_call>"), "glm": re.compile(r"</tool_call>")}
+
+
+def detect(turn: str, name: str) -> str | None:
+    """The family of a call to `name` as the template wrote it in `turn` (the assistant's part of
+    the rendering); None when none of them."""
+    if "[TOOL_CALLS]" in turn:
+        return "mistral_args" if re.search(r"\[TOOL_CALLS\]\s*" + re.escape(name) + r"(?:\[CALL_ID\][^\[]*)?\[ARGS\]", turn) \
+            else "mistral_list"
+    if re.search(r"<tool_call>\s*<function=" + re.escape(name) + ">", turn):
+        return "qwen_xml"
+    if re.search(r"<tool_call>" + re.escape(name) + r"\s*<arg_key>", turn):
+        return "glm"
+    if re.search(r"<tool_call>\s*\{", turn):
+        return "hermes"
+    if re.search(r'\{\s*"name"\s*:\s*"' + re.escape(name) + r'"\s*,\s*"(?:parameters|arguments)"\s*:', turn):
+        return "json"
+    return None
+
+
+def calls_of(parsed: dict) -> list:
+    """The parsed `tool_calls` as (name or None, arguments or raw) pairs: a call is well formed when it
+    has a string name and an object of arguments (a JSON string of one is read)."""
+    out, found = [], parsed.get("tool_calls")
+    for item in found if isinstance(found, list) else [] if found is None else [found]:
+        for c in item if isinstance(item, list) else [item]:  # a region can hold a list of calls
+            f = c.get("function", c) if isinstance(c, dict) else None
+            name = f.get("name") if isinstance(f, dict) else None
+            args = f.get("arguments", f.get("parameters", {})) if isinstance(f, dict) else None
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass
+            args = {} if args is None and isinstance(name, str) else args
+            ok = isinstance(name, str) and isinstance(args, dict)
+            out.append((name, args) if ok else (None, c if isinstance(c, str) else json.dumps(c, ensure_ascii=False, default=str)))
+    return out
+
+
+def parse(tokenizer, family: str, text: str, prefix: str) -> tuple[str, list]:
+    """(content, [(name or None, arguments or raw text)]) of one turn written in `family`."""
+    spec = {"defaults": {"role": "assistant"}, **SPECS[family]}
+    anchors = spec["start_anchor"] if isinstance(spec["start_anchor"], list) else [spec["start_anchor"]]
+    if not any(a in prefix for a in anchors):
+        prefix = ""  # without its anchor the parser would read the whole prompt as the answer
+    marker = MARKERS[family]
+    try:
+        parsed = tokenizer.parse_response(text, spec, prefix=prefix)
+    except Exception:  # the parser gave up on the whole turn: each call in it is malformed
+        return text.split(marker)[0].strip(), [(None, marker + part) for part in text.split(marker)[1:]]
+    content, calls = parsed.get("content") or "", calls_of(parsed)
+    closer = CLOSERS.get(family)
+    if closer is not None:  # a call never closed (cut off, or a stop token inside it) is malformed
+        closed = len(closer.findall(text))
+        calls = [c if i < closed else (None, json.dumps({"name": c[0], "arguments": c[1]}, ensure_ascii=False, default=str))
+                 for i, c in enumerate(calls)]
+    if marker in content:  # a call the template's pattern does not read (no name, wrong shape)
+        head, _, tail = content.partition(marker)
+        content, calls = head.strip(), calls + [(None, marker + tail)]
+    return content.strip(), calls
