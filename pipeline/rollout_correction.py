@@ -10,10 +10,15 @@ denominator) in docs/loss.md; golden values in tests/test_rollout_correction.py.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from pipeline.loss_config import RolloutCorrection
+
+if TYPE_CHECKING:
+    import polars as pl
+    import torch
 
 EXTREMES = {"rollout_correction/ratio_min": min, "rollout_correction/ratio_max": max}
 """Metrics that combine over micro-batches, pieces and ranks by min / max, not by a weighted mean."""
@@ -29,6 +34,8 @@ def correction_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
     its model tokens' log-ratios. truncate: w = clamp(w, lower, cap); mask: w = 0 outside
     [lower, cap]. Masked-out positions get w = 0.
     """
+    import torch
+
     active = mask.bool()  # [B, T]
     dtype = torch.promote_types(old_logprobs.dtype, torch.float32)
     m = active.to(dtype)  # [B, T]
@@ -71,3 +78,41 @@ def combine(acc: dict[str, float], key: str, value: float, weight: float) -> Non
         acc.setdefault(key, float("nan"))
     else:
         acc[key] = value if math.isnan(acc.get(key, float("nan"))) else pick(acc[key], value)
+
+
+QUANTILES = (0.05, 0.5, 0.95)
+"""The quantiles of the per-completion log-weight an iteration reports."""
+
+
+def iteration_stats(rows: "pl.DataFrame", cfg: RolloutCorrection) -> dict[str, float]:
+    """What the correction does to one iteration's completions, from its stored logprobs: `rows`
+    has old_logprobs, sampler_logprobs and completion_mask (null: every token the model's) per
+    completion. w = old / sampler is fixed for the iteration (both detached), so these are exactly
+    the weights the update applies.
+
+    rollout_correction/log_ratio_p05, _p50, _p95: quantiles of each completion's log W (the sum of
+    its model tokens' old - sampler, or their mean with `sequence_log_ratio: mean`), whatever the mode;
+    rollout_correction/clipped_seq_frac: the share of completions whose weight (any of their tokens'
+    in the token modes) is truncated or masked, NaN with mode none."""
+    logs, cut = [], []
+    lower = math.log(cfg.lower) if cfg.lower else -math.inf
+    upper = math.log(cfg.cap)
+    for old, sampler, mask in zip(rows["old_logprobs"].to_list(), rows["sampler_logprobs"].to_list(),
+                                  rows["completion_mask"].to_list()):
+        if old is None or sampler is None:
+            continue
+        d = np.asarray(old, np.float64) - np.asarray(sampler, np.float64)  # [T]
+        if mask is not None:
+            d = d[np.asarray(mask, bool)]
+        if not len(d):
+            continue  # no model token: no weight
+        seq = float(d.sum() / (len(d) if cfg.sequence_log_ratio == "mean" else 1))
+        logs.append(seq)
+        x = d if cfg.mode.startswith("token") else np.array([seq])
+        cut.append(bool(((x > upper) | (x < lower)).any()))
+    if not logs:
+        return {}
+    q = np.quantile(np.asarray(logs), QUANTILES)
+    out = {f"rollout_correction/log_ratio_p{round(p * 100):02d}": float(v) for p, v in zip(QUANTILES, q)}
+    out["rollout_correction/clipped_seq_frac"] = float("nan") if cfg.mode == "none" else float(np.mean(cut))
+    return out

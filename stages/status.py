@@ -3,7 +3,8 @@
 Per iteration: which stages are done (rows, seconds; a rollout sampled from an older policy under
 train.max_staleness says which, and how stale), mean reward, eval accuracy of the policy
 the iteration produced (k+1, as `grpo iterate` prints it; `--format json` keeps policy k's eval on
-row k, as MLflow logs it), KL, the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
+row k, as MLflow logs it), KL, the share of completions whose rollout-correction weight was truncated
+or masked (cut), the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
 """
 
 import json
@@ -30,11 +31,11 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
 
     t = Table(title=f"{report['run']}  (config {report['config_hash'][:12]}, {report['completed']} iterations done)",
               caption="eval acc: of the policy the iteration produced, as `grpo iterate` prints it")
-    for col in ("iter", "rollout", "score", "logprobs", "update", "reward", "eval acc", "KL", "seconds"):
+    for col in ("iter", "rollout", "score", "logprobs", "update", "reward", "eval acc", "KL", "cut", "seconds"):
         t.add_column(col, justify="right")
     acc = {row["iteration"]: row.get("eval/accuracy") for row in report["iterations"]}  # of policy k
     if acc.get(0) is not None:
-        t.add_row("start", *["-"] * 5, _fmt(acc[0], ".3f"), "-", "-")
+        t.add_row("start", *["-"] * 5, _fmt(acc[0], ".3f"), "-", "-", "-")
     for row in report["iterations"]:
         k = row["iteration"]
         if not any(row["stages"].values()):
@@ -47,7 +48,8 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
                 cells[-1] += f" (policy {k - int(row['rollout/staleness'])}, stale {int(row['rollout/staleness'])})"
         cells.append(_fmt(row.get("reward/mean"), ".3f"))
         cells.append(_fmt(acc.get(k + 1), ".3f"))  # policy k+1, the one this iteration's update wrote
-        cells += [_fmt(row.get("kl/mean"), ".4f"), _fmt(row.get("seconds"), ".1f")]
+        cells += [_fmt(row.get("kl/mean"), ".4f"), _fmt(row.get("rollout_correction/clipped_seq_frac"), ".0%"),
+                  _fmt(row.get("seconds"), ".1f")]
         t.add_row(*cells)
     console = Console(width=140)
     console.print(t)

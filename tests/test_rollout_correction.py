@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -311,3 +312,143 @@ def test_a_cap_of_at_most_one_is_a_one_line_error_at_init(tmp_path, value, messa
     proc = grpo("init", str(tmp_path / "run"), "--config", str(path), "--set", f"loss.rollout_correction.cap={value}", check=False)
     assert proc.returncode != 0 and not (tmp_path / "run").exists()
     assert f"loss.rollout_correction.{message}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- what an iteration reports
+
+
+def _rows(old, sampler, masks):
+    import polars as pl
+
+    return pl.DataFrame({"old_logprobs": old, "sampler_logprobs": sampler, "completion_mask": masks},
+                        schema={"old_logprobs": pl.List(pl.Float32), "sampler_logprobs": pl.List(pl.Float32),
+                                "completion_mask": pl.List(pl.Int8)})
+
+
+def test_an_iteration_reports_the_log_weights_quantiles_and_the_share_the_loss_cuts():
+    from pipeline.rollout_correction import iteration_stats
+
+    # four completions of 3 model tokens, old - sampler per token:
+    #   a (0.5, 0.5, 0.5): log W = 1.5 > ln 3 = 1.0986     b (0.1, -0.1, 0): 0
+    #   c (-0.4, -0.4, -0.4): -1.2                          d (1.2, -0.1, -0.1): 1.0, its first token alone > ln 3
+    # e: a tool result at position 1 (mask 0; old - sampler there 9 would count otherwise): (0.1, ., 0.1) -> 0.2
+    # f: no old logprobs (not yet computed): left out
+    d = [[0.5, 0.5, 0.5], [0.1, -0.1, 0.0], [-0.4, -0.4, -0.4], [1.2, -0.1, -0.1], [0.1, 9.0, 0.1]]
+    old = [[-1.0, -2.0, -3.0]] * 5 + [None]
+    sampler = [[o - x for o, x in zip(old[0], row)] for row in d] + [[-1.0, -1.0, -1.0]]
+    masks = [None, None, None, None, [1, 0, 1], None]
+    rows = _rows(old, sampler, masks)
+    logs = [1.5, 0.0, -1.2, 1.0, 0.2]
+    expected_q = np.quantile(logs, [0.05, 0.5, 0.95])  # -1.2 + 0.2 * 1.2 = -0.96, 0.2, 1.5 - 0.2 * 0.5 = 1.4
+    close(expected_q, [-0.96, 0.2, 1.4])
+    for mode, kw, share in (
+        ("sequence_mask", {}, 1 / 5),  # a only
+        ("sequence_truncate", {"lower": 0.5}, 2 / 5),  # a, and c: W = e^-1.2 = 0.30 < 0.5
+        ("token_truncate", {}, 1 / 5),  # d's first token: e^1.2 = 3.32 > 3
+        ("token_mask", {"lower": 0.68}, 2 / 5),  # d, and c: e^-0.4 = 0.670 < 0.68 on each token
+        ("none", {}, float("nan")),
+    ):
+        stats = iteration_stats(rows, rc(mode, **kw))
+        close([stats[f"rollout_correction/log_ratio_p{p}"] for p in ("05", "50", "95")], expected_q, atol=1e-5)
+        got = stats["rollout_correction/clipped_seq_frac"]
+        assert (math.isnan(got) and math.isnan(share)) or got == pytest.approx(share), (mode, got)
+        if mode != "none":  # the same completions as the loss's own weights cut
+            sel = [0, 1, 2, 3, 4]
+            t = lambda rows_: torch.tensor([rows_[i] for i in sel], dtype=torch.float64)  # noqa: E731
+            mask = torch.tensor([[1, 1, 1]] * 4 + [[1, 0, 1]])
+            w, _ = correction_weights(t(old), t(sampler), mask, rc(mode, **kw))
+            raw = torch.exp(torch.tensor(d, dtype=torch.float64))
+            if mode.startswith("sequence"):
+                raw = torch.exp(torch.tensor(logs, dtype=torch.float64)).unsqueeze(1).expand(5, 3)
+            changed = ((w - raw).abs() > 1e-9) & mask.bool()
+            assert changed.any(dim=1).double().mean() == pytest.approx(share)
+    # the mean per token with `sequence_log_ratio: mean`: (0.5, 0, -0.4, 1/3, 0.1); none above ln 3
+    stats = iteration_stats(rows, rc("sequence_mask", sequence_log_ratio="mean"))
+    close(stats["rollout_correction/log_ratio_p50"], 0.1, atol=1e-6)
+    assert stats["rollout_correction/clipped_seq_frac"] == 0.0
+    assert iteration_stats(rows.head(0), rc("sequence_mask")) == {}
+
+
+def test_a_large_share_cut_is_a_warning_naming_the_iteration_and_the_gap():
+    from pipeline.report.diagnostics import diagnose
+
+    rows = [{"iteration": 0, "rollout_correction/clipped_seq_frac": 0.1},
+            {"iteration": 1, "rollout_correction/clipped_seq_frac": 0.35, "logprobs/sampler_gap_mean": 0.041},
+            {"iteration": 2, "rollout_correction/clipped_seq_frac": float("nan")}]  # mode none
+    (finding,) = diagnose(rows)
+    assert finding.iteration == 1 and finding.metric == "rollout_correction/clipped_seq_frac"
+    assert str(finding) == ("iteration 1: rollout_correction/clipped_seq_frac = 0.35: loss.rollout_correction truncated or "
+                            "masked the weight of 35% of completions (sampler gap 0.041 a token): the sampler is far from "
+                            "the trainer's policy; see docs/off-policy.md")
+
+
+def test_the_default_leaves_bf16_rounding_alone_and_reweighs_a_perturbed_sampler():
+    """A policy of 32 positions over 64 tokens (logits ~ 6 N(0, 1)), the trainer at temperature 0.8.
+    A sampler that computes the same policy with its logits rounded to bf16 (what vLLM's bf16 LM head
+    does, docs/off-policy.md) cuts no completion and leaves every weight near 1; a perturbed one (its
+    temperature 1.0, as a sampler that missed the change) has its completions reweighed and the
+    far ones masked."""
+    from pipeline.rollout_correction import iteration_stats
+
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 512, 32, 64
+    z = 6 * torch.randn(B, T, V, generator=g)
+
+    def sample(logits):
+        return torch.multinomial(torch.softmax(logits, -1).reshape(-1, V), 1, generator=g).reshape(B, T)
+
+    def lp(logits, y):
+        return torch.log_softmax(logits, -1).gather(-1, y[..., None])[..., 0]
+
+    default = RolloutCorrection()
+    ones = torch.ones(B, T)
+    y = sample(z / 0.8)
+    old, rounded = lp(z / 0.8, y), lp(z.bfloat16().float() / 0.8, y)
+    w, metrics = correction_weights(old, rounded, ones, default)
+    # measured: |old - sampler| 0.0075 a token on average, the completion's log W spread 0.075
+    assert metrics["rollout_correction/clipped_frac"] == 0.0
+    assert 0.75 < metrics["rollout_correction/ratio_min"] and metrics["rollout_correction/ratio_max"] < 1.35
+    stats = iteration_stats(_rows(old.tolist(), rounded.tolist(), [None] * B), default)
+    assert stats["rollout_correction/clipped_seq_frac"] == 0.0
+    assert -0.2 < stats["rollout_correction/log_ratio_p05"] and stats["rollout_correction/log_ratio_p95"] < 0.2
+
+    y = sample(z / 1.0)
+    old, hot = lp(z / 0.8, y), lp(z / 1.0, y)
+    w, metrics = correction_weights(old, hot, ones, default)
+    stats = iteration_stats(_rows(old.tolist(), hot.tolist(), [None] * B), default)
+    # measured with sequence_mask, cap 3: 6.8 % of completions above the cap, masked; the mean weight 0.67
+    assert stats["rollout_correction/clipped_seq_frac"] == pytest.approx(metrics["rollout_correction/clipped_frac"])
+    assert 0.04 < metrics["rollout_correction/clipped_frac"] and metrics["rollout_correction/ratio_mean"] < 0.8
+    assert stats["rollout_correction/log_ratio_p05"] < -2.0
+
+
+def test_status_shows_the_share_cut_and_warns_when_it_is_large(make_run):
+    """The constructed run of test_inspect (6 completions, sampler logprobs -0.1 a token) with a
+    logprobs stage whose old logprobs lie 0.3 a token above the sampler's on the first two: their
+    log W = 4 x 0.3 = 1.2 and 6 x 0.3 = 1.8, above ln 3 = 1.0986, so TRL's default masks 2 of 6."""
+    import json
+
+    import pyarrow as pa
+    from test_inspect import LENGTHS, _write_stage, constructed_run
+
+    from schemas.artifacts import LOGPROBS
+
+    run = constructed_run(make_run)
+    shift = [0.3, 0.3, 0, 0, 0, 0]
+    old = [[-0.1 + s] * n for s, n in zip(shift, LENGTHS)]
+    _write_stage(run, 0, "logprobs", LOGPROBS, pa.table({
+        "prompt_id": [10, 10, 10, 20, 20, 20], "sample_idx": [0, 1, 2, 0, 1, 2],
+        "old_logprobs": pa.array(old, pa.list_(pa.float32())), "ref_logprobs": pa.nulls(6, pa.list_(pa.float32())),
+        "sampler_gap_mean": pa.array(shift, pa.float32()), "sampler_gap_max": pa.array(shift, pa.float32()),
+    }))
+    assert run.cfg.loss.rollout_correction.mode == "sequence_mask"
+    status = json.loads(grpo("status", run.uri, "--format", "json").stdout)
+    row = status["iterations"][0]
+    assert row["rollout_correction/clipped_seq_frac"] == pytest.approx(2 / 6)
+    # log W = (1.2, 1.8, 0, 0, 0, 0): quantiles 0, 0, 1.8 - 0.25 x 0.6 = 1.65
+    assert row["rollout_correction/log_ratio_p50"] == pytest.approx(0.0, abs=1e-6)
+    assert row["rollout_correction/log_ratio_p95"] == pytest.approx(1.65, abs=1e-5)
+    assert [w["metric"] for w in status["warnings"]] == ["rollout_correction/clipped_seq_frac"]
+    table = grpo("status", run.uri).stdout
+    assert "cut" in table and "33%" in table
+    assert "warning iteration 0: rollout_correction/clipped_seq_frac = 0.333: loss.rollout_correction truncated or masked" in table

@@ -24,6 +24,9 @@ LENGTH_COLLAPSE = 0.5
 """Mean completion length below this fraction of the longest earlier mean: collapsing."""
 LENGTH_MIN = 4.0
 """Earlier mean lengths (tokens) below which a drop is not called a collapse."""
+CORRECTION_CUT_MOST = 0.2
+"""Share of an iteration's completions whose `loss.rollout_correction` weight is truncated or
+masked above which it warns: the correction then discards or reshapes much of the signal."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,13 @@ def diagnose(rows: list[dict]) -> list[Finding]:
                 out.append(Finding(k, "completions/mean_length", length,
                                    f"mean completion length collapsing ({longest:.1f} -> {length:.1f} tokens): check for a degenerate policy"))
             longest = length if longest is None else max(longest, length)
+        cut = row.get("rollout_correction/clipped_seq_frac")
+        if _ok(cut) and cut > CORRECTION_CUT_MOST:
+            gap = row.get("logprobs/sampler_gap_mean")
+            out.append(Finding(k, "rollout_correction/clipped_seq_frac", cut,
+                               f"loss.rollout_correction truncated or masked the weight of {cut:.0%} of completions"
+                               + (f" (sampler gap {gap:.3g} a token)" if _ok(gap) else "")
+                               + ": the sampler is far from the trainer's policy; see docs/off-policy.md"))
     return out
 
 

@@ -144,9 +144,9 @@ def _sampler_gap(df: pl.DataFrame) -> dict[str, float]:
 def _logprobs(run: Run, k: int, m: dict) -> dict[str, float]:
     """The sampler-vs-trainer gap is here unless the update took the old logprobs from its own
     forward (`train.old_logprobs`); then the update reports it."""
-    df = read_columns(run, k, "logprobs", ["sampler_gap_mean", "sampler_gap_max"])
+    df = read_columns(run, k, "logprobs", ["prompt_id", "sample_idx", "old_logprobs", "sampler_gap_mean", "sampler_gap_max"])
     secs = _seconds(m)
-    gap = _sampler_gap(df) if df.height and df["sampler_gap_max"].null_count() < df.height else {}
+    gap = {**_sampler_gap(df), **_correction(run, k, df)} if df.height and df["sampler_gap_max"].null_count() < df.height else {}
     return {**gap, "time/logprobs_s": secs, "tokens_per_s/logprobs": _per_s((m.stats or {}).get("tokens", 0), secs)}
 
 
@@ -165,8 +165,19 @@ def _update(run: Run, k: int, m: dict) -> dict[str, float]:
     out["time/update_s"] = _seconds(m)
     out["tokens_per_s/update"] = _per_s(float(steps["tokens"].sum()), train_s)
     if m.outputs.old_logprobs is not None:  # the update's forward gave the old logprobs: its gap to the sampler's
-        out.update(_sampler_gap(pl.from_arrow(run.store.read_table(f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", LOGPROBS))))
+        df = pl.from_arrow(run.store.read_table(f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", LOGPROBS))
+        out.update({**_sampler_gap(df), **_correction(run, k, df)})
     return out
+
+
+def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
+    """`loss.rollout_correction` on iteration k's completions: the log-weight's quantiles, the share cut."""
+    from pipeline.rollout_correction import iteration_stats
+
+    rollout = read_columns(run, k, "rollout", ["prompt_id", "sample_idx", "sampler_logprobs", "completion_mask"])
+    rows = old.select("prompt_id", "sample_idx", "old_logprobs").join(rollout, on=["prompt_id", "sample_idx"], how="inner",
+                                                                       maintain_order="left")
+    return iteration_stats(rows, run.cfg.loss.rollout_correction)
 
 
 def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
