@@ -8,10 +8,13 @@ arguments cast to the schema's types as TRL casts them."""
 from __future__ import annotations
 
 import ast
+import json
 import threading
 from pathlib import Path
 
 import pytest
+
+from test_agents import agent_plan, call_text, forced, tiny2k  # noqa: F401 (tiny2k: a fixture)
 
 TOOLS = '''
 import asyncio, sqlite3, threading, time
@@ -222,3 +225,69 @@ def test_async_tools_share_one_event_loop_and_a_blocking_one_times_out(fns):
     assert blocked.error == "timeout" and "timed out after 0.2 s" in blocked.content
     # ... and the next async call is served on a new loop, in time, while the old one is still blocked
     assert (call_tool(fns, "plus", {"x": 1}, 1.0).error, call_tool(fns, "plus", {"x": 2}, 1.0).content) == (None, "3")
+
+
+# ----------------------------------------------------------------------------- episode level
+def test_environment_reset_and_its_calls_run_on_one_thread(make_run, tiny2k, exec_file, tmp_path):  # noqa: F811
+    """A sqlite connection made in reset serves every call of the episode; the record holds the
+    cast arguments; two episodes write the same record."""
+    _, plan = agent_plan(make_run, tiny2k, tmp_path, [], environment=f"{exec_file}:Ledger", max_turns=3, tool_timeout_s=5.0)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    records = []
+    for j in range(2):
+        e = runner.start(p, 0, j, 1, "test")
+        assert runner._after_turn(e, forced(tok, call_text("add", {"n": "3"})), 12)
+        assert runner._after_turn(e, forced(tok, call_text("add", {"n": 4})), 12)
+        assert not runner._after_turn(e, forced(tok, "done"), 12) and e.ending == "answered"
+        rec = json.loads(runner.row(e, "h")["episode"])
+        assert [(m["content"], m["error"]) for m in rec["messages"] if m["role"] == "tool"] == [("int 3", None), ("int 7", None)]
+        assert rec["messages"][0]["tool_calls"][0]["function"]["arguments"] == {"n": 3}  # as the tool got it
+        records.append({k: v for k, v in rec.items() if k != "environment"})
+    assert records[0] == records[1]
+
+
+def test_a_timed_out_environment_call_ends_the_episode_with_the_state_before_it(make_run, tiny2k, exec_file, tmp_path):  # noqa: F811
+    """ending tool_timeout; the recorded state is the instance before the late call, whatever it
+    does later; another episode's calls run meanwhile on their own thread; without an environment a
+    timed-out call is answered and the episode goes on, its next call on a fresh thread."""
+    from pipeline.agents import environment as envs
+
+    _, plan = agent_plan(make_run, tiny2k, tmp_path, [f"{exec_file}:wait_here", f"{exec_file}:thread_id"],
+                           environment=f"{exec_file}:Stalling", max_turns=4)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    e = runner.start(p, 0, 0, 1, "test")
+    cls = type(e.env)
+    try:
+        assert runner._after_turn(e, forced(tok, call_text("note", {"x": 1})), 12)
+        assert not runner._after_turn(e, forced(tok, call_text("stall", {"x": 2}) + call_text("note", {"x": 3})), 12)
+        assert e.ending == "tool_timeout"
+        tools = [m for m in e.messages if m["role"] == "tool"]
+        assert [(m["name"], m["error"]) for m in tools] == [("note", None), ("stall", "timeout")]  # the rest not run
+        other = runner.start(p, 0, 1, 1, "test")  # its own thread: not behind the stalled call
+        assert runner._after_turn(other, forced(tok, call_text("note", {"x": 5})), 12)
+        assert other.messages[-1]["content"] == "noted" and other.env.log == [5]
+        # a plain tool past its timeout in an environment episode ends it too
+        third = runner.start(p, 0, 2, 1, "test")
+        assert not runner._after_turn(third, forced(tok, call_text("note", {"x": 6}) + call_text("wait_here", {"x": 0})), 12)
+        assert third.ending == "tool_timeout"
+    finally:
+        cls.release.set()
+    assert cls.finished.wait(30)  # the late call has changed the live instance ...
+    assert e.env.log == [1, -2]
+    rec = json.loads(runner.row(e, "h")["episode"])  # ... and the record holds the state from before it
+    assert rec["ending"] == "tool_timeout" and envs.rebuild(cls, rec["environment"]).log == [1]
+    assert envs.rebuild(cls, json.loads(runner.row(third, "h")["episode"])["environment"]).log == [6]
+
+    cls.release.clear()
+    _, plan2 = agent_plan(make_run, tiny2k, tmp_path, [f"{exec_file}:wait_here", f"{exec_file}:thread_id"],
+                             name="plain", max_turns=4)
+    runner2 = plan2.episodes
+    e = runner2.start(p, 0, 0, 1, "test")
+    try:
+        assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 0}) + call_text("wait_here", {"x": 0})), 12)
+        assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 1})), 12)  # answered, not queued behind it
+    finally:
+        cls.release.set()
+    tools = [m for m in e.messages if m["role"] == "tool"]
+    assert [m["error"] for m in tools] == [None, "timeout", None] and e.ending is None
+    assert tools[0]["content"] != tools[2]["content"]  # the stuck thread was given up for a fresh one

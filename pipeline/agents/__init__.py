@@ -27,7 +27,7 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
        {"role": "tool", "name": str | null, "content": str,   # what the model was shown
         "error": null | "malformed" | "unknown_tool" | "bad_arguments" | "raised" | "timeout",
         "dropped": true (only when it did not fit the token budget)}, ...],
-     "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length",
+     "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length" | "tool_timeout",
      "model_tokens": int, "context_tokens": int,
      "environment": {"class": "module:Class", "state": {attribute: JSON value}}}   # with an environment
 

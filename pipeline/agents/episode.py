@@ -1,8 +1,16 @@
 """The episode loop: every live episode of a part takes its next model turn together, one engine
 call per turn (n=1, a seed per episode and turn), then its tool calls run and their results
 are appended; an episode ends when the model answers without a call, at rollout.max_turns, when
-its token budget (rollout.max_episode_tokens) would be exceeded, or when a turn is cut at
-rollout.max_new_tokens (length).
+its token budget (rollout.max_episode_tokens) would be exceeded, when a turn is cut at
+rollout.max_new_tokens (length), or, with an environment, when a call runs past
+rollout.tool_timeout_s (tool_timeout).
+
+Each episode has a thread of its own (pipeline.agents.execution.EpisodeThread), made at start and
+closed when it ends: its environment is made and reset on it, its sync calls run on it, and the
+environment's state is stored from it (a thread-bound resource made in reset serves them all).
+With an environment, the state is stored before every call and again at the end; an episode
+ended by a timed-out call keeps the state from before that call, so the late call's changes,
+whose timing nothing fixes, never reach the record.
 
 Tokens: a turn's tokens are kept exactly as sampled (mask 1, the sampler's logprobs); the next
 turn extends them. Between turns, the template's glue and the tool results are tokenised on
@@ -20,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.agents import environment as envs
+from pipeline.agents.execution import EpisodeThread, cast_arguments, parameters
 from pipeline.agents.format import ToolFormat
 from pipeline.agents.tools import call_tool, tool_schema
 from pipeline.data import Prompt, as_messages, derive_seed, raw_to_json
@@ -48,6 +57,13 @@ class Episode:
     turns: int = 0
     ending: str | None = None
     finish_reason: str = "stop"
+    thread: EpisodeThread = field(default_factory=EpisodeThread)
+    """The episode's sync calls run here: made at start (the environment made and reset on it), closed at the end."""
+    params: dict[str, dict] = field(default_factory=dict)
+    """{tool: its parameters' JSON schemas}: what arguments are cast to."""
+    state: dict | None = None
+    """The environment's stored state (envs.snapshot), taken on the episode's thread: before each
+    call, then at the end; a timed-out call leaves the one from before it."""
 
     def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
         self.ids += ids
@@ -69,9 +85,14 @@ class EpisodeRunner:
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
         raw, obs, env, tools = prompt.raw, None, None, dict(self.a.tools)
         schemas = list(self.a.schemas)
+        thread = EpisodeThread(f"grpo-episode-{group_idx}-{sample_idx}")
         if self.a.env_cls is not None:
-            env = envs.make(self.a.env_cls)
-            obs = envs.reset(env, {self.data.prompt_column: prompt.raw, **prompt.columns})
+            # made and reset on the episode's thread: what reset makes (a sqlite connection) serves every call
+            try:
+                env, obs = thread.run(self._open_env, {"row": {self.data.prompt_column: prompt.raw, **prompt.columns}})
+            except BaseException:
+                thread.close()
+                raise
             raw = envs.observe(raw, obs)
             for m in envs.methods(env):
                 if m.__name__ in tools:
@@ -84,17 +105,45 @@ class EpisodeRunner:
         if len(ids) > self.max_prompt_len:
             raise GRPOError(f"{where}: prompt with tools has {len(ids)} tokens, more than the {self.max_prompt_len} the model's "
                             f"context leaves beside rollout.max_episode_tokens ({self.budget})")
-        return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env)
+        return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env, thread=thread,
+                       params={s["function"]["name"]: parameters(s) for s in schemas})
+
+    def _open_env(self, row: dict):
+        """(instance, observation): the episode's environment, made and reset (on the episode's thread)."""
+        env = envs.make(self.a.env_cls)
+        return env, envs.reset(env, row)
 
     def run(self, engine, episodes: list[Episode]) -> None:
         live = [e for e in episodes if e.ending is None]
-        while live:
-            caps = [min(self.cfg.max_new_tokens, self.budget - len(e.ids)) for e in live]
-            # each episode's turn t is seeded by (group seed, sample, t): independent of its batch
-            samples = engine.generate([e.prompt_ids + e.ids for e in live],
-                                      [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, greedy=self.greedy,
-                                      max_tokens=caps)
-            live = [e for e, cap, group in zip(live, caps, samples) if self._after_turn(e, group[0], cap)]
+        try:
+            while live:
+                caps = [min(self.cfg.max_new_tokens, self.budget - len(e.ids)) for e in live]
+                # each episode's turn t is seeded by (group seed, sample, t): independent of its batch
+                samples = engine.generate([e.prompt_ids + e.ids for e in live],
+                                          [derive_seed(e.seed, e.sample_idx, e.turns) for e in live], 1, greedy=self.greedy,
+                                          max_tokens=caps)
+                live = [e for e, cap, group in zip(live, caps, samples) if self._after_turn(e, group[0], cap)]
+        finally:
+            for e in episodes:
+                e.thread.close()
+
+    def _finish(self, e: Episode) -> bool:
+        """The episode ended (e.ending set): its environment's final state stored (on its thread,
+        unless a timed-out call holds that thread: then the state from before that call stays), its thread closed."""
+        if e.env is not None and e.ending != "tool_timeout":
+            e.state = _stored_state(e)
+        e.thread.close()
+        return False
+
+    def _cast(self, e: Episode, name: str | None, arguments):
+        """The call's arguments as the tool gets them (cast to its schema's types), for the record;
+        as parsed when they cannot be (the call is answered bad_arguments)."""
+        if name in e.params and isinstance(arguments, dict):
+            try:
+                return cast_arguments(e.params[name], arguments)
+            except GRPOError:
+                pass
+        return arguments
 
     def _after_turn(self, e: Episode, s, cap: int) -> bool:
         """Record a sampled turn, run its calls; True while the episode goes on."""
@@ -106,7 +155,8 @@ class EpisodeRunner:
         content, calls = self.a.format.parse_turn(s.token_ids, e.prompt_ids + e.ids[:prefix_len], self.eos_ids)
         msg = {"role": "assistant", "content": content, "text": s.text, "tokens": len(s.token_ids), "finish_reason": s.finish_reason}
         if calls:
-            msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": self._cast(e, c.name, c.arguments)}}
+                                 for c in calls]
         e.messages.append(msg)
         if s.finish_reason == "length":
             e.ending = "max_episode_tokens" if cap < self.cfg.max_new_tokens else "length"
@@ -115,13 +165,18 @@ class EpisodeRunner:
         elif e.turns >= self.cfg.max_turns:
             e.ending = "max_turns"
         if e.ending is not None:
-            return False
+            return self._finish(e)
         for c in calls:
-            r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s)
+            if e.env is not None:  # the state a call that times out leaves recorded (its late changes are not)
+                e.state = _stored_state(e)
+            r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s, e.thread, e.params.get(c.name))
             # the call's time goes to the manifest's stats, not the record: parts stay byte-identical
             self.tool_s += r.seconds
             self.tool_calls += 1
             e.messages.append({"role": "tool", "name": c.name, "content": r.content, "error": r.error})
+            if r.error == "timeout" and e.env is not None:  # the instance may still be changing: the episode ends here
+                e.ending = "tool_timeout"
+                return self._finish(e)
         eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.eos_ids
         eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
         history = [_render_message(m) for m in e.messages]
@@ -132,7 +187,7 @@ class EpisodeRunner:
             for m in e.messages[-len(calls):]:
                 m["dropped"] = True  # ran, but its result did not fit: not part of the tokens
             e.ending = "max_episode_tokens"
-            return False
+            return self._finish(e)
         e.extend(list(glue_ids), None, glue)
         return True
 
@@ -150,7 +205,10 @@ class EpisodeRunner:
             "context_tokens": len(e.mask) - sum(e.mask),
         }
         if e.env is not None:
-            record["environment"] = envs.snapshot(e.env)
+            if e.state is None:  # not ended by this runner (a test's own turns): stored now, on its thread
+                e.state = _stored_state(e)
+                e.thread.close()
+            record["environment"] = e.state
         return {
             "prompt_id": p.prompt_id, "sample_idx": e.sample_idx, "group_idx": e.group_idx,
             "prompt": e.prompt_text, "prompt_raw": raw_to_json(p.raw), "prompt_ids": e.prompt_ids,
@@ -160,6 +218,12 @@ class EpisodeRunner:
             "completion_mask": e.mask, "episode": json.dumps(record, ensure_ascii=False, sort_keys=True),
             **p.columns,
         }
+
+
+def _stored_state(e: Episode) -> dict:
+    """The environment's state as the record stores it, taken on the episode's thread (a __getstate__
+    that reads a thread-bound resource made in reset works)."""
+    return e.thread.run(lambda: envs.snapshot(e.env), {})
 
 
 def _prompt_messages(e: Episode, data) -> list[dict]:

@@ -3,7 +3,7 @@ episode shown as a conversation (`grpo inspect`).
 
 Metrics, over an iteration's episodes (none when it has none):
     episodes/turns_mean, episodes/turns_max        model turns per episode
-    episodes/ending/<answered|max_turns|max_episode_tokens|length>   share of episodes
+    episodes/ending/<answered|max_turns|max_episode_tokens|length|tool_timeout>   share of episodes
     tools/call_frequency                           tool calls per episode (TRL's name)
     tools/used                                     share of episodes with at least one call
     tools/failure_frequency                        failed calls / calls (TRL's name)
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.store import stage_rel
 from pipeline.store.run import Run
 
-ENDINGS = ("answered", "max_turns", "max_episode_tokens", "length")
+ENDINGS = ("answered", "max_turns", "max_episode_tokens", "length", "tool_timeout")
 ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout")
 
 
