@@ -45,7 +45,8 @@ def model_dir(arg: str | None) -> Path:
     return smollm2_dir()
 
 
-TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems", "agent.yaml": "calc_problems"}
+TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems", "agent.yaml": "calc_problems",
+         "judge.yaml": "times_problems"}
 """Each example config's problem generator (a module in examples/ with write() and SYSTEM_PROMPT)."""
 
 

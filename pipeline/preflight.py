@@ -58,9 +58,10 @@ def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
             )
 
 
-def check(cfg: Config) -> list[str]:
+def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
     """Every check above, in config order; raises the first failure. Returns notes for the user
-    (a tool format that fell back)."""
+    (a tool format that fell back). `judges_reachable`: ask each `judge` reward's server one cheap
+    request (pipeline/rewards/judge/check.py)."""
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
     if cfg.data.eval is not None:
         _checked_columns(cfg, cfg.data.eval, "data.eval")
@@ -72,6 +73,10 @@ def check(cfg: Config) -> list[str]:
         columns.append("environments")  # TRL passes the episodes' environment instances
     for j, spec in enumerate(cfg.rewards):
         fn = load_reward(spec, index=j)  # imports a custom function: a missing file or name fails here
+        if spec.fn == "judge":
+            from pipeline.rewards.judge.check import check_judge
+
+            check_judge(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
         if isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):

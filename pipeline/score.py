@@ -9,6 +9,7 @@ iteration and so are computed unsharded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 
@@ -18,7 +19,7 @@ import pyarrow as pa
 from pipeline import advantages
 from pipeline.data import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
-from pipeline.store.parts import Shard, read_part, run_parts, upstream
+from pipeline.store.parts import Shard, read_part, read_parts, run_parts, upstream
 from pipeline.rewards.calls import RewardLog, TrainerState, trainer_state_at
 from pipeline.rewards.contract import compute_rewards
 from pipeline.store.run import Run
@@ -83,8 +84,9 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     G = cfg.rollout.num_generations
     prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
-    per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
-                             trainer_state=trainer_state(run, k), log=log)  # [N, F]
+    with judging(run, k) as ledger:  # a judge's verdict cache and record (None without a judge)
+        per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
+                                 trainer_state=trainer_state(run, k), log=log)  # [N, F]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
     total = advantages.combine_rewards(per_fn, weights)  # [N]
     if not np.isfinite(total[~np.isnan(total)]).all():
@@ -113,7 +115,51 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     table = pa.table(cols)
     # log_metric values travel in the part's metadata as [sum, count], so the iteration's mean
     # is taken over every part however many workers wrote them (see reward_metrics)
-    return table.replace_schema_metadata({b"grpo.reward_metrics": json.dumps(log.metric_sums())})
+    meta = {b"grpo.reward_metrics": json.dumps(log.metric_sums())}
+    if ledger is not None:  # the judges' counts of this part: calls, reused, retries, tokens, reasons
+        meta[b"grpo.judge"] = json.dumps(ledger.summary(), sort_keys=True)
+    return table.replace_schema_metadata(meta)
+
+
+@contextlib.contextmanager
+def judging(run: Run, k: int):
+    """Around scoring a part: the judges' ledger (pipeline.rewards.judge.record) with this stage's
+    verdict cache and, for a replay, the verdicts stored in its source; None without a judge."""
+    if not any(r.fn == "judge" for r in run.cfg.rewards):
+        yield None
+        return
+    from pipeline.rewards.judge.record import CACHE_DIR, Ledger, recording
+
+    with recording(Ledger(run.store, f"{stage_rel(k, 'score')}/{CACHE_DIR}", replay_verdicts(run, k))) as ledger:
+        yield ledger
+
+
+def replay_verdicts(run: Run, k: int) -> dict[str, dict]:
+    """The verdicts stored in the score parts of the iteration a replayed rollout came from
+    ({} when it is no replay, or its source was not scored)."""
+    from pipeline.rewards.judge.record import stored_records
+
+    link = run.require(k, "score", "rollout").replayed_from
+    if link is None:
+        return {}
+    try:  # a source that is gone or damaged has no verdicts to give: the judge is asked
+        src = Run(link.run)
+        if not src.done(link.iteration, "score"):
+            return {}
+        return stored_records(read_parts(src, link.iteration, "score", SCORE))
+    except GRPOError:
+        return {}
+
+
+def judge_summary(run: Run, k: int, num_parts: int) -> dict | None:
+    """The stage's judge counts: every part's added up (None without a judge)."""
+    from pipeline.rewards.judge.record import merge_summaries
+
+    a = run.cfg.advantages
+    whole = a.scale == "batch" or a.batch_renorm  # every slice carries the whole iteration's counts
+    metas = [run.store.table_meta(f"{stage_rel(k, 'score')}/{part_name(p)}") for p in range(1 if whole else num_parts)]
+    found = [json.loads(m["judge"]) for m in metas if "judge" in m]
+    return merge_summaries(found) if found else None
 
 
 def reward_metrics(run: Run, k: int, num_parts: int) -> dict[str, float]:
@@ -149,11 +195,17 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
             return score_table(run, k, read_part(run, k, "rollout", ROLLOUT, p))
 
     inputs = {"rollout": upstream(run, k, "rollout")}
-    return run_parts(
+    m = run_parts(
         run, k, "score", SCORE, num_parts, shard, inputs, make_part,
         manifest_extra=lambda: {
             "rewards": [r.model_dump(mode="json") for r in run.cfg.rewards],
             "trainer_state": trainer_state(run, k).to_dict(),
             "reward_metrics": reward_metrics(run, k, num_parts),
+            **({"judge": j} if (j := judge_summary(run, k, num_parts)) is not None else {}),
         },
     )
+    if m is not None and any(r.fn == "judge" for r in run.cfg.rewards):  # every verdict is in the parts now
+        from pipeline.rewards.judge.record import CACHE_DIR
+
+        run.store.remove(f"{stage_rel(k, 'score')}/{CACHE_DIR}", recursive=True)
+    return m

@@ -93,6 +93,9 @@ class PartsManifest(_Manifest):
     reward_metrics: dict[str, float] | None = None
     """score: the iteration's mean of each value reward functions passed to `log_metric`."""
     replayed_from: ReplayLink | None = None
+    judge: dict[str, dict[str, Any]] | None = None
+    """score with a `judge` reward: per judge, requests, calls made, verdicts reused, retries, failures,
+    unreadable answers (and their reasons), latency and tokens, summed over the parts."""
 
 
 class UpdateInputs(_Model):

@@ -7,6 +7,10 @@ Refuses to overwrite an existing run with a different config; checks the config,
 the reward functions (pipeline/preflight.py) before it writes anything.
 """
 
+from typing import Annotated
+
+import typer
+
 from stages.options import (
     ConfigOpt,
     DataOpt,
@@ -59,6 +63,7 @@ def init(
     kl_coef: KlCoefOpt = None,
     seed: SeedOpt = None,
     set: SetOpt = None,
+    no_judge_check: Annotated[bool, typer.Option("--no-judge-check", help="Do not ask a judge's server whether it is up (one cheap request each).")] = False,
 ) -> None:
     """Create a run directory from a config file, from options, or from both."""
     from pipeline import preflight
@@ -74,7 +79,7 @@ def init(
         "--loss-type": loss_type, "--kl-coef": kl_coef, "--seed": seed,
     }
     cfg = from_command_line(config, given, set)
-    for note in preflight.check(cfg):  # reward functions, dataset header, tools: before anything is written
+    for note in preflight.check(cfg, judges_reachable=not no_judge_check):  # reward functions, dataset header, tools: before anything is written
         print(f"note: {note}")
     r = init_run(run, cfg)
     print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]})")

@@ -70,6 +70,11 @@ def _print(rep: dict) -> None:
                 f"{row['completion_length']}{'+' if row['finish_reason'] == 'length' else ''}",
             )
         console.print(t)
+        for row in rep[title]:  # a judge's answer beside each completion
+            for n, v in row.get("judges", {}).items():
+                said = escape(" ".join((v["answer"] or "").split())[:200]) if v["answer"] is not None else "(no answer)"
+                console.print(f"  {row['prompt_id']}/{row['sample_idx']} judge {escape(n)}: {said}"
+                              + (f" [dim]({escape(v['reason'])})[/dim]" if v["reason"] else ""), soft_wrap=True)
     if zero:
         t = Table(title="groups with zero spread (no learning signal)")
         for col in ("group", "prompt_id", "prompt", "reward"):

@@ -21,5 +21,9 @@ def replay(src: RunArg, iter: ReplayIterOpt, to: ToOpt, set: SetOpt = None, unti
     from pipeline.replay import UNTIL, replay as run_replay
 
     new = run_replay(src, iter, to, set, until)
+    from pipeline.rewards.judge.record import summary_lines
+
+    for line in summary_lines(new.manifest(0, "score").judge):  # reused verdicts, and the calls a changed judge made
+        print(line)
     done = ", ".join(UNTIL[: UNTIL.index(until) + 1])
     print(f"replay of {src} iteration {iter} -> {new.store.display()} iteration 0 (rollout linked; {done} done); check it with: grpo audit {to}")

@@ -148,5 +148,5 @@ def test_demo_real_refuses_an_unknown_config(tmp_path):
 
     other = tmp_path / "mine.yaml"
     other.write_text((REPO / "examples" / "real.yaml").read_text())
-    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml\)"):
+    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml, judge\.yaml\)"):
         demo_real.real_config(other, tmp_path / "data", tmp_path / "model", 0, [])

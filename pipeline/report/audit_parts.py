@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from pipeline.staleness import check_sampled_from
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
+from pipeline.report.audit_verdicts import check_verdicts
 from pipeline.store import MANIFEST, RunStore, parts, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, SchemaError
 from schemas.manifests import FileEntry, ReplayLink
@@ -41,6 +42,8 @@ def check_stage(a: Auditor, k: int, stage: str) -> None:
     for name in a.store.listdir(sd):
         if name.startswith("part-") and name not in outputs:
             a.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
+    if stage == "score":
+        check_verdicts(a, sd, m)
     if stage in ("rollout", "eval"):
         check_sampled_from(a, k, m, mrel, stage)
     else:

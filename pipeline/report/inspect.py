@@ -133,6 +133,12 @@ def _score(run: Run, k: int, m: dict) -> dict[str, float]:
         out[f"rewards/{n}/frac_null"] = _f(col.is_null().mean())
     for name, value in (m.reward_metrics or {}).items():  # log_metric: the iteration's mean, named as logged
         out[name] = _f(value)
+    for n, counts in (m.judge or {}).items():  # judge/<reward>/calls, retries, failures, latency_s, tokens, ...
+        for key, value in counts.items():
+            if key != "reasons":
+                out[f"judge/{n}/{key}"] = _f(value)
+        if counts.get("calls"):
+            out[f"judge/{n}/mean_latency_s"] = _f(counts.get("latency_s", 0.0) / counts["calls"])
     out["time/score_s"] = _seconds(m)
     return out
 
@@ -243,6 +249,9 @@ def _rows(df: pl.DataFrame, names: list[str]) -> list[dict]:
             "prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"], "prompt": r["prompt"], "completion": r["completion"],
             "reward": r["reward"], "rewards": {n: r[REWARD_PREFIX + n] for n in names}, "advantage": r["advantage"],
             "completion_length": r["completion_length"], "finish_reason": r["finish_reason"],
+            # a judge's answer beside the completion (pipeline/rewards/judge), and why it gave no reward
+            "judges": {n: {"answer": r[f"{EXTRA_PREFIX}{n}_answer"], "reason": r.get(f"{EXTRA_PREFIX}{n}_reason")}
+                       for n in names if f"{EXTRA_PREFIX}{n}_answer" in r},
         })
     return out
 

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model, model_validator
 
+from pipeline.rewards.judge.options import JudgeOptions
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
@@ -119,11 +121,11 @@ class _Reward(_Section):
     rows_per_call: int | None = Field(None, ge=1)
     """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
     max_concurrency: int = Field(8, ge=1, le=1024)
-    """Async functions only: calls of this function in flight at once."""
+    """Async functions and `judge`: calls (judge: requests) of this function in flight at once."""
     timeout_s: float = Field(60.0, gt=0.0)
-    """Async functions only: limit per call; a call still running then is an error (after retries)."""
+    """Async functions and `judge`: limit per call (judge: per request); a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)
-    """Async functions only: further attempts after a call raises a transient error (OSError, TimeoutError)."""
+    """Async functions and `judge`: further attempts after a transient error (OSError, TimeoutError; judge: also HTTP 429 and 5xx, with exponential backoff)."""
 
     @property
     def column(self) -> str:
@@ -137,7 +139,7 @@ class _Reward(_Section):
 
     def columns(self) -> list[str]:
         """Dataset columns a built-in reads by name (custom functions: see preflight)."""
-        return self.kwargs.columns() if isinstance(self.kwargs, _Options) else []
+        return self.kwargs.columns() if isinstance(self.kwargs, _Options | JudgeOptions) else []
 
 
 def _builtin(fn: str, options: type[_Options], doc: str) -> type[_Reward]:
@@ -169,6 +171,7 @@ BUILTIN_MODELS: dict[str, type[_Reward]] = {
     "overlong": _builtin("overlong", OverlongOptions, "DAPO's soft overlong punishment."),
     "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability)."),
     "code_tests": _builtin("code_tests", CodeTestsOptions, "Fraction of the row's assert-style tests the completion's code passes (sandboxed)."),
+    "judge": _builtin("judge", JudgeOptions, "An LLM judge behind an OpenAI-compatible server, reading a rubric (pipeline/rewards/judge)."),
 }
 CUSTOM = "custom"
 

@@ -119,6 +119,10 @@ def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial
     makes error messages point at the config line: `rewards[1].fn 'foo.py:bar': no function 'bar' in foo.py`.
     """
     label = f"rewards[{index}]" if index is not None else "rewards"
+    if spec.fn == "judge":  # called through pipeline.rewards.judge.judge_rewards (see compute_rewards)
+        from pipeline.rewards import judge
+
+        return functools.partial(judge.judge_rewards, spec)
     if not isinstance(spec, CustomReward):
         return functools.partial(BUILTINS[spec.fn], **spec.options())
     try:
@@ -206,6 +210,13 @@ def compute_rewards(
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
+        if spec.fn == "judge":  # its requests, their concurrency and the record of its verdicts
+            try:
+                values = fn(prompts, completions, columns, log, where)
+            except GRPOError as err:
+                raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
+            out[:, j] = _check_rewards(values, n, where)  # [N]
+            continue
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win
         args = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **passed)
         if is_async(fn):

@@ -1,0 +1,61 @@
+"""`grpo audit`'s check of a judge's verdicts in the score parts: each completion's stored request
+hashes to its `request_hash`, and its stored answer, read with the configured verdict reader,
+gives the stored reward and reason. An answer, a request or a reward edited after the fact (even
+with the manifest's sha256 rewritten to match) shows as the row and what disagrees.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pyarrow.parquet as pq
+
+from pipeline.report.audit_record import Auditor
+from pipeline.rewards.judge.client import request_hash
+from pipeline.rewards.judge.verdict import read_verdict
+from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX
+
+
+def check_verdicts(a: Auditor, sd: str, m) -> None:
+    """Every judge of score manifest `m` (in stage dir `sd`), every listed part."""
+    from pipeline.rewards.config import validate_reward
+
+    judges = [validate_reward(r) for r in (m.rewards or []) if r.get("fn") == "judge"]
+    if not judges:
+        return
+    for name in sorted(m.outputs):
+        rel = f"{sd}/{name}"
+        if not a.store.exists(rel):
+            continue  # reported by the part check
+        try:
+            table = pq.read_table(io.BytesIO(a.store.read_bytes(rel)))
+        except Exception:  # noqa: BLE001, S112 (a torn part: reported by the part check)
+            continue
+        for spec in judges:
+            _check_judge(a, rel, table, spec)
+
+
+def _check_judge(a: Auditor, rel: str, table, spec) -> None:
+    col = spec.column
+    base = f"{EXTRA_PREFIX}{col}_"
+    need = [REWARD_PREFIX + col, base + "answer", base + "reason", base + "request", base + "request_hash"]
+    missing = [c for c in need if c not in table.column_names]
+    if missing:
+        a.audit.problem(rel, f"judge {col!r}: no column {missing[0]!r} (its verdicts are not recorded)")
+        return
+    rewards, answers, reasons, requests, hashes = (table.column(c).to_pylist() for c in need)
+    for i, (reward, answer, reason, request, h) in enumerate(zip(rewards, answers, reasons, requests, hashes)):
+        where = f"judge {col!r} row {i}"
+        if request is None or request_hash(request) != h:
+            a.audit.problem(rel, f"{where}: the stored request does not hash to its request_hash")
+            return
+        if answer is None:  # a failed request (on_failure: none)
+            value, why = None, reason if (reason or "").startswith("failed: ") else "no answer"
+        else:
+            value, why = read_verdict(answer, spec.kwargs.verdict)
+        stored = None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else reward
+        if why != reason or (value is None) != (stored is None) or (value is not None and value != stored):
+            a.audit.problem(rel, f"{where}: the stored answer reads as {value!r} ({why or 'readable'}), "
+                                 f"the part records reward {stored!r} ({reason or 'readable'})")
+            return

@@ -1,0 +1,150 @@
+"""`judge`: a built-in reward asking an LLM behind any OpenAI-compatible chat endpoint (vLLM's
+server, SGLang, hosted APIs) to grade each completion on a rubric, every verdict recorded.
+
+For each completion the rubric (options.py) is filled in with the prompt, the completion (for an
+episode: the model's own turns) and the row's dataset columns, sent as one chat request
+(client.py), and the answer read into a number (verdict.py). Requests run concurrently, at most
+`max_concurrency` in flight; a 429, a 5xx, a timeout or a lost connection is retried `retries`
+times with exponential backoff. An answer that cannot be read gives None for that completion
+(left out of the total, as any reward's None) and its reason is counted. A request that fails
+after its retries stops the stage with one line (`on_failure: error`, the default; every answer
+obtained so far is kept for the next attempt), or gives None (`on_failure: none`).
+
+Every request is keyed by the sha256 of its canonical JSON (model, messages, sampling settings;
+not the URL, not the key): a request whose answer is known (record.py: this stage's cache, a
+replay's source) is not sent again. Each completion's verdict record lands in the score part as
+`extra_<reward>_<field>` columns (record.FIELDS) and the counts in the part's metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from pipeline.errors import GRPOError
+from pipeline.rewards.judge.client import (
+    JudgeFailure,
+    ask,
+    endpoint,
+    headers,
+    request_body,
+    request_hash,
+)
+from pipeline.rewards.judge.options import JudgeOptions
+from pipeline.rewards.judge.record import FIELDS, Ledger, current
+from pipeline.rewards.judge.verdict import read_verdict
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as the judge reads it: the string, or its messages' contents but the system prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict) and m.get("role") != "system")
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as the judge reads it: the string, or the assistant turns' text (an episode's
+    tool results and observations are not the model's words)."""
+    if isinstance(completion, str):
+        return completion
+    return "\n\n".join(str(m.get("content") or "") for m in completion
+                       if isinstance(m, dict) and m.get("role") == "assistant" and m.get("content"))
+
+
+def _value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+
+
+def render(o: JudgeOptions, prompt: Any, completion: Any, row: dict[str, Any]) -> str:
+    """The rubric filled in for one completion."""
+    values = {c: _value(row.get(c)) for c in o.columns()}
+    return o.rubric.format_map({"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
+
+
+def judge_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
+                  ledger: Ledger | None = None) -> list[float | None]:
+    """Rewards of `spec` (a `judge` entry of `rewards:`) for N completions; the verdict records
+    go to `log` as extra columns, the counts to the ledger (the score stage's, or a fresh one)."""
+    o: JudgeOptions = spec.kwargs
+    ledger = ledger or current()
+    n = len(completions)
+    missing = [c for c in o.columns() if c not in columns]
+    if missing:
+        raise GRPOError(f"{where}: the rubric names {{{missing[0]}}}, which is no dataset column")
+    bodies = [request_body(o, render(o, prompts[i], completions[i], {c: columns[c][i] for c in o.columns()})) for i in range(n)]
+    hashes = [request_hash(b) for b in bodies]
+    records: list[dict | None] = [None] * n
+    todo: dict[str, list[int]] = {}  # one request per distinct body, however many rows share it
+    for i, h in enumerate(hashes):
+        if (known := ledger.get(h)) is not None:
+            records[i] = {**known, "reused": True}
+        else:
+            todo.setdefault(h, []).append(i)
+    failures = _ask_all(spec, o, {h: bodies[rows[0]] for h, rows in todo.items()}, ledger)
+    for h, rows in todo.items():
+        rec = ledger.get(h) or {"request": bodies[rows[0]], "answer": None, "source": "call",
+                                "attempts": failures[h].attempts, "failure": str(failures[h])}
+        for r, i in enumerate(rows):
+            records[i] = {**rec, "source": "call", "reused": r > 0}
+    out: list[float | None] = []
+    col = spec.column
+    for i, rec in enumerate(records):
+        if rec["answer"] is None:
+            value, reason = None, f"failed: {rec['failure']}"
+        else:
+            value, reason = read_verdict(rec["answer"], o.verdict)
+        out.append(value)
+        rec.update(reason=reason, request_hash=hashes[i])
+        called = not rec.get("reused")
+        ledger.count(col, requests=1, reused=int(not called), calls=int(called and rec["answer"] is not None),
+                     failures=int(rec["answer"] is None), unreadable=int(reason is not None and rec["answer"] is not None),
+                     retries=(rec.get("attempts") or 1) - 1 if called else 0,
+                     latency_s=rec.get("latency_s") if called else 0, prompt_tokens=rec.get("prompt_tokens") if called else 0,
+                     completion_tokens=rec.get("completion_tokens") if called else 0)
+        if reason is not None:
+            ledger.count(col, **{f"reason:{reason.split(' (')[0]}": 1})
+    log_extra = log.extra_logger(where, range(n))
+    for field in FIELDS:
+        log_extra(f"{col}_{field}", [rec.get(field) for rec in records])
+    return out
+
+
+def _ask_all(spec, o: JudgeOptions, bodies: dict[str, str], ledger: Ledger) -> dict[str, JudgeFailure]:
+    """Send every body (hash -> body), at most spec.max_concurrency at once; each answer goes into
+    the ledger as it arrives. Returns the failures (on_failure: none), or raises the first."""
+    if not bodies:
+        return {}
+    import httpx
+
+    async def main() -> dict[str, JudgeFailure]:
+        sem = asyncio.Semaphore(spec.max_concurrency)
+        url, hdrs = endpoint(o), headers(o)
+        limits = httpx.Limits(max_connections=spec.max_concurrency, max_keepalive_connections=spec.max_concurrency)
+        async with httpx.AsyncClient(limits=limits) as client:
+
+            async def one(h: str, body: str):
+                async with sem:
+                    answer = await ask(client, url, body, hdrs, spec.timeout_s, spec.retries)
+                ledger.put(h, {"request": body, "answer": answer.text or "", "latency_s": round(answer.latency_s, 6),
+                               "prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+                               "server_model": answer.server_model, "attempts": answer.attempts})
+
+            keys = list(bodies)
+            results = await asyncio.gather(*(one(h, bodies[h]) for h in keys), return_exceptions=True)
+        failed = {}
+        for h, res in zip(keys, results):
+            if isinstance(res, BaseException) and not isinstance(res, JudgeFailure):
+                raise res
+            if isinstance(res, JudgeFailure):
+                failed[h] = res
+        return failed
+
+    failed = asyncio.run(main())
+    stop = {h: f for h, f in failed.items() if o.on_failure == "error" or not f.retryable}
+    if stop:
+        first = next(iter(stop.values()))
+        kept = len(bodies) - len(failed)
+        raise GRPOError(f"judge {o.model} at {o.base_url}: {len(failed)} of {len(bodies)} requests failed "
+                        f"(first: {first}); the {kept} answered are kept for the next attempt")
+    return failed

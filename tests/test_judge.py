@@ -1,0 +1,171 @@
+"""`judge`, the LLM-as-judge reward: against a fault server on 127.0.0.1 (tests/judge_server.py:
+slow, 429 then OK, 500 always, hangs, garbage) for concurrency, retries, failures and unreadable
+verdicts; and `grpo init`'s checks of a judge."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+
+import numpy as np
+import pytest
+from conftest import base_config, grpo, init_error_line, write_config
+from judge_server import GARBAGE, MODEL, Judge, score
+
+from pipeline.config_errors import reward_spec
+from pipeline.errors import GRPOError
+from pipeline.rewards.calls import RewardLog
+from pipeline.rewards.contract import compute_rewards
+from pipeline.rewards.judge import render
+from pipeline.rewards.judge.record import Ledger, recording
+
+RUBRIC = "Grade this answer.\nQuestion: {prompt}\nAnswer: {completion}\nReply with a score from 0 to 10."
+TEXTS = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff", "g" * 7, "h" * 8]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Judge(delay=0.8, failures=2, lifetime=900.0).start()  # 0.8 s: requests that may overlap surely do
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def judge(server):
+    server.reset()
+    return server
+
+
+def judge_entry(url: str, mode: str = "ok", **top) -> dict:
+    kwargs = top.pop("kwargs", {})
+    return {"fn": "judge", **top, "kwargs": {"base_url": f"{url}/{mode}/v1", "model": MODEL, "rubric": RUBRIC, **kwargs}}
+
+
+def judged(entry: dict, texts=TEXTS, ledger: Ledger | None = None) -> tuple[np.ndarray, RewardLog, Ledger]:
+    spec = reward_spec(entry, 0)
+    log, ledger = RewardLog(len(texts)), ledger or Ledger()
+    with recording(ledger):
+        out = compute_rewards([spec], ["Say it"] * len(texts), list(texts), None, {}, iteration=0, log=log)
+    return out[:, 0], log, ledger
+
+
+def expected(entry: dict, texts=TEXTS) -> list[float]:
+    spec = reward_spec(entry, 0)
+    return [float(score(render(spec.kwargs, "Say it", t, {}))) for t in texts]
+
+
+# -- the fault server -------------------------------------------------------------------------
+
+def test_concurrency_is_held_and_every_verdict_is_recorded(judge):
+    entry = judge_entry(judge.url, "slow", max_concurrency=3)
+    values, log, ledger = judged(entry)
+    assert values.tolist() == expected(entry)
+    assert judge.max_in_flight == 3  # 8 requests of 0.8 s each: 3 at once, never more
+    assert sum(judge.chats.values()) == 8 and set(judge.chats.values()) == {1}
+    ex = log.extra
+    for i, (request, h) in enumerate(zip(ex["judge_request"], ex["judge_request_hash"])):
+        assert hashlib.sha256(request.encode()).hexdigest() == h
+        body = json.loads(request)
+        assert body["model"] == MODEL and body["temperature"] == 0.0 and body["seed"] == 0 and "Authorization" not in request
+        assert TEXTS[i] in body["messages"][-1]["content"]
+    assert ex["judge_answer"] == [f"Score: {int(v)}" for v in values]
+    assert ex["judge_server_model"] == [MODEL] * 8 and ex["judge_attempts"] == [1] * 8 and ex["judge_source"] == ["call"] * 8
+    assert all(x >= 0.8 for x in ex["judge_latency_s"]) and all(n > 0 for n in ex["judge_prompt_tokens"])
+    s = ledger.summary()["judge"]
+    assert (s["requests"], s["calls"], s["reused"], s["retries"], s["failures"], s["unreadable"]) == (8, 8, 0, 0, 0, 0)
+    assert s["completion_tokens"] == 16  # "Score: N" is two words each
+
+    again, log2, _ = judged(entry, ledger=ledger)  # the same ledger: every answer known, none asked again
+    assert again.tolist() == values.tolist() and sum(judge.chats.values()) == 8
+    assert log2.extra["judge_source"] == ["cache"] * 8 and ledger.summary()["judge"]["reused"] == 8
+
+
+def test_429_then_ok_is_retried_and_counted(judge):
+    entry = judge_entry(judge.url, "flaky", retries=2)
+    values, log, ledger = judged(entry, TEXTS[:4])
+    assert values.tolist() == expected(entry, TEXTS[:4])
+    assert log.extra["judge_attempts"] == [3] * 4 and set(judge.chats.values()) == {3}  # two 429s, then the answer
+    assert ledger.summary()["judge"]["retries"] == 8
+
+    judge.reset()
+    with pytest.raises(GRPOError) as info:  # one retry is not enough for two 429s
+        judged(judge_entry(judge.url, "flaky", retries=1), TEXTS[:4])
+    assert str(info.value) == (f"reward 'judge' (iteration 0): judge {MODEL} at {judge.url}/flaky/v1: 4 of 4 requests failed "
+                               "(first: HTTP 429 (2 attempts)); the 0 answered are kept for the next attempt")
+
+
+@pytest.mark.parametrize("mode, top, cause", [
+    ("broken", {"retries": 2}, "HTTP 500 (3 attempts)"),
+    ("hang", {"retries": 1, "timeout_s": 0.5}, "timed out after 0.5 s (2 attempts)"),
+])
+def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cause):
+    with pytest.raises(GRPOError) as info:
+        judged(judge_entry(judge.url, mode, **top), TEXTS[:2])
+    assert "\n" not in str(info.value) and f"2 of 2 requests failed (first: {cause})" in str(info.value)
+    values, log, ledger = judged(judge_entry(judge.url, mode, **top, kwargs={"on_failure": "none"}), TEXTS[:2])
+    assert np.isnan(values).all()
+    assert log.extra["judge_reason"] == [f"failed: {cause}"] * 2 and log.extra["judge_answer"] == [None, None]
+    s = ledger.summary()["judge"]
+    assert (s["failures"], s["calls"]) == (2, 0) and s["reasons"] == {"failed: " + cause.split(" (")[0]: 2}
+    assert not ledger.known  # a failure is not cached: a re-score asks again
+
+
+def test_unreadable_verdicts_are_none_with_the_reason_counted(judge):
+    entry = judge_entry(judge.url, "garbage")
+    values, log, ledger = judged(entry)
+    said = [GARBAGE[int(x) % len(GARBAGE)] for x in expected(entry)]
+    reason = {"Score: 42": "out of range", "I refuse to grade this": "no number", "": "empty answer"}
+    assert np.isnan(values).all() and log.extra["judge_answer"] == said
+    assert log.extra["judge_reason"] == [reason[s] for s in said]
+    s = ledger.summary()["judge"]
+    assert s["unreadable"] == 8 and s["calls"] == 8 and s["reasons"] == {r: said.count(a) for a, r in reason.items() if a in said}
+
+
+def test_verdict_readers():
+    from pipeline.rewards.judge.options import VerdictOptions as V
+    from pipeline.rewards.judge.verdict import read_verdict
+
+    assert read_verdict("<think>maybe 3</think>I give it 7/10", V()) == (7.0, None)
+    assert read_verdict("Score: 7.5", V(normalize=True, max=10)) == (0.75, None)
+    assert read_verdict("-1", V()) == (None, "out of range")
+    yes = V(read="choice", choices={"yes": 1.0, "no": 0.0})
+    assert read_verdict("No. Yes would be wrong.", yes) == (0.0, None)
+    assert read_verdict("Nobody knows", yes) == (None, "no choice")  # whole words only
+    js = V(read="json", field="grade.score", max=5)
+    assert read_verdict('Here: ```json\n{"grade": {"score": 4}}\n```', js) == (4.0, None)
+    assert read_verdict('{"grade": {}}', js) == (None, "no field grade.score")
+    assert read_verdict("{not json", js) == (None, "not JSON")
+    assert read_verdict('{"v": "pass"}', V(read="json", field="v", choices={"pass": 1, "fail": 0})) == (1.0, None)
+
+
+# -- grpo init ------------------------------------------------------------------------------------
+
+def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, monkeypatch):
+    def line(entry, *extra) -> str:
+        cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[entry]))
+        return init_error_line(capsys, tmp_path / "run", "--config", cfg, *extra)
+
+    ok = judge_entry(judge.url)
+    no_url = {**ok, "kwargs": {k: v for k, v in ok["kwargs"].items() if k != "base_url"}}
+    assert line(no_url).endswith("rewards.0.kwargs.base_url: required key is missing")
+    no_model = {**ok, "kwargs": {k: v for k, v in ok["kwargs"].items() if k != "model"}}
+    assert line(no_model).endswith("rewards.0.kwargs.model: required key is missing")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "rubric": "{prompt}"}}).endswith("rewards.0.kwargs.rubric: the rubric must name {completion}")
+    monkeypatch.delenv("GRPO_TEST_JUDGE_KEY", raising=False)
+    assert line({**ok, "kwargs": {**ok["kwargs"], "api_key_env": "GRPO_TEST_JUDGE_KEY"}}) == (
+        "rewards[0].kwargs.api_key_env: the environment variable GRPO_TEST_JUDGE_KEY is not set (it holds the judge's API key)")
+    msg = line({**ok, "kwargs": {**ok["kwargs"], "rubric": "Gold: {solution}\n{completion}"}})
+    assert msg.startswith("rewards[0].kwargs.rubric: names {solution}, but data.train") and "no column 'solution' (columns: prompt, answer" in msg
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    msg = line(judge_entry(dead))
+    assert msg.startswith(f"rewards[0].kwargs.base_url: {dead}/ok/v1/models cannot be reached (ConnectError)")
+    assert msg.endswith("grpo init --no-judge-check skips this check")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "model": "other"}}).startswith(
+        f"rewards[0].kwargs.model: 'other' is not served at {judge.url}/ok/v1 (it serves {MODEL})")
+    assert judge.chats == {}  # init asks for the model list only
+    cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[judge_entry(dead)]))
+    grpo("init", str(tmp_path / "later"), "--config", str(cfg), "--no-judge-check")  # a server that is not up yet
+    assert (tmp_path / "later" / "config.yaml").is_file()
