@@ -138,7 +138,9 @@ class ToolFormat:
         before = self.render(messages[: len(messages) - n_new], schemas, False)
         after = self.render(messages, schemas, True)
         body = before.rstrip()
-        cut = len(body) - len(self.eot) if self.eot and body.endswith(self.eot) else len(body)
+        # from the template's end of turn (or the stop token sampled, where the template writes that one there)
+        end = next((t for t in (self.eot, eot if eot_sampled else None) if t and body.endswith(t)), "")
+        cut = len(body) - len(end)
         if not after.startswith(before[:cut]):
             raise GRPOError("rollout.tools: the chat template renders earlier turns differently once tool messages follow "
                             "(not prefix-preserving); set rollout.tool_format: hermes")
