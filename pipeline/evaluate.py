@@ -19,7 +19,7 @@ from pipeline.store.parts import Shard, run_parts
 from pipeline.rewards.contract import compute_rewards
 from pipeline.rollout import policy_engine
 from pipeline.store.run import Run
-from pipeline.score import trl_inputs
+from pipeline.score import completion_masks, trl_inputs
 from pipeline.store import policy_rel
 from schemas.artifacts import EVAL, REWARD_PREFIX
 
@@ -45,7 +45,8 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
                          "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
     table = pa.Table.from_pylist(rows)
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
-    per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k)  # [N, F]
+    per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k,
+                             completion_masks=completion_masks(table))  # [N, F]
     names = [r.column for r in cfg.rewards]
     if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
@@ -79,7 +80,8 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
     episodes = [runner.start(p, i, 0, seed, f"{cfg.data.eval} row {p.prompt_id}") for i, (p, seed) in enumerate(zip(prompts, seeds))]
     runner.run(engine, episodes)
-    keep = ("prompt_id", "prompt", "prompt_raw", "completion", "completion_ids", "completion_length", "episode")
+    # completion_length: the model's tokens, as in the rollout (eval/mean_length counts what it wrote)
+    keep = ("prompt_id", "prompt", "prompt_raw", "completion", "completion_ids", "completion_mask", "completion_length", "episode")
     return [{c: row[c] for c in keep} | e.prompt.columns for e in episodes for row in [runner.row(e, "")]]
 
 

@@ -58,6 +58,12 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | 
     return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
 
 
+def completion_masks(table: pa.Table) -> list | None:
+    """The rollout's completion_mask per row (None where every token was sampled): the built-in
+    rewards count the model's tokens only."""
+    return table.column("completion_mask").to_pylist() if "completion_mask" in table.column_names else None
+
+
 def trainer_state(run: Run, k: int) -> TrainerState:
     """The `trainer_state` iteration k's reward functions get: the one its rollout recorded (a
     replay's rollout carries its source's), else derived from the iteration and data.train."""
@@ -86,7 +92,7 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     log = RewardLog(len(completions))
     with judging(run, k) as ledger:  # a judge's verdict cache and record (None without a judge)
         per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
-                                 trainer_state=trainer_state(run, k), log=log)  # [N, F]
+                                 trainer_state=trainer_state(run, k), log=log, completion_masks=completion_masks(rollout))  # [N, F]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
     total = advantages.combine_rewards(per_fn, weights)  # [N]
     if not np.isfinite(total[~np.isnan(total)]).all():

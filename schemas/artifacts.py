@@ -120,7 +120,7 @@ ROLLOUT = ArtifactSchema(
             pa.field("sampler_logprobs", _floats),  # the engine's logprob of each sampled token
             pa.field("finish_reason", pa.string()),  # stop | length
             pa.field("truncated", pa.bool_()),
-            pa.field("completion_length", pa.int32()),
+            pa.field("completion_length", pa.int32()),  # tokens the model sampled (an episode: the mask's 1s)
             pa.field("policy_hash", pa.string()),
             # 1 where the model sampled the token, 0 where the episode's context put it there (a
             # tool result, an environment observation, the chat template's glue between turns);

@@ -15,7 +15,8 @@ turns), episode (the loop and the record), setup (loading it all; `grpo init`'s 
 A rollout row of an episode holds the whole episode after the prompt: `completion_ids` (every
 token), `completion_mask` (1 sampled, 0 tool result / template glue), `sampler_logprobs` (0.0
 where the mask is 0), `completion` (the text: turns and glue in order), `finish_reason` and
-`truncated` (of the last turn), and `episode`, a JSON object:
+`truncated` (of the last turn), `completion_length` (the tokens the model sampled: the mask's
+1s, what every length metric counts), and `episode`, a JSON object:
 
     {"version": 1, "format": "hermes" | "template", "tools": [names offered],
      "observation": str | null,                       # what reset() returned

@@ -214,7 +214,7 @@ class EpisodeRunner:
             "prompt": e.prompt_text, "prompt_raw": raw_to_json(p.raw), "prompt_ids": e.prompt_ids,
             "completion": "".join(e.texts), "completion_ids": e.ids, "sampler_logprobs": e.logprobs,
             "finish_reason": e.finish_reason, "truncated": e.finish_reason == "length",
-            "completion_length": len(e.ids), "policy_hash": policy_hash,
+            "completion_length": sum(e.mask), "policy_hash": policy_hash,  # the model's tokens: what length metrics count
             "completion_mask": e.mask, "episode": json.dumps(record, ensure_ascii=False, sort_keys=True),
             **p.columns,
         }

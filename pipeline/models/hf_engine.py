@@ -1,5 +1,13 @@
 """transformers `generate` as a rollout engine (`rollout.engine: hf`): slower than vLLM, but it
-needs nothing beyond the training stack. A group is sampled from its own seed, as with vLLM."""
+needs nothing beyond the training stack. A group is sampled from its own seed, as with vLLM.
+
+It samples what the trainer scores: softmax(logits / temperature), truncated only by the
+config's top_p / top_k / min_p (which `grpo init` refuses beside the rollout correction).
+`generate` would otherwise take every processor the model directory's generation_config.json
+sets (Qwen2.5-Instruct ships repetition_penalty 1.05-1.1; others no_repeat_ngram_size,
+bad_words_ids, suppress_tokens, min_new_tokens, ...), a policy the trainer never scores. So
+the model keeps no generation config of its own beyond its stop tokens, and each call passes a
+complete one built from the config (`sampling_config`)."""
 
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ class HFEngine:
                  precision: str = "fp32"):
         cpu_env()
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.cfg = cfg
         self.torch = torch
@@ -24,6 +32,13 @@ class HFEngine:
         self.dtype = engine_dtype(cfg.dtype, precision)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        # the stop tokens are the one thing read from generation_config.json (as vLLM reads them)
+        loaded = self.model.generation_config
+        eos = loaded.eos_token_id if loaded.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        # `generate` fills every unset field of the config it is given from the model's own: keep none
+        self.model.generation_config = GenerationConfig(eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id)
         self.model_dir = Path(model_dir)
         self.adapter = None  # LoRA policies reach this engine as merged weights
 
@@ -41,22 +56,14 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
                  max_tokens: list[int] | None = None) -> list[list[Sample]]:
         torch, c, tok = self.torch, self.cfg, self.tokenizer
-        gen_cfg = self.model.generation_config
-        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
-        pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids))
+        eos_ids = self.eos_ids
         groups = []
         for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
             torch.manual_seed(seed)  # one group, one seed: independent of batching
             inp = torch.tensor([ids] * (1 if greedy else n))
-            kw = dict(do_sample=False) if greedy else dict(
-                do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or None, min_p=c.min_p or None
-            )
+            gen = sampling_config(c, greedy, max_tokens[i] if max_tokens else c.max_new_tokens, sorted(eos_ids), self.pad_id)
             with torch.no_grad():
-                out = self.model.generate(
-                    inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_tokens[i] if max_tokens else c.max_new_tokens, pad_token_id=pad,
-                    eos_token_id=list(eos_ids), output_scores=True, return_dict_in_generate=True, **kw,
-                )
+                out = self.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen)
             new = out.sequences[:, len(ids):]  # [n, L]
             # `scores` are the processed logits (temperature, top-k/p) the sampler drew from
             logp = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)  # [n, L, V]
@@ -76,6 +83,23 @@ class HFEngine:
 
     def close(self) -> None:
         del self.model
+
+
+def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+    """The whole generation config of one call: the config's sampling settings, every other
+    logits processor off (their neutral values, so nothing is filled in from a model's own)."""
+    from transformers import GenerationConfig
+
+    off = dict(
+        num_beams=1, min_new_tokens=0, min_length=0, forced_bos_token_id=None, forced_eos_token_id=None,
+        top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+        repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+        bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
+        exponential_decay_length_penalty=None, renormalize_logits=False, remove_invalid_values=False,
+    )
+    sampled = {} if greedy else dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p or None)
+    return GenerationConfig(**off | sampled, do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                            pad_token_id=pad_id, output_scores=True, return_dict_in_generate=True)
 
 
 def _apply_stop(text, tids, reason, stops, tok):

@@ -10,6 +10,13 @@ so a call here gets every option, typed, defaults filled in.
   overlong      DAPO's soft overlong punishment: 0, a linear ramp to -1 in the last `buffer` tokens
   reward_model  a frozen Hugging Face sequence-classification model's logit (or probability)
   code_tests    fraction of a row's assert-style tests the completion's code passes (sandboxed)
+
+They read the model's own words. A multi-turn episode's completion (TRL's message list) also
+holds tool results, which the model did not write: `correct`, `format` and `code_tests` read the
+final assistant message (`final_text`), `contains` and `reward_model` every assistant message
+(`model_text`), and the lengths count the tokens the model sampled (compute_rewards hands the
+built-ins completion_ids without the tool-result and template tokens). A single completion is
+its one assistant message: both readings are the whole completion, as before.
 """
 
 from __future__ import annotations
@@ -40,8 +47,28 @@ def _content(message: dict) -> str:
 
 
 def completion_text(completion: str | list[dict]) -> str:
-    """The text of a completion in either shape (a string, or a list of messages)."""
+    """The text of a completion in either shape (a string, or a list of messages), every message
+    joined: tool results included. The built-ins read `final_text` or `model_text` instead."""
     return completion if isinstance(completion, str) else "".join(_content(m) for m in completion)
+
+
+def _assistant(completion: list[dict]) -> list[dict]:
+    return [m for m in completion if m.get("role", "assistant") == "assistant"]
+
+
+def model_text(completion: str | list[dict]) -> str:
+    """What the model wrote: a string completion, or its assistant messages' contents joined by
+    newlines (tool results and environment observations left out)."""
+    return completion if isinstance(completion, str) else "\n".join(_content(m) for m in _assistant(completion))
+
+
+def final_text(completion: str | list[dict]) -> str:
+    """The model's last word: a string completion, or its last assistant message's content
+    ("" when it has none)."""
+    if isinstance(completion, str):
+        return completion
+    said = _assistant(completion)
+    return _content(said[-1]) if said else ""
 
 
 def _prompt_text(prompt: str | list[dict]) -> str:
@@ -59,8 +86,9 @@ def _column(columns: dict[str, list], name: str, option: str) -> list:
 
 
 def _lengths(completions: list, completion_ids: list | None, unit: str) -> list[int]:
+    """Model tokens (the built-ins' completion_ids hold only those) or the model's words."""
     if unit == "words":
-        return [len(completion_text(c).split()) for c in completions]
+        return [len(model_text(c).split()) for c in completions]
     if completion_ids is None:
         raise GRPOError("completion_ids are needed to count tokens")
     return [len(ids) for ids in completion_ids]
@@ -70,7 +98,7 @@ def _lengths(completions: list, completion_ids: list | None, unit: str) -> list[
 
 
 def correct(prompts, completions, completion_ids=None, *, answer_column: str = "answer", **columns) -> list[Reward]:
-    """1.0 when the completion's last <answer>...</answer> equals the gold answer, else 0.0.
+    """1.0 when the final assistant message's last <answer>...</answer> equals the gold answer, else 0.0.
 
     Gold: the text after `####` in the dataset's `answer_column` (GSM8K), or the whole value
     when it has no `####`. Both sides are parsed and compared by math-verify (numbers,
@@ -86,17 +114,17 @@ def correct(prompts, completions, completion_ids=None, *, answer_column: str = "
             continue
         reference = extract_gold(str(gold))
         reference = str(gold).strip() if reference is None else reference
-        rewards.append(1.0 if answers_match(extract_answer(completion_text(completion)), reference) else 0.0)
+        rewards.append(1.0 if answers_match(extract_answer(final_text(completion)), reference) else 0.0)
     return rewards
 
 
 def format_reward(prompts, completions, completion_ids=None, **columns) -> list[Reward]:
-    """1.0 for exactly `<think>...</think><answer>...</answer>` (whitespace around the blocks
-    allowed, nothing else); 0.5 when the completion only has an <answer>...</answer> block
-    somewhere; 0.0 otherwise."""
+    """1.0 when the final assistant message is exactly `<think>...</think><answer>...</answer>`
+    (whitespace around the blocks allowed, nothing else); 0.5 when it only has an
+    <answer>...</answer> block somewhere; 0.0 otherwise."""
     rewards: list[Reward] = []
     for completion in completions:
-        text = completion_text(completion)
+        text = final_text(completion)
         rewards.append(1.0 if follows_format(text) else 0.5 if extract_answer(text) is not None else 0.0)
     return rewards
 
@@ -104,9 +132,9 @@ def format_reward(prompts, completions, completion_ids=None, **columns) -> list[
 def contains(
     prompts, completions, completion_ids=None, *, keyword: str, value: float = 1.0, case_sensitive: bool = False, **columns
 ) -> list[Reward]:
-    """`value` if `keyword` occurs in the completion, else 0.0."""
+    """`value` if `keyword` occurs in what the model wrote (its assistant messages), else 0.0."""
     needle = keyword if case_sensitive else keyword.lower()
-    texts = [completion_text(c) if case_sensitive else completion_text(c).lower() for c in completions]
+    texts = [model_text(c) if case_sensitive else model_text(c).lower() for c in completions]
     return [value if needle in text else 0.0 for text in texts]
 
 
@@ -122,14 +150,15 @@ def length_range(
     **columns,
 ) -> list[Reward]:
     """`value` if min_tokens <= length <= max_tokens (None: no upper bound), else 0.0.
-    Length is len(completion_ids) for unit "tokens", whitespace-separated words for "words"."""
+    Length is the model's tokens for unit "tokens", the whitespace-separated words of its
+    assistant messages for "words"."""
     upper = math.inf if max_tokens is None else max_tokens
     return [value if min_tokens <= n <= upper else 0.0 for n in _lengths(completions, completion_ids, unit)]
 
 
 def overlong(prompts, completions, completion_ids=None, *, max_tokens: int, buffer: int, **columns) -> list[Reward]:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) with L_max = max_tokens and
-    L_cache = buffer, on the completion's length |y| in tokens:
+    L_cache = buffer, on the completion's length |y| in the model's tokens:
 
         0                                  if |y| <= L_max - L_cache
         ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
@@ -190,7 +219,8 @@ def reward_model(
     """sign * activation(logits)[label] of a frozen sequence-classification model on each text.
 
     The text is prompt + completion (as in the toxicity workflow: a classifier sees the whole
-    exchange), or the completion alone with use_prompt false; chat prompts go through the
+    exchange; an episode's completion is its assistant messages), or the completion alone with
+    use_prompt false; chat prompts go through the
     reward tokenizer's chat template when it has one, else their contents are joined by
     newlines. `label` is a logit index or a name from the model's id2label. activation:
     none (the raw logit), sigmoid (of that logit), softmax (over all logits). sign -1 turns
@@ -213,15 +243,16 @@ def reward_model(
 
     texts = []
     for prompt, completion in zip(prompts, completions):
+        said = model_text(completion)  # an episode's assistant messages, not its tool results
         if not use_prompt:
-            texts.append(completion_text(completion))
+            texts.append(said)
         elif isinstance(prompt, str):
-            texts.append(prompt + completion_text(completion))
+            texts.append(prompt + said)
         elif tokenizer.chat_template:
-            messages = list(prompt) + [{"role": "assistant", "content": completion_text(completion)}]
+            messages = list(prompt) + [{"role": "assistant", "content": said}]
             texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
         else:
-            texts.append(_prompt_text(prompt) + "\n" + completion_text(completion))
+            texts.append(_prompt_text(prompt) + "\n" + said)
 
     scores: list[Reward] = []
     with torch.inference_mode():
@@ -280,7 +311,7 @@ def code_tests(
 ) -> list[Reward]:
     """Fraction of the row's test cases the completion's code passes, run in pipeline.sandbox.
 
-    The code is extract_code(completion); the tests are the `tests_column` value: assert
+    The code is extract_code of the final assistant message; the tests are the `tests_column` value: assert
     statements, each run after the code in the same namespace. None where the row has no tests.
     `workers` sandboxes run at once (default: one per CPU core).
     """
@@ -291,7 +322,7 @@ def code_tests(
     def score(i: int) -> Reward:
         if tests[i] is None:
             return None
-        return run_python(extract_code(completion_text(completions[i])), tests[i], timeout_s=timeout_s, memory_mb=memory_mb).score
+        return run_python(extract_code(final_text(completions[i])), tests[i], timeout_s=timeout_s, memory_mb=memory_mb).score
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(score, range(len(completions))))

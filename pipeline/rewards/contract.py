@@ -49,7 +49,7 @@ import numpy as np
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog, TrainerState, call_sync, is_async, run_async
-from pipeline.rewards.builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code  # noqa: F401 (re-exported)
+from pipeline.rewards.builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code, final_text, model_text  # noqa: F401 (re-exported)
 from pipeline.rewards.config import CustomReward, RewardSpec
 
 TRL_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
@@ -171,6 +171,15 @@ def _check_rewards(values: Any, n: int, where: str, rows: range | None = None) -
     return out
 
 
+def model_tokens(completion_ids: list[list[int]] | None, masks: list[list[int] | None] | None) -> list[list[int]] | None:
+    """Each completion's tokens the model sampled: those where its mask is 1 (all, without a mask)."""
+    if completion_ids is None or masks is None:
+        return completion_ids
+    if len(masks) != len(completion_ids):
+        raise GRPOError(f"rewards: {len(masks)} completion masks for {len(completion_ids)} completions")
+    return [ids if m is None else [t for t, keep in zip(ids, m) if keep] for ids, m in zip(completion_ids, masks)]
+
+
 def compute_rewards(
     specs: list[RewardSpec],
     prompts: list,
@@ -180,11 +189,15 @@ def compute_rewards(
     iteration: int,
     trainer_state: TrainerState | None = None,
     log: RewardLog | None = None,
+    completion_masks: list[list[int] | None] | None = None,
 ) -> np.ndarray:
     """Every reward function on every completion: float64 [N, F], NaN where one returned None.
 
     prompts / completions in TRL's shapes (a string completion of a chat prompt is wrapped as
     [{"role": "assistant", "content": text}]); columns: the other dataset columns, N values each.
+    completion_masks: the rollout's completion_mask (1 where the model sampled the token; None
+    for a single completion). Your functions get completion_ids as TRL passes them, every token of
+    an episode; the built-ins get the model's tokens only, so their lengths count what it wrote.
     trainer_state is passed to every function (default: global_step = iteration); what they
     log with log_metric / log_extra lands in `log`. Async functions run concurrently after the
     synchronous ones (pipeline.rewards.calls).
@@ -204,6 +217,7 @@ def compute_rewards(
     ]
     state = trainer_state or TrainerState(global_step=iteration, epoch=0.0, max_steps=0)
     log = log if log is not None else RewardLog(n)
+    model_ids = model_tokens(completion_ids, completion_masks)
 
     out = np.full((n, len(specs)), np.nan)  # [N, F]
     pending = []
@@ -218,7 +232,8 @@ def compute_rewards(
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win
-        args = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **passed)
+        ids = completion_ids if isinstance(spec, CustomReward) else model_ids
+        args = dict(prompts=prompts, completions=completions, completion_ids=ids, **passed)
         if is_async(fn):
             pending.append((j, fn, spec, args, where))
             continue
