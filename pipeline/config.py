@@ -214,8 +214,9 @@ class Config(_Section):
     """Prompts."""
     rollout: RolloutConfig = RolloutConfig()
     """Stage 1: sampling."""
-    rewards: list[RewardSpec] = Field(min_length=1)
-    """Stage 2: reward functions (at least one)."""
+    rewards: list[RewardSpec] = []
+    """Stage 2: reward functions (at least one, unless a rollout.environment class defines
+    get_reward: `grpo init` then adds it, as TRL does, see pipeline/agents/environment.py)."""
     advantages: AdvantageConfig = AdvantageConfig()
     """Stage 2: advantages."""
     loss: LossConfig = LossConfig()
@@ -235,6 +236,8 @@ class Config(_Section):
             raise ValueError(
                 f"train.mini_batch_size ({self.train.mini_batch_size}) must be divisible by train.grad_accum ({self.train.grad_accum})"
             )
+        if not self.rewards and self.rollout.environment is None:
+            raise ValueError("rewards: at least one reward function (or a rollout.environment class with get_reward)")
         names = [r.column for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

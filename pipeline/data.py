@@ -32,10 +32,14 @@ def template_fields(template: str) -> list[str]:
         raise GRPOError(f"data.prompt_template {template!r}: {err}") from None
 
 
-def load_dataset(path: str, prompt_column: str, prompt_template: str | None = None) -> pl.DataFrame:
+def load_dataset(path: str, prompt_column: str, prompt_template: str | None = None, environment: bool = False) -> pl.DataFrame:
     """load_dataset_frame, then the prompt column: built with `prompt_template` from the other
-    columns for rows that have none, and checked."""
+    columns for rows that have none, and checked. `environment` (rollout.environment is set): a
+    dataset with no prompt column is the environment's data, TRL's way: each row's prompt is an
+    empty user message that reset's observation fills (pipeline/agents/environment.py)."""
     df = load_dataset_frame(path)
+    if environment and prompt_template is None and prompt_column not in df.columns:
+        return df.with_columns(pl.lit("", dtype=pl.String).alias(prompt_column))
     if prompt_template is not None:
         fields = template_fields(prompt_template)
         missing = [f for f in fields if f not in df.columns]
@@ -66,11 +70,14 @@ def dataset_num_rows(path: str) -> int:
     return load_dataset_frame(path).height
 
 
-def prompt_columns(data: DataConfig, have: list[str] | None = None) -> list[str]:
+def prompt_columns(data: DataConfig, have: list[str] | None = None, environment: bool = False) -> list[str]:
     """The dataset columns a prompt needs: the prompt column, or, with data.prompt_template and
-    no prompt column in `have`, the columns the template names."""
+    no prompt column in `have`, the columns the template names; none when an environment
+    supplies the prompt (`environment` and no prompt column: see load_dataset)."""
     if data.prompt_template is not None and (have is None or data.prompt_column not in have):
         return template_fields(data.prompt_template)
+    if environment and have is not None and data.prompt_column not in have:
+        return []
     return [data.prompt_column]
 
 

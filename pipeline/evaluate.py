@@ -29,7 +29,7 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(run.plain_dir(k))
-    df = load_dataset(cfg.data.eval, cfg.data.prompt_column, cfg.data.prompt_template)
+    df = load_dataset(cfg.data.eval, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
     ids = list(range(min(df.height, cfg.eval.max_prompts)))
     context = model_context(run.plain_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)

@@ -123,7 +123,7 @@ def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
         columns = dataset_columns(path)
     except GRPOError as err:
         raise GRPOError(f"{key}: {err}") from None
-    for column in prompt_columns(cfg.data, columns):
+    for column in prompt_columns(cfg.data, columns, environment=cfg.rollout.environment is not None):
         if column not in columns:
             fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
             raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")

@@ -41,7 +41,7 @@ class RolloutPlan:
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
         self.policy_hash = run.policy_hash(b)
         self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(b))
-        df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template)
+        df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
         self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
         self.context = model_context(run.plain_dir(b))

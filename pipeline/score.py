@@ -27,7 +27,7 @@ from pipeline.store import part_name, stage_rel
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
 
 
-def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | None = None) -> tuple[list, list, list, dict]:
+def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | dict | None = None) -> tuple[list, list, list, dict]:
     """prompts, completions, completion_ids and dataset columns in TRL's reward contract:
     message lists for chat prompts, plain strings otherwise. An episode (tools, environments)
     is its conversation after the prompt, as TRL 1.16 passes it (pipeline.agents.episode.
@@ -52,9 +52,7 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | 
                 prompts[i] = as_messages(envs.observe(raws[i], rec.get("observation")), system_prompt)
                 completions[i] = trl_completion(rec)
         if environment is not None:
-            cls = envs.load_environment(environment)
-            columns["environments"] = [None if r is None or "environment" not in r else envs.rebuild(cls, r["environment"])
-                                       for r in records]
+            columns["environments"] = envs.instances(environment, records)  # one class, or the mapping's by name
     return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
 
 

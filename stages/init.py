@@ -79,6 +79,10 @@ def init(
         "--loss-type": loss_type, "--kl-coef": kl_coef, "--seed": seed,
     }
     cfg = from_command_line(config, given, set)
+    if cfg.rollout.environment is not None:  # an environment's get_reward is a reward, as in TRL: written into the run's rewards
+        from pipeline.agents.setup import with_environment_rewards
+
+        cfg = with_environment_rewards(cfg)
     for note in preflight.check(cfg, judges_reachable=not no_judge_check):  # reward functions, dataset header, tools: before anything is written
         print(f"note: {note}")
     r = init_run(run, cfg)

@@ -9,7 +9,8 @@
       tool_format: auto                      # the template's own, or hermes (the fallback)
 
 Modules: options (the config keys), tools (loading, schemas, one call with a timeout),
-environment (the factory contract), format (prompt rendering, call parsing, glue between
+environment (the factory contract, pools, routing, get_reward), state (the exact encoding of
+an instance's state), format (prompt rendering, call parsing, glue between
 turns), episode (the loop and the record), setup (loading it all; `grpo init`'s checks).
 
 A rollout row of an episode holds the whole episode after the prompt: `completion_ids` (every
@@ -30,7 +31,8 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
         "dropped": true (only when it did not fit the token budget)}, ...],
      "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length" | "tool_timeout",
      "model_tokens": int, "context_tokens": int,
-     "environment": {"class": "module:Class", "state": {attribute: JSON value}}}   # with an environment
+     "environment": {"class": "module:Class", "codec": 1, "state": ...,   # with an environment: its exact
+                     "slot": int, "name": str (a mapping's)}}             # state (agents/state.py), pool slot
 
 Reward functions get, as TRL 1.16 passes them for tool episodes, `completions[i]` = the
 conversation after the prompt as messages (assistant messages with `tool_calls` where calls

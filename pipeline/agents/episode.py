@@ -64,6 +64,8 @@ class Episode:
     state: dict | None = None
     """The environment's stored state (envs.snapshot), taken on the episode's thread: before each
     call, then at the end; a timed-out call leaves the one from before it."""
+    pool: dict | None = None
+    """{"name": its environment's name (a mapping's), "slot": its pooled instance's slot}, for the record."""
 
     def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
         self.ids += ids
@@ -86,16 +88,23 @@ class EpisodeRunner:
         raw, obs, env, tools = prompt.raw, None, None, dict(self.a.tools)
         schemas = list(self.a.schemas)
         thread = EpisodeThread(f"grpo-episode-{group_idx}-{sample_idx}")
-        if self.a.env_cls is not None:
-            # made and reset on the episode's thread: what reset makes (a sqlite connection) serves every call
+        pool = None
+        if self.a.env_classes:
+            name = envs.route(self.a.env_classes, prompt.columns, where)  # a mapping: the row's `environment` column
+            row = {self.data.prompt_column: prompt.raw, **prompt.columns}
+            if name is not None:
+                row.pop(envs.ROUTE_COLUMN)  # TRL does not pass it to reset
+            # taken from the pool and reset on the episode's thread: what reset makes (a sqlite connection) serves every call
             try:
-                env, obs = thread.run(self._open_env, {"row": {self.data.prompt_column: prompt.raw, **prompt.columns}})
+                env, obs, slot = thread.run(self._open_env, {"name": name, "row": row, "seed": seed})
             except BaseException:
                 thread.close()
                 raise
+            pool = {"name": name, "slot": slot} if name is not None else {"slot": slot}
             raw = envs.observe(raw, obs)
             for m in envs.methods(env):
                 if m.__name__ in tools:
+                    envs.release(env)
                     raise GRPOError(f"rollout.environment: method {m.__name__!r} has the name of a tool in rollout.tools")
                 tools[m.__name__] = m
                 schemas.append(tool_schema(m, f"rollout.environment method {m.__name__!r}"))
@@ -106,12 +115,18 @@ class EpisodeRunner:
             raise GRPOError(f"{where}: prompt with tools has {len(ids)} tokens, more than the {self.max_prompt_len} the model's "
                             f"context leaves beside rollout.max_episode_tokens ({self.budget})")
         return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env, thread=thread,
-                       params={s["function"]["name"]: parameters(s) for s in schemas})
+                       params={s["function"]["name"]: parameters(s) for s in schemas}, pool=pool)
 
-    def _open_env(self, row: dict):
-        """(instance, observation): the episode's environment, made and reset (on the episode's thread)."""
-        env = envs.make(self.a.env_cls)
-        return env, envs.reset(env, row)
+    def _open_env(self, name: str | None, row: dict, seed: int):
+        """(instance, observation, slot): a pooled instance of the row's environment (made on first
+        need: __init__ once per slot), reset under the group's seed (on the episode's thread)."""
+        label = f"rollout.environment{'.' + name if name else ''}"
+        env, slot = envs.acquire(name, self.a.env_classes[name], label)
+        try:
+            return env, envs.reset(env, row, label, seed), slot
+        except BaseException:
+            envs.release(env)
+            raise
 
     def run(self, engine, episodes: list[Episode]) -> None:
         live = [e for e in episodes if e.ending is None]
@@ -208,7 +223,9 @@ class EpisodeRunner:
             if e.state is None:  # not ended by this runner (a test's own turns): stored now, on its thread
                 e.state = _stored_state(e)
                 e.thread.close()
-            record["environment"] = e.state
+            record["environment"] = {**e.state, **(e.pool or {})}
+            # recorded: the instance serves the next episode (one a timed-out call may still change is dropped)
+            envs.release(e.env, drop=e.ending == "tool_timeout")
         return {
             "prompt_id": p.prompt_id, "sample_idx": e.sample_idx, "group_idx": e.group_idx,
             "prompt": e.prompt_text, "prompt_raw": raw_to_json(p.raw), "prompt_ids": e.prompt_ids,

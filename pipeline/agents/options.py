@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 PYTHON_TOOL = "python"
 """The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
@@ -18,10 +18,13 @@ class AgentOptions(BaseModel):
     """Tools the model may call, as TRL takes them: `path/file.py:function`, `module:function`
     (plain functions, sync or async, with type hints and a docstring) or the built-in `python`
     (a code interpreter run in the sandbox). Empty with no environment: one plain completion per sample."""
-    environment: str | None = None
-    """`path/file.py:Class` or `module:Class`: TRL's environment_factory. One instance per episode;
-    reset(**dataset_row) may return an observation appended to the last user message; its public
-    methods are tools; reward functions get the instances as `environments`."""
+    environment: str | dict[str, str] | None = None
+    """`path/file.py:Class` or `module:Class`: TRL's environment_factory; or a mapping name ->
+    class (TRL's dict factory), each row served by the one its `environment` column names.
+    Instances are pooled (one per concurrent episode, reused with reset); reset(**dataset_row) may
+    return an observation appended to the last user message (the whole prompt when the dataset has
+    no prompt column); public methods are tools; reward functions get the instances as
+    `environments`; a class's get_reward becomes a reward named after it (pipeline.agents.environment)."""
     max_turns: int = Field(4, ge=1, le=256)
     """Model turns per episode at most (TRL's max_tool_calling_iterations + 1): calls made in the
     last allowed turn are recorded but not run (ending max_turns)."""
@@ -38,6 +41,13 @@ class AgentOptions(BaseModel):
     calls; hermes: the Hermes/Qwen format in plain messages whatever the template: the tool
     signatures in the system message, calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
     results as user messages <tool_response>...</tool_response>."""
+
+    @field_validator("environment")
+    @classmethod
+    def _names(cls, v):
+        if isinstance(v, dict) and (not v or not all(isinstance(k, str) and k for k in v)):
+            raise ValueError("a mapping of environment names (the `environment` column's values) to classes, at least one")
+        return v
 
     @property
     def agentic(self) -> bool:

@@ -18,10 +18,16 @@ from pipeline.errors import GRPOError
 class Agents:
     tools: dict[str, Callable]
     schemas: list[dict]
-    env_cls: type | None
+    env_classes: dict[str | None, type]
+    """{None: class} for one environment, {name: class} for a mapping; {} without one."""
     format: ToolFormat
     note: str | None
     eos_ids: list[int]
+
+    @property
+    def env_cls(self) -> type | None:
+        """The single environment's class (None without one, or with a mapping)."""
+        return self.env_classes.get(None)
 
 
 def eos_ids(model_dir: Path, tokenizer) -> list[int]:
@@ -42,9 +48,9 @@ def load_agents(rollout, tokenizer, model_dir: Path, model_label: str) -> Agents
     fns = load_tools(rollout.tools, rollout.tool_timeout_s)
     tools = {f.__name__: f for f in fns}
     schemas = [tool_schema(f, f"rollout.tools {f.__name__!r}") for f in fns]
-    env_cls = envs.load_environment(rollout.environment) if rollout.environment else None
+    env_classes = envs.load_environments(rollout.environment)
     fmt, note = choose(tokenizer, rollout.tool_format, model_label)
-    return Agents(tools, schemas, env_cls, fmt, note, eos_ids(model_dir, tokenizer))
+    return Agents(tools, schemas, env_classes, fmt, note, eos_ids(model_dir, tokenizer))
 
 
 def check(cfg) -> str | None:
@@ -59,10 +65,49 @@ def check(cfg) -> str | None:
     except Exception as err:
         raise GRPOError(f"model {cfg.model}: cannot load its tokenizer ({type(err).__name__})") from None
     agents = load_agents(cfg.rollout, tokenizer, model_dir, cfg.model)
-    if agents.env_cls is not None:  # its methods must be tools too: build one, as TRL probes one
-        instance = envs.make(agents.env_cls)
+    for name, cls in agents.env_classes.items():  # its methods must be tools too: build one, as TRL probes one
+        label = f"rollout.environment{'.' + name if name else ''}"
+        instance = envs.make(cls, label)
         for m in envs.methods(instance):
             if m.__name__ in agents.tools:
-                raise GRPOError(f"rollout.environment: method {m.__name__!r} has the name of a tool in rollout.tools")
-            tool_schema(m, f"rollout.environment method {m.__name__!r}")
+                raise GRPOError(f"{label}: method {m.__name__!r} of {cls.__name__} has the name of a tool in rollout.tools "
+                                "(a row is offered both)")
+            tool_schema(m, f"{label} method {m.__name__!r}")
+    if None not in agents.env_classes and agents.env_classes:
+        check_routes(cfg, agents.env_classes)
     return agents.note
+
+
+def check_routes(cfg, classes: dict) -> None:
+    """Every row of data.train (and data.eval) names one of the mapping's environments in its `environment` column."""
+    from pipeline.data import load_dataset_frame
+
+    for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        if path is None:
+            continue
+        df = load_dataset_frame(path)
+        if envs.ROUTE_COLUMN not in df.columns:
+            raise GRPOError(f"{key} {path}: no column {envs.ROUTE_COLUMN!r}; rollout.environment is a mapping, so each row "
+                            f"names its environment there ({', '.join(sorted(classes))})")
+        for row, name in enumerate(df.get_column(envs.ROUTE_COLUMN).to_list()):
+            if name not in classes:
+                raise GRPOError(f"{key} {path} row {row}: column {envs.ROUTE_COLUMN!r} is {name!r}, not one of "
+                                f"rollout.environment's names ({', '.join(sorted(classes))})")
+
+
+def with_environment_rewards(cfg):
+    """The config with TRL's implicit reward sources written out: each environment class that
+    defines get_reward, named after the class, weight 1 (unless `rewards` names it already).
+    A run with no reward function and no get_reward is refused here (before a run directory exists)."""
+    from pipeline import config as config_mod
+
+    have = {r.column for r in cfg.rewards}
+    extra = [spec for spec in envs.reward_specs(cfg.rollout.environment) if spec["name"] not in have]
+    if not cfg.rewards and not extra:
+        raise GRPOError("rewards: none given, and no rollout.environment class defines get_reward; TRL needs reward "
+                        "functions or an environment that scores itself")
+    if not extra:
+        return cfg
+    tree = cfg.model_dump(mode="json")
+    tree["rewards"] = tree["rewards"] + extra
+    return config_mod.resolve(tree)

@@ -118,6 +118,10 @@ def conversation(record: dict, width: int = 400) -> str:
             tag = f"tool {msg['name'] or '?'}" + (f", {msg['error']}" if msg.get("error") else "") + \
                 (", dropped: over the token budget" if msg.get("dropped") else "")
             lines.append(f"[{tag}] {short(msg['content'])}")
+    if record.get("environment"):  # its state at the episode's end, as Python prints it (the record holds it exactly)
+        from pipeline.agents.environment import describe
+
+        lines.append(f"[environment] {short(describe(record['environment']))}")
     lines.append(f"[end: {record['ending']} after {record['turns']} turns; {record['model_tokens']} sampled + "
                  f"{record['context_tokens']} context tokens]")
     return "\n".join(lines)
