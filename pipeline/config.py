@@ -20,6 +20,7 @@ from pipeline.errors import GRPOError
 from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.rewards.config import RewardSpec
 from pipeline.agents.options import AGENT_NEUTRAL
+from pipeline.cluster.config import ClusterConfig
 from pipeline.rollout_config import RolloutConfig, Section as _Section
 from pipeline.staleness import uncorrectable
 
@@ -229,6 +230,8 @@ class Config(_Section):
     """The one seed: prompt order, sampling and update shuffles derive from it."""
     tracking: TrackingConfig = TrackingConfig()
     """MLflow."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Where `grpo iterate` runs the stages (this process, or a Ray cluster); not part of the config hash."""
 
     @model_validator(mode="after")
     def _cross_field(self) -> "Config":
@@ -301,6 +304,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "max_staleness"): 0,
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
+    ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option
@@ -312,6 +316,7 @@ def canonical(cfg: Config) -> str:
     """Canonical JSON of the resolved config: sorted keys, defaults filled in (but for
     `ADDED_OPTIONS` at their earlier behaviour)."""
     tree = cfg.model_dump(mode="json")
+    tree.pop("cluster", None)  # where the stages run, not what they compute: a Ray run writes a local run's bytes
     for (*path, key), neutral in ADDED_OPTIONS.items():
         section = tree
         for part in path:

@@ -56,6 +56,13 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
     if report["mlflow"]:
         m = report["mlflow"]
         console.print(f"MLflow: run {m['run_id']} (experiment {m['experiment_id']}) at {escape(m['tracking_uri'])}", soft_wrap=True)
+    if c := report.get("cluster"):  # a Ray driver is running: its rollout parts in flight, by node
+        nodes: dict[str, list[str]] = {}
+        for part, node in sorted(c["in_flight"].items(), key=lambda item: int(item[0])):
+            nodes.setdefault(node, []).append(part)
+        console.print(f"Ray: {c['stage']} iteration {c['iteration']}, in flight: "
+                      + ("; ".join(f"node {n} parts {', '.join(ps)}" for n, ps in sorted(nodes.items())) or "none")
+                      + f"; {c['queued']} queued", soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"[yellow]warning[/yellow] {escape(w['text'])}", soft_wrap=True)
 
