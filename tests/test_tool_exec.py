@@ -229,8 +229,11 @@ def test_async_tools_share_one_event_loop_and_a_blocking_one_times_out(fns):
 
 # ----------------------------------------------------------------------------- episode level
 def test_environment_reset_and_its_calls_run_on_one_thread(make_run, tiny2k, exec_file, tmp_path):  # noqa: F811
-    """A sqlite connection made in reset serves every call of the episode; the record holds the
-    cast arguments; two episodes write the same record."""
+    """A sqlite connection made in reset serves every call of the episode and the stored state
+    (its __getstate__ reads the connection); the record holds the cast arguments; two episodes
+    write the same record."""
+    from pipeline.agents import environment as envs
+
     _, plan = agent_plan(make_run, tiny2k, tmp_path, [], environment=f"{exec_file}:Ledger", max_turns=3, tool_timeout_s=5.0)
     runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
     records = []
@@ -242,7 +245,8 @@ def test_environment_reset_and_its_calls_run_on_one_thread(make_run, tiny2k, exe
         rec = json.loads(runner.row(e, "h")["episode"])
         assert [(m["content"], m["error"]) for m in rec["messages"] if m["role"] == "tool"] == [("int 3", None), ("int 7", None)]
         assert rec["messages"][0]["tool_calls"][0]["function"]["arguments"] == {"n": 3}  # as the tool got it
-        records.append({k: v for k, v in rec.items() if k != "environment"})
+        assert envs.rebuild(type(e.env), rec["environment"]).rows == [3, 4]
+        records.append(rec)
     assert records[0] == records[1]
 
 
