@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent bench-ray docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(BIN)/python:
 # pulls CUDA torchvision/torchaudio/torchcodec, which break `from vllm import LLM` on the CPU
 # ("operator torchvision::nms does not exist"); nothing here needs them, so they go.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip install -q -e ".[cpu,test,ray]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	DS_ACCELERATOR=cpu $(BIN)/python -c "import vllm, transformers, deepspeed, mlflow, polars, pyarrow" 2>/dev/null
 	touch $(STAMP)
@@ -74,6 +74,11 @@ bench-agent: $(STAMP)
 	$(BIN)/pip install -q -e ".[real,bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench.agent
+
+# one rollout actor against two on the same work, and the Ray executor's cost per iteration against
+# in-process iterate (bench/ray.py): a two-node Ray cluster on this machine, a core each
+bench-ray: $(STAMP)
+	$(BIN)/python -m bench.ray
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.

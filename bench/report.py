@@ -461,6 +461,11 @@ def render(results: dict) -> str:
         from bench.overlap import section
 
         out += section(json.loads(overlap.read_text()))
+    ray_json = ROOT / "ray.json"  # `make bench-ray` (bench/ray.py)
+    if ray_json.exists():
+        from bench.ray import section as ray_section
+
+        out += ray_section(json.loads(ray_json.read_text()))
     agent = ROOT / "agent.json"  # `make bench-agent` (bench/agent.py)
     if agent.exists():
         from bench.agent import section as agent_section

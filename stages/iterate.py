@@ -15,6 +15,8 @@ def iterate(
     run: RunArg,
     iters: Annotated[Optional[int], typer.Option("--iters", min=0, help="Bring the run to N completed iterations.")] = None,
     more: Annotated[Optional[int], typer.Option("--more", min=1, help="K iterations more than are done (for schedulers).")] = None,
+    executor: Annotated[Optional[str], typer.Option("--executor", help="local or ray (default: the run's cluster.executor).")] = None,
+    address: Annotated[Optional[str], typer.Option("--address", help="The Ray cluster to join (default: cluster.address).")] = None,
 ) -> None:
     """Run whole iterations with warm engines and print a table as they finish."""
     from pipeline.errors import GRPOError
@@ -26,6 +28,13 @@ def iterate(
         raise GRPOError("iterate: give exactly one of --iters N or --more K")
     r = Run(run)
     target = iters if iters is not None else r.completed_iters() + more
+    if executor not in (None, "local", "ray"):
+        raise GRPOError(f"--executor {executor!r}: expected local or ray")
     table = IterationTable(r)
-    run_iterate(r, target, on_iteration=table.add)
+    if (executor or r.cfg.cluster.executor) == "ray":
+        from pipeline.cluster.executor import iterate_ray
+
+        iterate_ray(r, target, on_iteration=table.add, address=address)
+    else:
+        run_iterate(r, target, on_iteration=table.add)
     table.finish(target)

@@ -31,4 +31,15 @@ def status_report(run: Run) -> dict:
         "iterations": iters,
         "warnings": [f.as_dict() for f in diagnose(rows)],
         "mlflow": tracking_info(run),
+        "cluster": cluster_in_flight(run),
     }
+
+
+def cluster_in_flight(run: Run) -> dict | None:
+    """While a Ray driver runs (`cluster.executor ray`): the rollout parts in flight, each with its node."""
+    from pipeline.errors import GRPOError
+
+    try:
+        return run.store.read_json(".cluster/in_flight.json")
+    except GRPOError:  # no Ray driver running (or between its writes)
+        return None

@@ -114,13 +114,18 @@ def run_parts(
             for p in mine:
                 rel = f"{sd}/{part_name(p)}"
                 if store.table_meta(rel).get("input_hash") != stamp:  # else: an earlier attempt wrote it from these inputs
-                    table = make_part(p)
-                    own = {k.decode()[5:]: v.decode() for k, v in (table.schema.metadata or {}).items() if k.startswith(b"grpo.")}
-                    store.write_table(rel, table, schema, meta={**own, "input_hash": stamp, "part": p})
+                    write_part(store, rel, make_part(p), schema, stamp, p)
                     fault_point(f"{stage}:part", k)
                 bar.advance()
     seconds = time.time() - t0
     return finalize(run, k, stage, num_parts, stamp, inputs, seconds, manifest_extra)
+
+
+def write_part(store, rel: str, table: pa.Table, schema: ArtifactSchema, stamp: str, part: int):
+    """Write one part atomically, stamped with its input hash and number (and the `grpo.*`
+    metadata the stage put on the table); the same bytes whichever process writes it."""
+    own = {key.decode()[5:]: v.decode() for key, v in (table.schema.metadata or {}).items() if key.startswith(b"grpo.")}
+    return store.write_table(rel, table, schema, meta={**own, "input_hash": stamp, "part": part})
 
 
 def finalize(run, k, stage, num_parts, input_hash, inputs, seconds, manifest_extra=None) -> PartsManifest | None:

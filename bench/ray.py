@@ -1,0 +1,148 @@
+"""`python -m bench.ray` (`make bench-ray`): the Ray executor on this machine.
+
+Three runs of `grpo iterate --iters N` on the same workload, each from a fresh `grpo init`, every
+process on one thread:
+
+    local     in-process `grpo iterate` (the reference)
+    ray-1     `--executor ray`, one rollout actor
+    ray-2     `--executor ray`, two rollout actors, one on each node
+
+on a two-node Ray cluster started here (`ray.cluster_utils.Cluster`, one CPU each), the
+rollout parts spread over the actors (groups_per_part: a quarter of the prompts). Per run: seconds
+per iteration in the steady state (between the manifests of policy 1 and policy N: engine and actor
+starts not counted) and the stages' seconds from the manifests. Two figures: ray-1 / ray-2 rollout
+seconds (what a second actor buys) and (ray-1 - local) seconds per iteration as a share of local's
+(the executor's own cost). The results go to bench/ray.json and bench/results.md's "Ray executor"
+section; every run's rollout and score parts are checked byte-identical to the local run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import yaml
+
+from bench.probes import machine_info
+from bench.workloads import ROOT, WORK, Workload, build_assets, config_tree
+
+OUT = ROOT / "ray.json"
+STAGES = ("rollout", "score", "logprobs", "update")
+VARIANTS = {"local": None, "ray-1": 1, "ray-2": 2}  # name: rollout actors (None: no Ray)
+
+
+def two_nodes():
+    from ray.cluster_utils import Cluster
+
+    def ports() -> dict:
+        out = {}
+        for key in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                out[key] = s.getsockname()[1]
+        return out
+
+    node = {"num_cpus": 1}  # at this machine's own address: Ray turns a loopback one into it when a driver joins
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={**node, "include_dashboard": False, **ports()})
+    cluster.add_node(**node, **ports())
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def run_variant(name: str, w: Workload, iters: int, env: dict, address: str | None) -> dict:
+    root = WORK / "ray" / name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    tree = config_tree(w)
+    tree["rollout"]["groups_per_part"] = max(1, w.prompts_per_iter // 4)
+    tree["tracking"] = {"mlflow": False}
+    actors = VARIANTS[name]
+    if actors:
+        tree["cluster"] = {"executor": "ray", "rollout_workers": actors, "rollout_cpus": 0.5, "score_cpus": 0.5}
+    (root / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    run = root / "run"
+    grpo = [sys.executable, "-m", "stages.cli"]
+    subprocess.run([*grpo, "init", str(run), "--config", str(root / "config.yaml")], check=True, env=env, cwd=ROOT.parent,
+                   capture_output=True)
+    extra = ["--address", address] if actors else []
+    t = time.time()
+    with open(root / "iterate.log", "w") as log:
+        proc = subprocess.run([*grpo, "iterate", str(run), "--iters", str(iters), *extra], env=env, cwd=ROOT.parent,
+                              stdout=log, stderr=subprocess.STDOUT, check=False)
+    wall = time.time() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: grpo iterate failed ({proc.returncode}); log {root / 'iterate.log'}")
+    done = [(run / f"policy/iter-{k:04d}/MANIFEST.json").stat().st_mtime for k in range(1, iters + 1)]
+    manifests = {(k, s): json.loads((run / f"iter-{k:04d}/{s}/MANIFEST.json").read_text()) for k in range(iters) for s in STAGES}
+    return {
+        "name": name, "actors": actors, "iters": iters, "wall_s": wall, "steady_s_per_iter": (done[-1] - done[0]) / (iters - 1),
+        "stage_s": {s: sum(manifests[k, s]["timings"]["seconds"] for k in range(1, iters)) / (iters - 1) for s in STAGES},
+        "outputs": {f"{k}/{s}": manifests[k, s]["outputs"] for k in range(iters) for s in ("rollout", "score")},
+    }
+
+
+def section(result: dict) -> list[str]:
+    """bench/results.md's "Ray executor" section."""
+    w, m, runs = result["workload"], result["machine"], result["runs"]
+    iters = runs["local"]["iters"]
+    head = (f"`make bench-ray`, started {result['started']}: workload {w['name']} ({w['prompts_per_iter']} prompts x "
+            f"{w['num_generations']} completions in 4 parts, up to {w['max_new_tokens']} new tokens), `grpo iterate --iters "
+            f"{iters}` per row from a fresh `grpo init`, every process on one thread; a two-node Ray cluster on this "
+            f"machine (one CPU each); {m['cores']} cores, load {m['loadavg'][0]:.2f} at start. Seconds per iteration between "
+            "policy 1 and the last (engine and actor starts not counted); stage seconds from the manifests.")
+    out = ["## Ray executor (cluster.executor ray)", "", head, "",
+           "| run | rollout actors | s/iteration | rollout s | score s | logprobs s | update s | parts = local's |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        st = r["stage_s"]
+        same = "yes" if r["outputs"] == runs["local"]["outputs"] else "NO"
+        out.append(f"| {name} | {r['actors'] or 'none (in process)'} | {r['steady_s_per_iter']:.2f} | {st['rollout']:.2f} | "
+                   f"{st['score']:.2f} | {st['logprobs']:.2f} | {st['update']:.2f} | {same} |")
+    one, two, local = runs["ray-1"], runs["ray-2"], runs["local"]
+    out += ["", f"- Two rollout actors against one: rollout {one['stage_s']['rollout'] / two['stage_s']['rollout']:.2f} x as fast "
+            f"(iteration {one['steady_s_per_iter'] / two['steady_s_per_iter']:.2f} x).",
+            f"- The executor's own cost: ray-1 takes {one['steady_s_per_iter'] - local['steady_s_per_iter']:+.2f} s per iteration "
+            f"against in-process iterate ({(one['steady_s_per_iter'] - local['steady_s_per_iter']) / local['steady_s_per_iter']:+.1%}).",
+            ""]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.ray", description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="tiny", choices=["tiny", "small"], help="the workload's model")
+    ap.add_argument("--iters", type=int, default=4, help="iterations per run (the first is the warm-up)")
+    args = ap.parse_args()
+    w = Workload(args.size, 1, iters=0, commands=0, trl_steps=0)
+    build_assets([args.size])
+    env = dict(os.environ, GRPO_CACHE_DIR=str(WORK / "cache"), TORCH_EXTENSIONS_DIR=str(WORK / "torch_extensions"),
+               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the cluster's processes inherit it
+    cluster = two_nodes()
+    rows = {}
+    try:
+        for name in VARIANTS:
+            rows[name] = run_variant(name, w, args.iters, env, cluster.address)
+            print(f"[ray {name}] {rows[name]['steady_s_per_iter']:.2f} s/iteration "
+                  f"(stages {', '.join(f'{s} {v:.2f}' for s, v in rows[name]['stage_s'].items())})", flush=True)
+    finally:
+        cluster.shutdown()
+    result = {"workload": w.as_dict() | {"name": f"{args.size}-e1"}, "machine": machine_info(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": rows}
+    OUT.write_text(json.dumps(result, indent=1))
+    from bench import report
+
+    results_json = ROOT / "results.json"
+    if results_json.exists():
+        (ROOT / "results.md").write_text(report.render(json.loads(results_json.read_text())))
+    print("\n".join(section(result)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""The `cluster:` section of the run's configuration: where `grpo iterate` runs its stages.
+
+Where the stages run is not what they compute: a Ray run writes the bytes a local run writes, so
+this section stays out of the config hash (`pipeline.config.canonical`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.rollout_config import Section
+
+
+class ClusterConfig(Section):
+    """How `grpo iterate` runs: in this process, or on a Ray cluster (docs/scale-out.md)."""
+
+    executor: Literal["local", "ray"] = "local"
+    """local: every stage in the `grpo iterate` process; ray: rollout parts on Ray actors and score parts as Ray tasks
+    (`pip install -e ".[ray]"`), logprobs and update in the `grpo iterate` process (the driver)."""
+    address: str | None = None
+    """The Ray cluster to join, e.g. 127.0.0.1:6379 (`ray start --head` prints it); None: RAY_ADDRESS, else a Ray
+    instance started on this machine for the run."""
+    rollout_workers: int = Field(1, ge=1)
+    """Rollout actors, one engine each, kept warm across iterations."""
+    rollout_cpus: float = Field(1.0, gt=0)
+    """CPUs each rollout actor reserves (its engine's threads: the whole number of them, at least 1)."""
+    rollout_gpus: float = Field(0.0, ge=0)
+    """GPUs each rollout actor reserves (1 on a GPU cluster)."""
+    score_cpus: float = Field(1.0, gt=0)
+    """CPUs each score task reserves (one task per part)."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """How long the driver waits for a rollout actor to start (placed, engine libraries imported) before it gives up."""

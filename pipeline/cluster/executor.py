@@ -1,0 +1,222 @@
+"""`grpo iterate` on a Ray cluster (`cluster.executor: ray`, or `grpo iterate --executor ray`).
+
+    driver (the `grpo iterate` process)             cluster nodes
+    rollout: parts not yet written -> queue  ---->  RolloutWorker actors (warm engine, policy k in place)
+             manifest (once every part is in) <---  part files, written atomically through the store
+    score:   one Ray task per part           ---->  score_part (reward functions, sandboxes, async rewards)
+             manifest                        <---  part files
+    logprobs, update, eval: in the driver, with the code and warm models of local `iterate`
+
+Parts are the ones `--shard` workers write (fixed groups, seeds from the groups), so a Ray run writes
+a local run's bytes whatever the number of workers; a part whose worker dies is re-run, and a rerun
+of the same command after the driver died resumes from the parts and manifests on storage.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from typing import Callable
+
+from pipeline.errors import GRPOError
+from pipeline.store import part_name, stage_rel
+from pipeline.store.parts import finalize, input_hash
+from pipeline.store.run import Run
+
+
+IN_FLIGHT = ".cluster/in_flight.json"  # what `grpo status` shows while a Ray driver runs
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def connect(cc, address: str | None) -> str:
+    """Join the cluster (or start a Ray instance here); one line when nothing answers."""
+    try:
+        import ray
+    except ImportError:
+        raise GRPOError('cluster.executor ray: Ray is not installed (pip install -e ".[ray]")') from None
+    from pipeline.cluster.pool import forwarded_env
+
+    address = address or cc.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "auto" and "://" not in address:  # Ray itself retries an unanswered address for minutes
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
+        except (OSError, ValueError) as err:
+            raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({getattr(err, 'strerror', None) or err})") from None
+    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                  runtime_env={"env_vars": forwarded_env()})
+    try:
+        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+    except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... for an unreachable cluster
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({detail})") from None
+    return address or "a Ray instance started here"
+
+
+def preflight(run: Run, cc) -> tuple[str, str]:
+    """Before any work: the cluster has room for the workers, and a probe file written here through
+    the store (read back by each rollout actor) proves the run directory is shared."""
+    import ray
+
+    have = ray.cluster_resources()
+    need_cpu = cc.rollout_workers * cc.rollout_cpus + cc.score_cpus
+    if have.get("CPU", 0) < need_cpu:
+        raise GRPOError(f"cluster: {have.get('CPU', 0):g} CPUs, but cluster.rollout_workers ({cc.rollout_workers}) x "
+                        f"cluster.rollout_cpus ({cc.rollout_cpus:g}) plus a score task's cluster.score_cpus "
+                        f"({cc.score_cpus:g}) need {need_cpu:g}")
+    if cc.rollout_workers * cc.rollout_gpus > have.get("GPU", 0):
+        raise GRPOError(f"cluster: {have.get('GPU', 0):g} GPUs, but cluster.rollout_workers ({cc.rollout_workers}) x "
+                        f"cluster.rollout_gpus ({cc.rollout_gpus:g}) need {cc.rollout_workers * cc.rollout_gpus:g}")
+    token = uuid.uuid4().hex
+    probe = f"probe-{token[:12]}"
+    run.store.write_bytes(f".cluster/{probe}", token.encode())
+    return probe, token
+
+
+def shared_uri(run: Run) -> str:
+    """The run's address as every node names it (a local path made absolute)."""
+    return os.path.abspath(run.store.root) if run.store.local else run.store.uri
+
+
+def missing(run: Run, k: int, stage: str, num_parts: int, stamp: str) -> list[int]:
+    sd = stage_rel(k, stage)
+    return [p for p in range(num_parts) if run.store.table_meta(f"{sd}/{part_name(p)}").get("input_hash") != stamp]
+
+
+def workers_line(stage: str, k: int, reports: list[dict], seconds: float) -> dict:
+    """Per-worker seconds and the straggler, printed and returned for the iteration's row."""
+    per: dict[str, float] = {}
+    for r in reports:
+        key = f"{r['node']}/{r['pid']}"
+        per[key] = per.get(key, 0.0) + r["seconds"]
+    if not reports:
+        return {}
+    slow = max(reports, key=lambda r: r["seconds"])
+    log(f"{stage} iteration {k}: {len(reports)} parts on {len(per)} workers in {seconds:.1f}s ("
+        + ", ".join(f"{w} {s:.1f}s" for w, s in sorted(per.items()))
+        + f"); straggler part {slow['part']} on node {slow['node']} ({slow['seconds']:.1f}s)")
+    return {f"{stage}_straggler_s": slow["seconds"], f"{stage}_workers": len(per)}
+
+
+def manifest_extra(plan, stats: dict) -> dict:
+    """What `run_rollout` records in the rollout manifest beside the parts (tests/test_ray.py
+    compares the two manifests key by key)."""
+    from pipeline.models.engines import engine_dtype
+    from pipeline.staleness import staleness
+
+    cfg = plan.run.cfg
+    return {"policy_hash": plan.policy_hash, "engine": cfg.rollout.engine, "stats": stats,
+            "engine_dtype": engine_dtype(cfg.rollout.dtype, cfg.train.precision),
+            "trainer_state": plan.trainer_state().to_dict(), "staleness": staleness(cfg, plan.k)}
+
+
+def rollout(run: Run, k: int, pool) -> dict:
+    from pipeline.rollout import RolloutPlan
+
+    t0 = time.time()
+    plan = RolloutPlan(run, k)
+    inputs = plan.inputs()
+    stamp = input_hash(run.cfg_hash, "rollout", k, inputs)
+    sd = stage_rel(k, "rollout")
+    with run.store.lock(f"{sd}/.lock-shard-0-of-1", f"rollout iteration {k} (ray)"):
+        reports = pool.run(k, missing(run, k, "rollout", plan.num_parts, stamp), stamp)
+    stats = {"engine_start_s": round(sum(r["engine_s"] for r in reports), 6), "tokens": sum(r["tokens"] for r in reports),
+             "generate_s": round(sum(r["seconds"] - r["engine_s"] for r in reports), 6)}
+    seconds = time.time() - t0
+    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds, lambda: manifest_extra(plan, stats))
+    return workers_line("rollout", k, reports, seconds)
+
+
+def score(run: Run, k: int, cc, uri: str) -> dict:
+    """Score tasks over the parts; the driver then writes the manifest through `run_score` (every
+    part in place, it writes only the manifest). Batch-scaled advantages need the whole iteration:
+    scored here in one piece."""
+    import ray
+
+    from pipeline.cluster.pool import raise_task_error
+    from pipeline.cluster.workers import score_part
+    from pipeline.score import run_score
+    from pipeline.store.parts import upstream
+
+    a = run.cfg.advantages
+    if run.done(k, "score") or a.scale == "batch" or a.batch_renorm:
+        run_score(run, k)
+        return {}
+    t0 = time.time()
+    num_parts = len(run.require(k, "score", "rollout").outputs)
+    stamp = input_hash(run.cfg_hash, "score", k, {"rollout": upstream(run, k, "rollout")})
+    task = ray.remote(score_part).options(num_cpus=cc.score_cpus, max_retries=3)
+    refs = {task.remote(uri, k, p, stamp): p for p in missing(run, k, "score", num_parts, stamp)}
+    reports = []
+    for ref, p in refs.items():
+        try:
+            reports.append(ray.get(ref))
+        except ray.exceptions.RayTaskError as err:
+            raise_task_error(err, f"score iteration {k} part {p}")
+        except ray.exceptions.RayError as err:
+            raise GRPOError(f"score iteration {k} part {p}: its worker died 4 times ({type(err).__name__})") from None
+    run_score(run, k)
+    return workers_line("score", k, reports, time.time() - t0)
+
+
+def iterate_ray(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None, address: str | None = None) -> list[dict]:
+    """`pipeline.iterate.iterate` with rollout and score on the cluster; the same artifacts."""
+    import ray
+
+    from pipeline.cluster.pool import RolloutPool
+    from pipeline.evaluate import run_eval
+    from pipeline.iteration import WarmEngines, eval_due, finish_row
+    from pipeline.logprobs import run_logprobs
+    from pipeline.report import tracking
+    from pipeline.update.publish import run_update
+
+    cc = run.cfg.cluster
+    if run.cfg.train.max_staleness:
+        raise GRPOError("cluster.executor ray: train.max_staleness needs the local executor (the ray one runs on-policy iterations)")
+    where = connect(cc, address)
+    pool = warm = None
+    rows = []
+    try:
+        probe, token = preflight(run, cc)
+        uri = shared_uri(run)
+        pool = RolloutPool(uri, cc, probe, token, log, status=lambda body: run.store.write_json(IN_FLIGHT, body))
+        log(f"cluster: {where}; {cc.rollout_workers} rollout workers on nodes {', '.join(pool.nodes())}")
+        warm = WarmEngines(run)
+        if run.cfg.eval.every and not run.done(0, "eval") and run.cfg.data.eval:
+            with tracking.reporting(run, 0, "eval"):
+                run_eval(run, 0, warm.rollout_engine(0))
+        for k in range(run.completed_iters(), iters):
+            t0, timings, extra = time.time(), {}, {}
+            with tracking.reporting(run, k, "rollout"):
+                if not run.done(k, "rollout"):
+                    extra.update(rollout(run, k, pool))
+            timings["rollout"] = time.time() - t0
+            with tracking.reporting(run, k, "score"):
+                extra.update(score(run, k, cc, uri))
+            timings["score"] = time.time() - t0 - sum(timings.values())
+            with tracking.reporting(run, k, "logprobs"):
+                run_logprobs(run, k, models=warm.logprobs)
+            timings["logprobs"] = time.time() - t0 - sum(timings.values())
+            with tracking.reporting(run, k, "update"):
+                _, warm.trainer = run_update(run, k, warm.trainer)
+            timings["update"] = time.time() - t0 - sum(timings.values())
+            if eval_due(run, k + 1):
+                with tracking.reporting(run, k + 1, "eval"):
+                    run_eval(run, k + 1, warm.rollout_engine(k + 1))
+                timings["eval"] = time.time() - t0 - sum(timings.values())
+            rows.append(finish_row(run, k, t0, timings, lambda row: (row.update(extra), on_iteration and on_iteration(row))))
+        tracking.log_final(run)
+    finally:
+        if pool is not None:
+            pool.close()
+        if warm is not None:
+            warm.close()
+        run.store.remove(".cluster", recursive=True)
+        ray.shutdown()
+    return rows

@@ -1,0 +1,121 @@
+"""What runs on the cluster's nodes: the rollout actor (one warm engine, policy after policy) and
+the score task, each writing one part through the store, as `--shard` workers do (the driver writes
+the manifests). Plain classes and functions: pipeline.cluster.executor wraps them with `ray.remote`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from pipeline.errors import GRPOError
+from pipeline.store import part_name, stage_rel
+from pipeline.store.parts import write_part
+from pipeline.store.run import Run
+
+
+def fault(where: str, k: int, part: int) -> None:
+    """Test hook for the fault tests: `GRPO_CLUSTER_FAULT=<rollout|score>:<iteration>:<part>[,...]`
+    SIGKILLs the worker process that reaches that part, before the part is written (mid-part), once:
+    the first kill creates the file `GRPO_CLUSTER_FAULT_ONCE`.<n> (n: the spec's place in the list),
+    which stops the next. Unset, it costs one environment lookup."""
+    specs = os.environ.get("GRPO_CLUSTER_FAULT", "")
+    if not specs:
+        return
+    for n, spec in enumerate(specs.split(",")):
+        if spec.split(":") != [where, str(k), str(part)]:
+            continue
+        try:
+            os.close(os.open(f"{os.environ['GRPO_CLUSTER_FAULT_ONCE']}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def where_am_i() -> dict:
+    """The Ray node (its id's first 8 hex digits), host and process this code runs in."""
+    import ray
+
+    return {"node": ray.get_runtime_context().get_node_id()[:8], "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def check_visible(run: Run, probe: str, token: str) -> None:
+    """This worker sees the driver's run directory (the probe file it wrote) and the model."""
+    rel = f".cluster/{probe}"
+    try:
+        seen = run.store.read_bytes(rel).decode()
+    except GRPOError:
+        seen = None
+    if seen != token:
+        raise GRPOError(f"{run.store.display()}: not visible from cluster node {socket.gethostname()} (the driver's probe "
+                        f"{rel} is missing there); put the run directory on storage every node shares (a shared path or s3://)")
+    model = run.cfg.model
+    if (model.startswith(("/", "./", "../")) or os.sep in model) and "://" not in model and not Path(model).exists():
+        raise GRPOError(f"model {model}: not found on cluster node {socket.gethostname()}; every node needs the model path")
+
+
+class RolloutWorker:
+    """A long-lived rollout actor: one engine, given each new policy in place (as `iterate` gives its
+    warm engine one), writing the parts it is handed."""
+
+    def __init__(self, run_uri: str, threads: int):
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.run = Run(run_uri)
+        self.engine = None
+        self.plans: dict = {}  # iteration -> RolloutPlan (prompts rendered once per iteration)
+
+    def ready(self, probe: str, token: str) -> dict:
+        """Checks before any work: the run directory and model are visible here; returns where it runs."""
+        check_visible(self.run, probe, token)
+        self.run.store.write_bytes(f".cluster/{probe}-{os.getpid()}", token.encode())
+        return where_am_i()
+
+    def rollout_part(self, k: int, part: int, stamp: str) -> dict:
+        """Write rollout part `part` of iteration k (skipped when an earlier attempt wrote it from the
+        same inputs); returns its timings."""
+        from pipeline.rollout import RolloutPlan, engine_plan, generate_part, policy_engine
+        from schemas.artifacts import ROLLOUT
+
+        t0 = time.time()
+        rel = f"{stage_rel(k, 'rollout')}/{part_name(part)}"
+        report = {"part": part, **where_am_i(), "tokens": 0, "engine_s": 0.0, "written": False}
+        if self.run.store.table_meta(rel).get("input_hash") != stamp:
+            plan = self.plans.get(k) or RolloutPlan(self.run, k)
+            self.plans = {k: plan}
+            t = time.time()
+            plan_ = engine_plan(self.run, plan.policy_iter) if self.engine is None else None
+            self.engine = policy_engine(self.run, plan.policy_iter, self.engine, plan=plan_)
+            report["engine_s"] = time.time() - t
+            table = generate_part(plan, self.engine, part)
+            fault("rollout", k, part)
+            write_part(self.run.store, rel, table, ROLLOUT, stamp, part)
+            report.update(tokens=int(sum(table.column("completion_length").to_pylist())), written=True)
+        report["seconds"] = time.time() - t0
+        return report
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+def score_part(run_uri: str, k: int, part: int, stamp: str) -> dict:
+    """A score task: score rollout part `part` of iteration k into score part `part`."""
+    from pipeline.score import score_table
+    from pipeline.store.parts import read_part
+    from schemas.artifacts import ROLLOUT, SCORE
+
+    t0 = time.time()
+    run = Run(run_uri)
+    rel = f"{stage_rel(k, 'score')}/{part_name(part)}"
+    written = False
+    if run.store.table_meta(rel).get("input_hash") != stamp:
+        table = score_table(run, k, read_part(run, k, "rollout", ROLLOUT, part))
+        fault("score", k, part)
+        write_part(run.store, rel, table, SCORE, stamp, part)
+        written = True
+    return {"part": part, **where_am_i(), "seconds": time.time() - t0, "written": written}
