@@ -78,7 +78,7 @@ def test_tool_episodes_with_staleness_run_rerun_byte_identical_and_audit_clean(a
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
         grpo("init", str(run), "--config", str(conf))
-        grpo("iterate", str(run), "--iters", "2")
+        grpo("iterate", str(run), "--iters", "2", timeout=1800)
     m = json.loads((runs[0] / "iter-0001" / "rollout" / "MANIFEST.json").read_text())
     assert m["staleness"] == 1 and m["inputs"]["policy"]["path"] == "policy/iter-0000"
     assert record(runs[0]) == record(runs[1])
