@@ -159,6 +159,20 @@ def _parts(path: Path, k: int, stage: str) -> pa.Table:
     return pa.concat_tables([pq.read_table(path / stage_rel(k, stage) / n) for n in sorted(m["outputs"])])
 
 
+def _correction_expected(path: Path, k: int, rollout: pa.Table) -> dict[str, float]:
+    """loss.rollout_correction on iteration k's completions, from the parts: the median of each
+    completion's log W = sum(old - sampler), and the share of completions the run's mode cuts."""
+    lp = _parts(path, k, "logprobs")
+    if lp.column("old_logprobs").null_count == lp.num_rows:  # the update's own forward gave the old logprobs
+        lp = pq.read_table(path / stage_rel(k, "update") / "old_logprobs.parquet")
+    old = {(p, s): o for p, s, o in zip(*(lp.column(c).to_pylist() for c in ("prompt_id", "sample_idx", "old_logprobs")))}
+    cfg = Run(str(path)).cfg.loss.rollout_correction
+    diffs = [np.subtract(old[(p, s)], sl) for p, s, sl in zip(*(rollout.column(c).to_pylist() for c in ("prompt_id", "sample_idx", "sampler_logprobs")))]
+    logw = [float(d.sum()) for d in diffs]
+    cut = [((d if cfg.mode.startswith("token") else np.array([d.sum()])) > np.log(cfg.cap)).any() for d in diffs]
+    return {"rollout_correction/log_ratio_p50": float(np.quantile(logw, 0.5)), "rollout_correction/clipped_seq_frac": float(np.mean(cut))}
+
+
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
@@ -217,6 +231,7 @@ def test_metrics_match_the_artifacts(server_run):
             "rollout_correction/ratio_min": min(steps.column("rollout_correction/ratio_min").to_pylist()),
             "rollout_correction/ratio_max": max(steps.column("rollout_correction/ratio_max").to_pylist()),
         }
+        expect.update(_correction_expected(path, k, rollout))
         for key, value in expect.items():
             assert dict(_history(client, run_id, key))[k] == pytest.approx(value, rel=1e-6, abs=1e-9), (key, k)
     for k in (0, 1, 2):  # eval of policy k at step k
