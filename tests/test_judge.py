@@ -1,14 +1,17 @@
 """`judge`, the LLM-as-judge reward: against a fault server on 127.0.0.1 (tests/judge_server.py:
 slow, 429 then OK, 500 always, hangs, garbage) for concurrency, retries, failures and unreadable
-verdicts; and `grpo init`'s checks of a judge."""
+verdicts; through the real stages for kill-and-resume, replay and audit (the server's request
+log proves what was asked)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import socket
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE, MODEL, Judge, score
@@ -169,3 +172,114 @@ def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, 
     cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[judge_entry(dead)]))
     grpo("init", str(tmp_path / "later"), "--config", str(cfg), "--no-judge-check")  # a server that is not up yet
     assert (tmp_path / "later" / "config.yaml").is_file()
+
+
+# -- through the stages: kill and resume, replay, audit, inspect, MLflow ------------------------------
+
+def audit(run: Path):
+    from pipeline.report.audit import audit_run
+    from pipeline.store.run import Run
+
+    return audit_run(Run(str(run)))
+
+
+def part_rows(run: Path, k: int = 0) -> list[dict]:
+    return [r for p in sorted((run / f"iter-{k:04d}/score").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def judged_run(assets, server, tmp_path_factory):
+    """A run judged by the fault server (one request at a time), its score stage SIGKILLed right
+    after the 5th answer was cached, then run again."""
+    root = tmp_path_factory.mktemp("judged")
+    entry = judge_entry(server.url, "ok", max_concurrency=1, kwargs={"rubric": RUBRIC + "\nReference: {answer}"})
+    cfg = base_config(assets, rewards=[entry, {"fn": "format", "weight": 0.5}], tracking={"mlflow": True})
+    run = root / "run"
+    grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)))
+    grpo("rollout", str(run))
+    server.reset()
+    died = grpo("score", str(run), env={"GRPO_FAULT": "score:verdict:5"}, check=False)
+    state = {"returncode": died.returncode, "asked": sum(server.chats.values()), "answered": sum(server.answered.values()),
+             "cached": len(list((run / "iter-0000/score/judge-cache").glob("*.json"))),
+             "parts_before": len(list((run / "iter-0000/score").glob("part-*.parquet")))}
+    grpo("score", str(run))
+    state.update(chats=dict(server.chats), answers=dict(server.answered))
+    return run, state
+
+
+@pytest.mark.slow
+def test_a_killed_score_stage_resumes_without_asking_twice(judged_run):
+    run, s = judged_run
+    assert s["returncode"] == -9 and s["asked"] == s["answered"] == s["cached"] == 5 and s["parts_before"] == 0
+    rows = part_rows(run)
+    hashes = {r["extra_judge_request_hash"] for r in rows}
+    assert len(rows) == 16 and set(s["chats"].values()) == {1}  # the server's log: no request twice
+    assert {h for _, h in s["chats"]} == hashes and sum(s["answers"].values()) == len(hashes)
+    for r in rows:
+        want = score(json.loads(r["extra_judge_request"])["messages"][-1]["content"])
+        assert r["reward_judge"] == want and r["extra_judge_answer"] == f"Score: {want}" and r["extra_judge_reason"] is None
+    assert sum(r["extra_judge_source"] == "cache" for r in rows) >= 5  # the 5 answers cached before the kill
+    m = json.loads((run / "iter-0000/score/MANIFEST.json").read_text())
+    j = m["judge"]["judge"]
+    assert j["requests"] == 16 and j["calls"] == len(hashes) - 5 and j["reused"] == 16 - j["calls"] and j["unreadable"] == 0
+    assert not (run / "iter-0000/score/judge-cache").exists()  # the parts hold every verdict now
+    assert audit(run).ok
+
+
+@pytest.mark.slow
+def test_replay_reuses_stored_verdicts_and_a_changed_rubric_asks_again(judged_run, server, tmp_path):
+    run, _ = judged_run
+    server.reset()
+    out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "same"), "--until", "score")
+    assert server.chats == {}  # not one request
+    assert "judge 'judge': 16 verdicts, 0 calls made, 16 reused" in out.stdout
+    cols = ["reward", "reward_judge", "extra_judge_answer", "extra_judge_request_hash"]
+    same = part_rows(tmp_path / "same")
+    assert [[r[c] for c in cols] for r in same] == [[r[c] for c in cols] for r in part_rows(run)]  # rewards exactly
+    assert {r["extra_judge_source"] for r in same} == {"replay"} and audit(tmp_path / "same").ok
+
+    out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "strict"), "--until", "score",
+               "--set", f"rewards.0.kwargs.rubric={json.dumps('Be strict. ' + RUBRIC)}")
+    asked = len(server.chats)
+    assert asked == len({r["extra_judge_request_hash"] for r in same}) and set(server.chats.values()) == {1}
+    assert f"judge 'judge': 16 verdicts, {asked} calls made" in out.stdout
+
+
+@pytest.mark.slow
+def test_audit_catches_an_edited_verdict_and_inspect_and_mlflow_show_the_judge(judged_run, tmp_path):
+    import shutil
+
+    run, _ = judged_run
+    shown = grpo("inspect", str(run), "--top", "2").stdout
+    assert "judge judge: Score: " in shown
+    import mlflow
+
+    from pipeline.report.tracking import sync
+    from pipeline.store.run import Run
+
+    sync(Run(str(run)))  # what `grpo iterate` does at its end: every stage not yet in MLflow
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{run}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    metrics = runs[0].data.metrics
+    assert metrics["judge/judge/requests"] == 16 and "judge/judge/calls" in metrics and "judge/judge/latency_s" in metrics
+
+    copy = tmp_path / "edited"
+    shutil.copytree(run, copy)
+    part = copy / "iter-0000/score/part-00000.parquet"
+    table = pq.read_table(part)
+    answers = table.column("extra_judge_answer").to_pylist()
+    first = int(answers[0].split()[-1])
+    answers[0] = f"Score: {(first + 1) % 11}"  # the judge said otherwise, says the edit
+    table = table.set_column(table.column_names.index("extra_judge_answer"), "extra_judge_answer",
+                             __import__("pyarrow").array(answers))
+    pq.write_table(table, part)
+    problems = audit(copy).problems
+    verdict = (f"iter-0000/score/part-00000.parquet: judge 'judge' row 0: the stored answer reads as {float((first + 1) % 11)!r} "
+               f"(readable), the part records reward {float(first)!r} (readable)")
+    assert any("sha256" in p and "part-00000" in p for p in problems) and verdict in problems
+    # with the manifest's hash rewritten to match, the verdict still disagrees with its reward
+    body = json.loads((copy / "iter-0000/score/MANIFEST.json").read_text())
+    data = part.read_bytes()
+    body["outputs"]["part-00000.parquet"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (copy / "iter-0000/score/MANIFEST.json").write_text(json.dumps(body))
+    assert verdict in audit(copy).problems
