@@ -185,6 +185,7 @@ def test_cluster_settings_are_not_in_the_config_hash(assets):
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_ray_run_writes_the_local_runs_bytes_through_a_killed_actor_and_score_task(assets, ray_cluster, local_run, tmp_path):
     """Two rollout actors on two nodes; the actor holding part 1 of iteration 0 is SIGKILLed before
     it writes it, the process scoring part 2 of iteration 1 too: both parts are re-run."""
