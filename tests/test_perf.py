@@ -112,6 +112,19 @@ def test_shared_budget_counts_a_shared_prompt_once():
     assert shared_budget_batches([p, q, q], [[3] * 10, [3] * 10, [3] * 10], 130) == [[0, 1, 2]]  # 2 x 50 + 3 x 10
 
 
+def movement(w0: dict, wa: dict, wb: dict) -> tuple[float, float]:
+    """(how far update A moved the weights, ||A - B|| / ||A - w0||): two updates that should agree
+    compared in norm over every weight. A max over single weights is not a fair measure after
+    Adam: a weight whose gradient is ~0 moves by about lr in the direction of its sign, which float
+    reduction order decides, so one such weight can differ by ~lr between agreeing updates (seen
+    on an AMX CPU, whose oneDNN kernels sum in another order than AVX512-bf16 ones)."""
+    import math
+
+    moved = math.sqrt(sum(float(((wa[n] - w0[n]).double() ** 2).sum()) for n in wa))
+    apart = math.sqrt(sum(float(((wa[n] - wb[n]).double() ** 2).sum()) for n in wa))
+    return moved, apart / max(moved, 1e-30)
+
+
 def test_the_heads_fast_fp32_matmul_keeps_logprobs_and_gradients_at_fp32_accuracy():
     """bf16 runs the LM head's fp32 matmuls on oneDNN's bf16 units (on a CPU); the logprobs,
     entropies and gradients stay within float noise of plain fp32 at real logit sizes (|z| ~ 20)."""
@@ -373,8 +386,8 @@ def test_one_step_per_epoch_takes_the_old_logprobs_from_the_first_epoch(make_run
         assert np.allclose(np.asarray(auto_old[k]), np.asarray(v), atol=1e-4), k
     wa, wb = (load_file(next(Path(r.policy_dir(1)).glob("*.safetensors"))) for r in (auto, sep))
     assert wa.keys() == wb.keys()
-    moved = max(float((wa[n] - load_file(next(Path(auto.policy_dir(0)).glob("*.safetensors")))[n]).abs().max()) for n in wa)
-    assert moved > 1e-5 and max(float((wa[n] - wb[n]).abs().max()) for n in wa) < moved * 1e-2
+    moved, apart = movement(load_file(next(Path(auto.policy_dir(0)).glob("*.safetensors"))), wa, wb)
+    assert moved > 1e-5 and apart < 1e-2, (moved, apart)
     assert audit_run(auto).ok
 
 
@@ -589,8 +602,8 @@ def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     w0, wa, wb = (load_file(next(Path(p).glob("*.safetensors"))) for p in
                   (runs[False].policy_dir(0), runs[False].policy_dir(1), runs[True].policy_dir(1)))
-    moved = max(float((wa[n] - w0[n]).abs().max()) for n in wa)
-    assert moved > 1e-5 and max(float((wa[n] - wb[n]).abs().max()) for n in wa) < moved * 1e-3
+    moved, apart = movement(w0, wa, wb)
+    assert moved > 1e-5 and apart < 1e-3, (moved, apart)
     for t in trainers.values():
         t.close()
     assert {k: os.environ.get(k) for k in LAUNCHER} == launcher

@@ -10,6 +10,7 @@ batch are never held (`token_logprobs`), and each distinct prompt runs once per 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -117,12 +118,33 @@ def autocast(precision: str):
     return contextlib.nullcontext()
 
 
+@functools.cache
+def _bf16_matmul_keeps_fp32() -> bool:
+    """Whether oneDNN's fp32 matmuls through its bf16 units stay within float noise of fp32 on this
+    CPU. They do on AVX512-bf16 machines without AMX (measured ~1e-5 on the head's logits); on AMX
+    machines oneDNN rounds the inputs to bf16 instead, and a logprob at |logit| 20 is then 0.04 nat
+    off, as large as the sampler gap the rollout correction measures. Probed once per process on
+    a head-shaped product (logits of |z| ~ 20)."""
+    mkldnn = torch.backends.mkldnn.matmul
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(256, 576, generator=g) * 2.0, torch.randn(2048, 576, generator=g) * 0.1
+    exact = torch.nn.functional.linear(h, w)
+    before = mkldnn.fp32_precision
+    mkldnn.fp32_precision = "bf16"
+    try:
+        fast = torch.nn.functional.linear(h, w)
+    finally:
+        mkldnn.fp32_precision = before
+    return float((fast - exact).abs().max()) <= 1e-4 * float(exact.abs().max())
+
+
 @contextlib.contextmanager
 def _head_matmul(fast: bool):
-    """With `fast` on a CPU, oneDNN runs the head's fp32 matmuls through its bf16 units (fp32
-    in and out; 2 x faster on AVX512-bf16, logits within ~1e-5 of fp32 here); else unchanged."""
+    """With `fast` on a CPU whose bf16 units keep fp32 accuracy (`_bf16_matmul_keeps_fp32`),
+    oneDNN runs the head's fp32 matmuls through them (fp32 in and out; 2 x faster on
+    AVX512-bf16); else unchanged."""
     mkldnn = getattr(torch.backends.mkldnn, "matmul", None)
-    if not fast or mkldnn is None or not hasattr(mkldnn, "fp32_precision"):
+    if not fast or mkldnn is None or not hasattr(mkldnn, "fp32_precision") or not _bf16_matmul_keeps_fp32():
         yield
         return
     before = mkldnn.fp32_precision
