@@ -257,6 +257,8 @@ class Config(_Section):
             raise ValueError("loss.type reinforce has no importance ratio; use train.epochs 1")
         if why := self.loss.rollout_correction.refusal(self.rollout.top_p, self.rollout.top_k, self.rollout.min_p):
             raise ValueError(why)
+        if self.cluster.executor == "ray" and self.train.max_staleness:
+            raise ValueError("cluster.executor ray runs on-policy iterations; with train.max_staleness use the local executor")
         if self.rollout.agentic and not self.data.chat_template:
             raise ValueError("rollout.tools / rollout.environment need chat prompts; set data.chat_template: true")
         if (problem := uncorrectable(self)) is not None:

@@ -144,3 +144,12 @@ def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
     assert config_mod.config_hash(a) == before
     on = config_mod.load(write(tmp_path, MINIMAL), ["train.gradient_checkpointing=true"])
     assert on.train.gradient_checkpointing and config_mod.config_hash(on) != before
+
+
+def test_a_ray_run_with_staleness_is_refused_when_the_config_is_read(tmp_path):
+    """The Ray executor runs on-policy iterations: the combination is one line at `grpo init`, not an
+    error once `grpo iterate` has started."""
+    tree = {**MINIMAL, "cluster": {"executor": "ray"}}
+    with pytest.raises(GRPOError, match="cluster.executor ray runs on-policy iterations; with train.max_staleness use the local executor"):
+        config_mod.load(write(tmp_path, tree), ["train.max_staleness=1"])
+    assert config_mod.load(write(tmp_path, tree)).cluster.executor == "ray"
