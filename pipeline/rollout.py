@@ -67,6 +67,13 @@ class RolloutPlan:
         """What TRL reward functions get as `trainer_state` when these completions are scored."""
         return trainer_state_at(self.run.cfg, self.k, self.n_rows)
 
+    def manifest_extra(self, stats: dict) -> dict:
+        """What the rollout manifest records beside the parts (the local and the Ray executor's alike)."""
+        cfg = self.run.cfg
+        return {"policy_hash": self.policy_hash, "engine": cfg.rollout.engine, "stats": stats,
+                "engine_dtype": engine_dtype(cfg.rollout.dtype, cfg.train.precision),
+                "trainer_state": self.trainer_state().to_dict(), "staleness": self.iteration.staleness}
+
     def group_seed(self, prompt_id: int) -> int:
         return derive_seed(self.run.cfg.seed, self.k, prompt_id)
 
@@ -173,9 +180,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     try:
         return run_parts(
             run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
-            manifest_extra=lambda: {"policy_hash": plan.policy_hash, "engine": run.cfg.rollout.engine, "stats": stats,
-                                    "engine_dtype": engine_dtype(run.cfg.rollout.dtype, run.cfg.train.precision),
-                                    "trainer_state": plan.trainer_state().to_dict(), "staleness": plan.iteration.staleness},
+            manifest_extra=lambda: plan.manifest_extra(stats),
         )
     finally:
         if engine is None and owned["engine"] is not None:

@@ -104,18 +104,6 @@ def workers_line(stage: str, k: int, reports: list[dict], seconds: float) -> dic
     return {f"{stage}_straggler_s": slow["seconds"], f"{stage}_workers": len(per)}
 
 
-def manifest_extra(plan, stats: dict) -> dict:
-    """What `run_rollout` records in the rollout manifest beside the parts (tests/test_ray.py
-    compares the two manifests key by key)."""
-    from pipeline.models.engines import engine_dtype
-    from pipeline.staleness import staleness
-
-    cfg = plan.run.cfg
-    return {"policy_hash": plan.policy_hash, "engine": cfg.rollout.engine, "stats": stats,
-            "engine_dtype": engine_dtype(cfg.rollout.dtype, cfg.train.precision),
-            "trainer_state": plan.trainer_state().to_dict(), "staleness": staleness(cfg, plan.k)}
-
-
 def rollout(run: Run, k: int, pool) -> dict:
     from pipeline.rollout import RolloutPlan
 
@@ -129,7 +117,7 @@ def rollout(run: Run, k: int, pool) -> dict:
     stats = {"engine_start_s": round(sum(r["engine_s"] for r in reports), 6), "tokens": sum(r["tokens"] for r in reports),
              "generate_s": round(sum(r["seconds"] - r["engine_s"] for r in reports), 6)}
     seconds = time.time() - t0
-    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds, lambda: manifest_extra(plan, stats))
+    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds, lambda: plan.manifest_extra(stats))
     return workers_line("rollout", k, reports, seconds)
 
 
