@@ -9,6 +9,7 @@ template and must parse back from its token ids to the same name and arguments.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -293,3 +294,91 @@ def test_a_turn_ending_in_any_stop_token_goes_on(make_tokenizer, schemas, tmp_pa
     # the same turn ended by the template's end of turn (or the token the glue starts with) gets the same glue
     stop_text = stops[0] if family != "glm" else other_stop
     assert fmt.glue_text(msgs, 1, specs[:1], stop_text, True) == glue
+
+
+# ------------------------------------------------------------------ where a model's turn ends
+
+@pytest.mark.parametrize("family,template,listed,eos,end_of_turn", [
+    # Qwen2.5 base-style files: generation_config and the tokenizer name <|endoftext|>; the template closes turns with <|im_end|>
+    ("qwen", QWEN35_LIKE, ["<|endoftext|>"], "<|endoftext|>", "<|im_end|>"),
+    # Llama 3.x files that list <|eom_id|> only: the template closes turns with <|eot_id|>
+    ("llama", LLAMA31_LIKE, ["<|eom_id|>"], "<|eom_id|>", "<|eot_id|>"),
+    # Mistral: </s> closes an assistant turn, whatever generation_config lists
+    ("mistral", MISTRAL_LIKE, [], "</s>", "</s>"),
+    # GLM writes no token after an assistant message (the next header ends it): its listed stop tokens alone
+    ("glm", GLM_LIKE, ["<|user|>", "<|observation|>"], "<|user|>", None),
+])
+def test_stop_ids_are_the_eos_ids_and_the_templates_end_of_turn(make_tokenizer, tmp_path, family, template, listed, eos,
+                                                                end_of_turn):
+    """The ids that end a completion: generation_config's eos ids, the tokenizer's eos and the
+    special token the chat template closes an assistant message with, found by rendering one."""
+    from pipeline.models.stop_tokens import end_of_turn as derived_end_of_turn
+    from pipeline.models.stop_tokens import stop_token_ids
+
+    tok = make_tokenizer(family, template)
+    tok.eos_token = eos
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.convert_tokens_to_ids(s) for s in listed]}))
+    assert derived_end_of_turn(tok) == end_of_turn
+    want = {tok.convert_tokens_to_ids(s) for s in [*listed, eos, *([end_of_turn] if end_of_turn else [])]}
+    assert stop_token_ids(tmp_path, tok) == sorted(want)
+
+
+def test_stop_ids_without_generation_config_or_template(make_tokenizer, tmp_path):
+    """No generation_config.json: config.json's eos_token_id, as transformers and vLLM fall back
+    to it; no chat template: nothing to derive an end of turn from, the eos ids alone."""
+    from pipeline.models.stop_tokens import stop_token_ids
+
+    tok = make_tokenizer("qwen", QWEN35_LIKE)
+    pad, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": pad}))
+    assert stop_token_ids(tmp_path, tok) == sorted({pad, im_end})
+    tok.chat_template = None
+    tok.eos_token = "<|endoftext|>"
+    assert stop_token_ids(tmp_path, tok) == [pad]
+
+
+def unlisted_end_of_turn(src, dst):
+    """A copy of model `src` whose files name only <|endoftext|> as eos (generation_config.json,
+    config.json, the tokenizer), as Qwen2.5 base-style files do; its template still closes each
+    assistant turn with <|im_end|>, which the model was trained to write."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dst)
+    tok = AutoTokenizer.from_pretrained(dst)
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(dst)
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    for name in ("generation_config.json", "config.json"):
+        (dst / name).write_text(json.dumps({**json.loads((dst / name).read_text()), "eos_token_id": pad}))
+    return dst
+
+
+def test_completions_end_at_the_templates_end_of_turn_and_the_manifest_records_it(assets, make_run, tmp_path):
+    """A model whose generation_config.json does not list its template's end-of-turn token still
+    ends each completion there: the HF engine stops on it (the token kept, as sampled and as the
+    trainer scores it), and the manifest's inputs (stamped into every part) record the stop ids;
+    a rerun derives the same ones, so it stamps, and writes, the same parts."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from pipeline.rollout import RolloutPlan, run_rollout
+    from pipeline.store.parts import input_hash
+    from pipeline.store.run import Run
+
+    model = unlisted_end_of_turn(Path(assets["model"]), tmp_path / "unlisted")
+    tok = AutoTokenizer.from_pretrained(model)
+    pad, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    rollout = {"engine": "hf", "prompts_per_iter": 2, "max_new_tokens": 24}
+    run, again = (Run(make_run(name, model=str(model), rollout=rollout)) for name in ("a", "b"))
+    m = run_rollout(run, 0)
+    rows = [r for p in sorted((Path(run.uri) / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert sum(r["finish_reason"] == "stop" for r in rows) >= len(rows) // 2, [r["completion"] for r in rows]  # ~9 tokens each
+    for r in rows:
+        ids = r["completion_ids"]
+        assert im_end not in ids[:-1], r["completion"]  # no turn runs on past its end
+        assert (ids[-1] == im_end) == (r["finish_reason"] == "stop") == (not r["truncated"])
+        assert len(r["sampler_logprobs"]) == len(ids)  # the stop token's logprob too: the trainer scores what was sampled
+    assert m.inputs["stop_token_ids"] == sorted({pad, im_end})
+    assert input_hash(again.cfg_hash, "rollout", 0, RolloutPlan(again, 0).inputs()) == m.input_hash
