@@ -81,7 +81,7 @@ class EpisodeRunner:
         self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
         self.budget = cfg.episode_tokens()
         self.max_prompt_len = max_prompt_len
-        self.eos_ids = set(agents.eos_ids)
+        self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # this process's tool time, for the rollout manifest's stats
 
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
@@ -167,7 +167,7 @@ class EpisodeRunner:
         e.turns += 1
         e.finish_reason = s.finish_reason
         # from the tokens, special ones kept: Mistral's [TOOL_CALLS] is one, and s.text dropped it
-        content, calls = self.a.format.parse_turn(s.token_ids, e.prompt_ids + e.ids[:prefix_len], self.eos_ids)
+        content, calls = self.a.format.parse_turn(s.token_ids, e.prompt_ids + e.ids[:prefix_len], self.stop_ids)
         msg = {"role": "assistant", "content": content, "text": s.text, "tokens": len(s.token_ids), "finish_reason": s.finish_reason}
         if calls:
             msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": self._cast(e, c.name, c.arguments)}}
@@ -192,7 +192,7 @@ class EpisodeRunner:
             if r.error == "timeout" and e.env is not None:  # the instance may still be changing: the episode ends here
                 e.ending = "tool_timeout"
                 return self._finish(e)
-        eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.eos_ids
+        eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.stop_ids
         eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
         history = [_render_message(m) for m in e.messages]
         glue = self.a.format.glue_text(_prompt_messages(e, self.data) + history,

@@ -22,9 +22,9 @@ The glue (`glue_text`) is the text the template puts between the end of a model 
 start of the next: the tool messages and the next assistant header. It is the suffix of the
 conversation rendered with the tool messages and a generation prompt over the one rendered
 without them, from the template's end of the assistant turn (its end-of-turn token, `eot`, when
-it renders one there); the sampled tokens themselves are never re-tokenised. A turn that ended in
-the token the glue starts with (the template's end of turn, or GLM's `<|observation|>`) does not
-get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
+it renders one there; pipeline/models/stop_tokens.py finds it, and the engines stop on it); the
+sampled tokens themselves are never re-tokenised. A turn that ended in the token the glue starts
+with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
 the completion. A template that renders earlier turns differently once more follow (not prefix-
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pipeline.agents import call_formats
 from pipeline.agents.call_formats import SPECS
 from pipeline.errors import GRPOError
+from pipeline.models.stop_tokens import end_of_turn
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -216,18 +217,6 @@ def _renders(tokenizer, messages, **kw) -> str | None:
         return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
     except Exception:
         return None
-
-
-def end_of_turn(tokenizer) -> str | None:
-    """The special token the template writes right after an assistant message (`<|im_end|>`,
-    `<|eot_id|>`, `</s>`), or None (GLM's templates write none: the next message's header ends it)."""
-    sentinel = _SENTINELS[3]
-    text = _renders(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}])
-    if text is None or sentinel not in text:
-        return None
-    tail = text[text.rindex(sentinel) + len(sentinel):].lstrip()
-    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | set(tokenizer.all_special_tokens)
-    return next((t for t in sorted(specials, key=len, reverse=True) if t and tail.startswith(t)), None)
 
 
 def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:

@@ -1,6 +1,6 @@
 """Loading what an agentic rollout needs, once per stage (and at `grpo init`, where each failure
 is one line and no run directory is made): the tools and their schemas, the environment class,
-the tool format for the model's chat template, and the end-of-turn token ids."""
+the tool format for the model's chat template, and the ids that end a turn."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pipeline.agents import environment as envs
 from pipeline.agents.format import ToolFormat, choose
 from pipeline.agents.tools import load_tools, tool_schema
 from pipeline.errors import GRPOError
+from pipeline.models.stop_tokens import stop_token_ids
 
 
 @dataclass
@@ -22,26 +23,13 @@ class Agents:
     """{None: class} for one environment, {name: class} for a mapping; {} without one."""
     format: ToolFormat
     note: str | None
-    eos_ids: list[int]
+    stop_ids: list[int]
+    """The ids that end a model turn (pipeline/models/stop_tokens.py): the ones the engine stops on."""
 
     @property
     def env_cls(self) -> type | None:
         """The single environment's class (None without one, or with a mapping)."""
         return self.env_classes.get(None)
-
-
-def eos_ids(model_dir: Path, tokenizer) -> list[int]:
-    """The ids that end a model turn: generation_config's eos_token_id(s) and the tokenizer's."""
-    import json
-
-    ids = set()
-    gen = Path(model_dir) / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def load_agents(rollout, tokenizer, model_dir: Path, model_label: str) -> Agents:
@@ -50,7 +38,7 @@ def load_agents(rollout, tokenizer, model_dir: Path, model_label: str) -> Agents
     schemas = [tool_schema(f, f"rollout.tools {f.__name__!r}") for f in fns]
     env_classes = envs.load_environments(rollout.environment)
     fmt, note = choose(tokenizer, rollout.tool_format, model_label)
-    return Agents(tools, schemas, env_classes, fmt, note, eos_ids(model_dir, tokenizer))
+    return Agents(tools, schemas, env_classes, fmt, note, stop_token_ids(model_dir, tokenizer))
 
 
 def check(cfg) -> str | None:

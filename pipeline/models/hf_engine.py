@@ -6,8 +6,8 @@ config's top_p / top_k / min_p (which `grpo init` refuses beside the rollout cor
 `generate` would otherwise take every processor the model directory's generation_config.json
 sets (Qwen2.5-Instruct ships repetition_penalty 1.05-1.1; others no_repeat_ngram_size,
 bad_words_ids, suppress_tokens, min_new_tokens, ...), a policy the trainer never scores. So
-the model keeps no generation config of its own beyond its stop tokens, and each call passes a
-complete one built from the config (`sampling_config`)."""
+the model keeps no generation config of its own beyond its stop tokens (pipeline/models/stop_tokens.py),
+and each call passes a complete one built from the config (`sampling_config`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.config import RolloutConfig
 from pipeline.models.engine_base import Sample, cpu_env, engine_dtype
+from pipeline.models.stop_tokens import stop_token_ids
 
 
 class HFEngine:
@@ -32,13 +33,12 @@ class HFEngine:
         self.dtype = engine_dtype(cfg.dtype, precision)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        # the stop tokens are the one thing read from generation_config.json (as vLLM reads them)
-        loaded = self.model.generation_config
-        eos = loaded.eos_token_id if loaded.eos_token_id is not None else self.tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        # the stop tokens are the one thing taken from the model's files (the eos ids of its
+        # generation_config.json and tokenizer, and its template's end of turn), as for vLLM
+        self.stop_ids = stop_token_ids(model_dir, self.tokenizer)
+        self.pad_id = next((i for i in (self.tokenizer.pad_token_id, *self.stop_ids) if i is not None), 0)
         # `generate` fills every unset field of the config it is given from the model's own: keep none
-        self.model.generation_config = GenerationConfig(eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id)
+        self.model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model_dir = Path(model_dir)
         self.adapter = None  # LoRA policies reach this engine as merged weights
 
@@ -56,12 +56,12 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
                  max_tokens: list[int] | None = None) -> list[list[Sample]]:
         torch, c, tok = self.torch, self.cfg, self.tokenizer
-        eos_ids = self.eos_ids
+        stop_ids = set(self.stop_ids)
         groups = []
         for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
             torch.manual_seed(seed)  # one group, one seed: independent of batching
             inp = torch.tensor([ids] * (1 if greedy else n))
-            gen = sampling_config(c, greedy, max_tokens[i] if max_tokens else c.max_new_tokens, sorted(eos_ids), self.pad_id)
+            gen = sampling_config(c, greedy, max_tokens[i] if max_tokens else c.max_new_tokens, self.stop_ids, self.pad_id)
             with torch.no_grad():
                 out = self.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen)
             new = out.sequences[:, len(ids):]  # [n, L]
@@ -71,7 +71,7 @@ class HFEngine:
             group = []
             for j in range(new.shape[0]):
                 row = new[j].tolist()
-                end = next((t + 1 for t, x in enumerate(row) if x in eos_ids), None)
+                end = next((t + 1 for t, x in enumerate(row) if x in stop_ids), None)  # the stop token kept
                 length = end if end is not None else len(row)
                 tids = row[:length]
                 text = tok.decode(tids, skip_special_tokens=True)
@@ -85,9 +85,10 @@ class HFEngine:
         del self.model
 
 
-def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int):
     """The whole generation config of one call: the config's sampling settings, every other
-    logits processor off (their neutral values, so nothing is filled in from a model's own)."""
+    logits processor off (their neutral values, so nothing is filled in from a model's own);
+    `stop_ids` end a row (pipeline/models/stop_tokens.py)."""
     from transformers import GenerationConfig
 
     off = dict(
@@ -98,7 +99,7 @@ def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, eos_ids
         exponential_decay_length_penalty=None, renormalize_logits=False, remove_invalid_values=False,
     )
     sampled = {} if greedy else dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p or None)
-    return GenerationConfig(**off | sampled, do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+    return GenerationConfig(**off | sampled, do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
                             pad_token_id=pad_id, output_scores=True, return_dict_in_generate=True)
 
 

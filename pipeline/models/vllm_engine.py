@@ -16,6 +16,7 @@ from pipeline.errors import GRPOError
 from pipeline.models import engine_memory as mem
 from pipeline.models.device_plan import EnginePlan, plan_engine, this_device
 from pipeline.models.engine_base import Sample, cpu_env, environment_kept
+from pipeline.models.stop_tokens import stop_token_ids
 
 
 def _env_kept(method):
@@ -38,7 +39,12 @@ class VLLMEngine:
                  precision: str = "fp32", plan: EnginePlan | None = None):
         """`plan`: how the engine uses the device (default: an engine alone on this machine's)."""
         cpu_env()
+        from transformers import AutoTokenizer
+
         plan = plan or plan_engine(cfg, model_dir, max_model_len, precision, this_device())
+        # vLLM stops on the eos ids of the model's files; a template's end of turn they do not
+        # list (pipeline/models/stop_tokens.py) it is given as stop_token_ids, with the rest
+        self.stop_ids = stop_token_ids(model_dir, AutoTokenizer.from_pretrained(model_dir))
         self.plan, self.dtype = plan, plan.dtype
         with environment_kept():  # vLLM's settings for its worker processes stay its own
             try:
@@ -156,6 +162,7 @@ class VLLMEngine:
                 min_p=0.0 if greedy else c.min_p,
                 max_tokens=max_tokens[i] if max_tokens else c.max_new_tokens,
                 stop=c.stop or None,
+                stop_token_ids=self.stop_ids,  # the token is kept in token_ids, as an eos is
                 seed=s,
                 logprobs=0,
             )
