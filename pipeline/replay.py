@@ -124,6 +124,8 @@ def link_rollout(src: Run, k: int, new: Run) -> PartsManifest:
                 raise GRPOError(f"{src.store.display(f'{src_dir}/{name}')}: sha256 differs from its manifest; the source run is damaged (run `grpo audit {src.uri}`)")
             new.store.write_bytes(f"{new_dir}/{name}", data)
         inputs = {"policy": {"path": policy_rel(0), "policy_hash": policy_hash}, "data": new.cfg.data.train, "replayed_from": link}
+        if "stop_token_ids" in src_m.inputs:  # what the copied completions stopped on (absent before issue 32)
+            inputs["stop_token_ids"] = src_m.inputs["stop_token_ids"]
         body = PartsManifest(
             stage="rollout", iteration=0, schema_version=src_m.schema_version, config_hash=new.cfg_hash, seed=new.cfg.seed,
             input_hash=input_hash(new.cfg_hash, "rollout", 0, inputs), inputs=inputs, outputs=src_m.outputs,

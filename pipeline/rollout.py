@@ -14,6 +14,7 @@ from pipeline.errors import GRPOError
 from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.models.policy import policy_kind
+from pipeline.models.stop_tokens import stop_token_ids
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
@@ -41,6 +42,7 @@ class RolloutPlan:
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
         self.policy_hash = run.policy_hash(b)
         self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(b))
+        self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
         self.n_rows = df.height
         ids = iteration_prompt_ids(df.height, cfg.rollout.prompts_per_iter, cfg.seed, k)
@@ -61,7 +63,11 @@ class RolloutPlan:
             self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room)
 
     def inputs(self) -> dict:
-        return {"policy": {"path": policy_rel(self.policy_iter), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train}
+        """What the parts are sampled from, stamped into each: the policy, the data, and the ids
+        that end a completion (read from the policy's files by this code: recorded, so that a change
+        in how they are derived rewrites the parts of an unfinished rollout instead of mixing them)."""
+        return {"policy": {"path": policy_rel(self.policy_iter), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train,
+                "stop_token_ids": self.stop_ids}
 
     def trainer_state(self) -> TrainerState:
         """What TRL reward functions get as `trainer_state` when these completions are scored."""
