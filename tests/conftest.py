@@ -6,6 +6,7 @@ Hugging Face code; vLLM, DeepSpeed, MLflow and Parquet run as they do for users.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,6 +133,24 @@ def short_answers_run(assets: dict, tmp_path: Path, iters: int, **train) -> tupl
     grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
     grpo("iterate", str(run), "--iters", str(iters))
     return run, [pl.read_parquet(run / f"iter-{k:04d}/score/*.parquet")["reward"].mean() for k in range(iters)]
+
+
+def unlisted_end_of_turn(src: Path, dst: Path) -> Path:
+    """A copy of model `src` whose files name only <|endoftext|> as eos (generation_config.json,
+    config.json, the tokenizer), as Qwen2.5 base-style files do; its template still closes each
+    assistant turn with <|im_end|>, which the model was trained to write."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dst)
+    tok = AutoTokenizer.from_pretrained(dst)
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(dst)
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    for name in ("generation_config.json", "config.json"):
+        (dst / name).write_text(json.dumps({**json.loads((dst / name).read_text()), "eos_token_id": pad}))
+    return dst
 
 
 @pytest.fixture

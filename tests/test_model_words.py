@@ -252,21 +252,33 @@ def test_hf_engine_samples_softmax_of_logits_over_temperature_whatever_generatio
 @pytest.mark.slow
 def test_vllm_engine_samples_softmax_of_logits_over_temperature_whatever_generation_config_says(assets, tmp_path):
     """vLLM reads a generation_config.json's sampling settings only as defaults for calls that pass
-    none; the engine passes explicit SamplingParams, so only the stop tokens come from the file."""
+    none; the engine passes explicit SamplingParams, so only the stop tokens come from the file.
+    And the files need not list them all (issue 32, item 4): this copy names only <|endoftext|>,
+    yet each completion ends at the template's end of turn, <|im_end|>, kept as sampled."""
+    from conftest import unlisted_end_of_turn
+    from transformers import AutoTokenizer
+
     from pipeline.config import RolloutConfig
     from pipeline.logprobs import Batch, token_logprobs
     from pipeline.models.policy import load_model
     from pipeline.models.vllm_engine import VLLMEngine
 
-    loaded = tmp_path / "loaded"
-    shutil.copytree(assets["model"], loaded)
+    loaded = unlisted_end_of_turn(Path(assets["model"]), tmp_path / "loaded")
     gen = json.loads((loaded / "generation_config.json").read_text())
     (loaded / "generation_config.json").write_text(json.dumps({**gen, **PROCESSORS}))
-    prompt = [[3, 4, 5, 6, 7, 8]]
-    eng = VLLMEngine(loaded, RolloutConfig(max_new_tokens=12, temperature=0.7), 256, seed=0)
+    tok = AutoTokenizer.from_pretrained(loaded)
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=False)
+    prompt = [tok(chat, add_special_tokens=False)["input_ids"]]
+    eng = VLLMEngine(loaded, RolloutConfig(max_new_tokens=24, temperature=0.7), 512, seed=0)
     samples = eng.generate(prompt, [5], n=4)[0]
     eng.close()
     assert max(len(s.token_ids) for s in samples) > 3  # not the file's max_new_tokens
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert eng.stop_ids == sorted({tok.convert_tokens_to_ids("<|endoftext|>"), im_end})
+    assert any(s.finish_reason == "stop" for s in samples), [s.text for s in samples]  # the warm start answers in ~9 tokens
+    for s in samples:  # no turn runs on past its end; the one that ends it stays, as with an eos
+        assert im_end not in s.token_ids[:-1] and (s.token_ids[-1] == im_end) == (s.finish_reason == "stop"), s.text
+        assert "<|im_end|>" not in s.text and len(s.logprobs) == len(s.token_ids)
     batch = Batch.build(prompt * 4, [s.token_ids for s in samples])
     with torch.no_grad():
         logp, _ = token_logprobs(load_model(loaded), batch, temperature=0.7)  # [4, T]

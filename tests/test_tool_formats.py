@@ -337,30 +337,13 @@ def test_stop_ids_without_generation_config_or_template(make_tokenizer, tmp_path
     assert stop_token_ids(tmp_path, tok) == [pad]
 
 
-def unlisted_end_of_turn(src, dst):
-    """A copy of model `src` whose files name only <|endoftext|> as eos (generation_config.json,
-    config.json, the tokenizer), as Qwen2.5 base-style files do; its template still closes each
-    assistant turn with <|im_end|>, which the model was trained to write."""
-    import shutil
-
-    from transformers import AutoTokenizer
-
-    shutil.copytree(src, dst)
-    tok = AutoTokenizer.from_pretrained(dst)
-    tok.eos_token = "<|endoftext|>"
-    tok.save_pretrained(dst)
-    pad = tok.convert_tokens_to_ids("<|endoftext|>")
-    for name in ("generation_config.json", "config.json"):
-        (dst / name).write_text(json.dumps({**json.loads((dst / name).read_text()), "eos_token_id": pad}))
-    return dst
-
-
 def test_completions_end_at_the_templates_end_of_turn_and_the_manifest_records_it(assets, make_run, tmp_path):
     """A model whose generation_config.json does not list its template's end-of-turn token still
     ends each completion there: the HF engine stops on it (the token kept, as sampled and as the
     trainer scores it), and the manifest's inputs (stamped into every part) record the stop ids;
     a rerun derives the same ones, so it stamps, and writes, the same parts."""
     import pyarrow.parquet as pq
+    from conftest import unlisted_end_of_turn
     from transformers import AutoTokenizer
 
     from pipeline.rollout import RolloutPlan, run_rollout
