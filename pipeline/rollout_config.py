@@ -37,7 +37,7 @@ class RolloutConfig(Section, AgentOptions):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     """Min-p sampling; 0 disables."""
     stop: list[str] = []
-    """Extra stop strings (EOS always stops)."""
+    """Extra stop strings (the model's stop tokens always stop: its eos ids and its chat template's end of turn)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Engine dtype. auto: the trainer's arithmetic (`train.precision` as resolved on this machine),
     bfloat16 where it trains under bf16 autocast, else float32; the sampler then runs at the
