@@ -498,41 +498,38 @@ def test_bad_environments_fail_at_init(assets, trl_envs, tmp_path, environment, 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
-def test_trl_environments_routed_pooled_and_self_rewarded_through_iterate(assets, tiny2k, trl_envs, tmp_path):
+def trl_config(assets, model, trl_envs, tmp_path, **overrides) -> tuple[Path, list[str]]:
     """TRL's environment_factory={"increment": ..., "echo": ..., "guess": ..., "tally": ...} with no
-    reward_funcs and no prompt column: each row served by the environment its column names (its own
-    tool in its prompt, reset's observation as the prompt), rewarded by its get_reward exactly as the
-    live instance is (TallyEnv's reward compares a set of numpy integers and a tuple-keyed dict),
-    __init__ once per pool slot; a rerun under another PYTHONHASHSEED writes the same bytes; audit clean."""
+    reward_funcs and no prompt column: rows routed by their `environment` column."""
+    names = ["increment", "echo", "guess", "tally"] * 2
+    rollout = {"num_generations": 2, "prompts_per_iter": 8, "groups_per_part": 4, "max_new_tokens": 12,
+               "environment": {n: f"{trl_envs}:{n.capitalize()}Env" for n in dict.fromkeys(names)},
+               "max_turns": 2, "max_episode_tokens": 400}
+    cfg = base_config(assets, model=model,
+                      data={"train": route_rows(tmp_path / "routes.jsonl", names), "eval": None, "system_prompt": None},
+                      rollout={**rollout, **overrides.pop("rollout", {})}, rewards=[], **overrides)
+    return write_config(tmp_path / "cfg.yaml", cfg), names
+
+
+def check_trl_iteration(run: Path, trl_envs: Path) -> None:
+    """Each row of iteration 0 was served by the environment its column names (its own tool in its
+    prompt, reset's observation as the prompt) and rewarded by its get_reward exactly as the live
+    instance is (TallyEnv's reward compares a set of numpy integers and a tuple-keyed dict); __init__
+    ran once per pool slot in the rollout (and once per class in init's probe); the update counted
+    the model's own tokens; audit is clean and inspect shows the stored state."""
     import asyncio
     import random
     from collections import Counter
 
     from pipeline.data import derive_seed
-    from test_reproduce import record
 
-    names = ["increment", "echo", "guess", "tally"] * 2
-    cfg = base_config(assets, model=tiny2k,
-                      data={"train": route_rows(tmp_path / "routes.jsonl", names), "eval": None, "system_prompt": None},
-                      rollout={"num_generations": 2, "prompts_per_iter": 8, "groups_per_part": 4, "max_new_tokens": 12,
-                               "environment": {n: f"{trl_envs}:{n.capitalize()}Env" for n in dict.fromkeys(names)},
-                               "max_turns": 2, "max_episode_tokens": 400},
-                      rewards=[])
-    write_config(tmp_path / "cfg.yaml", cfg)
-    runs = [tmp_path / "a", tmp_path / "b"]
-    for run, seed in zip(runs, ("1", "2")):
-        env = {"ENV_INIT_LOG": str(run) + ".born", "PYTHONHASHSEED": seed}
-        grpo("init", str(run), "--config", str(tmp_path / "cfg.yaml"), env=env, timeout=1800)
-        grpo("iterate", str(run), "--iters", "1", env=env, timeout=1800)
-    a = runs[0]
-    written = (a / "config.yaml").read_text()
+    written = (run / "config.yaml").read_text()
     assert "name: IncrementEnv" in written and "pipeline.agents.environment:get_reward_async" in written
     classes = load_trl_envs(trl_envs)
-    per_part_max, episodes = Counter(), 0
-    for part in sorted((a / "iter-0000/rollout").glob("part-*.parquet")):
+    per_part_max, episodes, model_tokens = Counter(), 0, 0
+    for part in sorted((run / "iter-0000/rollout").glob("part-*.parquet")):
         rows = pq.read_table(part).to_pylist()
-        score = {(s["prompt_id"], s["sample_idx"]): s for s in pq.read_table(a / "iter-0000/score" / part.name).to_pylist()}
+        score = {(s["prompt_id"], s["sample_idx"]): s for s in pq.read_table(run / "iter-0000/score" / part.name).to_pylist()}
         in_part = Counter()
         for r in rows:
             rec = json.loads(r["episode"])
@@ -558,9 +555,10 @@ def test_trl_environments_routed_pooled_and_self_rewarded_through_iterate(assets
             assert s["reward"] == value and s[f"reward_{cls.__name__}"] == value  # the score stage's rebuilt instance
             assert [o for o in classes if s[f"reward_{o}"] is not None] == [cls.__name__]  # None for the other classes
             episodes += 1
+            model_tokens += sum(r["completion_mask"])
         for n, c in in_part.items():
             per_part_max[n] = max(per_part_max[n], c)
-    births = Counter(tuple(line.split()) for line in Path(str(a) + ".born").read_text().splitlines())
+    births = Counter(tuple(line.split()) for line in Path(str(run) + ".born").read_text().splitlines())
     by_pid: dict = {}
     for (pid, cls_name), c in births.items():
         by_pid.setdefault(pid, {})[cls_name] = c
@@ -568,7 +566,41 @@ def test_trl_environments_routed_pooled_and_self_rewarded_through_iterate(assets
     pooled = {f"{n.capitalize()}Env": c for n, c in per_part_max.items()}
     assert sorted(sorted(d.items()) for d in by_pid.values()) == sorted([sorted(probe.items()), sorted(pooled.items())]), by_pid
     assert episodes == 16 and sum(pooled.values()) < episodes  # once per slot, not once per episode
-    assert record(runs[0], iters=1) == record(runs[1], iters=1)
-    assert ": ok, 1 iteration(s)" in grpo("audit", str(a), timeout=1800).stdout
-    shown = grpo("inspect", str(a), "--iter", "0", "--format", "json", timeout=1800).stdout
+    steps = pq.read_table(run / "iter-0000/update/metrics.parquet").to_pylist()
+    assert sum(s["tokens"] for s in steps) == model_tokens  # the model's tokens, never tool results or the template's
+    assert ": ok, 1 iteration(s)" in grpo("audit", str(run), timeout=1800).stdout
+    shown = grpo("inspect", str(run), "--iter", "0", "--format", "json", timeout=1800).stdout
     assert "[environment] TallyEnv(seen={np.int64(" in shown
+
+
+@pytest.mark.slow
+def test_trl_environments_routed_pooled_and_self_rewarded_through_iterate(assets, tiny2k, trl_envs, tmp_path):
+    """Four TRL environments, no reward functions, no prompt column, on the tiny model (see
+    check_trl_iteration); a rerun under another PYTHONHASHSEED writes the same bytes."""
+    from test_reproduce import record
+
+    cfg, _ = trl_config(assets, tiny2k, trl_envs, tmp_path)
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run, seed in zip(runs, ("1", "2")):
+        env = {"ENV_INIT_LOG": str(run) + ".born", "PYTHONHASHSEED": seed}
+        grpo("init", str(run), "--config", str(cfg), env=env, timeout=1800)
+        grpo("iterate", str(run), "--iters", "1", env=env, timeout=1800)
+    check_trl_iteration(runs[0], trl_envs)
+    assert record(runs[0], iters=1) == record(runs[1], iters=1)
+
+
+@pytest.mark.slow
+def test_trl_environments_on_smollm2_gguf_with_lora(assets, smollm2, trl_envs, tmp_path):
+    """The same four TRL environment classes, unchanged, on SmolLM2-135M-Instruct given as its GGUF
+    file and trained as a LoRA adapter (the chat template renders each row's own tool): the same
+    routing, get_reward, pooling, token counting and audit hold, and the new policy is an adapter."""
+    cfg, _ = trl_config(assets, smollm2["gguf"], trl_envs, tmp_path,
+                        rollout={"max_new_tokens": 40, "temperature": 0.7, "max_episode_tokens": 700},
+                        train={"mini_batch_size": 8, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}})
+    run = tmp_path / "run"
+    env = {"ENV_INIT_LOG": str(run) + ".born"}
+    grpo("init", str(run), "--config", str(cfg), env=env, timeout=1800)
+    grpo("iterate", str(run), "--iters", "1", env=env, timeout=1800)
+    check_trl_iteration(run, trl_envs)
+    assert (run / "policy/iter-0001/adapter_config.json").exists()
+    assert not list((run / "policy/iter-0001").glob("model*.safetensors"))
