@@ -54,7 +54,7 @@ calibrate-real: $(STAMP)
 	$(BIN)/python -m bench.calibrate_real --ours $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) $(if $(TRL_BF16),--bf16) $(if $(TRL_ITERS),--iters $(TRL_ITERS))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
