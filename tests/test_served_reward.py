@@ -3,21 +3,24 @@ judge's machinery. Against the fault server's /classify (tests/judge_server.py: 
 500 always, hangs, garbage) for the reward read as the in-process options say, concurrency,
 retries, failures, unreadable answers, reuse and `grpo init`'s checks; against a real
 `vllm serve --runner pooling` of a tiny classifier built here, whose served reward must equal
-the in-process `reward_model` on the same weights.
+the in-process `reward_model` on the same weights; and, through `grpo eval`, the eval stage
+recording a judge's and a served reward model's answers (kill and resume, audit, no second call).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import socket
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
-from judge_server import GARBAGE_LOGITS, MODEL, Judge, logits, score
+from judge_server import GARBAGE_LOGITS, MODEL, Judge, classified_text, logits, score
 from vllm_serve import vllm_serve
 
 from pipeline.config_errors import reward_spec
@@ -181,6 +184,68 @@ def test_bad_served_reward_models_fail_at_init_with_one_line(assets, tmp_path, c
     assert (tmp_path / "good" / "config.yaml").is_file() and sum(rm.chats.values()) == 1  # one short text asked
 
 
+# -- eval: a judge's and a served reward model's answers recorded with the eval ----------------------
+
+def eval_rows(run: Path, k: int = 0) -> list[dict]:
+    return pq.read_table(run / f"iter-{k:04d}/eval/part-00000.parquet").to_pylist()
+
+
+def audit(run: Path):
+    from pipeline.report.audit import audit_run
+    from pipeline.store.run import Run
+
+    return audit_run(Run(str(run)))
+
+
+@pytest.mark.slow
+def test_eval_records_served_answers_resumes_without_asking_twice_and_audit_reads_them(assets, server, tmp_path):
+    """`eval.reward` names a judge; a served reward model scores too. The eval is SIGKILLed after
+    its 5th answer and run again: no request twice; the part holds every request and answer,
+    audit re-reads them (and catches an edited one), and a second `grpo eval` asks nothing."""
+    rubric = "Question: {prompt}\nAnswer: {completion}\nScore 0-10:"
+    judge = {"fn": "judge", "max_concurrency": 1, "kwargs": {"base_url": f"{server.url}/ok/v1", "model": MODEL, "rubric": rubric}}
+    rm = rm_entry(server.url, max_concurrency=1, kwargs={"label": 1, "activation": "sigmoid"})
+    cfg = base_config(assets, rewards=[judge, rm, {"fn": "format", "weight": 0.5}], eval={"every": 0, "max_prompts": 6, "reward": "judge"})
+    run = tmp_path / "run"
+    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    server.reset()
+    died = grpo("eval", str(run), "--iter", "0", env={"GRPO_FAULT": "eval:verdict:5"}, check=False)
+    assert died.returncode == -9 and sum(server.answered.values()) == 5
+    assert len(list((run / "iter-0000/eval/judge-cache").glob("*.json"))) == 5
+    assert not (run / "iter-0000/eval/part-00000.parquet").exists()
+    out = grpo("eval", str(run), "--iter", "0")
+    assert set(server.chats.values()) == {1}  # the server's log: no request twice
+
+    rows = eval_rows(run)
+    assert len(rows) == 6 and not (run / "iter-0000/eval/judge-cache").exists()
+    assert {h for _, h in server.chats} == {r[f"extra_{c}_request_hash"] for r in rows for c in ("judge", "rm")}
+    for r in rows:
+        user = json.loads(r["extra_judge_request"])["messages"][-1]["content"]
+        assert r["reward_judge"] == score(user) and r["extra_judge_answer"] == f"Score: {score(user)}"
+        assert r["correct"] == (score(user) > 0)  # eval.reward: the judge decides accuracy
+        x = logits(classified_text(json.loads(r["extra_rm_request"])))[1]
+        assert r["reward_rm"] == pytest.approx(1 / (1 + math.exp(-x)), abs=1e-12)
+    assert sum(r["extra_judge_source"] == "cache" for r in rows) + sum(r["extra_rm_source"] == "cache" for r in rows) == 5
+    m = json.loads((run / "iter-0000/eval/MANIFEST.json").read_text())
+    assert m["judge"]["judge"]["requests"] == m["judge"]["rm"]["requests"] == 6
+    assert m["judge"]["judge"]["calls"] + m["judge"]["rm"]["calls"] == 12 - 5
+    assert [r["fn"] for r in m["rewards"]] == ["judge", "reward_model", "format"]
+    assert "eval policy 0: accuracy" in out.stdout and audit(run).ok
+
+    server.reset()
+    grpo("eval", str(run), "--iter", "0")  # done: the recorded eval stands, nothing is asked
+    assert server.chats == {}
+
+    part = run / "iter-0000/eval/part-00000.parquet"
+    table = pq.read_table(part)
+    answers = table.column("extra_rm_answer").to_pylist()
+    answers[0] = json.dumps([0.0, 3.0])  # the model said otherwise, says the edit
+    pq.write_table(table.set_column(table.column_names.index("extra_rm_answer"), "extra_rm_answer", pa.array(answers)), part)
+    want = (f"iter-0000/eval/part-00000.parquet: judge 'rm' row 0: the stored answer reads as {1 / (1 + math.exp(-3.0))!r} "
+            f"(readable), the part records reward {rows[0]['reward_rm']!r} (readable)")
+    assert want in audit(run).problems
+
+
 # -- a real server: vllm serve --runner pooling ----------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -188,7 +253,11 @@ def tiny_classifier(assets, tmp_path_factory) -> str:
     """A seeded, randomly initialised 2-label Qwen2 sequence classifier shaped like the session's
     tiny model, saved with its tokenizer (byte-level BPE, ChatML template)."""
     import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     tok = AutoTokenizer.from_pretrained(assets["model"])
     config = AutoConfig.from_pretrained(assets["model"])
