@@ -2,10 +2,16 @@
 run's reward functions; accuracy = share of completions whose `eval.reward` column is > 0.
 
     policy/iter-K + data.eval -> iter-K/eval/part-00000.parquet + MANIFEST.json
+
+A served reward (a judge, a served reward model) is recorded as in the score stage: each request
+and its answer are `extra_<reward>_*` columns of the eval part (as is every log_extra column), its
+counts the manifest's `judge` field, and new answers are cached in iter-K/eval/judge-cache/ as they
+arrive, so an eval killed halfway asks only the rest; `grpo audit` re-reads them.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -16,12 +22,13 @@ from pipeline.data import derive_seed, load_dataset, make_prompts
 from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, run_parts
+from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards
 from pipeline.rollout import policy_engine
 from pipeline.store.run import Run
-from pipeline.score import completion_masks, trl_inputs
+from pipeline.score import completion_masks, drop_cache, extra_column, judge_summary, judging, served, trl_inputs
 from pipeline.store import policy_rel
-from schemas.artifacts import EVAL, REWARD_PREFIX
+from schemas.artifacts import EVAL, EXTRA_PREFIX, REWARD_PREFIX
 
 
 def eval_table(run: Run, k: int, engine) -> pa.Table:
@@ -45,8 +52,10 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
                          "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
     table = pa.Table.from_pylist(rows)
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
-    per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k,
-                             completion_masks=completion_masks(table))  # [N, F]
+    log = RewardLog(len(completions))
+    with judging(run, k, "eval") as ledger:  # a served reward's requests and answers, recorded as in score
+        per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
+                                 completion_masks=completion_masks(table))  # [N, F]
     names = [r.column for r in cfg.rewards]
     if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
@@ -65,7 +74,11 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
         out[REWARD_PREFIX + n] = pa.array(per_fn[:, j], from_pandas=True)
     if "episode" in table.column_names:
         out["episode"] = table.column("episode")
-    return pa.table(out)
+    for name, values in sorted(log.extra.items()):
+        out[EXTRA_PREFIX + name] = extra_column(values)
+    if ledger is None:
+        return pa.table(out)
+    return pa.table(out).replace_schema_metadata({b"grpo.judge": json.dumps(ledger.summary(), sort_keys=True)})
 
 
 def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
@@ -111,11 +124,18 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
         return table
 
     def extra() -> dict:
-        return {"policy_hash": run.policy_hash(k), "stats": stats}
+        recorded = {}
+        if served(cfg):  # what audit needs to re-read the answers, and the calls they took
+            recorded = {"rewards": [r.model_dump(mode="json") for r in cfg.rewards],
+                        **({"judge": j} if (j := judge_summary(run, k, 1, "eval")) is not None else {})}
+        return {"policy_hash": run.policy_hash(k), "stats": stats, **recorded}
 
     try:
         inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": cfg.data.eval}
-        return run_parts(run, k, "eval", EVAL, 1, Shard(), inputs, make_part, manifest_extra=extra)
+        m = run_parts(run, k, "eval", EVAL, 1, Shard(), inputs, make_part, manifest_extra=extra)
+        if m is not None:
+            drop_cache(run, k, "eval")
+        return m
     finally:
         if owned and engine is not None:
             engine.close()

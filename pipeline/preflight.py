@@ -60,7 +60,7 @@ def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
 
 def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
     """Every check above, in config order; raises the first failure. Returns notes for the user
-    (a tool format that fell back). `judges_reachable`: ask each `judge` reward's server one cheap
+    (a tool format that fell back). `judges_reachable`: ask each served reward's server one cheap
     request (pipeline/rewards/judge/check.py)."""
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
     if cfg.data.eval is not None:
@@ -73,10 +73,10 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
         columns.append("environments")  # TRL passes the episodes' environment instances
     for j, spec in enumerate(cfg.rewards):
         fn = load_reward(spec, index=j)  # imports a custom function: a missing file or name fails here
-        if spec.fn == "judge":
-            from pipeline.rewards.judge.check import check_judge
+        if spec.served:  # a judge, a served reward model: its key, its rubric's columns, its server
+            from pipeline.rewards.judge.check import check_served
 
-            check_judge(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
+            check_served(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
         if isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):

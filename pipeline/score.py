@@ -120,21 +120,28 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     # log_metric values travel in the part's metadata as [sum, count], so the iteration's mean
     # is taken over every part however many workers wrote them (see reward_metrics)
     meta = {b"grpo.reward_metrics": json.dumps(log.metric_sums())}
-    if ledger is not None:  # the judges' counts of this part: calls, reused, retries, tokens, reasons
+    if ledger is not None:  # the served rewards' counts of this part: calls, reused, retries, tokens, reasons
         meta[b"grpo.judge"] = json.dumps(ledger.summary(), sort_keys=True)
     return table.replace_schema_metadata(meta)
 
 
+def served(cfg) -> bool:
+    """Whether a reward is asked over HTTP with its answers recorded (a judge, a served reward model)."""
+    return any(r.served for r in cfg.rewards)
+
+
 @contextlib.contextmanager
-def judging(run: Run, k: int):
-    """Around scoring a part: the judges' ledger (pipeline.rewards.judge.record) with this stage's
-    verdict cache and, for a replay, the verdicts stored in its source; None without a judge."""
-    if not any(r.fn == "judge" for r in run.cfg.rewards):
+def judging(run: Run, k: int, stage: str = "score"):
+    """Around scoring a part of `stage` (score, eval): the served rewards' ledger
+    (pipeline.rewards.judge.record) with this stage's answer cache and, for a replayed score stage,
+    the answers stored in its source; None without a served reward."""
+    if not served(run.cfg):
         yield None
         return
     from pipeline.rewards.judge.record import CACHE_DIR, Ledger, recording
 
-    with recording(Ledger(run.store, f"{stage_rel(k, 'score')}/{CACHE_DIR}", replay_verdicts(run, k))) as ledger:
+    prior = replay_verdicts(run, k) if stage == "score" else {}
+    with recording(Ledger(run.store, f"{stage_rel(k, stage)}/{CACHE_DIR}", prior, stage)) as ledger:
         yield ledger
 
 
@@ -155,13 +162,13 @@ def replay_verdicts(run: Run, k: int) -> dict[str, dict]:
         return {}
 
 
-def judge_summary(run: Run, k: int, num_parts: int) -> dict | None:
-    """The stage's judge counts: every part's added up (None without a judge)."""
+def judge_summary(run: Run, k: int, num_parts: int, stage: str = "score") -> dict | None:
+    """The stage's counts of its served rewards: every part's added up (None without one)."""
     from pipeline.rewards.judge.record import merge_summaries
 
     a = run.cfg.advantages
-    whole = a.scale == "batch" or a.batch_renorm  # every slice carries the whole iteration's counts
-    metas = [run.store.table_meta(f"{stage_rel(k, 'score')}/{part_name(p)}") for p in range(1 if whole else num_parts)]
+    whole = stage == "score" and (a.scale == "batch" or a.batch_renorm)  # every slice carries the whole iteration's counts
+    metas = [run.store.table_meta(f"{stage_rel(k, stage)}/{part_name(p)}") for p in range(1 if whole else num_parts)]
     found = [json.loads(m["judge"]) for m in metas if "judge" in m]
     return merge_summaries(found) if found else None
 
@@ -208,8 +215,14 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
             **({"judge": j} if (j := judge_summary(run, k, num_parts)) is not None else {}),
         },
     )
-    if m is not None and any(r.fn == "judge" for r in run.cfg.rewards):  # every verdict is in the parts now
+    if m is not None:
+        drop_cache(run, k, "score")
+    return m
+
+
+def drop_cache(run: Run, k: int, stage: str) -> None:
+    """Once `stage`'s manifest is written every served reward's answer is in its parts: its cache goes."""
+    if served(run.cfg):
         from pipeline.rewards.judge.record import CACHE_DIR
 
-        run.store.remove(f"{stage_rel(k, 'score')}/{CACHE_DIR}", recursive=True)
-    return m
+        run.store.remove(f"{stage_rel(k, stage)}/{CACHE_DIR}", recursive=True)

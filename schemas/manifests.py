@@ -85,7 +85,7 @@ class PartsManifest(_Manifest):
     stats: dict[str, float] | None = None
     """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
     rewards: list[dict[str, Any]] | None = None
-    """score: the reward functions as configured."""
+    """score (and eval with a served reward): the reward functions as configured."""
     trainer_state: dict[str, Any] | None = None
     """rollout, score: the TRL `trainer_state` the reward functions saw (global_step, epoch, ...)."""
     passes: dict[str, Any] | None = None
@@ -94,8 +94,8 @@ class PartsManifest(_Manifest):
     """score: the iteration's mean of each value reward functions passed to `log_metric`."""
     replayed_from: ReplayLink | None = None
     judge: dict[str, dict[str, Any]] | None = None
-    """score with a `judge` reward: per judge, requests, calls made, verdicts reused, retries, failures,
-    unreadable answers (and their reasons), latency and tokens, summed over the parts."""
+    """score and eval with a served reward (`judge`, a served `reward_model`): per reward, requests, calls made,
+    answers reused, retries, failures, unreadable answers (and their reasons), latency and tokens, summed over the parts."""
 
 
 class UpdateInputs(_Model):

@@ -63,7 +63,7 @@ def init(
     kl_coef: KlCoefOpt = None,
     seed: SeedOpt = None,
     set: SetOpt = None,
-    no_judge_check: Annotated[bool, typer.Option("--no-judge-check", help="Do not ask a judge's server whether it is up (one cheap request each).")] = False,
+    no_judge_check: Annotated[bool, typer.Option("--no-judge-check", help="Do not ask a served reward's server (a judge, a served reward model) whether it is up (one or two cheap requests each).")] = False,
 ) -> None:
     """Create a run directory from a config file, from options, or from both."""
     from pipeline import preflight

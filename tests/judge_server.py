@@ -14,7 +14,12 @@ MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute 
     broken    always 500
     hang      answers nothing for up to `lifetime` s
     garbage   answers that cannot be read as 0-10: "Score: 42", "I refuse to grade this", ""
-Every POST is logged: `chats` counts requests per (mode, body sha256), `answered` those answered.
+and a served classifier, POST /<mode>/classify as vLLM's pooling server answers it (beside /v1,
+not under it), whose logits for a text (its `input`, or its messages' contents newline-joined) are
+`logits(text)`, with the same modes; its garbage answers are GARBAGE_LOGITS (no logits, one logit,
+a NaN), which cannot be read for label 1.
+Every POST is logged: `chats` counts requests per (mode, body sha256), `answered` those answered,
+`keys` the Authorization headers sent.
 """
 
 from __future__ import annotations
@@ -29,11 +34,25 @@ from urllib.parse import parse_qs, urlparse
 
 MODEL = "fault-judge"
 GARBAGE = ("Score: 42", "I refuse to grade this", "")
+GARBAGE_LOGITS = ([], [0.5], [float("nan"), 1.0])
 
 
 def score(user: str) -> int:
     """The fault judge's verdict on a user message."""
     return int(hashlib.sha256(user.encode()).hexdigest(), 16) % 11
+
+
+def logits(text: str) -> list[float]:
+    """The fault classifier's two logits for a text, each in [-2, 2) in steps of 1/250."""
+    h = int(hashlib.sha256(text.encode()).hexdigest(), 16)
+    return [(h % 1000) / 250 - 2, (h // 1000 % 1000) / 250 - 2]
+
+
+def classified_text(body: dict) -> str:
+    """What the fault classifier reads of a /classify request."""
+    if "input" in body:
+        return body["input"]
+    return "\n".join(m["content"] for m in body["messages"])
 
 
 class Judge:
@@ -45,6 +64,7 @@ class Judge:
         self.requests: Counter = Counter()  # (path, text) -> requests seen
         self.chats: Counter = Counter()  # (mode, body sha256) -> chat requests received
         self.answered: Counter = Counter()  # (mode, body sha256) -> chat requests answered 200
+        self.keys: Counter = Counter()  # Authorization header -> POSTs that sent it
         self.stopping = threading.Event()
         judge = self
 
@@ -92,12 +112,19 @@ class Judge:
                 with judge.lock:
                     judge.chats[key] += 1
                     seen = judge.chats[key]
+                    if self.headers.get("Authorization"):
+                        judge.keys[self.headers["Authorization"]] += 1
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
                 try:
                     body = json.loads(raw)
-                    user = body["messages"][-1]["content"]
-                    verdict = f"Score: {score(user)}"
+                    classify = self.path.rstrip("/").endswith("/classify")
+                    if classify:
+                        text = classified_text(body)
+                        said = GARBAGE_LOGITS[score(text) % len(GARBAGE_LOGITS)] if mode == "garbage" else logits(text)
+                    else:
+                        user = body["messages"][-1]["content"]
+                        verdict = GARBAGE[score(user) % len(GARBAGE)] if mode == "garbage" else f"Score: {score(user)}"
                     if mode == "slow":
                         time.sleep(judge.delay)
                     elif mode == "flaky" and seen <= judge.failures:
@@ -107,10 +134,13 @@ class Judge:
                     elif mode == "hang":
                         judge.stopping.wait(judge.lifetime)
                         return
-                    elif mode == "garbage":
-                        verdict = GARBAGE[score(user) % len(GARBAGE)]
                     with judge.lock:
                         judge.answered[key] += 1
+                    if classify:  # vLLM's ClassificationResponse
+                        usage = {"prompt_tokens": len(text.split()), "total_tokens": len(text.split()), "completion_tokens": 0}
+                        return self.answer(200, json.dumps({"id": "classify-x", "object": "list", "created": 0, "model": body["model"],
+                                                            "usage": usage, "data": [{"index": 0, "label": None, "probs": said,
+                                                                                      "num_classes": len(said)}]}))
                     usage = {"prompt_tokens": len(user.split()), "completion_tokens": len(verdict.split()), "total_tokens": 0}
                     self.answer(200, json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "usage": usage,
                                                  "choices": [{"index": 0, "finish_reason": "stop",
@@ -137,6 +167,7 @@ class Judge:
             self.requests.clear()
             self.chats.clear()
             self.answered.clear()
+            self.keys.clear()
 
     def stop(self) -> None:
         self.stopping.set()

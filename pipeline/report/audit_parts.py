@@ -42,7 +42,7 @@ def check_stage(a: Auditor, k: int, stage: str) -> None:
     for name in a.store.listdir(sd):
         if name.startswith("part-") and name not in outputs:
             a.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
-    if stage == "score":
+    if stage in ("score", "eval"):
         check_verdicts(a, sd, m)
     if stage in ("rollout", "eval"):
         check_sampled_from(a, k, m, mrel, stage)

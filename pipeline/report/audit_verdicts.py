@@ -1,7 +1,8 @@
-"""`grpo audit`'s check of a judge's verdicts in the score parts: each completion's stored request
-hashes to its `request_hash`, and its stored answer, read with the configured verdict reader,
-gives the stored reward and reason. An answer, a request or a reward edited after the fact (even
-with the manifest's sha256 rewritten to match) shows as the row and what disagrees.
+"""`grpo audit`'s check of the served rewards' answers (a judge's verdicts, a served reward model's
+logits) in the score and eval parts: each completion's stored request hashes to its
+`request_hash`, and its stored answer, read as the configured reward reads it, gives the stored
+reward and reason. An answer, a request or a reward edited after the fact (even with the
+manifest's sha256 rewritten to match) shows as the row and what disagrees.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ import pyarrow.parquet as pq
 
 from pipeline.report.audit_record import Auditor
 from pipeline.rewards.judge.client import request_hash
-from pipeline.rewards.judge.verdict import read_verdict
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX
 
 
 def check_verdicts(a: Auditor, sd: str, m) -> None:
-    """Every judge of score manifest `m` (in stage dir `sd`), every listed part."""
+    """Every served reward of score or eval manifest `m` (in stage dir `sd`), every listed part."""
     from pipeline.rewards.config import validate_reward
 
-    judges = [validate_reward(r) for r in (m.rewards or []) if r.get("fn") == "judge"]
+    judges = [spec for spec in map(validate_reward, m.rewards or []) if spec.served]
     if not judges:
         return
     for name in sorted(m.outputs):
@@ -53,7 +53,7 @@ def _check_judge(a: Auditor, rel: str, table, spec) -> None:
         if answer is None:  # a failed request (on_failure: none)
             value, why = None, reason if (reason or "").startswith("failed: ") else "no answer"
         else:
-            value, why = read_verdict(answer, spec.kwargs.verdict)
+            value, why = spec.kwargs.asker().read(answer)
         stored = None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else reward
         if why != reason or (value is None) != (stored is None) or (value is not None and value != stored):
             a.audit.problem(rel, f"{where}: the stored answer reads as {value!r} ({why or 'readable'}), "

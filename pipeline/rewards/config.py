@@ -19,7 +19,8 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from pipeline.rewards.judge.options import JudgeOptions
 
@@ -82,11 +83,17 @@ class OverlongOptions(_Options):
 
 class RewardModelOptions(_Options):
     model: str
-    """A Hugging Face sequence-classification model directory (or hub id)."""
+    """A Hugging Face sequence-classification model directory (or hub id); with base_url: the name the server serves it under."""
+    base_url: str | None = None
+    """A served model: its OpenAI-compatible server up to /v1 (`vllm serve MODEL --runner pooling`); each text is sent to the server's /classify. None: the model runs in the score process."""
+    api_key_env: str | None = None
+    """Served: the NAME of the environment variable holding the API key (sent as a Bearer token); the key is never stored."""
+    on_failure: Literal["error", "none"] = "error"
+    """Served: a request still failing after its retries stops the stage (answers so far are kept), or gives that completion None."""
     batch_size: int = Field(16, ge=1)
-    """Texts per forward pass."""
+    """In-process: texts per forward pass."""
     label: int | str = 0
-    """The logit used: an index, or a name from the model's id2label."""
+    """The logit used: an index, or a name from the model's id2label (in-process only: a server does not report label names)."""
     sign: Literal[1, -1] = 1
     """-1 turns a "bad" score (toxicity) into a reward."""
     use_prompt: bool = True
@@ -94,9 +101,36 @@ class RewardModelOptions(_Options):
     activation: Literal["none", "sigmoid", "softmax"] = "none"
     """Applied to the logits before the label is taken."""
     max_length: int = Field(512, ge=1)
-    """Texts are truncated to this many tokens."""
+    """Texts are truncated to this many tokens (served: at most the server's --max-model-len)."""
     device: str = "auto"
-    """Torch device; auto picks cuda when available."""
+    """In-process: torch device; auto picks cuda when available."""
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_of_a_server(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("base_url") is None:
+            raise ValueError("names the key of a served model: set base_url too")
+        return value
+
+    @field_validator("label")
+    @classmethod
+    def _served_label(cls, value: int | str, info: ValidationInfo) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"{value} is no logit index (0, 1, ...)")
+        if isinstance(value, str) and info.data.get("base_url") is not None:
+            raise ValueError(f"{value!r}: a served model's label is a logit index (its server reports no label names)")
+        return value
+
+    @property
+    def served(self) -> bool:
+        """Asked over HTTP, its answers recorded (pipeline.rewards.judge.served_rewards), or run in-process."""
+        return self.base_url is not None
+
+    def asker(self):
+        """How a served model's requests are made and its logits read."""
+        from pipeline.rewards.judge.served_model import ServedClassifier
+
+        return ServedClassifier(self)
 
 
 class CodeTestsOptions(_Options):
@@ -121,11 +155,11 @@ class _Reward(_Section):
     rows_per_call: int | None = Field(None, ge=1)
     """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
     max_concurrency: int = Field(8, ge=1, le=1024)
-    """Async functions and `judge`: calls (judge: requests) of this function in flight at once."""
+    """Async functions and served rewards (`judge`, a served `reward_model`): calls (served: requests) of this function in flight at once."""
     timeout_s: float = Field(60.0, gt=0.0)
-    """Async functions and `judge`: limit per call (judge: per request); a call still running then is an error (after retries)."""
+    """Async functions and served rewards: limit per call (served: per request); a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)
-    """Async functions and `judge`: further attempts after a transient error (OSError, TimeoutError; judge: also HTTP 429 and 5xx, with exponential backoff)."""
+    """Async functions and served rewards: further attempts after a transient error (OSError, TimeoutError; served: also HTTP 429 and 5xx, with exponential backoff)."""
 
     @property
     def column(self) -> str:
@@ -140,6 +174,11 @@ class _Reward(_Section):
     def columns(self) -> list[str]:
         """Dataset columns a built-in reads by name (custom functions: see preflight)."""
         return self.kwargs.columns() if isinstance(self.kwargs, _Options | JudgeOptions) else []
+
+    @property
+    def served(self) -> bool:
+        """Asked over HTTP with every request and answer recorded: `judge`, a `reward_model` with base_url."""
+        return bool(getattr(self.kwargs, "served", False))
 
 
 def _builtin(fn: str, options: type[_Options], doc: str) -> type[_Reward]:
@@ -169,7 +208,7 @@ BUILTIN_MODELS: dict[str, type[_Reward]] = {
     "contains": _builtin("contains", ContainsOptions, "`value` if `keyword` occurs in the completion."),
     "length_range": _builtin("length_range", LengthRangeOptions, "`value` if the completion's length is within [min_tokens, max_tokens]."),
     "overlong": _builtin("overlong", OverlongOptions, "DAPO's soft overlong punishment."),
-    "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability)."),
+    "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability), in-process or served (vLLM's pooling server)."),
     "code_tests": _builtin("code_tests", CodeTestsOptions, "Fraction of the row's assert-style tests the completion's code passes (sandboxed)."),
     "judge": _builtin("judge", JudgeOptions, "An LLM judge behind an OpenAI-compatible server, reading a rubric (pipeline/rewards/judge)."),
 }

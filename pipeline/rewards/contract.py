@@ -119,10 +119,10 @@ def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial
     makes error messages point at the config line: `rewards[1].fn 'foo.py:bar': no function 'bar' in foo.py`.
     """
     label = f"rewards[{index}]" if index is not None else "rewards"
-    if spec.fn == "judge":  # called through pipeline.rewards.judge.judge_rewards (see compute_rewards)
+    if spec.served:  # a judge, a served reward model: through pipeline.rewards.judge.served_rewards (see compute_rewards)
         from pipeline.rewards import judge
 
-        return functools.partial(judge.judge_rewards, spec)
+        return functools.partial(judge.served_rewards, spec)
     if not isinstance(spec, CustomReward):
         return functools.partial(BUILTINS[spec.fn], **spec.options())
     try:
@@ -224,7 +224,7 @@ def compute_rewards(
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
-        if spec.fn == "judge":  # its requests, their concurrency and the record of its verdicts
+        if spec.served:  # its requests, their concurrency and the record of its answers
             try:
                 values = fn(prompts, completions, columns, log, where)
             except GRPOError as err:

@@ -1,19 +1,23 @@
-"""`judge`: a built-in reward asking an LLM behind any OpenAI-compatible chat endpoint (vLLM's
-server, SGLang, hosted APIs) to grade each completion on a rubric, every verdict recorded.
+"""Served rewards: `judge`, a built-in reward asking an LLM behind any OpenAI-compatible chat
+endpoint (vLLM's server, SGLang, hosted APIs) to grade each completion on a rubric, and a served
+`reward_model` (served_model.py: a classifier behind vLLM's pooling server); every answer recorded.
 
-For each completion the rubric (options.py) is filled in with the prompt, the completion (for an
-episode: the model's own turns) and the row's dataset columns, sent as one chat request
-(client.py), and the answer read into a number (verdict.py). Requests run concurrently, at most
-`max_concurrency` in flight; a 429, a 5xx, a timeout or a lost connection is retried `retries`
-times with exponential backoff. An answer that cannot be read gives None for that completion
-(left out of the total, as any reward's None) and its reason is counted. A request that fails
-after its retries stops the stage with one line (`on_failure: error`, the default; every answer
-obtained so far is kept for the next attempt), or gives None (`on_failure: none`).
+For each completion the judge's rubric (options.py) is filled in with the prompt, the completion
+(for an episode: the model's own turns) and the row's dataset columns, sent as one chat request
+(client.py), and the answer read into a number (verdict.py); a served reward model is sent the
+text the in-process `reward_model` scores and its logits are read as in-process. Both go through
+`served_rewards`: requests run concurrently, at most `max_concurrency` in flight; a 429, a 5xx, a
+timeout or a lost connection is retried `retries` times with exponential backoff. An answer that
+cannot be read gives None for that completion (left out of the total, as any reward's None) and
+its reason is counted. A request that fails after its retries stops the stage with one line
+(`on_failure: error`, the default; every answer obtained so far is kept for the next attempt), or
+gives None (`on_failure: none`).
 
-Every request is keyed by the sha256 of its canonical JSON (model, messages, sampling settings;
-not the URL, not the key): a request whose answer is known (record.py: this stage's cache, a
-replay's source) is not sent again. Each completion's verdict record lands in the score part as
-`extra_<reward>_<field>` columns (record.FIELDS) and the counts in the part's metadata.
+Every request is keyed by the sha256 of its canonical JSON (the judge's: model, messages, sampling
+settings; the reward model's: model, text, truncation; not the URL, not the key): a request whose
+answer is known (record.py: this stage's cache, a replay's source) is not sent again. Each
+completion's record lands in the stage's part as `extra_<reward>_<field>` columns (record.FIELDS)
+and the counts in the part's metadata.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from typing import Any
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import (
+    Answer,
     JudgeFailure,
     ask,
+    chat_answer,
     endpoint,
     headers,
     request_body,
@@ -62,17 +68,42 @@ def render(o: JudgeOptions, prompt: Any, completion: Any, row: dict[str, Any]) -
     return o.rubric.format_map({"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
 
 
-def judge_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
-                  ledger: Ledger | None = None) -> list[float | None]:
-    """Rewards of `spec` (a `judge` entry of `rewards:`) for N completions; the verdict records
-    go to `log` as extra columns, the counts to the ledger (the score stage's, or a fresh one)."""
-    o: JudgeOptions = spec.kwargs
+class ChatJudge:
+    """How `judge` asks (options.py): one chat completion per completion, the verdict read from its text."""
+
+    kind = "chat completion"
+
+    def __init__(self, o: JudgeOptions):
+        self.o = o
+        self.url = endpoint(o)
+        self.what = f"judge {o.model} at {o.base_url}"
+
+    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str) -> list[str]:
+        o = self.o
+        missing = [c for c in o.columns() if c not in columns]
+        if missing:
+            raise GRPOError(f"{where}: the rubric names {{{missing[0]}}}, which is no dataset column")
+        return [request_body(o, render(o, prompts[i], completions[i], {c: columns[c][i] for c in o.columns()}))
+                for i in range(len(completions))]
+
+    @staticmethod
+    def parse(data: dict) -> Answer:
+        return chat_answer(data)
+
+    def read(self, answer: str | None) -> tuple[float | None, str | None]:
+        return read_verdict(answer, self.o.verdict)
+
+
+def served_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
+                   ledger: Ledger | None = None) -> list[float | None]:
+    """Rewards of `spec` (a `judge` entry of `rewards:`, or a served `reward_model`) for N
+    completions; the records go to `log` as extra columns, the counts to the ledger (the stage's,
+    or a fresh one)."""
+    o = spec.kwargs
+    asker = o.asker()  # ChatJudge, or served_model.ServedClassifier
     ledger = ledger or current()
     n = len(completions)
-    missing = [c for c in o.columns() if c not in columns]
-    if missing:
-        raise GRPOError(f"{where}: the rubric names {{{missing[0]}}}, which is no dataset column")
-    bodies = [request_body(o, render(o, prompts[i], completions[i], {c: columns[c][i] for c in o.columns()})) for i in range(n)]
+    bodies = asker.bodies(prompts, completions, columns, where)
     hashes = [request_hash(b) for b in bodies]
     records: list[dict | None] = [None] * n
     todo: dict[str, list[int]] = {}  # one request per distinct body, however many rows share it
@@ -81,7 +112,7 @@ def judge_rewards(spec, prompts: list, completions: list, columns: dict[str, lis
             records[i] = {**known, "reused": True}
         else:
             todo.setdefault(h, []).append(i)
-    failures = _ask_all(spec, o, {h: bodies[rows[0]] for h, rows in todo.items()}, ledger)
+    failures = _ask_all(spec, asker, {h: bodies[rows[0]] for h, rows in todo.items()}, ledger)
     for h, rows in todo.items():
         rec = ledger.get(h) or {"request": bodies[rows[0]], "answer": None, "source": "call",
                                 "attempts": failures[h].attempts, "failure": str(failures[h])}
@@ -93,7 +124,7 @@ def judge_rewards(spec, prompts: list, completions: list, columns: dict[str, lis
         if rec["answer"] is None:
             value, reason = None, f"failed: {rec['failure']}"
         else:
-            value, reason = read_verdict(rec["answer"], o.verdict)
+            value, reason = asker.read(rec["answer"])
         out.append(value)
         rec.update(reason=reason, request_hash=hashes[i])
         called = not rec.get("reused")
@@ -110,7 +141,7 @@ def judge_rewards(spec, prompts: list, completions: list, columns: dict[str, lis
     return out
 
 
-def _ask_all(spec, o: JudgeOptions, bodies: dict[str, str], ledger: Ledger) -> dict[str, JudgeFailure]:
+def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> dict[str, JudgeFailure]:
     """Send every body (hash -> body), at most spec.max_concurrency at once; each answer goes into
     the ledger as it arrives. Returns the failures (on_failure: none), or raises the first."""
     if not bodies:
@@ -119,13 +150,13 @@ def _ask_all(spec, o: JudgeOptions, bodies: dict[str, str], ledger: Ledger) -> d
 
     async def main() -> dict[str, JudgeFailure]:
         sem = asyncio.Semaphore(spec.max_concurrency)
-        url, hdrs = endpoint(o), headers(o)
+        url, hdrs = asker.url, headers(asker.o)
         limits = httpx.Limits(max_connections=spec.max_concurrency, max_keepalive_connections=spec.max_concurrency)
         async with httpx.AsyncClient(limits=limits) as client:
 
             async def one(h: str, body: str):
                 async with sem:
-                    answer = await ask(client, url, body, hdrs, spec.timeout_s, spec.retries)
+                    answer = await ask(client, url, body, hdrs, spec.timeout_s, spec.retries, asker.parse, asker.kind)
                 ledger.put(h, {"request": body, "answer": answer.text or "", "latency_s": round(answer.latency_s, 6),
                                "prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
                                "server_model": answer.server_model, "attempts": answer.attempts})
@@ -141,10 +172,10 @@ def _ask_all(spec, o: JudgeOptions, bodies: dict[str, str], ledger: Ledger) -> d
         return failed
 
     failed = asyncio.run(main())
-    stop = {h: f for h, f in failed.items() if o.on_failure == "error" or not f.retryable}
+    stop = {h: f for h, f in failed.items() if asker.o.on_failure == "error" or not f.retryable}
     if stop:
         first = next(iter(stop.values()))
         kept = len(bodies) - len(failed)
-        raise GRPOError(f"judge {o.model} at {o.base_url}: {len(failed)} of {len(bodies)} requests failed "
+        raise GRPOError(f"{asker.what}: {len(failed)} of {len(bodies)} requests failed "
                         f"(first: {first}); the {kept} answered are kept for the next attempt")
     return failed

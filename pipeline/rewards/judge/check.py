@@ -1,11 +1,14 @@
-"""What `grpo init` checks of a `judge` reward before it writes anything (pydantic has already
-required base_url, model and rubric): the API key's variable is set, the rubric names only
-columns the dataset has, and the server answers one cheap request (GET /models) and serves the
-model (skipped with `grpo init --no-judge-check`, for a server that is not up yet).
+"""What `grpo init` checks of a served reward before it writes anything (pydantic has already
+required base_url, model and a judge's rubric): the API key's variable is set, a judge's rubric
+names only columns the dataset has, and the server answers one cheap request (GET /models) and
+serves the model; a served reward model is also sent one short text, which shows that the server
+classifies and gives the `label` logit (both skipped with `grpo init --no-judge-check`, for a
+server that is not up yet).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from pipeline.errors import GRPOError
@@ -13,6 +16,19 @@ from pipeline.rewards.judge.client import endpoint, headers
 from pipeline.rewards.judge.options import JudgeOptions
 
 REACH_TIMEOUT_S = 10.0
+SKIP = "; grpo init --no-judge-check skips this check"
+
+
+def check_served(o, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+    """A `judge` (JudgeOptions) or a served `reward_model` (RewardModelOptions with base_url)."""
+    if isinstance(o, JudgeOptions):
+        return check_judge(o, label, columns, data, reach)
+    if o.api_key_env and not os.environ.get(o.api_key_env):
+        raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set "
+                        "(it holds the reward model server's API key)")
+    if reach:
+        reachable(o, label)
+        classifies(o, label)
 
 
 def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reach: bool = True) -> None:
@@ -26,12 +42,12 @@ def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reac
         reachable(o, label)
 
 
-def reachable(o: JudgeOptions, label: str) -> None:
+def reachable(o, label: str) -> None:
     """One GET of base_url/models: the server answers, accepts the key, and lists the model."""
     import httpx
 
     url = endpoint(o, "models")
-    skip = "; grpo init --no-judge-check skips this check"
+    skip = SKIP
     try:
         r = httpx.get(url, headers=headers(o), timeout=REACH_TIMEOUT_S)
     except httpx.HTTPError as err:
@@ -47,3 +63,31 @@ def reachable(o: JudgeOptions, label: str) -> None:
     if served and o.model not in served:
         shown = ", ".join(map(str, served[:5])) + (", ..." if len(served) > 5 else "")
         raise GRPOError(f"{label}.kwargs.model: {o.model!r} is not served at {o.base_url} (it serves {shown}){skip}")
+
+
+def classifies(o, label: str) -> None:
+    """One short text to a served reward model's /classify: an answer with logits, `label` among them."""
+    import httpx
+
+    from pipeline.rewards.judge.served_model import (
+        classification_answer,
+        classify_url,
+        request_body,
+    )
+
+    url = classify_url(o.base_url)
+    try:
+        r = httpx.post(url, content=request_body(o, "", "ok").encode(), headers=headers(o), timeout=REACH_TIMEOUT_S)
+    except httpx.HTTPError as err:
+        raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
+    if r.status_code != 200:
+        said = (r.text.strip().splitlines() or [""])[0][:160]
+        raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code} ({said}), not a classification: "
+                        f"serve the model with `vllm serve MODEL --runner pooling`{SKIP}")
+    try:
+        logits = json.loads(classification_answer(r.json()).text)
+        n = len(logits)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a classification{SKIP}") from None
+    if o.label >= n:
+        raise GRPOError(f"{label}.kwargs.label: {o.label} is no logit of {o.model!r}, which gives {n} (0..{n - 1})")

@@ -1,4 +1,6 @@
-"""One judge request over HTTP (httpx): the chat-completions body, its hash, retries with backoff.
+"""One request to a served reward over HTTP (httpx): the chat-completions body, its hash, retries
+with backoff. `ask` reads any JSON answer through a `parse` function: a chat completion's (here)
+for `judge`, a classification's (served_model.py) for a served `reward_model`.
 
 httpx rather than the `openai` client: the status code, the `Retry-After` header, each attempt and
 its latency are ours to count and record, where the openai client retries by itself, out of sight
@@ -56,14 +58,15 @@ def request_hash(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def headers(o: JudgeOptions) -> dict[str, str]:
+def headers(o) -> dict[str, str]:
+    """JSON, and the Bearer key read from `o.api_key_env` (JudgeOptions or a served RewardModelOptions)."""
     out = {"Content-Type": "application/json"}
     if o.api_key_env:
         out["Authorization"] = f"Bearer {os.environ.get(o.api_key_env, '')}"
     return out
 
 
-def endpoint(o: JudgeOptions, path: str = "chat/completions") -> str:
+def endpoint(o, path: str = "chat/completions") -> str:
     return f"{o.base_url.rstrip('/')}/{path}"
 
 
@@ -82,10 +85,20 @@ def _first_line(text: str) -> str:
     return line if len(line) <= 120 else line[:117] + "..."
 
 
-async def ask(client, url: str, body: str, hdrs: dict, timeout_s: float, retries: int) -> Answer:
+def chat_answer(data: dict) -> Answer:
+    """A chat completion's answer (attempts and latency filled in by `ask`); KeyError & co. when it is none."""
+    text = data["choices"][0]["message"].get("content")
+    usage = data.get("usage") or {}
+    return Answer(text=text if isinstance(text, str) else None, latency_s=0.0, prompt_tokens=usage.get("prompt_tokens"),
+                  completion_tokens=usage.get("completion_tokens"), server_model=data.get("model"), attempts=0)
+
+
+async def ask(client, url: str, body: str, hdrs: dict, timeout_s: float, retries: int, parse=chat_answer,
+              kind: str = "chat completion") -> Answer:
     """POST `body` until it is answered: 429, 5xx, timeouts and lost connections are retried
     `retries` times with exponential backoff (Retry-After when the server sends one); any other
-    status fails at once. Raises JudgeFailure."""
+    status fails at once. An HTTP 200 whose JSON `parse` cannot read (it raises) counts as a
+    failed attempt ("not a <kind>"). Raises JudgeFailure."""
     import httpx
 
     cause = "no attempt"
@@ -102,15 +115,12 @@ async def ask(client, url: str, body: str, hdrs: dict, timeout_s: float, retries
             latency = time.monotonic() - t0
             if r.status_code == 200:
                 try:
-                    data = r.json()
-                    text = data["choices"][0]["message"].get("content")
+                    answer = parse(r.json())
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                    cause = "HTTP 200 with a body that is not a chat completion"
+                    cause = f"HTTP 200 with a body that is not a {kind}"
                 else:
-                    usage = data.get("usage") or {}
-                    return Answer(text=text if isinstance(text, str) else None, latency_s=latency,
-                                  prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-                                  server_model=data.get("model"), attempts=attempt + 1)
+                    answer.latency_s, answer.attempts = latency, attempt + 1
+                    return answer
             elif r.status_code == 429 or r.status_code >= 500:
                 cause = f"HTTP {r.status_code}"
                 retry_after = r.headers.get("retry-after")

@@ -91,6 +91,17 @@ class JudgeOptions(_Section):
     def columns(self) -> list[str]:
         return [c for c in rubric_fields(self.rubric) if c not in FIELDS]
 
+    @property
+    def served(self) -> bool:
+        """A judge is always asked over HTTP, its answers recorded (pipeline.rewards.judge.served_rewards)."""
+        return True
+
+    def asker(self):
+        """How its requests are made and its answers read."""
+        from pipeline.rewards.judge import ChatJudge
+
+        return ChatJudge(self)
+
 
 def rubric_fields(template: str) -> list[str]:
     """The names a rubric template uses, in order, once each ({x.y} and {x[0]} name x)."""

@@ -1,13 +1,13 @@
 """The judge's ledger: every answer by request hash, so that no request is paid for twice.
 
-While a score stage runs, each new answer is written at once, atomically, to
-`iter-K/score/judge-cache/<request hash>.json` (through the run store: a local disk or an object
+While a score (or eval) stage runs, each new answer is written at once, atomically, to
+`iter-K/score/judge-cache/<request hash>.json` (iter-K/eval/...) (through the run store: a local disk or an object
 store); a score stage killed halfway finds them there and asks only the rest. When the stage's
 manifest is written the cache is removed: by then every verdict is in the score parts (the
 `extra_<reward>_*` columns), hashed into the manifest. A replay's score stage also knows the
 answers stored in its source iteration's score parts, so an unchanged judge is not asked again.
 
-Outside a score stage (evaluation, tests) the ledger lives in memory only.
+Outside a stage (tests, a direct call) the ledger lives in memory only.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ STORED = ("request", "answer", "latency_s", "prompt_tokens", "completion_tokens"
 class Ledger:
     """Known answers (request hash -> record) and the counts of this scoring."""
 
-    def __init__(self, store=None, cache_rel: str | None = None, prior: dict[str, dict] | None = None):
-        self.store, self.cache_rel = store, cache_rel
+    def __init__(self, store=None, cache_rel: str | None = None, prior: dict[str, dict] | None = None, stage: str = "score"):
+        self.store, self.cache_rel, self.stage = store, cache_rel, stage
         self.known: dict[str, dict] = {h: {**r, "source": "replay"} for h, r in (prior or {}).items()}
         self.new = 0
         if store is not None and cache_rel is not None:
@@ -55,7 +55,7 @@ class Ledger:
             self.store.write_bytes(f"{self.cache_rel}/{h}.json", json.dumps(rec, sort_keys=True).encode())
         self.known[h] = {**rec, "source": "cache"}
         self.new += 1
-        fault_point("score:verdict", self.new)  # resume tests: GRPO_FAULT=score:verdict:N dies after the N-th answer
+        fault_point(f"{self.stage}:verdict", self.new)  # resume tests: GRPO_FAULT=score:verdict:N dies after the N-th answer
 
     def count(self, column: str, **amounts: float) -> None:
         c = self.stats.setdefault(column, Counter())

@@ -1,0 +1,106 @@
+"""A served `reward_model`: a sequence-classification (or reward) model behind vLLM's pooling
+server, asked for each completion's logits, every answer recorded as the judge's are.
+
+    vllm serve MODEL --runner pooling --served-model-name toxicity --max-model-len 512
+
+    rewards:
+      - fn: reward_model
+        max_concurrency: 8
+        kwargs: {model: toxicity, base_url: http://127.0.0.1:8002/v1, label: 1, activation: softmax, sign: -1}
+
+The text is what the in-process `reward_model` (pipeline.rewards.builtins) scores: prompt +
+completion for a plain prompt, sent as `input`; for a chat prompt its messages and the completion
+as an assistant message, sent as `messages`, so that the server applies the model's chat template
+as the in-process path applies the tokenizer's; the completion alone with use_prompt false (an
+episode's completion: its assistant messages, newline-joined). `use_activation: false` asks for
+the raw logits, and the reward is read from them here as in-process:
+sign * activation(logits)[label]. The answer stored is the logits as a JSON list, so that an
+audit reads it again to the same reward.
+
+vLLM serves /classify beside /v1, not under it: the URL is base_url without its /v1, + /classify.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from pipeline.rewards.judge.client import Answer
+
+
+def classify_url(base_url: str) -> str:
+    """vLLM's /classify: at the server's root (base_url without a trailing /v1)."""
+    root = base_url.rstrip("/")
+    return f"{root.removesuffix('/v1')}/classify"
+
+
+def _said(completion) -> str:
+    from pipeline.rewards.builtins import model_text
+
+    return model_text(completion)  # an episode's assistant messages, as in-process
+
+
+def request_body(o, prompt, completion) -> str:
+    """The /classify request for one completion, canonical JSON: what is sent, stored and hashed."""
+    said = _said(completion)
+    body: dict = {"model": o.model, "use_activation": False, "truncate_prompt_tokens": o.max_length}
+    if not o.use_prompt:
+        body["input"] = said
+    elif isinstance(prompt, str):
+        body["input"] = prompt + said
+    else:
+        body["messages"] = [{"role": m.get("role"), "content": m.get("content")} for m in prompt] + \
+                           [{"role": "assistant", "content": said}]
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def classification_answer(data: dict) -> Answer:
+    """The first item's logits (vLLM names them `probs`; raw with use_activation false), as JSON."""
+    item = data["data"][0]
+    usage = data.get("usage") or {}
+    return Answer(text=json.dumps(item["probs"]), latency_s=0.0, prompt_tokens=usage.get("prompt_tokens"),
+                  completion_tokens=None, server_model=data.get("model"), attempts=0)
+
+
+def read_logits(answer: str | None, o) -> tuple[float | None, str | None]:
+    """sign * activation(logits)[label] from a stored answer, or None and why not:
+    "not logits", "not finite", "no label <i>"."""
+    try:
+        logits = json.loads(answer or "")
+    except (ValueError, TypeError):
+        return None, "not logits"
+    if not isinstance(logits, list) or not logits or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logits):
+        return None, "not logits"
+    x = [float(v) for v in logits]
+    if not all(math.isfinite(v) for v in x):
+        return None, "not finite"
+    if not 0 <= o.label < len(x):
+        return None, f"no label {o.label} ({len(x)} logits)"
+    if o.activation == "softmax":
+        top = max(x)
+        exps = [math.exp(v - top) for v in x]
+        x = [e / sum(exps) for e in exps]
+    elif o.activation == "sigmoid":
+        x = [1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v)) for v in x]
+    return o.sign * x[o.label], None
+
+
+class ServedClassifier:
+    """How a served `reward_model` asks: one /classify request per completion, the reward read from its logits."""
+
+    kind = "classification"
+
+    def __init__(self, o):
+        self.o = o
+        self.url = classify_url(o.base_url)
+        self.what = f"reward model {o.model} at {o.base_url}"
+
+    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str) -> list[str]:
+        return [request_body(self.o, p, c) for p, c in zip(prompts, completions)]
+
+    @staticmethod
+    def parse(data: dict) -> Answer:
+        return classification_answer(data)
+
+    def read(self, answer: str | None) -> tuple[float | None, str | None]:
+        return read_logits(answer, self.o)
