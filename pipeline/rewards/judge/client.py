@@ -16,8 +16,10 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pipeline.rewards.judge.options import JudgeOptions
+if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
+    from pipeline.rewards.judge.options import JudgeOptions
 
 BACKOFF_S = 0.5
 """The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S)."""

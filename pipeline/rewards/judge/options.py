@@ -98,7 +98,7 @@ class JudgeOptions(_Section):
 
     def asker(self):
         """How its requests are made and its answers read."""
-        from pipeline.rewards.judge import ChatJudge
+        from pipeline.rewards.judge.chat import ChatJudge
 
         return ChatJudge(self)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import TYPE_CHECKING
 
-from pipeline.rewards.judge.options import VerdictOptions
+if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
+    from pipeline.rewards.judge.options import VerdictOptions
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
