@@ -23,17 +23,20 @@ def check_served(o, label: str, columns: list[str], data: str, reach: bool = Tru
     """A `judge` (JudgeOptions) or a served `reward_model` (RewardModelOptions with base_url)."""
     if isinstance(o, JudgeOptions):
         return check_judge(o, label, columns, data, reach)
-    if o.api_key_env and not os.environ.get(o.api_key_env):
-        raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set "
-                        "(it holds the reward model server's API key)")
+    key_is_set(o, label, "the reward model server's API key")
     if reach:
         reachable(o, label)
         classifies(o, label)
 
 
-def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+def key_is_set(o, label: str, whose: str) -> None:
+    """The variable `api_key_env` names is set (when it names one)."""
     if o.api_key_env and not os.environ.get(o.api_key_env):
-        raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set (it holds the judge's API key)")
+        raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set (it holds {whose})")
+
+
+def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+    key_is_set(o, label, "the judge's API key")
     for column in o.columns():
         if column not in columns:
             raise GRPOError(f"{label}.kwargs.rubric: names {{{column}}}, but data.train {data} has no column {column!r} "
@@ -47,22 +50,21 @@ def reachable(o, label: str) -> None:
     import httpx
 
     url = endpoint(o, "models")
-    skip = SKIP
     try:
         r = httpx.get(url, headers=headers(o), timeout=REACH_TIMEOUT_S)
     except httpx.HTTPError as err:
-        raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){skip}") from None
+        raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
     if r.status_code in (401, 403):
-        raise GRPOError(f"{label}.kwargs.api_key_env: {url} refused the key (HTTP {r.status_code}){skip}")
+        raise GRPOError(f"{label}.kwargs.api_key_env: {url} refused the key (HTTP {r.status_code}){SKIP}")
     if r.status_code != 200:
-        raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code}, not an OpenAI-compatible model list{skip}")
+        raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code}, not an OpenAI-compatible model list{SKIP}")
     try:
         served = [m.get("id") for m in r.json().get("data", [])]
     except (ValueError, AttributeError, TypeError):
-        raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a model list{skip}") from None
+        raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a model list{SKIP}") from None
     if served and o.model not in served:
         shown = ", ".join(map(str, served[:5])) + (", ..." if len(served) > 5 else "")
-        raise GRPOError(f"{label}.kwargs.model: {o.model!r} is not served at {o.base_url} (it serves {shown}){skip}")
+        raise GRPOError(f"{label}.kwargs.model: {o.model!r} is not served at {o.base_url} (it serves {shown}){SKIP}")
 
 
 def classifies(o, label: str) -> None:
