@@ -231,6 +231,12 @@ def test_eval_records_served_answers_resumes_without_asking_twice_and_audit_read
     assert m["judge"]["judge"]["calls"] + m["judge"]["rm"]["calls"] == 12 - 5
     assert [r["fn"] for r in m["rewards"]] == ["judge", "reward_model", "format"]
     assert "eval policy 0: accuracy" in out.stdout and audit(run).ok
+    from pipeline.report.inspect import stage_metrics
+    from pipeline.store.run import Run
+
+    metrics = stage_metrics(Run(str(run)), 0, "eval")  # what MLflow gets for the eval
+    assert metrics["eval/judge/judge/requests"] == metrics["eval/judge/rm/requests"] == 6
+    assert metrics["eval/judge/judge/calls"] + metrics["eval/judge/rm/calls"] == 12 - 5
 
     server.reset()
     grpo("eval", str(run), "--iter", "0")  # done: the recorded eval stands, nothing is asked

@@ -133,13 +133,20 @@ def _score(run: Run, k: int, m: dict) -> dict[str, float]:
         out[f"rewards/{n}/frac_null"] = _f(col.is_null().mean())
     for name, value in (m.reward_metrics or {}).items():  # log_metric: the iteration's mean, named as logged
         out[name] = _f(value)
-    for n, counts in (m.judge or {}).items():  # judge/<reward>/calls, retries, failures, latency_s, tokens, ...
+    out.update(_judge_counts(m.judge, "judge"))
+    out["time/score_s"] = _seconds(m)
+    return out
+
+
+def _judge_counts(judge: dict | None, prefix: str) -> dict[str, float]:
+    """PREFIX/<reward>/requests, calls, retries, failures, latency_s, tokens, ... of a stage's served rewards."""
+    out = {}
+    for n, counts in (judge or {}).items():
         for key, value in counts.items():
             if key != "reasons":
-                out[f"judge/{n}/{key}"] = _f(value)
+                out[f"{prefix}/{n}/{key}"] = _f(value)
         if counts.get("calls"):
-            out[f"judge/{n}/mean_latency_s"] = _f(counts.get("latency_s", 0.0) / counts["calls"])
-    out["time/score_s"] = _seconds(m)
+            out[f"{prefix}/{n}/mean_latency_s"] = _f(counts.get("latency_s", 0.0) / counts["calls"])
     return out
 
 
@@ -194,6 +201,7 @@ def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
         "eval/reward": _f(df["reward"].fill_nan(None).mean()),
         "eval/mean_length": _f(df["completion_length"].mean()),
         **(eval_episode_metrics(df.select(episodes).to_arrow()) if episodes else {}),
+        **_judge_counts(m.judge, "eval/judge"),  # the eval's own calls to served rewards
         "time/eval_s": _seconds(m),
     }
 
