@@ -59,14 +59,13 @@ def test_one_step_iterations_write_the_same_artifacts_from_iterate_and_the_separ
     which keeps no logprob model then, and the four commands write the same bytes; both audit clean.
     One iteration: starting from a trained policy is what two_runs checks in its second."""
     sep, itr, _ = separate_and_iterate(tmp_path, base_config(assets, train={"mini_batch_size": 16, "lr": 3e-4}), iters=1)
-    for k in range(1):
-        assert manifest(sep, k, "logprobs")["passes"]["forward_passes"] == 0
-        for stage in ("rollout", "score", "logprobs"):
-            assert manifest(sep, k, stage)["outputs"] == manifest(itr, k, stage)["outputs"], (k, stage)
-        a, b = manifest(sep, k, "update")["outputs"], manifest(itr, k, "update")["outputs"]
-        assert a["old_logprobs.parquet"]["rows"] == 16 and a["old_logprobs.parquet"] == b["old_logprobs.parquet"]
-        assert a["metrics.parquet"] == b["metrics.parquet"]
-        assert pl.read_parquet(sep / f"iter-{k:04d}/update/metrics.parquet")["ratio/mean"].to_list() == [1.0]
+    assert manifest(sep, 0, "logprobs")["passes"]["forward_passes"] == 0
+    for stage in ("rollout", "score", "logprobs"):
+        assert manifest(sep, 0, stage)["outputs"] == manifest(itr, 0, stage)["outputs"], stage
+    a, b = manifest(sep, 0, "update")["outputs"], manifest(itr, 0, "update")["outputs"]
+    assert a["old_logprobs.parquet"]["rows"] == 16 and a["old_logprobs.parquet"] == b["old_logprobs.parquet"]
+    assert a["metrics.parquet"] == b["metrics.parquet"]
+    assert pl.read_parquet(sep / "iter-0000/update/metrics.parquet")["ratio/mean"].to_list() == [1.0]
     for k in range(2):
         assert policy_hash(sep, k) == policy_hash(itr, k)
     assert policy_hash(sep, 1) != policy_hash(sep, 0)

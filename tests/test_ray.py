@@ -40,15 +40,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+NODE = {"num_cpus": 1}  # at this machine's own address: Ray turns a loopback one into it when a driver joins
+
+
+def add_worker_node(cluster) -> None:
+    cluster.add_node(**NODE, runtime_env_agent_port=free_port())
+    cluster.wait_for_nodes()
+
+
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 1}  # at this machine's own address: Ray turns a loopback one into it when a driver joins
     cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={**node, "include_dashboard": False, "runtime_env_agent_port": free_port()})
+                      head_node_args={**NODE, "include_dashboard": False, "runtime_env_agent_port": free_port()})
     try:
-        cluster.add_node(**node, runtime_env_agent_port=free_port())
-        cluster.wait_for_nodes()
+        add_worker_node(cluster)
     except BaseException:
         cluster.shutdown()
         raise
@@ -108,23 +114,30 @@ def ahead_of_other_jobs():
                     os.setpriority(os.PRIO_PROCESS, child.pid, 0)
 
 
+@contextlib.contextmanager
+def starting_nodes():
+    """While nodes start: their processes inherit one thread each, and start ahead of other jobs."""
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        with ahead_of_other_jobs():
+            yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Two Ray nodes, one CPU each, on loopback; worker processes run on one thread. A node that
     fails to start (see ahead_of_other_jobs) is tried 3 times."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # the nodes' processes inherit it
-    try:
-        with ahead_of_other_jobs():
-            for attempt in range(3):
-                try:
-                    cluster = two_nodes()
-                    break
-                except Exception:
-                    if attempt == 2:
-                        raise
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
+    with starting_nodes():
+        for attempt in range(3):
+            try:
+                cluster = two_nodes()
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
     yield cluster
     cluster.shutdown()
 
@@ -243,11 +256,9 @@ def test_a_node_removed_mid_iteration_loses_nothing(assets, ray_cluster, local_r
     finally:
         if proc.poll() is None:
             proc.kill()
-        if node in ray_cluster.list_all_nodes():
-            pass
-        else:
-            ray_cluster.add_node(num_cpus=1)
-            ray_cluster.wait_for_nodes()
+        if node not in ray_cluster.list_all_nodes():
+            with starting_nodes():  # as the fixture started it
+                add_worker_node(ray_cluster)
     assert "rollout iteration 0 part" in err and "died" in err and "the part is re-run" in err
     assert "rollout iteration 1: 4 parts on 1 workers" in err  # the lost node's actor is not replaced
     assert_same_as(run, local_run)
