@@ -185,7 +185,9 @@ def reward_metrics(run: Run, k: int, num_parts: int) -> dict[str, float]:
     return {name: total / count for name, (total, count) in sorted(sums.items()) if count}
 
 
-def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
+def run_score(run: Run, k: int, shard: Shard = Shard(), workers: dict | None = None) -> dict | None:
+    """Score iteration k (this shard's parts; the manifest once every part is in). `workers`: the Ray
+    executor's record of who wrote the parts, kept in the manifest."""
     if run.done(k, "score"):
         return run.manifest(k, "score")
     rollout_m = run.require(k, "score", "rollout")
@@ -213,6 +215,7 @@ def run_score(run: Run, k: int, shard: Shard = Shard()) -> dict | None:
             "trainer_state": trainer_state(run, k).to_dict(),
             "reward_metrics": reward_metrics(run, k, num_parts),
             **({"judge": j} if (j := judge_summary(run, k, num_parts)) is not None else {}),
+            **({"workers": workers} if workers else {}),
         },
     )
     if m is not None:

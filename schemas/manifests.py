@@ -93,6 +93,10 @@ class PartsManifest(_Manifest):
     reward_metrics: dict[str, float] | None = None
     """score: the iteration's mean of each value reward functions passed to `log_metric`."""
     replayed_from: ReplayLink | None = None
+    workers: dict[str, Any] | None = None
+    """rollout, score under the Ray executor: `parts` (each part this command wrote -> the worker,
+    "node/pid", that wrote it), `seconds` (each worker's seconds on them) and `straggler` (the slowest
+    part: part, worker, seconds). A resumed stage records only the parts its last command wrote."""
     judge: dict[str, dict[str, Any]] | None = None
     """score and eval with a served reward (`judge`, a served `reward_model`): per reward, requests, calls made,
     answers reused, retries, failures, unreadable answers (and their reasons), latency and tokens, summed over the parts."""

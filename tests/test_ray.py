@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, base_config, grpo, write_config
+from pipeline.store import part_name
 
 ITERS = 2
 PARTS = 4
 THREADS = {"OMP_NUM_THREADS": "1"}  # every process samples on one thread, so they agree bit for bit
-VOLATILE = {"created", "code_version", "timings", "stats"}  # when and by which commit; stats are compared by token count
+VOLATILE = {"created", "code_version", "timings", "stats", "workers"}  # when, by which commit, on which worker; stats are compared by token count
 
 
 def ray_config(assets: dict, **cluster) -> dict:
@@ -212,6 +213,47 @@ def test_ray_run_writes_the_local_runs_bytes_through_a_killed_actor_and_score_ta
     assert "rollout iteration 0 part 1: its worker" in out.stderr and "the part is re-run" in out.stderr
     assert "rollout iteration 1: 4 parts on " in out.stderr and "straggler part" in out.stderr
     assert_same_as(run, local_run)
+    assert_worker_records(run)
+
+
+def assert_worker_records(run: Path) -> None:
+    """Each rollout and score manifest names the worker of every part, and MLflow's metrics of the
+    stage (pipeline.report.inspect.stage_metrics, what the tracker logs) carry them."""
+    from pipeline.report.inspect import stage_metrics
+    from pipeline.store.run import Run
+
+    r = Run(str(run))
+    for k in range(ITERS):
+        for stage in ("rollout", "score"):
+            m = manifest(run, k, stage)
+            w = m["workers"]
+            assert sorted(w["parts"]) == sorted(m["outputs"]) and set(w["seconds"]) == set(w["parts"].values())
+            assert w["parts"][part_name(w["straggler"]["part"])] == w["straggler"]["worker"]
+            metrics = stage_metrics(r, k, stage)
+            assert metrics[f"cluster/{stage}/workers"] == len(w["seconds"])
+            assert metrics[f"cluster/{stage}/straggler_s"] == w["straggler"]["seconds"]
+            for worker, seconds in w["seconds"].items():
+                assert metrics[f"cluster/{stage}/worker_s/{worker.replace('/', '-')}"] == seconds
+
+
+def test_a_worker_record_names_each_part_its_worker_and_the_straggler():
+    """What the executor keeps of its workers' reports: only the parts written (a part an earlier
+    attempt left in place is not this command's work), seconds summed per worker, the slowest part;
+    the stage's metrics carry it."""
+    from pipeline.cluster.executor import row_figures, worker_record
+    from pipeline.report.inspect import worker_metrics
+
+    reports = [{"part": 2, "node": "aa", "pid": 1, "seconds": 1.5, "written": True},
+               {"part": 0, "node": "bb", "pid": 7, "seconds": 4.0, "written": True},
+               {"part": 1, "node": "aa", "pid": 1, "seconds": 2.25, "written": True},
+               {"part": 3, "node": "bb", "pid": 7, "seconds": 0.01, "written": False}]
+    record = worker_record("rollout", 5, reports, 6.0)
+    assert record == {"parts": {"part-00000.parquet": "bb/7", "part-00001.parquet": "aa/1", "part-00002.parquet": "aa/1"},
+                      "seconds": {"aa/1": 3.75, "bb/7": 4.0}, "straggler": {"part": 0, "worker": "bb/7", "seconds": 4.0}}
+    assert row_figures("rollout", record) == {"rollout_straggler_s": 4.0, "rollout_workers": 2}
+    assert worker_metrics("score", record) == {"cluster/score/workers": 2.0, "cluster/score/straggler_s": 4.0,
+                                               "cluster/score/worker_s/aa-1": 3.75, "cluster/score/worker_s/bb-7": 4.0}
+    assert worker_record("score", 5, reports[3:], 1.0) is None and row_figures("score", None) == {}
 
 
 @pytest.mark.slow

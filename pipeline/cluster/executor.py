@@ -89,19 +89,30 @@ def missing(run: Run, k: int, stage: str, num_parts: int, stamp: str) -> list[in
     return [p for p in range(num_parts) if run.store.table_meta(f"{sd}/{part_name(p)}").get("input_hash") != stamp]
 
 
-def workers_line(stage: str, k: int, reports: list[dict], seconds: float) -> dict:
-    """Per-worker seconds and the straggler, printed and returned for the iteration's row."""
+def worker_record(stage: str, k: int, reports: list[dict], seconds: float) -> dict | None:
+    """Which worker wrote each part and in how long, and the straggler: printed, and kept in the
+    stage's manifest (`workers`, logged to MLflow as cluster/<stage>/...). None when no part was written."""
+    reports = [r for r in reports if r["written"]]
+    if not reports:
+        return None
     per: dict[str, float] = {}
     for r in reports:
         key = f"{r['node']}/{r['pid']}"
-        per[key] = per.get(key, 0.0) + r["seconds"]
-    if not reports:
-        return {}
+        per[key] = round(per.get(key, 0.0) + r["seconds"], 3)
     slow = max(reports, key=lambda r: r["seconds"])
     log(f"{stage} iteration {k}: {len(reports)} parts on {len(per)} workers in {seconds:.1f}s ("
         + ", ".join(f"{w} {s:.1f}s" for w, s in sorted(per.items()))
         + f"); straggler part {slow['part']} on node {slow['node']} ({slow['seconds']:.1f}s)")
-    return {f"{stage}_straggler_s": slow["seconds"], f"{stage}_workers": len(per)}
+    return {"parts": {part_name(r["part"]): f"{r['node']}/{r['pid']}" for r in sorted(reports, key=lambda r: r["part"])},
+            "seconds": dict(sorted(per.items())),
+            "straggler": {"part": slow["part"], "worker": f"{slow['node']}/{slow['pid']}", "seconds": round(slow["seconds"], 3)}}
+
+
+def row_figures(stage: str, record: dict | None) -> dict:
+    """The iteration row's share of a worker record."""
+    if not record:
+        return {}
+    return {f"{stage}_straggler_s": record["straggler"]["seconds"], f"{stage}_workers": len(record["seconds"])}
 
 
 def rollout(run: Run, k: int, pool) -> dict:
@@ -117,8 +128,10 @@ def rollout(run: Run, k: int, pool) -> dict:
     stats = {"engine_start_s": round(sum(r["engine_s"] for r in reports), 6), "tokens": sum(r["tokens"] for r in reports),
              "generate_s": round(sum(r["seconds"] - r["engine_s"] for r in reports), 6)}
     seconds = time.time() - t0
-    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds, lambda: plan.manifest_extra(stats))
-    return workers_line("rollout", k, reports, seconds)
+    record = worker_record("rollout", k, reports, seconds)
+    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds,
+             lambda: {**plan.manifest_extra(stats), **({"workers": record} if record else {})})
+    return row_figures("rollout", record)
 
 
 def score(run: Run, k: int, cc, uri: str) -> dict:
@@ -149,8 +162,9 @@ def score(run: Run, k: int, cc, uri: str) -> dict:
             raise_task_error(err, f"score iteration {k} part {p}")
         except ray.exceptions.RayError as err:
             raise GRPOError(f"score iteration {k} part {p}: its worker died 4 times ({type(err).__name__})") from None
-    run_score(run, k)
-    return workers_line("score", k, reports, time.time() - t0)
+    record = worker_record("score", k, reports, time.time() - t0)
+    run_score(run, k, workers=record)
+    return row_figures("score", record)
 
 
 def iterate_ray(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None, address: str | None = None) -> list[dict]:

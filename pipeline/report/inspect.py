@@ -113,6 +113,7 @@ def _rollout(run: Run, k: int, m: dict) -> dict[str, float]:
         "time/rollout_s": _seconds(m),
         "tokens_per_s/rollout": _per_s(stats.get("tokens", 0), stats.get("generate_s", 0.0)),
         **episode_metrics(episode_records(run, k)),  # multi-turn episodes only: turns, endings, tool calls
+        **worker_metrics("rollout", m.workers),  # the Ray executor only
     }
 
 
@@ -134,7 +135,19 @@ def _score(run: Run, k: int, m: dict) -> dict[str, float]:
     for name, value in (m.reward_metrics or {}).items():  # log_metric: the iteration's mean, named as logged
         out[name] = _f(value)
     out.update(_judge_counts(m.judge, "judge"))
+    out.update(worker_metrics("score", m.workers))
     out["time/score_s"] = _seconds(m)
+    return out
+
+
+def worker_metrics(stage: str, record: dict | None) -> dict[str, float]:
+    """cluster/<stage>/workers, straggler_s and worker_s/<node>-<pid> from a manifest's `workers`."""
+    if not record:
+        return {}
+    out = {f"cluster/{stage}/workers": float(len(record["seconds"])),
+           f"cluster/{stage}/straggler_s": _f(record["straggler"]["seconds"])}
+    for worker, seconds in record["seconds"].items():
+        out[f"cluster/{stage}/worker_s/{worker.replace('/', '-')}"] = _f(seconds)
     return out
 
 
