@@ -9,19 +9,17 @@ killed (a rerun resumes, writing no part twice) and a node is removed mid-iterat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, base_config, grpo, write_config
+from pipeline.cluster.local import add_worker_node, starting_nodes, two_nodes
 from pipeline.store import part_name
 
 ITERS = 2
@@ -35,110 +33,11 @@ def ray_config(assets: dict, **cluster) -> dict:
                        cluster={"executor": "ray", "rollout_workers": 2, "rollout_cpus": 0.5, "score_cpus": 0.5, **cluster})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-NODE = {"num_cpus": 1}  # at this machine's own address: Ray turns a loopback one into it when a driver joins
-
-
-def add_worker_node(cluster) -> None:
-    cluster.add_node(**NODE, runtime_env_agent_port=free_port())
-    cluster.wait_for_nodes()
-
-
-def two_nodes():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={**NODE, "include_dashboard": False, "runtime_env_agent_port": free_port()})
-    try:
-        add_worker_node(cluster)
-    except BaseException:
-        cluster.shutdown()
-        raise
-    return cluster
-
-
-def _announce_agent_ports(stop: threading.Event) -> None:
-    """For each raylet this process starts: the agent ports it waits for, written before the agents
-    are up (the metrics and agent HTTP ports as unused, as a minimal agent writes them; the runtime
-    env agent's fixed port)."""
-    import psutil
-    from ray._raylet import (DASHBOARD_AGENT_LISTEN_PORT_NAME, METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME,
-                             RUNTIME_ENV_AGENT_PORT_NAME, persist_port)
-
-    done: set[int] = set()
-    while not stop.is_set():
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                cmd = proc.cmdline() if proc.pid not in done else []
-            except psutil.Error:
-                continue
-            if cmd and cmd[0].endswith("/raylet"):
-                args = dict(a.lstrip("-").split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
-                for name in (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME):
-                    persist_port(args["session_dir"], args["node_id"], name, -1)
-                persist_port(args["session_dir"], args["node_id"], RUNTIME_ENV_AGENT_PORT_NAME, int(args["runtime_env_agent_port"]))
-                done.add(proc.pid)
-        stop.wait(0.05)
-
-
-@contextlib.contextmanager
-def ahead_of_other_jobs():
-    """Ray 2.60's raylet gives its node's agents 15 s to write their ports and dies after that
-    (hard-coded; ray-project/ray issue 65983): on a machine loaded by other jobs they miss it. So
-    the agents run minimal (no metrics, which nothing here reads), their ports are written for the
-    raylet before they are up, and the nodes' daemons start at a higher priority where this process
-    may raise it (as root); the processes they start later run at the usual one."""
-    import psutil
-    import ray._private.utils
-
-    me, stop = psutil.Process(), threading.Event()
-    minimal = ray._private.utils.get_dashboard_dependency_error
-    ray._private.utils.get_dashboard_dependency_error = lambda: ImportError("minimal agents (tests/test_ray.py)")
-    watcher = threading.Thread(target=_announce_agent_ports, args=(stop,), daemon=True)
-    watcher.start()
-    with contextlib.suppress(PermissionError):
-        os.setpriority(os.PRIO_PROCESS, 0, -20)
-    try:
-        yield
-    finally:
-        stop.set()
-        ray._private.utils.get_dashboard_dependency_error = minimal
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-            for child in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error, PermissionError):
-                    os.setpriority(os.PRIO_PROCESS, child.pid, 0)
-
-
-@contextlib.contextmanager
-def starting_nodes():
-    """While nodes start: their processes inherit one thread each, and start ahead of other jobs."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        with ahead_of_other_jobs():
-            yield
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
-
-
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Two Ray nodes, one CPU each, on loopback; worker processes run on one thread. A node that
     fails to start (see ahead_of_other_jobs) is tried 3 times."""
-    with starting_nodes():
-        for attempt in range(3):
-            try:
-                cluster = two_nodes()
-                break
-            except Exception:
-                if attempt == 2:
-                    raise
+    cluster = two_nodes(attempts=3)
     yield cluster
     cluster.shutdown()
 
