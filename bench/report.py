@@ -461,11 +461,10 @@ def render(results: dict) -> str:
         from bench.overlap import section
 
         out += section(json.loads(overlap.read_text()))
-    ray_json = ROOT / "ray.json"  # `make bench-ray` (bench/ray.py)
-    if ray_json.exists():
-        from bench.ray import section as ray_section
+    from bench.ray import results as ray_results, section as ray_section  # `make bench-ray` (bench/ray.py)
 
-        out += ray_section(json.loads(ray_json.read_text()))
+    if ray := ray_results():
+        out += ray_section(ray)
     agent = ROOT / "agent.json"  # `make bench-agent` (bench/agent.py)
     if agent.exists():
         from bench.agent import section as agent_section
