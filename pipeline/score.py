@@ -185,9 +185,10 @@ def reward_metrics(run: Run, k: int, num_parts: int) -> dict[str, float]:
     return {name: total / count for name, (total, count) in sorted(sums.items()) if count}
 
 
-def run_score(run: Run, k: int, shard: Shard = Shard(), workers: dict | None = None) -> dict | None:
-    """Score iteration k (this shard's parts; the manifest once every part is in). `workers`: the Ray
-    executor's record of who wrote the parts, kept in the manifest."""
+def run_score(run: Run, k: int, shard: Shard = Shard(), workers: dict | None = None, started: float | None = None) -> dict | None:
+    """Score iteration k (this shard's parts; the manifest once every part is in). The Ray executor,
+    whose tasks wrote the parts, passes its record of who wrote them (`workers`, kept in the manifest)
+    and when it started them (`started`, so the manifest's seconds count the tasks)."""
     if run.done(k, "score"):
         return run.manifest(k, "score")
     rollout_m = run.require(k, "score", "rollout")
@@ -217,6 +218,7 @@ def run_score(run: Run, k: int, shard: Shard = Shard(), workers: dict | None = N
             **({"judge": j} if (j := judge_summary(run, k, num_parts)) is not None else {}),
             **({"workers": workers} if workers else {}),
         },
+        started=started,
     )
     if m is not None:
         drop_cache(run, k, "score")

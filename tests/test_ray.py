@@ -128,6 +128,7 @@ def assert_worker_records(run: Path) -> None:
             w = m["workers"]
             assert sorted(w["parts"]) == sorted(m["outputs"]) and set(w["seconds"]) == set(w["parts"].values())
             assert w["parts"][part_name(w["straggler"]["part"])] == w["straggler"]["worker"]
+            assert m["timings"]["seconds"] >= w["straggler"]["seconds"]  # the stage's time counts its workers'
             metrics = stage_metrics(r, k, stage)
             assert metrics[f"cluster/{stage}/workers"] == len(w["seconds"])
             assert metrics[f"cluster/{stage}/straggler_s"] == w["straggler"]["seconds"]

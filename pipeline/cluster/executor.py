@@ -163,7 +163,7 @@ def score(run: Run, k: int, cc, uri: str) -> dict:
         except ray.exceptions.RayError as err:
             raise GRPOError(f"score iteration {k} part {p}: its worker died 4 times ({type(err).__name__})") from None
     record = worker_record("score", k, reports, time.time() - t0)
-    run_score(run, k, workers=record)
+    run_score(run, k, workers=record, started=t0)
     return row_figures("score", record)
 
 

@@ -95,8 +95,11 @@ def run_parts(
     inputs: dict,
     make_part: Callable[[int], pa.Table],
     manifest_extra: Callable[[], dict] | None = None,
+    started: float | None = None,
 ) -> PartsManifest | None:
     """Write this shard's parts of `stage` for iteration k, then the manifest if all are in.
+    `started`: when the stage began, where its parts were written elsewhere first (the Ray
+    executor's score tasks), so the manifest's seconds count them.
 
     Returns the manifest, or None when other shards' parts are still missing.
     """
@@ -105,7 +108,7 @@ def run_parts(
     if (m := store.manifest(sd)) is not None:
         return m
     stamp = input_hash(run.cfg_hash, stage, k, inputs)
-    t0 = time.time()
+    t0 = started or time.time()
     with store.lock(f"{sd}/.lock-shard-{shard.index}-of-{shard.count}", f"{stage} iteration {k} shard {shard}"):
         if (m := store.manifest(sd)) is not None:
             return m
