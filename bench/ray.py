@@ -60,12 +60,14 @@ def run_variant(name: str, w: Workload, iters: int, env: dict, address: str | No
     wall = time.time() - t
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: grpo iterate failed ({proc.returncode}); log {root / 'iterate.log'}")
+    audit = subprocess.run([*grpo, "audit", str(run)], env=env, cwd=ROOT.parent, capture_output=True, text=True, check=False)
     done = [(run / f"policy/iter-{k:04d}/MANIFEST.json").stat().st_mtime for k in range(1, iters + 1)]
     manifests = {(k, s): json.loads((run / f"iter-{k:04d}/{s}/MANIFEST.json").read_text()) for k in range(iters) for s in STAGES}
     return {
         "name": name, "actors": actors, "iters": iters, "wall_s": wall, "steady_s_per_iter": (done[-1] - done[0]) / (iters - 1),
         "stage_s": {s: sum(manifests[k, s]["timings"]["seconds"] for k in range(1, iters)) / (iters - 1) for s in STAGES},
         "outputs": {f"{k}/{s}": manifests[k, s]["outputs"] for k in range(iters) for s in ("rollout", "score")},
+        "audit_clean": audit.returncode == 0,
     }
 
 
@@ -96,13 +98,14 @@ def workload_table(result: dict) -> list[str]:
             f"machine (one CPU each); {m['cores']} cores, load {m['loadavg'][0]:.2f} at start. Seconds per iteration between "
             "policy 1 and the last (engine and actor starts not counted); stage seconds from the manifests.")
     out = [head, "",
-           "| run | rollout actors | s/iteration | rollout s | score s | logprobs s | update s | parts = local's |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| run | rollout actors | s/iteration | rollout s | score s | logprobs s | update s | parts = local's | audit |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         st = r["stage_s"]
         same = "yes" if r["outputs"] == runs["local"]["outputs"] else "NO"
         out.append(f"| {name} | {r['actors'] or 'none (in process)'} | {r['steady_s_per_iter']:.2f} | {st['rollout']:.2f} | "
-                   f"{st['score']:.2f} | {st['logprobs']:.2f} | {st['update']:.2f} | {same} |")
+                   f"{st['score']:.2f} | {st['logprobs']:.2f} | {st['update']:.2f} | {same} | "
+                   + {True: "clean", False: "NOT CLEAN", None: "not run"}[r.get("audit_clean")] + " |")
     one, two, local = runs["ray-1"], runs["ray-2"], runs["local"]
     out += ["", f"- Two rollout actors against one: rollout {one['stage_s']['rollout'] / two['stage_s']['rollout']:.2f} x as fast "
             f"(iteration {one['steady_s_per_iter'] / two['steady_s_per_iter']:.2f} x).",
