@@ -1,5 +1,6 @@
-"""`grpo iterate` on a Ray cluster: two Ray nodes on this machine (`ray.cluster_utils.Cluster`, one
-CPU each, every address on loopback), one cluster for the whole test session.
+"""`grpo iterate` on a Ray cluster: two Ray nodes on this machine (pipeline/cluster/local.py:
+`ray.cluster_utils.Cluster`, one CPU each, at the machine's own address), one cluster for the whole
+test session.
 
 The Ray run must write the bytes of a local `grpo iterate` of the same config (rollout and score
 parts, the manifests' contents bar their times; logprobs, update and policies through `grpo audit
@@ -35,7 +36,7 @@ def ray_config(assets: dict, **cluster) -> dict:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Two Ray nodes, one CPU each, on loopback; worker processes run on one thread. A node that
+    """Two Ray nodes, one CPU each, on this machine; worker processes run on one thread. A node that
     fails to start (see ahead_of_other_jobs) is tried 3 times."""
     cluster = two_nodes(attempts=3)
     yield cluster
@@ -52,9 +53,9 @@ def local_run(assets, tmp_path_factory) -> Path:
     return run
 
 
-def new_run(tmp_path: Path, assets: dict, name: str = "run") -> Path:
+def new_run(tmp_path: Path, assets: dict, name: str = "run", **cluster) -> Path:
     run = tmp_path / name
-    grpo("init", str(run), "--config", str(write_config(tmp_path / f"{name}.yaml", ray_config(assets))))
+    grpo("init", str(run), "--config", str(write_config(tmp_path / f"{name}.yaml", ray_config(assets, **cluster))))
     return run
 
 
@@ -204,6 +205,33 @@ def test_a_node_removed_mid_iteration_loses_nothing(assets, ray_cluster, local_r
     assert "rollout iteration 0 part" in err and "died" in err and "the part is re-run" in err
     assert "rollout iteration 1: 4 parts on 1 workers" in err  # the lost node's actor is not replaced
     assert_same_as(run, local_run)
+
+
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets, ray_cluster, local_run, tmp_path):
+    """cluster.update_workers 2: iteration 0's update runs as two `grpo update` ranks that Ray places
+    (gloo between the two nodes), and gives the single process's policy within the tolerance of
+    tests/test_multiprocess_update.py; rollout and score stay the local run's bytes."""
+    from safetensors.torch import load_file
+
+    from test_multiprocess_update import WEIGHT_ATOL
+
+    run = new_run(tmp_path, assets, update_workers=2, update_cpus=0.5)
+    out = grpo("iterate", str(run), "--iters", "1", "--executor", "ray", "--address", ray_cluster.address, env=THREADS)
+    assert "update iteration 0: 2 processes in " in out.stderr, out.stderr[-3000:]
+    for stage in ("rollout", "score"):
+        assert manifest(run, 0, stage)["outputs"] == manifest(local_run, 0, stage)["outputs"]
+    mine, ref = manifest(run, 0, "update"), manifest(local_run, 0, "update")
+    assert (mine["world_size"], ref["world_size"]) == (2, 1)
+    assert mine["optimizer_steps"] == ref["optimizer_steps"] and mine["rows"] == ref["rows"]
+    w = {k: load_file(r / "policy" / f"iter-{k:04d}" / "model.safetensors") for k, r in ((0, local_run), (1, run))}
+    w_ref = load_file(local_run / "policy" / "iter-0001" / "model.safetensors")
+    assert w[1].keys() == w_ref.keys()
+    assert max(float((w[1][n] - w_ref[n]).abs().max()) for n in w_ref) <= WEIGHT_ATOL
+    assert max(float((w_ref[n] - w[0][n]).abs().max()) for n in w_ref) > 10 * WEIGHT_ATOL  # the update moved them
+    audit = grpo("audit", str(run), check=False)
+    assert audit.returncode == 0, audit.stdout
 
 
 def test_an_unreachable_cluster_is_one_line_before_any_work(assets, tmp_path):

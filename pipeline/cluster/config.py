@@ -17,7 +17,8 @@ class ClusterConfig(Section):
 
     executor: Literal["local", "ray"] = "local"
     """local: every stage in the `grpo iterate` process; ray: rollout parts on Ray actors and score parts as Ray tasks
-    (`pip install -e ".[ray]"`), logprobs and update in the `grpo iterate` process (the driver)."""
+    (`pip install -e ".[ray]"`), logprobs in the `grpo iterate` process (the driver), the update there too or, with
+    update_workers > 1, on that many Ray-placed processes."""
     address: str | None = None
     """The Ray cluster to join, e.g. 127.0.0.1:6379 (`ray start --head` prints it); None: RAY_ADDRESS, else a Ray
     instance started on this machine for the run."""
@@ -31,3 +32,11 @@ class ClusterConfig(Section):
     """CPUs each score task reserves (one task per part)."""
     start_timeout_s: float = Field(600.0, gt=0)
     """How long the driver waits for a rollout actor to start (placed, engine libraries imported) before it gives up."""
+    update_workers: int = Field(1, ge=1)
+    """1: the update runs in the driver with its warm trainer. N > 1: N processes placed by Ray (one placement-group
+    bundle of update_cpus/update_gpus each), each running `grpo update RUN --iter K` with the launcher's variables
+    set as torchrun sets them (gloo on CPUs, NCCL on GPUs): data-parallel DeepSpeed, the same code and resume points."""
+    update_cpus: float = Field(1.0, gt=0)
+    """CPUs each update process reserves (its threads: the whole number of them, at least 1)."""
+    update_gpus: float = Field(0.0, ge=0)
+    """GPUs each update process reserves (1 on a GPU cluster: Ray makes it the only one the process sees)."""

@@ -5,7 +5,9 @@
              manifest (once every part is in) <---  part files, written atomically through the store
     score:   one Ray task per part           ---->  score_part (reward functions, sandboxes, async rewards)
              manifest                        <---  part files
-    logprobs, update, eval: in the driver, with the code and warm models of local `iterate`
+    logprobs, eval: in the driver, with the code and warm models of local `iterate`
+    update:  in the driver (warm trainer), or with cluster.update_workers > 1 on that many
+             Ray-placed `grpo update` processes (pipeline/cluster/update.py)
 
 Parts are the ones `--shard` workers write (fixed groups, seeds from the groups), so a Ray run writes
 a local run's bytes whatever the number of workers; a part whose worker dies is re-run, and a rerun
@@ -73,6 +75,13 @@ def preflight(run: Run, cc) -> tuple[str, str]:
     if cc.rollout_workers * cc.rollout_gpus > have.get("GPU", 0):
         raise GRPOError(f"cluster: {have.get('GPU', 0):g} GPUs, but cluster.rollout_workers ({cc.rollout_workers}) x "
                         f"cluster.rollout_gpus ({cc.rollout_gpus:g}) need {cc.rollout_workers * cc.rollout_gpus:g}")
+    if cc.update_workers > 1:  # the rollout actors stay up (warm) while the update runs
+        for unit, each_r, each_u in (("CPU", cc.rollout_cpus, cc.update_cpus), ("GPU", cc.rollout_gpus, cc.update_gpus)):
+            need = cc.rollout_workers * each_r + cc.update_workers * each_u
+            if need > have.get(unit, 0):
+                raise GRPOError(f"cluster: {have.get(unit, 0):g} {unit}s, but the warm rollout actors "
+                                f"({cc.rollout_workers} x {each_r:g}) and cluster.update_workers ({cc.update_workers}) x "
+                                f"cluster.update_{unit.lower()}s ({each_u:g}) need {need:g}")
     token = uuid.uuid4().hex
     probe = f"probe-{token[:12]}"
     run.store.write_bytes(f".cluster/{probe}", token.encode())
@@ -172,6 +181,7 @@ def iterate_ray(run: Run, iters: int, on_iteration: Callable[[dict], None] | Non
     import ray
 
     from pipeline.cluster.pool import RolloutPool
+    from pipeline.cluster.update import update_on_cluster
     from pipeline.evaluate import run_eval
     from pipeline.iteration import WarmEngines, eval_due, finish_row
     from pipeline.logprobs import run_logprobs
@@ -206,7 +216,10 @@ def iterate_ray(run: Run, iters: int, on_iteration: Callable[[dict], None] | Non
                 run_logprobs(run, k, models=warm.logprobs)
             timings["logprobs"] = time.time() - t0 - sum(timings.values())
             with tracking.reporting(run, k, "update"):
-                _, warm.trainer = run_update(run, k, warm.trainer)
+                if cc.update_workers == 1:
+                    _, warm.trainer = run_update(run, k, warm.trainer)
+                elif not run.done(k, "update"):
+                    extra.update(update_on_cluster(run, k, cc, uri, log))
             timings["update"] = time.time() - t0 - sum(timings.values())
             if eval_due(run, k + 1):
                 with tracking.reporting(run, k + 1, "eval"):
