@@ -6,10 +6,11 @@ policy in place (`reload_weights`, from the stored policy or, with rollout.weigh
 from the trainer's memory), the logprob models and the DeepSpeed trainer are kept.
 The artifacts are the ones the four separate commands write (the tests compare hashes).
 
-One loop serves both schedules. A sampler runs the rollouts and evals it is asked for:
-`InlineSampler` here, on the warm engine, at once (train.max_staleness 0), or
+One loop serves every schedule and executor. A sampler runs the rollouts and evals it is asked
+for: `InlineSampler` here, on the warm engine, at once (train.max_staleness 0),
 `pipeline.overlap.ProcessSampler`, in a second process ahead of the training (max_staleness
->= 1). At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
+>= 1), or `pipeline.cluster.executor.RaySampler`, on a Ray cluster's actors (cluster.executor ray),
+which also takes the score and, with cluster.update_workers > 1, the update. At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
 `pipeline.iteration_plan`) and that is not done is asked for; with s = 0 that is rollout k alone.
 """
 
@@ -51,19 +52,30 @@ class InlineSampler:
         """The engine belongs to `WarmEngines`, which closes it."""
 
 
-def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
+def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None, executor: str | None = None,
+            address: str | None = None) -> list[dict]:
     """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
     With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
-    (pipeline/overlap.py); the artifacts do not depend on which."""
+    (pipeline/overlap.py); with `executor` (default cluster.executor) ray, on a Ray cluster at
+    `address` (default cluster.address). The artifacts do not depend on which."""
     cfg = run.cfg
     start = run.completed_iters()
     warm = WarmEngines(run)
-    if cfg.train.max_staleness:
-        from pipeline.overlap import ProcessSampler
+    cluster = None
+    try:
+        if (executor or cfg.cluster.executor) == "ray":
+            from pipeline.cluster.executor import RaySampler
 
-        sampler = ProcessSampler(run)
-    else:
-        sampler = InlineSampler(run, warm)
+            sampler = cluster = RaySampler(run, warm, address)
+        elif cfg.train.max_staleness:
+            from pipeline.overlap import ProcessSampler
+
+            sampler = ProcessSampler(run)
+        else:
+            sampler = InlineSampler(run, warm)
+    except BaseException:
+        warm.close()
+        raise
     rows = []
     try:
         if cfg.eval.every and cfg.data.eval and not run.done(0, "eval"):
@@ -75,12 +87,13 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
                     sampler.ask("rollout", j)
             sampler.wait("rollout", k)
             timings = {"rollout": time.time() - t0}  # overlapped: the wait, what the overlap did not hide
-            learn(run, warm, k, t0, timings)
+            learn(run, warm, k, t0, timings, cluster)
             if eval_due(run, k + 1) and not run.done(k + 1, "eval"):
                 sampler.ask("eval", k + 1)  # overlapped: behind rollout k+1 (running), ahead of rollout k+2
                 sampler.wait("eval", k + 1)
                 timings["eval"] = time.time() - t0 - sum(timings.values())
-            rows.append(finish_row(run, k, t0, timings, on_iteration))
+            extra = cluster.figures(k) if cluster else {}
+            rows.append(finish_row(run, k, t0, timings, lambda row, extra=extra: (row.update(extra), on_iteration and on_iteration(row))))
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval

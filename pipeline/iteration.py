@@ -50,16 +50,18 @@ class WarmEngines:
             self.trainer.close()
 
 
-def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict) -> None:
-    """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`."""
+def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, cluster=None) -> None:
+    """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`.
+    `cluster` (a pipeline.cluster.executor.RaySampler) scores on the cluster and may take the update."""
     with tracking.reporting(run, k, "score"):
-        run_score(run, k)
+        cluster.score(k) if cluster else run_score(run, k)
     timings["score"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "logprobs"):
         run_logprobs(run, k, models=warm.logprobs)
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
-        _, warm.trainer = run_update(run, k, warm.trainer)
+        if not (cluster and cluster.update(k)):
+            _, warm.trainer = run_update(run, k, warm.trainer)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
 

@@ -31,10 +31,5 @@ def iterate(
     if executor not in (None, "local", "ray"):
         raise GRPOError(f"--executor {executor!r}: expected local or ray")
     table = IterationTable(r)
-    if (executor or r.cfg.cluster.executor) == "ray":
-        from pipeline.cluster.executor import iterate_ray
-
-        iterate_ray(r, target, on_iteration=table.add, address=address)
-    else:
-        run_iterate(r, target, on_iteration=table.add)
+    run_iterate(r, target, on_iteration=table.add, executor=executor, address=address)
     table.finish(target)

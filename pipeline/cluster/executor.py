@@ -5,7 +5,8 @@
              manifest (once every part is in) <---  part files, written atomically through the store
     score:   one Ray task per part           ---->  score_part (reward functions, sandboxes, async rewards)
              manifest                        <---  part files
-    logprobs, eval: in the driver, with the code and warm models of local `iterate`
+    logprobs, eval: in the driver, with the warm models of local `iterate`: one loop, pipeline.iterate,
+             with this module's RaySampler as its sampler
     update:  in the driver (warm trainer), or with cluster.update_workers > 1 on that many
              Ray-placed `grpo update` processes (pipeline/cluster/update.py)
 
@@ -21,8 +22,6 @@ import socket
 import sys
 import time
 import uuid
-from typing import Callable
-
 from pipeline.errors import GRPOError
 from pipeline.store import part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
@@ -176,62 +175,71 @@ def score(run: Run, k: int, cc, uri: str) -> dict:
     return row_figures("score", record)
 
 
-def iterate_ray(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None, address: str | None = None) -> list[dict]:
-    """`pipeline.iterate.iterate` with rollout and score on the cluster; the same artifacts."""
-    import ray
+class RaySampler:
+    """The sampler of `pipeline.iterate`'s one loop on a Ray cluster (its interface: ask, wait, drain,
+    close): rollouts on the pool's warm actors, evals on the driver's warm engine, each done when
+    asked. The loop also hands it the score (Ray tasks) and, with cluster.update_workers > 1, the
+    update (Ray-placed processes); `figures(k)` is what iteration k's row gains (straggler, workers)."""
 
-    from pipeline.cluster.pool import RolloutPool
-    from pipeline.cluster.update import update_on_cluster
-    from pipeline.evaluate import run_eval
-    from pipeline.iteration import WarmEngines, eval_due, finish_row
-    from pipeline.logprobs import run_logprobs
-    from pipeline.report import tracking
-    from pipeline.update.publish import run_update
+    def __init__(self, run: Run, warm, address: str | None = None):
+        from pipeline.cluster.pool import RolloutPool
 
-    cc = run.cfg.cluster
-    if run.cfg.train.max_staleness:
-        raise GRPOError("cluster.executor ray: train.max_staleness needs the local executor (the ray one runs on-policy iterations)")
-    where = connect(cc, address)
-    pool = warm = None
-    rows = []
-    try:
-        probe, token = preflight(run, cc)
-        uri = shared_uri(run)
-        pool = RolloutPool(uri, cc, probe, token, log, status=lambda body: run.store.write_json(IN_FLIGHT, body))
-        log(f"cluster: {where}; {cc.rollout_workers} rollout workers on nodes {', '.join(pool.nodes())}")
-        warm = WarmEngines(run)
-        if run.cfg.eval.every and not run.done(0, "eval") and run.cfg.data.eval:
-            with tracking.reporting(run, 0, "eval"):
-                run_eval(run, 0, warm.rollout_engine(0))
-        for k in range(run.completed_iters(), iters):
-            t0, timings, extra = time.time(), {}, {}
-            with tracking.reporting(run, k, "rollout"):
-                if not run.done(k, "rollout"):
-                    extra.update(rollout(run, k, pool))
-            timings["rollout"] = time.time() - t0
-            with tracking.reporting(run, k, "score"):
-                extra.update(score(run, k, cc, uri))
-            timings["score"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "logprobs"):
-                run_logprobs(run, k, models=warm.logprobs)
-            timings["logprobs"] = time.time() - t0 - sum(timings.values())
-            with tracking.reporting(run, k, "update"):
-                if cc.update_workers == 1:
-                    _, warm.trainer = run_update(run, k, warm.trainer)
-                elif not run.done(k, "update"):
-                    extra.update(update_on_cluster(run, k, cc, uri, log))
-            timings["update"] = time.time() - t0 - sum(timings.values())
-            if eval_due(run, k + 1):
-                with tracking.reporting(run, k + 1, "eval"):
-                    run_eval(run, k + 1, warm.rollout_engine(k + 1))
-                timings["eval"] = time.time() - t0 - sum(timings.values())
-            rows.append(finish_row(run, k, t0, timings, lambda row: (row.update(extra), on_iteration and on_iteration(row))))
-        tracking.log_final(run)
-    finally:
-        if pool is not None:
-            pool.close()
-        if warm is not None:
-            warm.close()
-        run.store.remove(".cluster", recursive=True)
+        self.run, self.warm, self.cc = run, warm, run.cfg.cluster
+        if run.cfg.train.max_staleness:
+            raise GRPOError("cluster.executor ray: train.max_staleness needs the local executor (the ray one runs on-policy iterations)")
+        self.pool, self.rows, self.closed = None, {}, False
+        where = connect(self.cc, address)
+        try:
+            probe, token = preflight(run, self.cc)
+            self.uri = shared_uri(run)
+            self.pool = RolloutPool(self.uri, self.cc, probe, token, log, status=lambda body: run.store.write_json(IN_FLIGHT, body))
+        except BaseException:
+            self.close()
+            raise
+        log(f"cluster: {where}; {self.cc.rollout_workers} rollout workers on nodes {', '.join(self.pool.nodes())}")
+
+    def ask(self, kind: str, k: int) -> None:
+        from pipeline.evaluate import run_eval
+        from pipeline.report import tracking
+
+        run = self.run
+        with tracking.reporting(run, k, kind):
+            if kind == "rollout" and not run.done(k, "rollout"):
+                self.rows.setdefault(k, {}).update(rollout(run, k, self.pool))
+            elif kind == "eval" and not run.done(k, "eval"):
+                run_eval(run, k, self.warm.rollout_engine(k))
+
+    def wait(self, kind: str, k: int) -> None:
+        """Nothing to wait for: `ask` ran it."""
+
+    def drain(self) -> None:
+        """Nothing is still running."""
+
+    def score(self, k: int) -> None:
+        self.rows.setdefault(k, {}).update(score(self.run, k, self.cc, self.uri))
+
+    def update(self, k: int) -> bool:
+        """Iteration k's update on the cluster where cluster.update_workers > 1 (True); else False:
+        the loop's warm trainer does it."""
+        from pipeline.cluster.update import update_on_cluster
+
+        if self.cc.update_workers == 1:
+            return False
+        if not self.run.done(k, "update"):
+            self.rows.setdefault(k, {}).update(update_on_cluster(self.run, k, self.cc, self.uri, log))
+        return True
+
+    def figures(self, k: int) -> dict:
+        return self.rows.pop(k, {})
+
+    def close(self) -> None:
+        """The actors, the probe files and this process's Ray connection (once)."""
+        import ray
+
+        if self.closed:
+            return
+        self.closed = True
+        if self.pool is not None:
+            self.pool.close()
+        self.run.store.remove(".cluster", recursive=True)
         ray.shutdown()
-    return rows
