@@ -34,10 +34,11 @@ def ray_config(assets: dict, **cluster) -> dict:
                        cluster={"executor": "ray", "rollout_workers": 2, "rollout_cpus": 0.5, "score_cpus": 0.5, **cluster})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     """Two Ray nodes, one CPU each, on this machine; worker processes run on one thread. A node that
-    fails to start (see ahead_of_other_jobs) is tried 3 times."""
+    fails to start (see ahead_of_other_jobs) is tried 3 times. Every test that needs it is in this
+    module: the one cluster of a test run, stopped before the next module's tests start."""
     cluster = two_nodes(attempts=3)
     yield cluster
     cluster.shutdown()
