@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 import uuid
+
 from pipeline.errors import GRPOError
 from pipeline.store import part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
