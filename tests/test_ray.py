@@ -181,20 +181,24 @@ def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, ray_clus
 @pytest.mark.slow
 @pytest.mark.ray_cluster
 def test_a_node_removed_mid_iteration_loses_nothing(assets, ray_cluster, local_run, tmp_path):
-    """The second node goes away (its raylet and workers killed) while iteration 0's rollout parts
-    are being written: its actor's part is re-run on the head node's actor, same bytes. The
-    session's cluster gets a second node again afterwards."""
+    """The second node goes away (its raylet and workers killed) while its actor holds one of
+    iteration 0's rollout parts (both actors are held before writing their first part until the
+    node is gone): that part is re-run on the head node's actor, same bytes. The cluster gets a
+    second node again afterwards."""
     run = new_run(tmp_path, assets)
-    env = {**os.environ, **THREADS}
+    release = tmp_path / "release"
+    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "rollout:0", "GRPO_CLUSTER_STALL_RELEASE": str(release)}
     proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     node = next(n for n in ray_cluster.list_all_nodes() if n is not ray_cluster.head_node)
     try:
         deadline = time.time() + 600
-        while not list(run.glob("iter-0000/rollout/part-*.parquet")) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
+        while len(list(tmp_path.glob("release.held-*"))) < 2 and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)  # both actors hold a part
         assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert not list(run.glob("iter-0000/rollout/part-*.parquet"))
         ray_cluster.remove_node(node)
+        release.touch()
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
     finally:

@@ -34,6 +34,19 @@ def fault(where: str, k: int, part: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def stall(where: str, k: int, part: int) -> None:
+    """Test hook for the lost-node test: `GRPO_CLUSTER_STALL=<rollout|score>:<iteration>` holds each
+    such part, before it is written, until the file `GRPO_CLUSTER_STALL_RELEASE` exists, having
+    written `<that file>.held-<pid>-<part>` (so the test knows which workers hold a part)."""
+    if os.environ.get("GRPO_CLUSTER_STALL") != f"{where}:{k}":
+        return
+    release = Path(os.environ["GRPO_CLUSTER_STALL_RELEASE"])
+    Path(f"{release}.held-{os.getpid()}-{part}").touch()
+    deadline = time.time() + 600
+    while not release.exists() and time.time() < deadline:
+        time.sleep(0.1)
+
+
 def where_am_i() -> dict:
     """The Ray node (its id's first 8 hex digits), host and process this code runs in."""
     import ray
@@ -92,6 +105,7 @@ class RolloutWorker:
             report["engine_s"] = time.time() - t
             table = generate_part(plan, self.engine, part)
             fault("rollout", k, part)
+            stall("rollout", k, part)
             write_part(self.run.store, rel, table, ROLLOUT, stamp, part)
             report.update(tokens=int(sum(table.column("completion_length").to_pylist())), written=True)
         report["seconds"] = time.time() - t0
