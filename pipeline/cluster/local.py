@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from pipeline.update.distributed import free_port
 
 NODE = {"num_cpus": 1}  # at this machine's own address: Ray turns a loopback one into it when a driver joins
 
