@@ -191,7 +191,7 @@ def trl_peft(cfg):
     return peft_config(cfg.train.lora)
 
 
-def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int | None = None):
+def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int | None = None, use_cpu: bool = True):
     """GRPOConfig doing the run's work: G, completions per generation, tokens, sampling, epochs
     (num_iterations), mini-batch, optimizer, loss and clip, seed. The mini-batch is split into
     micro-batches of `micro_batch` sequences (default: the run's grad_accum split) with gradient
@@ -233,7 +233,7 @@ def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int
         gradient_checkpointing=False,
         bf16=bf16,
         fp16=False,
-        use_cpu=True,
+        use_cpu=use_cpu,
         use_vllm=False,
         seed=cfg.seed,
         logging_steps=1,

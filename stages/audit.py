@@ -11,9 +11,11 @@ import typer
 
 RunsArg = Annotated[list[str], typer.Argument(help="RUN, or RUN_A RUN_B with --compare.", show_default=False)]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="Compare two runs artifact by artifact instead of auditing one.")]
+WeightsOpt = Annotated[bool, typer.Option("--without-weights", help="A record copied without its policies' weight files "
+                                          "(the GPU proof's tarball): those may be absent; every other file, hash and link is checked.")]
 
 
-def audit(runs: RunsArg, compare: CompareOpt = False) -> None:
+def audit(runs: RunsArg, compare: CompareOpt = False, without_weights: WeightsOpt = False) -> None:
     """Check every manifest, file hash and lineage link of a run (or compare two runs)."""
     from pipeline.report.audit import audit_run
     from pipeline.report.compare import compare_runs
@@ -30,7 +32,7 @@ def audit(runs: RunsArg, compare: CompareOpt = False) -> None:
         return
     if len(runs) != 1:
         raise GRPOError("audit: give one run (or --compare RUN_A RUN_B)")
-    report = audit_run(Run(runs[0]))
+    report = audit_run(Run(runs[0]), weights=not without_weights)
     for line in report.problems:
         print(line)
     print(report.summary())

@@ -92,6 +92,32 @@ def test_hf_engine_is_seeded_per_group(two_policies):
     assert len({tuple(s.token_ids) for s in one[0] + one[1]}) > 1
 
 
+def test_hf_engine_batched_groups_sample_softmax_over_temperature_from_their_own_seed(two_policies):
+    """The GPU path of the HF engine (every group of a call in one padded batch, each drawn from
+    its own generator; forced here on the CPU): a group's tokens do not depend on the other
+    groups of the call, greedy equals the one-group-at-a-time engine, and the recorded logprobs
+    are the trainer's log softmax(logits / T) of the sampled tokens."""
+    from pipeline.models.hf_engine import HFEngine
+
+    a, _ = two_policies
+    cfg = RolloutConfig(engine="hf", max_new_tokens=10, temperature=0.7)
+    eng = HFEngine(a, cfg, 256, seed=0)
+    plain = eng.generate([PROMPT[0], [9, 3]], [1, 2], n=1, greedy=True)
+    eng.batched = True
+    greedy = eng.generate([PROMPT[0], [9, 3]], [1, 2], n=1, greedy=True)
+    assert [[s.token_ids for s in g] for g in greedy] == [[s.token_ids for s in g] for g in plain]
+    both = eng.generate([PROMPT[0], [9, 3, 4]], [1, 2], n=3)
+    alone = eng.generate([[9, 3, 4]], [2], n=3)
+    assert [s.token_ids for s in both[1]] == [s.token_ids for s in alone[0]]
+    assert len({tuple(s.token_ids) for s in both[0]}) > 1
+    model = load_model(a)
+    batch = Batch.build(PROMPT * 3, [s.token_ids for s in both[0]])
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, temperature=0.7)
+    for i, s in enumerate(both[0]):
+        assert logp[i, : len(s.token_ids)].tolist() == pytest.approx(s.logprobs, abs=1e-4)
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024

@@ -23,13 +23,20 @@ class Sample:
 def cpu_env() -> None:
     """Environment the engines need on a CPU machine; set before vLLM/DeepSpeed import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not _has_cuda():  # on a GPU DeepSpeed finds its CUDA accelerator itself
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU notes drown the demo table
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a weight-loading bar per model load
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @contextlib.contextmanager

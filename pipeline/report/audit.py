@@ -39,9 +39,10 @@ from pipeline.store import MANIFEST, policy_rel, stage_rel
 from pipeline.store.run import Run
 
 
-def audit_run(run: Run) -> Audit:
-    """Verify every manifest, file and lineage link of a run (see the module docstring)."""
-    a = Auditor(run)
+def audit_run(run: Run, weights: bool = True) -> Audit:
+    """Verify every manifest, file and lineage link of a run (see the module docstring); without
+    `weights`, a policy's weight files may be absent (every other file and hash is still checked)."""
+    a = Auditor(run, weights)
     policies = [int(n[5:]) for n in a.store.listdir("policy") if n.startswith("iter-") and n[5:].isdigit()]
     last = max(policies + run.iterations() + [0])
     for k in range(last + 1):

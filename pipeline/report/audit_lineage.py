@@ -41,9 +41,11 @@ def check_policy(a: Auditor, k: int) -> None:
         if k == 0:
             a.audit.problem(f"{rel}/{TOMBSTONE}", "the initial policy is never pruned, yet it has a tombstone")
     a.audit.files += len(actual)
+    if not a.weights and set(files) - set(actual):
+        a.audit.weightless.append(rel)
     for name in sorted(set(files) | set(actual)):
-        if name not in actual and pruned:
-            continue  # removed by the prune (a prune killed midway leaves some: still checked)
+        if name not in actual and (pruned or not a.weights):
+            continue  # removed by the prune (a prune killed midway leaves some: still checked), or not copied
         if name not in actual:
             a.audit.problem(f"{rel}/{name}", "missing (listed in MANIFEST.json)")
         elif name not in files:

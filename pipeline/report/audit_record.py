@@ -32,6 +32,8 @@ class Audit:
     iterations: int = 0
     skipped: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    weightless: list[str] = field(default_factory=list)
+    """Policies audited without their weight files (`grpo audit --without-weights`: a record copied without them)."""
 
     @property
     def ok(self) -> bool:
@@ -45,6 +47,8 @@ class Audit:
         if self.pruned:
             names = ", ".join(r.rsplit("/", 1)[-1] for r in self.pruned)
             skipped = f"; pruned by train.keep_policies (manifest and hashes kept, weights removed): {names}" + skipped
+        if self.weightless:
+            skipped = f"; {len(self.weightless)} policies' weight files absent and not checked (--without-weights)" + skipped
         if self.ok:
             return (f"audit {self.uri}: ok, {self.iterations} iteration(s), {self.manifests} manifests and "
                     f"{self.files} files verified, lineage intact{skipped}")
@@ -54,8 +58,9 @@ class Audit:
 class Auditor:
     """One audit's state: the run, the `Audit` it fills, the committed policies' hashes seen so far."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, weights: bool = True):
         self.run, self.store = run, run.store
+        self.weights = weights  # False: a policy's listed files may be absent (a record copied without weights)
         self.cfg_hash = run.cfg_hash  # an unreadable or invalid config.yaml is a GRPOError here
         self.audit = Audit(run.store.display())
         self.policy: dict[int, str] = {}  # committed policies' recorded hashes

@@ -1,0 +1,4 @@
+"""The GPU proof, prepared on a CPU so a lent GPU's minutes go to the proof (docs/gpu.md):
+`python -m bench.gpu pack` (the wheels the GPU machine lacks), `dry-run` (the proof at a small size in
+a Python 3.12 virtualenv holding only the GPU machine's packages), `report DIR` (the figures that came
+back, into bench/results.md and docs/gpu.md); `bash bench/gpu/run.sh` is the command run there."""

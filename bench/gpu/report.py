@@ -1,0 +1,115 @@
+"""The GPU proof's files, back on this machine, into bench/results.md's GPU section and docs/gpu.md's
+"What ran on a GPU" section (each replaced in place between its markers), after auditing the record.
+
+    python -m bench.gpu report DIR      (DIR holds gpu.json, log and runs.tar.gz from bench/gpu/run.sh)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
+
+
+def _f(x, spec=".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def audit_here(tarball: Path) -> dict[str, str]:
+    """`grpo audit --without-weights` of each run in the tarball, with this checkout's grpo."""
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as tar:
+        tar.extractall(tmp, filter="data")
+        for run in sorted(p for p in Path(tmp).iterdir() if p.is_dir() and (p / "config.yaml").is_file()):
+            a = subprocess.run([sys.executable, "-m", "stages.cli", "audit", str(run), "--without-weights"], cwd=ROOT,
+                               capture_output=True, text=True)
+            out[run.name] = "clean" if a.returncode == 0 else "PROBLEMS: " + (a.stdout + a.stderr).strip().splitlines()[-1]
+    return out
+
+
+def stage_means(rows: list[dict]) -> dict[str, float]:
+    """Seconds per stage, the mean over iterations after the first (the first pays start-up)."""
+    use = rows[1:] or rows
+    keys = sorted({k for r in use for k in r.get("timings", {})})
+    return {k: sum(r["timings"].get(k, 0.0) for r in use) / len(use) for k in keys}
+
+
+def gap(status) -> tuple[float | None, float | None]:
+    """Mean sampler-trainer logprob gap and mean share of completions the correction cut, over iterations."""
+    its = (status or {}).get("iterations", []) if isinstance(status, dict) else []
+    g = [i["logprobs/sampler_gap_mean"] for i in its if isinstance(i.get("logprobs/sampler_gap_mean"), (int, float))]
+    c = [i["rollout_correction/clipped_seq_frac"] for i in its if isinstance(i.get("rollout_correction/clipped_seq_frac"), (int, float))]
+    return (sum(g) / len(g) if g else None), (sum(c) / len(c) if c else None)
+
+
+def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
+    env, steps = result.get("environment", {}), result.get("steps", {})
+    gpu = env.get("gpu", "no GPU")
+    lines = [f"Measured {result.get('started', '?')} on one {gpu} ({_f(env.get('gpu_memory_gib'))} GiB), torch {env.get('torch')}, "
+             f"transformers {env.get('transformers')}, DeepSpeed {env.get('deepspeed')}, TRL {env.get('trl')}; "
+             f"`bash bench/gpu/run.sh {result.get('size')}` (bench/gpu/proof.py). Random weights of Qwen2.5-0.5B's shape; "
+             "HF engine (no vLLM on that machine); bf16; DeepSpeed ZeRO-2 on one GPU.", "",
+             "| run | iterations | s / iteration | rollout | score | logprobs | update | peak allocated GiB | reserved GiB "
+             "| estimate (device_plan) GiB | sampler gap | cut share | audit there | audit here |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in ("full", "lora", "full-again"):
+        s = steps.get(name)
+        if not s or "rows" not in s:
+            why = (s or {}).get("skipped") or (s or {}).get("error") or ((s or {}).get("iterate") or {}).get("tail", "")[-200:] or "not run"
+            lines.append(f"| {name} | - | {why.strip().splitlines()[-1] if why.strip() else why} |" + " |" * 11)
+            continue
+        rows = s["rows"]
+        st = stage_means(rows)
+        per_it = sum(r["seconds"] for r in rows[1:]) / max(len(rows) - 1, 1) if len(rows) > 1 else rows[0]["seconds"]
+        g, cut = gap(s.get("status"))
+        lines.append(f"| {name} | {len(rows)} | {per_it:.1f} | {_f(st.get('rollout'))} | {_f(st.get('score'), '.2f')} | "
+                     f"{_f(st.get('logprobs'))} | {_f(st.get('update'))} | {_f(s.get('max_allocated_gib'))} | "
+                     f"{_f(s.get('max_reserved_gib'))} | {_f(s['estimate']['trainer_peak_gib'])} | {_f(g, '.2e')} | "
+                     f"{_f(cut, '.3f')} | {'clean' if (s.get('audit') or {}).get('ok') else 'PROBLEMS'} | {audits.get(name, '-')} |")
+    trl = steps.get("trl") or {}
+    if trl.get("cycle_s"):
+        c = trl["cycle_s"]
+        per = sum(c[1:]) / max(len(c) - 1, 1) if len(c) > 1 else c[0]
+        ours = steps.get("full", {}).get("rows") or []
+        our = sum(r["seconds"] for r in ours[1:]) / max(len(ours) - 1, 1) if len(ours) > 1 else None
+        ratio = f"; grpo's full run took {our / per:.2f} x TRL's time per iteration" if our else ""
+        lines += ["", f"TRL {trl.get('trl')} GRPOTrainer, same model, config and GPU (full fine-tuning, bf16, HF generate): "
+                      f"{per:.1f} s per generation cycle (after the first), peak allocated {_f(trl.get('max_allocated_gib'))} GiB, "
+                      f"reserved {_f(trl.get('max_reserved_gib'))} GiB{ratio}."]
+    else:
+        lines += ["", f"TRL: {trl.get('skipped') or trl.get('error') or (trl.get('tail') or 'not run')[-300:]}"]
+    cmp_ = steps.get("compare") or {}
+    lines += ["", "Second run of the full config against the first (`grpo audit --compare`): "
+              + ("identical." if cmp_.get("ok") else (cmp_.get("tail", "").strip().splitlines() or [cmp_.get("skipped", "not run")])[-1])]
+    chk = steps.get("gpu_check") or {}
+    lines += ["", "Arithmetic check (`python -m bench.gpu_check`): "
+              + ("; ".join(line.strip() for line in chk.get("tail", "").splitlines() if " vs " in line) or str(chk.get("skipped", "not run")))]
+    body = "\n".join(lines)
+    return body, body
+
+
+def replace_between(path: Path, heading: str, body: str) -> None:
+    text = path.read_text()
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n{block}\n"
+    path.write_text(text)
+
+
+def report(folder: Path) -> int:
+    result = json.loads((folder / "gpu.json").read_text())
+    audits = audit_here(folder / "runs.tar.gz") if (folder / "runs.tar.gz").is_file() else {}
+    results_md, gpu_md = sections(result, audits)
+    replace_between(ROOT / "bench/results.md", "## On a GPU (bench/gpu)", results_md)
+    replace_between(ROOT / "docs/gpu.md", "## What ran on a GPU", gpu_md)
+    print(results_md)
+    return 0
