@@ -1,7 +1,7 @@
 """The GPU proof: every step of docs/gpu.md's "What ran on a GPU", in one command, each step timed and
 recorded even when an earlier one failed, inside a time budget.
 
-    python -m bench.gpu.proof OUT --size real|small [--budget-s 420]
+    python -m bench.gpu.proof OUT --size real|small [--budget-s 420] [--steps gpu_check,full,lora,trl,full-again]
     python -m bench.gpu.proof one-run RUN RESULT_JSON --iters N      (a step's own process)
 
 Steps: the arithmetic check (bench.gpu_check); the assets (bench.gpu.assets); `grpo init` and
@@ -155,13 +155,15 @@ class Proof:
         got["ok"] = got["ok"] and audit["ok"]
         return got
 
-    def compare(self) -> dict:
+    def compare(self, a: str, b: str) -> dict:
         runs = self.work / "runs"
-        c = sh(grpo("audit", "--compare", str(runs / "full"), str(runs / "full-again")), timeout=min(self.left(), 300))
+        c = sh(grpo("audit", "--compare", str(runs / a), str(runs / b)), timeout=min(self.left(), 300))
         return {"ok": c["ok"], "tail": c["tail"][-3000:]}
 
     def trl(self) -> dict:
         res = self.work / "trl.json"
+        if not (self.work / "runs" / "full").is_dir():  # TRL reads the full run's config: init it alone
+            sh(grpo("init", str(self.work / "runs" / "full"), "--config", str(self.work / "full.yaml")), timeout=min(self.left(), 120))
         t = sh([sys.executable, "-m", "bench.gpu.trl_gpu", str(self.work / "runs" / "full"), str(res), "--iters", str(self.iters)],
                timeout=self.left())
         got = {"ok": t["ok"], "tail": t["tail"][-1500:]}
@@ -183,17 +185,22 @@ class Proof:
 
     def main(self) -> int:
         self.iters = __import__("bench.gpu.assets", fromlist=["SIZES"]).SIZES[self.size]["iters"]
+        steps = {
+            "gpu_check": (lambda: sh([sys.executable, "-m", "bench.gpu_check"], timeout=min(self.left(), 180)), 30),
+            "full": (lambda: self.run("full", "full.yaml"), 60),
+            "lora": (lambda: self.run("lora", "lora.yaml"), 60),
+            "trl": (self.trl, 60),
+            "full-again": (lambda: self.run("full-again", "full.yaml"), 60),
+            "lora-again": (lambda: self.run("lora-again", "lora.yaml"), 60),
+        }
         self.step("environment", self.environment, 0)
-        self.step("gpu_check", lambda: sh([sys.executable, "-m", "bench.gpu_check"], timeout=min(self.left(), 180)), 30)
         if not self.step("assets", self.assets, 20):
             return 1
-        self.step("full", lambda: self.run("full", "full.yaml"), 60)
-        self.step("lora", lambda: self.run("lora", "lora.yaml"), 60)
-        self.step("trl", self.trl, 60)
-        self.step("full-again", lambda: self.run("full-again", "full.yaml"), 60)
-        if (self.work / "runs" / "full-again").is_dir():
-            self.step("compare", self.compare, 10)
-        self.step("tarball", self.tarball, 0)
+        for name in self.only or ["gpu_check", "full", "lora", "trl", "full-again"]:
+            self.step(name, *steps[name])
+            if name.endswith("-again") and (self.work / "runs" / name).is_dir():
+                self.step(f"compare-{name[:-6]}", lambda: self.compare(name[:-6], name), 10)
+        self.step("tarball", self.tarball, float("-inf"))  # whatever ran comes back
         self.result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         self.save()
         steps = self.result["steps"]
@@ -211,7 +218,9 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     size = argv[argv.index("--size") + 1] if "--size" in argv else "real"
     budget = float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else 420.0
-    return Proof(out, size, budget).main()
+    proof = Proof(out, size, budget)
+    proof.only = argv[argv.index("--steps") + 1].split(",") if "--steps" in argv else None
+    return proof.main()
 
 
 if __name__ == "__main__":
