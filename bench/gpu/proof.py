@@ -42,7 +42,7 @@ def sh(args: list[str], timeout: float, log: Path | None = None) -> dict:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
     sys.stdout.write(out)
     sys.stdout.flush()
-    return {"ok": rc == 0, "rc": rc, "seconds": round(time.time() - t, 2), "tail": out[-2000:]}
+    return {"ok": rc == 0, "rc": rc, "seconds": round(time.time() - t, 2), "tail": out[-2000:], "out": out}
 
 
 def grpo(*args: str) -> list[str]:
@@ -142,14 +142,14 @@ class Proof:
             return {"ok": False, "init": init}
         res = self.work / f"{name}.json"
         it = sh([sys.executable, "-m", "bench.gpu.proof", "one-run", str(run), str(res), "--iters", str(self.iters)], timeout=self.left())
-        got = {"ok": it["ok"], "init_s": init["seconds"], "iterate": it}
+        got = {"ok": it["ok"], "init_s": init["seconds"], "iterate": {k: v for k, v in it.items() if k != "out"}}
         if res.is_file():
             got |= json.loads(res.read_text())
         audit = sh(grpo("audit", str(run)), timeout=min(self.left(), 300))
         status = sh(grpo("status", str(run), "--format", "json"), timeout=min(self.left(), 120))
         got["audit"] = {"ok": audit["ok"], "tail": audit["tail"][-600:]}
         try:
-            got["status"] = json.loads(status["tail"] if status["ok"] else "null")
+            got["status"] = json.loads(status["out"] if status["ok"] else "null")
         except json.JSONDecodeError:
             got["status"] = status["tail"][-1500:]
         got["ok"] = got["ok"] and audit["ok"]
@@ -158,7 +158,7 @@ class Proof:
     def compare(self, a: str, b: str) -> dict:
         runs = self.work / "runs"
         c = sh(grpo("audit", "--compare", str(runs / a), str(runs / b)), timeout=min(self.left(), 300))
-        return {"ok": c["ok"], "tail": c["tail"][-3000:]}
+        return {"ok": c["ok"], "tail": c["tail"][-3000:]}  # the first difference, if any
 
     def trl(self) -> dict:
         res = self.work / "trl.json"
@@ -166,7 +166,7 @@ class Proof:
             sh(grpo("init", str(self.work / "runs" / "full"), "--config", str(self.work / "full.yaml")), timeout=min(self.left(), 120))
         t = sh([sys.executable, "-m", "bench.gpu.trl_gpu", str(self.work / "runs" / "full"), str(res), "--iters", str(self.iters)],
                timeout=self.left())
-        got = {"ok": t["ok"], "tail": t["tail"][-1500:]}
+        got = {"ok": t["ok"], "tail": t["tail"][-1500:]}  # its whole output is in the log
         if res.is_file():
             got |= json.loads(res.read_text())
         return got

@@ -1,7 +1,8 @@
 """The GPU proof's files, back on this machine, into bench/results.md's GPU section and docs/gpu.md's
 "What ran on a GPU" section (each replaced in place between its markers), after auditing the record.
 
-    python -m bench.gpu report DIR      (DIR holds gpu.json, log and runs.tar.gz from bench/gpu/run.sh)
+    python -m bench.gpu report DIR [DIR ...]   (each DIR holds gpu.json, log and runs.tar.gz from one run of
+                                                bench/gpu/run.sh; a step found in a later DIR replaces an earlier one's)
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def audit_here(tarball: Path) -> dict[str, str]:
     return out
 
 
+def status_from_log(log: str, name: str) -> dict | None:
+    """The `grpo status RUN --format json` document the proof printed for run `name`."""
+    m = re.search(r"-m stages\.cli status \S*/runs/" + re.escape(name) + r" --format json\n(\{.*?\n\})\n", log, re.S)
+    try:
+        return json.loads(m.group(1)) if m else None
+    except json.JSONDecodeError:
+        return None
+
+
 def stage_means(rows: list[dict]) -> dict[str, float]:
     """Seconds per stage, the mean over iterations after the first (the first pays start-up)."""
     use = rows[1:] or rows
@@ -59,7 +69,7 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
              "| run | iterations | s / iteration | rollout | score | logprobs | update | peak allocated GiB | reserved GiB "
              "| estimate (device_plan) GiB | sampler gap | cut share | audit there | audit here |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in ("full", "lora", "full-again"):
+    for name in ("full", "lora", "full-again", "lora-again"):
         s = steps.get(name)
         if not s or "rows" not in s:
             why = (s or {}).get("skipped") or (s or {}).get("error") or ((s or {}).get("iterate") or {}).get("tail", "")[-200:] or "not run"
@@ -85,9 +95,10 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
                       f"reserved {_f(trl.get('max_reserved_gib'))} GiB{ratio}."]
     else:
         lines += ["", f"TRL: {trl.get('skipped') or trl.get('error') or (trl.get('tail') or 'not run')[-300:]}"]
-    cmp_ = steps.get("compare") or {}
-    lines += ["", "Second run of the full config against the first (`grpo audit --compare`): "
-              + ("identical." if cmp_.get("ok") else (cmp_.get("tail", "").strip().splitlines() or [cmp_.get("skipped", "not run")])[-1])]
+    for name in sorted(k for k in steps if k.startswith("compare-")):
+        cmp_, which = steps[name], name.removeprefix("compare-")
+        lines += ["", f"Second run of the {which} config against the first (`grpo audit --compare`): "
+                  + ("identical." if cmp_.get("ok") else (cmp_.get("tail", "").strip().splitlines() or [cmp_.get("skipped", "not run")])[-1])]
     chk = steps.get("gpu_check") or {}
     lines += ["", "Arithmetic check (`python -m bench.gpu_check`): "
               + ("; ".join(line.strip() for line in chk.get("tail", "").splitlines() if " vs " in line) or str(chk.get("skipped", "not run")))]
@@ -105,9 +116,20 @@ def replace_between(path: Path, heading: str, body: str) -> None:
     path.write_text(text)
 
 
-def report(folder: Path) -> int:
-    result = json.loads((folder / "gpu.json").read_text())
-    audits = audit_here(folder / "runs.tar.gz") if (folder / "runs.tar.gz").is_file() else {}
+def report(*folders: Path) -> int:
+    result: dict = {"steps": {}}
+    audits: dict[str, str] = {}
+    for folder in folders:
+        one = json.loads((folder / "gpu.json").read_text())
+        result |= {k: v for k, v in one.items() if k != "steps"}
+        ran = {k: v for k, v in one["steps"].items() if not v.get("skipped")}
+        log = (folder / "log").read_text(errors="replace") if (folder / "log").is_file() else ""
+        for name, step in ran.items():
+            if isinstance(step, dict) and not isinstance(step.get("status"), dict):
+                step["status"] = status_from_log(log, name)  # older proofs kept only the status output's tail
+        result["steps"] |= ran
+        here = audit_here(folder / "runs.tar.gz") if (folder / "runs.tar.gz").is_file() else {}
+        audits |= {name: here[name] for name in ran if name in here}  # a run audited here is the one that step made
     results_md, gpu_md = sections(result, audits)
     replace_between(ROOT / "bench/results.md", "## On a GPU (bench/gpu)", results_md)
     replace_between(ROOT / "docs/gpu.md", "## What ran on a GPU", gpu_md)
