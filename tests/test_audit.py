@@ -176,3 +176,20 @@ def test_not_a_run_is_a_one_line_error(tmp_path):
     out = grpo("audit", str(tmp_path / "nothing"), check=False)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [f"error: {tmp_path / 'nothing'}: not a grpo run (no config.yaml); create it with `grpo init`"]
+
+
+def test_a_record_without_weights_audits_with_without_weights_and_still_names_a_changed_part(ref, tmp_path):
+    """The GPU proof brings back its runs without the policies' weights (bench/gpu/proof.py):
+    `--without-weights` lets those be absent and still checks every other file and hash."""
+    run = copy_run(ref, tmp_path / "run")
+    for policy in (run / "policy").iterdir():
+        for f in policy.iterdir():
+            if f.name != "MANIFEST.json":
+                f.unlink()
+    assert grpo("audit", str(run), check=False).returncode == 1  # plainly, the weights are missing
+    out = grpo("audit", str(run), "--without-weights")
+    assert "policies' weight files absent and not checked (--without-weights)" in out.stdout
+    flip_byte(run / "iter-0001/logprobs/part-00001.parquet")
+    out = grpo("audit", str(run), "--without-weights", check=False)
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[0].startswith("iter-0001/logprobs/part-00001.parquet: sha256 ")
