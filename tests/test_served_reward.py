@@ -244,15 +244,18 @@ def test_eval_records_served_answers_resumes_without_asking_twice_and_audit_read
 
     rows = eval_rows(run)
     assert len(rows) == 6 and not (run / "iter-0000/eval/judge-cache").exists()
-    assert {h for _, h in server.chats} == {r[f"extra_{c}_request_hash"] for r in rows for c in ("judge", "rm")}
+    from pipeline.rewards.judge.served_model import probe_body
+
+    probes = {hashlib.sha256(probe_body(reward_spec(rm, 1).kwargs, flag).encode()).hexdigest() for flag in (False, True)}
+    assert {h for _, h in server.chats} == {r[f"extra_{c}_request_hash"] for r in rows for c in ("judge", "rm")} | probes
     for r in rows:
         user = json.loads(r["extra_judge_request"])["messages"][-1]["content"]
         assert r["reward_judge"] == score(user) and r["extra_judge_answer"] == f"Score: {score(user)}"
         assert r["correct"] == (score(user) > 0)  # eval.reward: the judge decides accuracy
         x = logits(classified_text(json.loads(r["extra_rm_request"])))[1]
         assert r["reward_rm"] == pytest.approx(1 / (1 + math.exp(-x)), abs=1e-12)
-    assert sum(r["extra_judge_source"] == "cache" for r in rows) + sum(r["extra_rm_source"] == "cache" for r in rows) == 5
     m = json.loads((run / "iter-0000/eval/MANIFEST.json").read_text())
+    assert m["judge"]["judge"]["from_cache"] + m["judge"]["rm"]["from_cache"] == 5
     assert m["judge"]["judge"]["requests"] == m["judge"]["rm"]["requests"] == 6
     assert m["judge"]["judge"]["calls"] + m["judge"]["rm"]["calls"] == 12 - 5
     assert [r["fn"] for r in m["rewards"]] == ["judge", "reward_model", "format"]
@@ -321,10 +324,11 @@ def test_vllm_serve_gives_the_in_process_reward_and_every_request_is_recorded(ti
             assert np.ptp(want) > 1e-3  # the texts score differently, so a mix-up would show
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
             ex = log.extra
-            assert ex["rm_server_model"] == ["rm"] * 4 and ex["rm_source"] == ["call"] * 4 and ex["rm_reason"] == [None] * 4
+            assert ex["rm_server_model"] == ["rm"] * 4 and ex["rm_reason"] == [None] * 4
+            assert {json.loads(x)["id"] for x in ex["rm_server"]} == {"rm"}
             assert all(n > 0 for n in ex["rm_prompt_tokens"]) and ledger.summary()["rm"]["calls"] == 4
             for request, h, answer in zip(ex["rm_request"], ex["rm_request_hash"], ex["rm_answer"]):
                 assert hashlib.sha256(request.encode()).hexdigest() == h and len(json.loads(answer)) == 2
             assert "messages" in json.loads(ex["rm_request"][2]) and "input" in json.loads(ex["rm_request"][0])
             again, log2, _ = served(remote, texts, prompts, ledger=ledger)  # known answers: the same rewards, no call
-            assert again.tolist() == got.tolist() and log2.extra["rm_source"] == ["cache"] * 4
+            assert again.tolist() == got.tolist() and log2.extra == ex and ledger.summary()["rm"]["from_cache"] == 4

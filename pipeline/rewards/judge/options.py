@@ -31,18 +31,20 @@ class _Section(BaseModel):  # as pipeline.rewards.config's (which imports this m
 
 
 class VerdictOptions(_Section):
+    """How a judge's answer is read into a reward (pipeline/rewards/judge/verdict.py): after its reasoning (`</think>`), never from an answer cut off."""
+
     read: Literal["number", "choice", "boxed", "json"] = "number"
     """number: a number in the answer ("7/10" reads 7); choice: one of `choices` it names; boxed: a `\\boxed{}`'s number (or choice, with `choices`); json: `field` of a JSON object in it."""
     pick: Literal["last", "first"] = "last"
     """Of several matches (numbers, choices, boxes, JSON objects) in the answer after its reasoning: the last (the judge's conclusion), or the first."""
     min: float = 0.0
-    """number / json: the smallest valid value; one below is unreadable."""
+    """number / boxed / json: the smallest valid value; one below is unreadable."""
     max: float = 10.0
-    """number / json: the largest valid value; one above is unreadable."""
+    """number / boxed / json: the largest valid value; one above is unreadable."""
     normalize: bool = False
-    """number / json: map [min, max] onto [0, 1]."""
+    """number / boxed / json: map [min, max] onto [0, 1]."""
     choices: dict[str, float] = {}
-    """choice (and a json field holding a word): each word the judge may answer, and its value (case-insensitive, whole words)."""
+    """choice (and a json field or a box holding a word): each word the judge may answer, and its value (case-insensitive, whole words)."""
     field: str | None = None
     """json: the key of the verdict in the answer's JSON object (a dotted path for nested ones)."""
 
