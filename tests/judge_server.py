@@ -26,7 +26,8 @@ not under it), whose logits for a text (its `input`, or its messages' contents n
 which cannot be read for label 1; mode `ignores` is an older vLLM that knows only `activation` and
 ignores `use_activation` (with a warning), so it answers probabilities.
 GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
-may change to put another model behind the same name) and a `created` that is the time of the request.
+may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
+`created` that is the time of the request.
 Every POST is logged: `chats` counts requests per (mode, body sha256), `answered` those answered,
 `keys` the Authorization headers sent.
 """
@@ -63,8 +64,8 @@ def softmax(x: list[float]) -> list[float]:
     return [e / sum(exps) for e in exps]
 
 
-TOO_LONG = ("This model's maximum context length is 128 tokens. However, you requested 1100 tokens "
-            "(76 in the messages, 1024 in the completion). Please reduce the length of the messages or completion.")
+TOO_LONG = ("This model's maximum context length is 4096 tokens. However, you requested 4100 tokens "
+            "(3076 in the messages, 1024 in the completion). Please reduce the length of the messages or completion.")
 
 
 def classified_text(body: dict) -> str:
@@ -78,6 +79,7 @@ class Judge:
     def __init__(self, delay: float = 0.4, failures: int = 2, lifetime: float = 60.0):
         self.delay, self.failures, self.lifetime = delay, failures, lifetime
         self.root = f"/models/{MODEL}-v1"
+        self.context = 4096
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -96,7 +98,7 @@ class Judge:
                 url = urlparse(self.path)
                 if url.path.endswith("/v1/models"):
                     entry = {"id": MODEL, "object": "model", "created": time.time(), "owned_by": "vllm", "root": judge.root,
-                             "parent": None, "max_model_len": 128}
+                             "parent": None, "max_model_len": judge.context}
                     return self.answer(200, json.dumps({"object": "list", "data": [entry]}))
                 text = parse_qs(url.query).get("text", [""])[0]
                 path = url.path.strip("/")

@@ -78,7 +78,7 @@ def test_concurrency_is_held_and_every_verdict_is_recorded(judge):
     assert ex["judge_answer"] == [f"Score: {int(v)}" for v in values] and ex["judge_finish_reason"] == ["stop"] * 8
     assert ex["judge_server_model"] == [MODEL] * 8 and all(n > 0 for n in ex["judge_prompt_tokens"])
     assert [json.loads(x) for x in ex["judge_server"]] == [  # what /models says it serves, less its `created`
-        {"id": MODEL, "root": judge.root, "parent": None, "owned_by": "vllm", "max_model_len": 128}] * 8
+        {"id": MODEL, "root": judge.root, "parent": None, "owned_by": "vllm", "max_model_len": 4096}] * 8
     assert body["max_tokens"] == 1024  # room for a reasoning judge's thinking
     s = ledger.summary()["judge"]
     assert (s["requests"], s["calls"], s["reused"], s["retries"], s["failures"], s["unreadable"]) == (8, 8, 0, 0, 0, 0)
@@ -265,6 +265,13 @@ def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, 
     assert msg.endswith("grpo init --no-judge-check skips this check")
     assert line({**ok, "kwargs": {**ok["kwargs"], "model": "other"}}).startswith(
         f"rewards[0].kwargs.model: 'other' is not served at {judge.url}/ok/v1 (it serves {MODEL})")
+    judge.context = 1024  # vLLM would refuse every request: the rubric needs room beside max_tokens (1024 by default)
+    try:
+        assert line(ok) == (f"rewards[0].kwargs.max_tokens: 1024 leaves no room for the rubric in the context of '{MODEL}' "
+                            f"(1024 tokens at {judge.url}/ok/v1; every request would be refused): lower it, or serve a longer "
+                            "context; grpo init --no-judge-check skips this check")
+    finally:
+        judge.context = 4096
     assert judge.chats == {}  # init asks for the model list only
     cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[judge_entry(dead)]))
     grpo("init", str(tmp_path / "later"), "--config", str(cfg), "--no-judge-check")  # a server that is not up yet

@@ -59,12 +59,18 @@ def reachable(o, label: str) -> None:
     if r.status_code != 200:
         raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code}, not an OpenAI-compatible model list{SKIP}")
     try:
-        served = [m.get("id") for m in r.json().get("data", [])]
+        entries = [m for m in r.json().get("data", []) if isinstance(m, dict)]
+        served = [m.get("id") for m in entries]
     except (ValueError, AttributeError, TypeError):
         raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a model list{SKIP}") from None
     if served and o.model not in served:
         shown = ", ".join(map(str, served[:5])) + (", ..." if len(served) > 5 else "")
         raise GRPOError(f"{label}.kwargs.model: {o.model!r} is not served at {o.base_url} (it serves {shown}){SKIP}")
+    context = next((m.get("max_model_len") for m in entries if m.get("id") == o.model), None)  # vLLM reports it
+    if isinstance(o, JudgeOptions) and isinstance(context, int) and o.max_tokens >= context:
+        raise GRPOError(f"{label}.kwargs.max_tokens: {o.max_tokens} leaves no room for the rubric in the context of {o.model!r} "
+                        f"({context} tokens at {o.base_url}; every request would be refused): lower it, or serve a longer "
+                        f"context{SKIP}")
 
 
 def classifies(o, label: str) -> None:
