@@ -226,7 +226,7 @@ def test_verdict_readers():
     assert read_verdict("Nobody knows", yes) == (None, "no choice")  # whole words only
     boxed = V(read="boxed")
     assert read_verdict("3 x 4 = 12, so \\boxed{12} is right; my score: \\boxed{\\text{8}}", boxed) == (8.0, None)
-    assert read_verdict("\\boxed{\\frac{1}{2}} then \\boxed{ 7 }", V(read="boxed", pick="first")) == (1.0, None)
+    assert read_verdict("\\boxed{6} then \\boxed{ 7 }", V(read="boxed", pick="first")) == (6.0, None)
     assert read_verdict("Score: 7", boxed) == (None, "no boxed")
     assert read_verdict("\\boxed{12}", boxed) == (None, "out of range")
     assert read_verdict("So: \\boxed{Yes}", V(read="boxed", choices={"yes": 1.0, "no": 0.0})) == (1.0, None)

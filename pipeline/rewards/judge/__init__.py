@@ -44,32 +44,29 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     bodies = asker.bodies(prompts, completions, columns, where)
     hashes = [request_hash(b) for b in bodies]
     server, sent, failures = _ask_all(spec, asker, dict(zip(hashes, bodies)), ledger)
-    records: list[dict | None] = [None] * n
+    records: list[dict] = []
+    out: list[float | None] = []
     seen: set[str] = set()  # one request per distinct body, however many rows share it
     col = spec.column
     for i, h in enumerate(hashes):
-        known = ledger.get(h, server)
-        source = "reused" if h in seen else "call" if h in sent else known["source"]
+        rec = ledger.get(h, server) or {"request": bodies[i], "answer": None, "server": server,
+                                        "attempts": failures[h].attempts, "failure": str(failures[h])}
+        source = "reused" if h in seen else "call" if h in sent else rec["source"]  # call, reused, cache, replay
         seen.add(h)
-        records[i] = known or {"request": bodies[i], "answer": None, "server": server,
-                               "attempts": failures[h].attempts, "failure": str(failures[h])}
-        called = source == "call"
-        answered = records[i]["answer"] is not None
-        ledger.count(col, calls=int(called and answered), reused=int(not called),
-                     from_cache=int(source == "cache"), from_replay=int(source == "replay"),
-                     retries=(records[i].get("attempts") or 1) - 1 if called else 0,
-                     latency_s=records[i].get("latency_s") if called else 0,
-                     prompt_tokens=records[i].get("prompt_tokens") if called else 0,
-                     completion_tokens=records[i].get("completion_tokens") if called else 0)
-    out: list[float | None] = []
-    for i, rec in enumerate(records):
         if rec["answer"] is None:
             value, reason = None, f"failed: {rec['failure']}"
         else:
             value, reason = asker.read(rec["answer"], rec.get("finish_reason"))
         out.append(value)
-        rec = records[i] = {**rec, "reason": reason, "request_hash": hashes[i]}
-        ledger.count(col, requests=1, failures=int(rec["answer"] is None),
+        records.append({**rec, "reason": reason, "request_hash": h})
+        called = source == "call"  # what this scoring paid for: the manifest's, never the part's (record.py)
+        ledger.count(col, calls=int(called and rec["answer"] is not None), reused=int(not called),
+                     from_cache=int(source == "cache"), from_replay=int(source == "replay"),
+                     retries=(rec.get("attempts") or 1) - 1 if called else 0,
+                     latency_s=rec.get("latency_s") if called else 0,
+                     prompt_tokens=rec.get("prompt_tokens") if called else 0,
+                     completion_tokens=rec.get("completion_tokens") if called else 0)
+        ledger.count(col, requests=1, failures=int(rec["answer"] is None),  # what the answers say: the part's
                      unreadable=int(reason is not None and rec["answer"] is not None))
         if reason is not None:
             ledger.count(col, **{f"reason:{reason_key(reason)}": 1})
