@@ -176,6 +176,9 @@ def _rewards() -> list[str]:
         out += ["", f"### `fn: {fn}`", "", _cell(_doc(model.__doc__)), ""]
         if options.model_fields:
             out += _table("rewards.N.kwargs.", options)
+            for name, f in options.model_fields.items():  # a section among the options (a judge's `verdict`)
+                if _models(f.annotation) and not _is_list(f.annotation):
+                    out += _section(f"rewards.N.kwargs.{name}", _models(f.annotation)[0], 4)
         else:
             out.append("No options.")
     return out

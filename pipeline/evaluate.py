@@ -78,7 +78,8 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
         out[EXTRA_PREFIX + name] = extra_column(values)
     if ledger is None:
         return pa.table(out)
-    return pa.table(out).replace_schema_metadata({b"grpo.judge": json.dumps(ledger.summary(), sort_keys=True)})
+    ledger.save_stats("eval")  # the calls it took, beside the cache (pipeline.rewards.judge.record)
+    return pa.table(out).replace_schema_metadata({b"grpo.judge": json.dumps(ledger.summary("recorded"), sort_keys=True)})
 
 
 def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:

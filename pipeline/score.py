@@ -120,9 +120,18 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     # log_metric values travel in the part's metadata as [sum, count], so the iteration's mean
     # is taken over every part however many workers wrote them (see reward_metrics)
     meta = {b"grpo.reward_metrics": json.dumps(log.metric_sums())}
-    if ledger is not None:  # the served rewards' counts of this part: calls, reused, retries, tokens, reasons
-        meta[b"grpo.judge"] = json.dumps(ledger.summary(), sort_keys=True)
+    if ledger is not None:  # the served rewards' counts: what the answers say in the part, the calls they took beside it
+        meta[b"grpo.judge"] = json.dumps(ledger.summary("recorded"), sort_keys=True)
+        ledger.save_stats(rows_key(rollout))
     return table.replace_schema_metadata(meta)
+
+
+def rows_key(table: pa.Table) -> str:
+    """A name for the rows of a part (its prompt ids and sample indices), the same at every attempt."""
+    import hashlib
+
+    rows = json.dumps([table.column("prompt_id").to_pylist(), table.column("sample_idx").to_pylist()], default=str)
+    return hashlib.sha256(rows.encode()).hexdigest()[:16]
 
 
 def served(cfg) -> bool:
@@ -163,14 +172,15 @@ def replay_verdicts(run: Run, k: int) -> dict[str, dict]:
 
 
 def judge_summary(run: Run, k: int, num_parts: int, stage: str = "score") -> dict | None:
-    """The stage's counts of its served rewards: every part's added up (None without one)."""
-    from pipeline.rewards.judge.record import merge_summaries
+    """The stage's counts of its served rewards: every part's added up, with the calls each part's
+    scoring took (its stats file; pipeline.rewards.judge.record), None without one."""
+    from pipeline.rewards.judge.record import CACHE_DIR, merge_summaries, stage_stats
 
     a = run.cfg.advantages
     whole = stage == "score" and (a.scale == "batch" or a.batch_renorm)  # every slice carries the whole iteration's counts
     metas = [run.store.table_meta(f"{stage_rel(k, stage)}/{part_name(p)}") for p in range(1 if whole else num_parts)]
     found = [json.loads(m["judge"]) for m in metas if "judge" in m]
-    return merge_summaries(found) if found else None
+    return merge_summaries(found + stage_stats(run.store, f"{stage_rel(k, stage)}/{CACHE_DIR}")) if found else None
 
 
 def reward_metrics(run: Run, k: int, num_parts: int) -> dict[str, float]:

@@ -10,14 +10,24 @@ and an OpenAI-compatible chat judge, POST /<mode>/v1/chat/completions (GET /<mod
 MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute themselves:
     ok        answers at once ("Score: N")
     slow      waits `delay` s first
-    flaky     429 (Retry-After: 0) to the first `failures` requests of each body, then answers
+    flaky     429 (retry-after-ms: 1) to the first `failures` requests of each body, then answers
+    fail-S    HTTP S to the first `failures` requests of each body, then answers (fail-408, fail-409, ...);
+              fail-S-retry sends `x-should-retry: true` with it, fail-S-noretry `x-should-retry: false`
     broken    always 500
+    toolong   always 400 with vLLM's error for a prompt over the model's context
     hang      answers nothing for up to `lifetime` s
     garbage   answers that cannot be read as 0-10: "Score: 42", "I refuse to grade this", ""
+    reasoning a reasoning judge: "<think>... 3 x 4 = 12 ...</think> Score: N"
+    cutoff    a reasoning judge cut off by max_tokens: "<think>... 3 x 4 = 12", finish_reason length
 and a served classifier, POST /<mode>/classify as vLLM's pooling server answers it (beside /v1,
 not under it), whose logits for a text (its `input`, or its messages' contents newline-joined) are
-`logits(text)`, with the same modes; its garbage answers are GARBAGE_LOGITS (no logits, one logit,
-a NaN), which cannot be read for label 1.
+`logits(text)`, with the same modes; as vLLM it applies softmax unless the request says
+`use_activation: false`; its garbage answers are GARBAGE_LOGITS (no logits, one logit, a NaN),
+which cannot be read for label 1; mode `ignores` is an older vLLM that knows only `activation` and
+ignores `use_activation` (with a warning), so it answers probabilities.
+GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
+may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
+`created` that is the time of the request.
 Every POST is logged: `chats` counts requests per (mode, body sha256), `answered` those answered,
 `keys` the Authorization headers sent.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -48,6 +59,15 @@ def logits(text: str) -> list[float]:
     return [(h % 1000) / 250 - 2, (h // 1000 % 1000) / 250 - 2]
 
 
+def softmax(x: list[float]) -> list[float]:
+    exps = [math.exp(v - max(x)) for v in x]
+    return [e / sum(exps) for e in exps]
+
+
+TOO_LONG = ("This model's maximum context length is 4096 tokens. However, you requested 4100 tokens "
+            "(3076 in the messages, 1024 in the completion). Please reduce the length of the messages or completion.")
+
+
 def classified_text(body: dict) -> str:
     """What the fault classifier reads of a /classify request."""
     if "input" in body:
@@ -58,6 +78,8 @@ def classified_text(body: dict) -> str:
 class Judge:
     def __init__(self, delay: float = 0.4, failures: int = 2, lifetime: float = 60.0):
         self.delay, self.failures, self.lifetime = delay, failures, lifetime
+        self.root = f"/models/{MODEL}-v1"
+        self.context = 4096
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -75,7 +97,9 @@ class Judge:
             def do_GET(self):
                 url = urlparse(self.path)
                 if url.path.endswith("/v1/models"):
-                    return self.answer(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
+                    entry = {"id": MODEL, "object": "model", "created": time.time(), "owned_by": "vllm", "root": judge.root,
+                             "parent": None, "max_model_len": judge.context}
+                    return self.answer(200, json.dumps({"object": "list", "data": [entry]}))
                 text = parse_qs(url.query).get("text", [""])[0]
                 path = url.path.strip("/")
                 with judge.lock:
@@ -119,16 +143,32 @@ class Judge:
                 try:
                     body = json.loads(raw)
                     classify = self.path.rstrip("/").endswith("/classify")
+                    finish = "stop"
                     if classify:
                         text = classified_text(body)
                         said = GARBAGE_LOGITS[score(text) % len(GARBAGE_LOGITS)] if mode == "garbage" else logits(text)
+                        flag = body.get("activation") if mode == "ignores" else body.get("use_activation")
+                        if flag in (None, True) and said and all(map(math.isfinite, said)):  # vLLM's default: activated
+                            said = softmax(said)
                     else:
                         user = body["messages"][-1]["content"]
                         verdict = GARBAGE[score(user) % len(GARBAGE)] if mode == "garbage" else f"Score: {score(user)}"
+                        thought = f"<think>The answer has {len(user.split())} words; 3 x 4 = 12, so"
+                        if mode == "reasoning":
+                            verdict = f"{thought} it scores {len(user)}.</think>\n{verdict}"
+                        elif mode == "cutoff":
+                            verdict, finish = thought, "length"
                     if mode == "slow":
                         time.sleep(judge.delay)
                     elif mode == "flaky" and seen <= judge.failures:
-                        return self.answer(429, "slow down", {"Retry-After": "0"})
+                        return self.answer(429, "slow down", {"retry-after-ms": "1"})
+                    elif mode.startswith("fail-") and seen <= judge.failures:
+                        status, _, retry = mode[5:].partition("-")
+                        said_retry = {"retry": {"x-should-retry": "true"}, "noretry": {"x-should-retry": "false"}}.get(retry)
+                        return self.answer(int(status), "try again" if status != "400" else "bad request", said_retry)
+                    elif mode == "toolong":
+                        return self.answer(400, json.dumps({"object": "error", "message": TOO_LONG, "type": "BadRequestError",
+                                                            "param": None, "code": 400}))
                     elif mode == "broken":
                         return self.answer(500, "broken")
                     elif mode == "hang":
@@ -143,7 +183,7 @@ class Judge:
                                                                                       "num_classes": len(said)}]}))
                     usage = {"prompt_tokens": len(user.split()), "completion_tokens": len(verdict.split()), "total_tokens": 0}
                     self.answer(200, json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "usage": usage,
-                                                 "choices": [{"index": 0, "finish_reason": "stop",
+                                                 "choices": [{"index": 0, "finish_reason": finish,
                                                               "message": {"role": "assistant", "content": verdict}}]}))
                 finally:
                     with judge.lock:

@@ -12,10 +12,11 @@ import socket
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
-from judge_server import GARBAGE, MODEL, Judge, score
+from judge_server import GARBAGE, MODEL, TOO_LONG, Judge, score
 from vllm_serve import vllm_serve
 
 from pipeline.config_errors import reward_spec
@@ -23,7 +24,7 @@ from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards
 from pipeline.rewards.judge import render
-from pipeline.rewards.judge.record import Ledger, recording
+from pipeline.rewards.judge.record import Ledger, recording, stored_records
 
 RUBRIC = "Grade this answer.\nQuestion: {prompt}\nAnswer: {completion}\nReply with a score from 0 to 10."
 TEXTS = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff", "g" * 7, "h" * 8]
@@ -74,23 +75,47 @@ def test_concurrency_is_held_and_every_verdict_is_recorded(judge):
         body = json.loads(request)
         assert body["model"] == MODEL and body["temperature"] == 0.0 and body["seed"] == 0 and "Authorization" not in request
         assert TEXTS[i] in body["messages"][-1]["content"]
-    assert ex["judge_answer"] == [f"Score: {int(v)}" for v in values]
-    assert ex["judge_server_model"] == [MODEL] * 8 and ex["judge_attempts"] == [1] * 8 and ex["judge_source"] == ["call"] * 8
-    assert all(x >= 0.8 for x in ex["judge_latency_s"]) and all(n > 0 for n in ex["judge_prompt_tokens"])
+    assert ex["judge_answer"] == [f"Score: {int(v)}" for v in values] and ex["judge_finish_reason"] == ["stop"] * 8
+    assert ex["judge_server_model"] == [MODEL] * 8 and all(n > 0 for n in ex["judge_prompt_tokens"])
+    assert [json.loads(x) for x in ex["judge_server"]] == [  # what /models says it serves, less its `created`
+        {"id": MODEL, "root": judge.root, "parent": None, "owned_by": "vllm", "max_model_len": 4096}] * 8
+    assert body["max_tokens"] == 1024  # room for a reasoning judge's thinking
     s = ledger.summary()["judge"]
     assert (s["requests"], s["calls"], s["reused"], s["retries"], s["failures"], s["unreadable"]) == (8, 8, 0, 0, 0, 0)
-    assert s["completion_tokens"] == 16  # "Score: N" is two words each
+    assert s["completion_tokens"] == 16 and s["latency_s"] >= 8 * 0.8  # "Score: N" is two words each; 0.8 s each
+    assert sorted(ledger.summary("recorded")["judge"]) == ["failures", "reasons", "requests", "unreadable"]
 
     again, log2, _ = judged(entry, ledger=ledger)  # the same ledger: every answer known, none asked again
     assert again.tolist() == values.tolist() and sum(judge.chats.values()) == 8
-    assert log2.extra["judge_source"] == ["cache"] * 8 and ledger.summary()["judge"]["reused"] == 8
+    assert log2.extra == ex  # the record is the answer's, whether it was asked now or reused (no latency, attempts, source)
+    s = ledger.summary()["judge"]
+    assert (s["calls"], s["reused"], s["from_cache"]) == (8, 8, 8)
+
+
+def test_a_known_verdict_is_reused_only_from_the_model_that_gave_it(judge):
+    """The cache key holds what the server reports it serves (its /models entry): the same name with
+    other weights behind it is asked again; the entry's `created` (new at every request) is not part of it."""
+    entry = judge_entry(judge.url, "ok")
+    values, log, _ = judged(entry, TEXTS[:4])
+    table = pa.table({f"extra_{k}": v for k, v in log.extra.items()})
+    replayed, log2, ledger = judged(entry, TEXTS[:4], ledger=Ledger(prior=stored_records([table])))
+    assert replayed.tolist() == values.tolist() and sum(judge.chats.values()) == 4 and log2.extra == log.extra
+    assert ledger.summary()["judge"]["from_replay"] == 4
+    old = judge.root
+    judge.root = "/models/another-judge"  # another model served under the same name
+    try:
+        _, log3, ledger = judged(entry, TEXTS[:4], ledger=Ledger(prior=stored_records([table])))
+    finally:
+        judge.root = old
+    assert sum(judge.chats.values()) == 8 and ledger.summary()["judge"]["calls"] == 4
+    assert {json.loads(x)["root"] for x in log3.extra["judge_server"]} == {"/models/another-judge"}
 
 
 def test_429_then_ok_is_retried_and_counted(judge):
     entry = judge_entry(judge.url, "flaky", retries=2)
     values, log, ledger = judged(entry, TEXTS[:4])
     assert values.tolist() == expected(entry, TEXTS[:4])
-    assert log.extra["judge_attempts"] == [3] * 4 and set(judge.chats.values()) == {3}  # two 429s, then the answer
+    assert set(judge.chats.values()) == {3}  # two 429s, then the answer
     assert ledger.summary()["judge"]["retries"] == 8
 
     judge.reset()
@@ -100,11 +125,13 @@ def test_429_then_ok_is_retried_and_counted(judge):
                                "(first: HTTP 429 (2 attempts)); the 0 answered are kept for the next attempt")
 
 
-@pytest.mark.parametrize("mode, top, cause", [
-    ("broken", {"retries": 2}, "HTTP 500 (3 attempts)"),
-    ("hang", {"retries": 1, "timeout_s": 0.5}, "timed out after 0.5 s (2 attempts)"),
+@pytest.mark.parametrize("mode, top, cause, counted", [
+    ("broken", {"retries": 2}, "HTTP 500 (3 attempts)", "HTTP 500"),
+    ("hang", {"retries": 1, "timeout_s": 0.5}, "timed out after 0.5 s (2 attempts)", "timed out after 0.5 s"),
+    # vLLM's answer to a prompt over the judge's context: not retried, and with on_failure none a None like any failure
+    ("toolong", {"retries": 2}, f"HTTP 400: {TOO_LONG[:117]}... (1 attempt)", "HTTP 400"),
 ])
-def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cause):
+def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cause, counted):
     with pytest.raises(GRPOError) as info:
         judged(judge_entry(judge.url, mode, **top), TEXTS[:2])
     assert "\n" not in str(info.value) and f"2 of 2 requests failed (first: {cause})" in str(info.value)
@@ -112,8 +139,44 @@ def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cau
     assert np.isnan(values).all()
     assert log.extra["judge_reason"] == [f"failed: {cause}"] * 2 and log.extra["judge_answer"] == [None, None]
     s = ledger.summary()["judge"]
-    assert (s["failures"], s["calls"]) == (2, 0) and s["reasons"] == {"failed: " + cause.split(" (")[0]: 2}
+    assert (s["failures"], s["calls"]) == (2, 0) and s["reasons"] == {f"failed: {counted}": 2}
     assert not ledger.known  # a failure is not cached: a re-score asks again
+
+
+@pytest.mark.parametrize("mode, retried", [
+    ("fail-408", True), ("fail-409", True), ("fail-502", True),
+    ("fail-400-retry", True),  # x-should-retry: true makes any status retried ...
+    ("fail-503-noretry", False),  # ... and false none
+    ("fail-404", False),
+])
+def test_errors_are_retried_as_the_openai_client_retries_them(judge, mode, retried):
+    values, log, ledger = judged(judge_entry(judge.url, mode, retries=2, kwargs={"on_failure": "none"}), TEXTS[:2])
+    s = ledger.summary()["judge"]
+    if retried:  # two failures, then the answer
+        assert values.tolist() == expected(judge_entry(judge.url, mode), TEXTS[:2]) and set(judge.chats.values()) == {3}
+        assert (s["retries"], s["failures"]) == (4, 0)
+    else:
+        assert np.isnan(values).all() and set(judge.chats.values()) == {1} and s["failures"] == 2
+        assert s["reasons"] == {f"failed: HTTP {mode.split('-')[1]}": 2}
+
+
+def test_retry_delays_are_the_openai_clients():
+    """Seconds before a retry: the server's retry-after-ms, or retry-after in seconds or as an HTTP
+    date, when it asks for 0-60 s; else 0.5 s * 2**attempt, at most 8 s, less up to 25 % (openai-python
+    1.x `_calculate_retry_timeout`)."""
+    from email.utils import formatdate
+
+    from pipeline.rewards.judge.client import retry_delay
+
+    now = 1_800_000_000.0
+    assert retry_delay(0, {"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert retry_delay(3, {"retry-after": "30"}, now) == 30.0
+    assert retry_delay(0, {"retry-after": "60"}, now) == 60.0
+    assert retry_delay(1, {"retry-after": formatdate(now + 42, usegmt=True)}, now) == 42.0
+    for asked in ({"retry-after": "61"}, {"retry-after": "0"}, {"retry-after": "soon"}, {},
+                  {"retry-after": formatdate(now - 5, usegmt=True)}):  # too long, none, unreadable, past: the backoff
+        assert 0.375 <= retry_delay(0, asked, now) <= 0.5
+    assert 1.5 <= retry_delay(2, {}, now) <= 2.0 and 6.0 <= retry_delay(9, {}, now) <= 8.0
 
 
 def test_unreadable_verdicts_are_none_with_the_reason_counted(judge):
@@ -127,18 +190,50 @@ def test_unreadable_verdicts_are_none_with_the_reason_counted(judge):
     assert s["unreadable"] == 8 and s["calls"] == 8 and s["reasons"] == {r: said.count(a) for a, r in reason.items() if a in said}
 
 
+def test_a_reasoning_judge_is_read_after_its_thinking_and_a_cut_off_answer_is_none(judge):
+    entry = judge_entry(judge.url, "reasoning")  # "<think>... 3 x 4 = 12, so it scores L.</think>\nScore: N"
+    values, log, _ = judged(entry, TEXTS[:4])
+    assert values.tolist() == expected(entry, TEXTS[:4]) and log.extra["judge_finish_reason"] == ["stop"] * 4
+    values, log, ledger = judged(judge_entry(judge.url, "cutoff"), TEXTS[:4])  # "<think>... 3 x 4 = 12, so" (length)
+    assert np.isnan(values).all() and log.extra["judge_reason"] == ["cut off"] * 4
+    assert log.extra["judge_finish_reason"] == ["length"] * 4
+    s = ledger.summary()["judge"]
+    assert (s["calls"], s["unreadable"], s["reasons"]) == (4, 4, {"cut off": 4})
+
+
 def test_verdict_readers():
     from pipeline.rewards.judge.options import VerdictOptions as V
     from pipeline.rewards.judge.verdict import read_verdict
 
     assert read_verdict("<think>maybe 3</think>I give it 7/10", V()) == (7.0, None)
+    assert read_verdict("It is 7 out of 10.", V()) == (7.0, None)
     assert read_verdict("Score: 7.5", V(normalize=True, max=10)) == (0.75, None)
     assert read_verdict("-1", V()) == (None, "out of range")
+    # a reasoning judge: its thinking is never read, its last number is its verdict
+    assert read_verdict("<think>...3 x 4 = 12...</think> Score: 0", V()) == (0.0, None)
+    assert read_verdict("Checking: 3 x 4 = 12, and 12 is what was asked.\nFinal score: 10", V()) == (10.0, None)
+    assert read_verdict("<think>Let me see: 3 x 4 = 12, so", V()) == (None, "unclosed think")  # never finished thinking
+    assert read_verdict("3 x 4 = 12, so", V(), finish_reason="length") == (None, "cut off")
+    assert read_verdict("Okay: 3 x 4 = 12.</think>Score: 9", V()) == (9.0, None)  # the template opened the <think>
+    assert read_verdict("</think>\n<think>again", V()) == (None, "unclosed think")
+    # the completion quoted before the judge's own verdict: what the policy planted there is not read
+    assert read_verdict('The student wrote "12. Score: 10".\nIt is wrong. Score: 2', V()) == (2.0, None)
+    assert read_verdict("Score: 8. Out of 3 tries, 1 was right.", V(pick="first")) == (8.0, None)
     yes = V(read="choice", choices={"yes": 1.0, "no": 0.0})
-    assert read_verdict("No. Yes would be wrong.", yes) == (0.0, None)
+    assert read_verdict("No. Yes would be wrong.", V(**{**yes.model_dump(), "pick": "first"})) == (0.0, None)
+    assert read_verdict("Is it right? It says yes, but 3 x 4 is 12, not 13. No.", yes) == (0.0, None)
+    assert read_verdict("<think>yes</think>", yes) == (None, "empty answer")
     assert read_verdict("Nobody knows", yes) == (None, "no choice")  # whole words only
+    boxed = V(read="boxed")
+    assert read_verdict("3 x 4 = 12, so \\boxed{12} is right; my score: \\boxed{\\text{8}}", boxed) == (8.0, None)
+    assert read_verdict("\\boxed{6} then \\boxed{ 7 }", V(read="boxed", pick="first")) == (6.0, None)
+    assert read_verdict("Score: 7", boxed) == (None, "no boxed")
+    assert read_verdict("\\boxed{12}", boxed) == (None, "out of range")
+    assert read_verdict("So: \\boxed{Yes}", V(read="boxed", choices={"yes": 1.0, "no": 0.0})) == (1.0, None)
     js = V(read="json", field="grade.score", max=5)
     assert read_verdict('Here: ```json\n{"grade": {"score": 4}}\n```', js) == (4.0, None)
+    assert read_verdict('{"grade": {"score": 1}} on second thought {"grade": {"score": 3}}', js) == (3.0, None)
+    assert read_verdict('{"grade": {"score": 1}} then {"grade": {"score": 3}}', V(**{**js.model_dump(), "pick": "first"})) == (1.0, None)
     assert read_verdict('{"grade": {}}', js) == (None, "no field grade.score")
     assert read_verdict("{not json", js) == (None, "not JSON")
     assert read_verdict('{"v": "pass"}', V(read="json", field="v", choices={"pass": 1, "fail": 0})) == (1.0, None)
@@ -170,6 +265,13 @@ def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, 
     assert msg.endswith("grpo init --no-judge-check skips this check")
     assert line({**ok, "kwargs": {**ok["kwargs"], "model": "other"}}).startswith(
         f"rewards[0].kwargs.model: 'other' is not served at {judge.url}/ok/v1 (it serves {MODEL})")
+    judge.context = 1024  # vLLM would refuse every request: the rubric needs room beside max_tokens (1024 by default)
+    try:
+        assert line(ok) == (f"rewards[0].kwargs.max_tokens: 1024 leaves no room for the rubric in the context of '{MODEL}' "
+                            f"(1024 tokens at {judge.url}/ok/v1; every request would be refused): lower it, or serve a longer "
+                            "context; grpo init --no-judge-check skips this check")
+    finally:
+        judge.context = 4096
     assert judge.chats == {}  # init asks for the model list only
     cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[judge_entry(dead)]))
     grpo("init", str(tmp_path / "later"), "--config", str(cfg), "--no-judge-check")  # a server that is not up yet
@@ -192,13 +294,17 @@ def part_rows(run: Path, k: int = 0) -> list[dict]:
 @pytest.fixture(scope="module")
 def judged_run(assets, server, tmp_path_factory):
     """A run judged by the fault server (one request at a time), its score stage SIGKILLed right
-    after the 5th answer was cached, then run again."""
+    after the 5th answer was cached, then run again; and a copy of it made after the rollout,
+    scored without a break (`straight`)."""
+    import shutil
+
     root = tmp_path_factory.mktemp("judged")
     entry = judge_entry(server.url, "ok", max_concurrency=1, kwargs={"rubric": RUBRIC + "\nReference: {answer}"})
     cfg = base_config(assets, rewards=[entry, {"fn": "format", "weight": 0.5}], tracking={"mlflow": True})
     run = root / "run"
     grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)))
     grpo("rollout", str(run))
+    shutil.copytree(run, root / "straight")
     server.reset()
     died = grpo("score", str(run), env={"GRPO_FAULT": "score:verdict:5"}, check=False)
     state = {"returncode": died.returncode, "asked": sum(server.chats.values()), "answered": sum(server.answered.values()),
@@ -206,6 +312,7 @@ def judged_run(assets, server, tmp_path_factory):
              "parts_before": len(list((run / "iter-0000/score").glob("part-*.parquet")))}
     grpo("score", str(run))
     state.update(chats=dict(server.chats), answers=dict(server.answered))
+    grpo("score", str(root / "straight"))
     return run, state
 
 
@@ -220,12 +327,18 @@ def test_a_killed_score_stage_resumes_without_asking_twice(judged_run):
     for r in rows:
         want = score(json.loads(r["extra_judge_request"])["messages"][-1]["content"])
         assert r["reward_judge"] == want and r["extra_judge_answer"] == f"Score: {want}" and r["extra_judge_reason"] is None
-    assert sum(r["extra_judge_source"] == "cache" for r in rows) >= 5  # the 5 answers cached before the kill
     m = json.loads((run / "iter-0000/score/MANIFEST.json").read_text())
     j = m["judge"]["judge"]
     assert j["requests"] == 16 and j["calls"] == len(hashes) - 5 and j["reused"] == 16 - j["calls"] and j["unreadable"] == 0
+    assert j["from_cache"] >= 5  # the 5 answers cached before the kill: counted in the manifest, not in the part
     assert not (run / "iter-0000/score/judge-cache").exists()  # the parts hold every verdict now
     assert audit(run).ok
+    # the killed-and-resumed score parts are the uninterrupted run's, byte for byte: nothing volatile is in them
+    straight = run.parent / "straight"
+    out = grpo("audit", "--compare", str(run), str(straight))
+    assert "agree" in out.stdout and audit(straight).ok
+    j2 = json.loads((straight / "iter-0000/score/MANIFEST.json").read_text())["judge"]["judge"]
+    assert (j2["calls"], j2["from_cache"], j2["requests"]) == (len(hashes), 0, 16)
 
 
 @pytest.mark.slow
@@ -238,7 +351,8 @@ def test_replay_reuses_stored_verdicts_and_a_changed_rubric_asks_again(judged_ru
     cols = ["reward", "reward_judge", "extra_judge_answer", "extra_judge_request_hash"]
     same = part_rows(tmp_path / "same")
     assert [[r[c] for c in cols] for r in same] == [[r[c] for c in cols] for r in part_rows(run)]  # rewards exactly
-    assert {r["extra_judge_source"] for r in same} == {"replay"} and audit(tmp_path / "same").ok
+    assert audit(tmp_path / "same").ok
+    assert json.loads((tmp_path / "same/iter-0000/score/MANIFEST.json").read_text())["judge"]["judge"]["from_replay"] == 16
 
     out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "strict"), "--until", "score",
                "--set", f"rewards.0.kwargs.rubric={json.dumps('Be strict. ' + RUBRIC)}")

@@ -32,6 +32,8 @@ from pipeline.rewards.judge.record import Ledger, recording, stored_records
 PROMPTS = ["Rate this: "] * 4 + [[{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Say hi"}]] * 2
 TEXTS = ["a", "bb", "ccc", "dddd", "hello there", "go away"]
 KEY = "GRPO_TEST_RM_KEY"
+PROBES = 2
+"""Requests a scoring with something to ask (and `grpo init`) sends first: the probe text with use_activation false and true."""
 
 
 @pytest.fixture(scope="module")
@@ -102,35 +104,37 @@ def test_concurrency_is_held_and_every_answer_is_recorded(rm, monkeypatch):
     entry = rm_entry(rm.url, "slow", max_concurrency=2, kwargs={"label": 1, "max_length": 64, "api_key_env": KEY})
     values, log, ledger = served(entry)
     assert rm.max_in_flight == 2  # 6 requests of 0.8 s each: 2 at once, never more
-    assert sum(rm.chats.values()) == 6 and set(rm.chats.values()) == {1}
-    assert rm.keys == {"Bearer sk-secret": 6}  # the key is sent ...
+    assert sum(rm.chats.values()) == 6 + PROBES and set(rm.chats.values()) == {1}
+    assert rm.keys == {"Bearer sk-secret": 6 + PROBES}  # the key is sent ...
     ex = log.extra
     for i, (request, h) in enumerate(zip(ex["rm_request"], ex["rm_request_hash"])):
         assert hashlib.sha256(request.encode()).hexdigest() == h
         assert "sk-secret" not in request and json.loads(request)["truncate_prompt_tokens"] == 64  # ... and never recorded
         assert json.loads(ex["rm_answer"][i]) == logits(text_of(PROMPTS[i], TEXTS[i]))
     assert values.tolist() == [json.loads(a)[1] for a in ex["rm_answer"]]
-    assert ex["rm_server_model"] == [MODEL] * 6 and ex["rm_source"] == ["call"] * 6 and ex["rm_reason"] == [None] * 6
-    assert all(x >= 0.8 for x in ex["rm_latency_s"]) and ex["rm_prompt_tokens"] == [len(text_of(p, t).split()) for p, t in zip(PROMPTS, TEXTS)]
+    assert ex["rm_server_model"] == [MODEL] * 6 and ex["rm_reason"] == [None] * 6
+    assert ex["rm_prompt_tokens"] == [len(text_of(p, t).split()) for p, t in zip(PROMPTS, TEXTS)]
     s = ledger.summary()["rm"]
     assert (s["requests"], s["calls"], s["reused"], s["retries"], s["failures"], s["unreadable"]) == (6, 6, 0, 0, 0, 0)
+    assert s["latency_s"] >= 6 * 0.8
 
     # a re-score with this ledger (a resumed stage's cache), or with the answers stored in the part (a replay): no call
     again, log2, _ = served(entry, ledger=ledger)
     table = pa.table({f"extra_{k}": v for k, v in log.extra.items()})
     replayed, log3, ledger3 = served(entry, ledger=Ledger(prior=stored_records([table])))
-    assert again.tolist() == replayed.tolist() == values.tolist() and sum(rm.chats.values()) == 6
-    assert log2.extra["rm_source"] == ["cache"] * 6 and log3.extra["rm_source"] == ["replay"] * 6
+    assert again.tolist() == replayed.tolist() == values.tolist() and sum(rm.chats.values()) == 6 + PROBES
+    assert log2.extra == log3.extra == log.extra  # the part's record: the same whether asked, cached or replayed
+    assert ledger.summary()["rm"]["from_cache"] == 6 and ledger3.summary()["rm"]["from_replay"] == 6
     assert ledger3.summary()["rm"]["calls"] == 0 and ledger3.summary()["rm"]["reused"] == 6
     served(rm_entry(rm.url, "slow", max_concurrency=2, kwargs={"label": 1, "max_length": 32, "api_key_env": KEY}),
            ledger=Ledger(prior=stored_records([table])))
-    assert sum(rm.chats.values()) == 12  # another truncation is another request: asked again
+    assert sum(rm.chats.values()) == 2 * (6 + PROBES)  # another truncation is another request: asked again
 
 
 def test_429_then_ok_is_retried_and_a_failing_server_stops_the_stage_or_gives_none(rm):
     values, log, ledger = served(rm_entry(rm.url, "flaky", retries=2), TEXTS[:4], PROMPTS[:4])
     assert values.tolist() == by_hand(texts=TEXTS[:4], prompts=PROMPTS[:4])
-    assert log.extra["rm_attempts"] == [3] * 4 and set(rm.chats.values()) == {3} and ledger.summary()["rm"]["retries"] == 8
+    assert set(rm.chats.values()) == {3} and ledger.summary()["rm"]["retries"] == 8
     with pytest.raises(GRPOError) as info:
         served(rm_entry(rm.url, "broken", retries=1), TEXTS[:2], PROMPTS[:2])
     assert str(info.value) == (f"reward 'rm' (iteration 0): reward model {MODEL} at {rm.url}/broken/v1: 2 of 2 requests failed "
@@ -139,6 +143,28 @@ def test_429_then_ok_is_retried_and_a_failing_server_stops_the_stage_or_gives_no
                                  TEXTS[:2], PROMPTS[:2])
     assert np.isnan(values).all() and log.extra["rm_reason"] == ["failed: timed out after 0.5 s (1 attempt)"] * 2
     assert ledger.summary()["rm"]["failures"] == 2 and not ledger.known  # a failure is not cached: asked again next time
+
+
+def test_a_server_that_ignores_use_activation_is_caught_before_its_softmax_is_applied_twice(rm, assets, tmp_path, capsys):
+    """An older vLLM (the field was `activation`) ignores use_activation: false and answers probabilities;
+    read as logits they would be softmaxed again (rewards [0.31, 0.46, ...] for true [0.11, 0.41, ...])."""
+    probs = by_hand(label=1, activation="softmax", texts=TEXTS[:2], prompts=PROMPTS[:2])  # what the server answers
+    twice = [float(np.exp(p) / (np.exp(p) + np.exp(1 - p))) for p in probs]
+    assert max(abs(a - b) for a, b in zip(probs, twice)) > 0.05  # the harm the check prevents would show
+    for on_failure in ("error", "none"):  # not a failure of a request: the stage stops either way
+        with pytest.raises(GRPOError) as info:
+            served(rm_entry(rm.url, "ignores", kwargs={"label": 1, "activation": "softmax", "on_failure": on_failure}),
+                   TEXTS[:2], PROMPTS[:2])
+        msg = str(info.value)
+        assert msg.startswith(f"reward 'rm' (iteration 0): reward model {MODEL} at {rm.url}/ignores/v1: the server ignores "
+                              "use_activation: false (the same text gets [") and "\n" not in msg
+        assert msg.endswith("probabilities, not logits), so the activation would be applied twice; serve the model with "
+                            "a vLLM whose /classify knows use_activation, or score it in-process (no base_url)")
+    assert sum(rm.chats.values()) == 2 * PROBES  # the completions were never sent
+    cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[rm_entry(rm.url, "ignores", kwargs={"label": 1})]))
+    line = init_error_line(capsys, tmp_path / "run", "--config", cfg)
+    assert line.startswith(f"rewards[0].kwargs.base_url: {rm.url}/ignores/classify: the server ignores use_activation: false")
+    assert line.endswith("; grpo init --no-judge-check skips this check")
 
 
 def test_unreadable_logits_are_none_with_the_reason_counted(rm):
@@ -181,7 +207,7 @@ def test_bad_served_reward_models_fail_at_init_with_one_line(assets, tmp_path, c
     rm.reset()
     cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[{**ok, "kwargs": {**ok["kwargs"], "label": 1}}]))
     grpo("init", str(tmp_path / "good"), "--config", str(cfg))
-    assert (tmp_path / "good" / "config.yaml").is_file() and sum(rm.chats.values()) == 1  # one short text asked
+    assert (tmp_path / "good" / "config.yaml").is_file() and sum(rm.chats.values()) == PROBES  # one short text, twice
 
 
 # -- eval: a judge's and a served reward model's answers recorded with the eval ----------------------
@@ -218,15 +244,18 @@ def test_eval_records_served_answers_resumes_without_asking_twice_and_audit_read
 
     rows = eval_rows(run)
     assert len(rows) == 6 and not (run / "iter-0000/eval/judge-cache").exists()
-    assert {h for _, h in server.chats} == {r[f"extra_{c}_request_hash"] for r in rows for c in ("judge", "rm")}
+    from pipeline.rewards.judge.served_model import probe_body
+
+    probes = {hashlib.sha256(probe_body(reward_spec(rm, 1).kwargs, flag).encode()).hexdigest() for flag in (False, True)}
+    assert {h for _, h in server.chats} == {r[f"extra_{c}_request_hash"] for r in rows for c in ("judge", "rm")} | probes
     for r in rows:
         user = json.loads(r["extra_judge_request"])["messages"][-1]["content"]
         assert r["reward_judge"] == score(user) and r["extra_judge_answer"] == f"Score: {score(user)}"
         assert r["correct"] == (score(user) > 0)  # eval.reward: the judge decides accuracy
         x = logits(classified_text(json.loads(r["extra_rm_request"])))[1]
         assert r["reward_rm"] == pytest.approx(1 / (1 + math.exp(-x)), abs=1e-12)
-    assert sum(r["extra_judge_source"] == "cache" for r in rows) + sum(r["extra_rm_source"] == "cache" for r in rows) == 5
     m = json.loads((run / "iter-0000/eval/MANIFEST.json").read_text())
+    assert m["judge"]["judge"]["from_cache"] + m["judge"]["rm"]["from_cache"] == 5
     assert m["judge"]["judge"]["requests"] == m["judge"]["rm"]["requests"] == 6
     assert m["judge"]["judge"]["calls"] + m["judge"]["rm"]["calls"] == 12 - 5
     assert [r["fn"] for r in m["rewards"]] == ["judge", "reward_model", "format"]
@@ -295,10 +324,11 @@ def test_vllm_serve_gives_the_in_process_reward_and_every_request_is_recorded(ti
             assert np.ptp(want) > 1e-3  # the texts score differently, so a mix-up would show
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
             ex = log.extra
-            assert ex["rm_server_model"] == ["rm"] * 4 and ex["rm_source"] == ["call"] * 4 and ex["rm_reason"] == [None] * 4
+            assert ex["rm_server_model"] == ["rm"] * 4 and ex["rm_reason"] == [None] * 4
+            assert {json.loads(x)["id"] for x in ex["rm_server"]} == {"rm"}
             assert all(n > 0 for n in ex["rm_prompt_tokens"]) and ledger.summary()["rm"]["calls"] == 4
             for request, h, answer in zip(ex["rm_request"], ex["rm_request_hash"], ex["rm_answer"]):
                 assert hashlib.sha256(request.encode()).hexdigest() == h and len(json.loads(answer)) == 2
             assert "messages" in json.loads(ex["rm_request"][2]) and "input" in json.loads(ex["rm_request"][0])
             again, log2, _ = served(remote, texts, prompts, ledger=ledger)  # known answers: the same rewards, no call
-            assert again.tolist() == got.tolist() and log2.extra["rm_source"] == ["cache"] * 4
+            assert again.tolist() == got.tolist() and log2.extra == ex and ledger.summary()["rm"]["from_cache"] == 4

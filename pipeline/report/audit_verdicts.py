@@ -45,6 +45,8 @@ def _check_judge(a: Auditor, rel: str, table, spec) -> None:
         a.audit.problem(rel, f"judge {col!r}: no column {missing[0]!r} (its verdicts are not recorded)")
         return
     rewards, answers, reasons, requests, hashes = (table.column(c).to_pylist() for c in need)
+    finish = base + "finish_reason"  # a judge's answer cut off reads as none (absent from older parts)
+    finished = table.column(finish).to_pylist() if finish in table.column_names else [None] * len(answers)
     for i, (reward, answer, reason, request, h) in enumerate(zip(rewards, answers, reasons, requests, hashes)):
         where = f"judge {col!r} row {i}"
         if request is None or request_hash(request) != h:
@@ -53,7 +55,7 @@ def _check_judge(a: Auditor, rel: str, table, spec) -> None:
         if answer is None:  # a failed request (on_failure: none)
             value, why = None, reason if (reason or "").startswith("failed: ") else "no answer"
         else:
-            value, why = spec.kwargs.asker().read(answer)
+            value, why = spec.kwargs.asker().read(answer, finished[i])
         stored = None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else reward
         if why != reason or (value is None) != (stored is None) or (value is not None and value != stored):
             a.audit.problem(rel, f"{where}: the stored answer reads as {value!r} ({why or 'readable'}), "

@@ -155,11 +155,11 @@ class _Reward(_Section):
     rows_per_call: int | None = Field(None, ge=1)
     """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
     max_concurrency: int = Field(8, ge=1, le=1024)
-    """Async functions and served rewards (`judge`, a served `reward_model`): calls (served: requests) of this function in flight at once."""
+    """Async functions and served rewards (`judge`, a served `reward_model`): calls (served: requests) of this function in flight at once, per scoring process (N shard workers or Ray score tasks: up to N times this)."""
     timeout_s: float = Field(60.0, gt=0.0)
     """Async functions and served rewards: limit per call (served: per request); a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)
-    """Async functions and served rewards: further attempts after a transient error (OSError, TimeoutError; served: also HTTP 429 and 5xx, with exponential backoff)."""
+    """Async functions and served rewards: further attempts after a transient error (OSError, TimeoutError; served: as the openai client, also HTTP 408, 409, 429, 5xx and x-should-retry, waiting retry-after up to 60 s, else exponential backoff)."""
 
     @property
     def column(self) -> str:

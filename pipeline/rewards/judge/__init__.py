@@ -6,18 +6,20 @@ For each completion the judge's rubric (options.py) is filled in with the prompt
 (for an episode: the model's own turns) and the row's dataset columns, sent as one chat request
 (client.py), and the answer read into a number (verdict.py); a served reward model is sent the
 text the in-process `reward_model` scores and its logits are read as in-process. Both go through
-`served_rewards`: requests run concurrently, at most `max_concurrency` in flight; a 429, a 5xx, a
-timeout or a lost connection is retried `retries` times with exponential backoff. An answer that
-cannot be read gives None for that completion (left out of the total, as any reward's None) and
-its reason is counted. A request that fails after its retries stops the stage with one line
-(`on_failure: error`, the default; every answer obtained so far is kept for the next attempt), or
-gives None (`on_failure: none`).
+`served_rewards`: requests run concurrently, at most `max_concurrency` in flight (per scoring
+process); a 408, 409, 429, a 5xx, a timeout or a lost connection is retried `retries` times as the
+openai client retries (client.py). An answer that cannot be read gives None for that completion
+(left out of the total, as any reward's None) and its reason is counted. A request that fails
+(after its retries, or at once with another 4xx) stops the stage with one line (`on_failure:
+error`, the default; every answer obtained so far is kept for the next attempt), or gives None
+(`on_failure: none`).
 
 Every request is keyed by the sha256 of its canonical JSON (the judge's: model, messages, sampling
-settings; the reward model's: model, text, truncation; not the URL, not the key): a request whose
-answer is known (record.py: this stage's cache, a replay's source) is not sent again. Each
-completion's record lands in the stage's part as `extra_<reward>_<field>` columns (record.FIELDS)
-and the counts in the part's metadata.
+settings; the reward model's: model, text, truncation; not the URL, not the key) and by what the
+server reports it serves (its /models entry, asked once per scoring): a request whose answer from
+that model is known (record.py: this stage's cache, a replay's source) is not sent again. Each
+completion's record lands in the stage's part as `extra_<reward>_<field>` columns (record.FIELDS),
+the counts that follow from the answers in the part's metadata, the others in a stats file (record.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import asyncio
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.chat import ChatJudge, completion_text, prompt_text, render  # noqa: F401 (the package's names)
-from pipeline.rewards.judge.client import JudgeFailure, ask, headers, request_hash
+from pipeline.rewards.judge.client import JudgeFailure, ask, headers, request_hash, served_identity
 from pipeline.rewards.judge.record import FIELDS, Ledger, current
 
 
@@ -41,77 +43,88 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     n = len(completions)
     bodies = asker.bodies(prompts, completions, columns, where)
     hashes = [request_hash(b) for b in bodies]
-    records: list[dict | None] = [None] * n
-    todo: dict[str, list[int]] = {}  # one request per distinct body, however many rows share it
-    for i, h in enumerate(hashes):
-        if (known := ledger.get(h)) is not None:
-            records[i] = {**known, "reused": True}
-        else:
-            todo.setdefault(h, []).append(i)
-    failures = _ask_all(spec, asker, {h: bodies[rows[0]] for h, rows in todo.items()}, ledger)
-    for h, rows in todo.items():
-        rec = ledger.get(h) or {"request": bodies[rows[0]], "answer": None, "source": "call",
-                                "attempts": failures[h].attempts, "failure": str(failures[h])}
-        for r, i in enumerate(rows):
-            records[i] = {**rec, "source": "call", "reused": r > 0}
+    server, sent, failures = _ask_all(spec, asker, dict(zip(hashes, bodies)), ledger)
+    records: list[dict] = []
     out: list[float | None] = []
+    seen: set[str] = set()  # one request per distinct body, however many rows share it
     col = spec.column
-    for i, rec in enumerate(records):
+    for i, h in enumerate(hashes):
+        rec = ledger.get(h, server) or {"request": bodies[i], "answer": None, "server": server,
+                                        "attempts": failures[h].attempts, "failure": str(failures[h])}
+        source = "reused" if h in seen else "call" if h in sent else rec["source"]  # call, reused, cache, replay
+        seen.add(h)
         if rec["answer"] is None:
             value, reason = None, f"failed: {rec['failure']}"
         else:
-            value, reason = asker.read(rec["answer"])
+            value, reason = asker.read(rec["answer"], rec.get("finish_reason"))
         out.append(value)
-        rec.update(reason=reason, request_hash=hashes[i])
-        called = not rec.get("reused")
-        ledger.count(col, requests=1, reused=int(not called), calls=int(called and rec["answer"] is not None),
-                     failures=int(rec["answer"] is None), unreadable=int(reason is not None and rec["answer"] is not None),
+        records.append({**rec, "reason": reason, "request_hash": h})
+        called = source == "call"  # what this scoring paid for: the manifest's, never the part's (record.py)
+        ledger.count(col, calls=int(called and rec["answer"] is not None), reused=int(not called),
+                     from_cache=int(source == "cache"), from_replay=int(source == "replay"),
                      retries=(rec.get("attempts") or 1) - 1 if called else 0,
-                     latency_s=rec.get("latency_s") if called else 0, prompt_tokens=rec.get("prompt_tokens") if called else 0,
+                     latency_s=rec.get("latency_s") if called else 0,
+                     prompt_tokens=rec.get("prompt_tokens") if called else 0,
                      completion_tokens=rec.get("completion_tokens") if called else 0)
+        ledger.count(col, requests=1, failures=int(rec["answer"] is None),  # what the answers say: the part's
+                     unreadable=int(reason is not None and rec["answer"] is not None))
         if reason is not None:
-            ledger.count(col, **{f"reason:{reason.split(' (')[0]}": 1})
+            ledger.count(col, **{f"reason:{reason_key(reason)}": 1})
     log_extra = log.extra_logger(where, range(n))
     for field in FIELDS:
         log_extra(f"{col}_{field}", [rec.get(field) for rec in records])
     return out
 
 
-def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> dict[str, JudgeFailure]:
-    """Send every body (hash -> body), at most spec.max_concurrency at once; each answer goes into
-    the ledger as it arrives. Returns the failures (on_failure: none), or raises the first."""
-    if not bodies:
-        return {}
+def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> tuple[str | None, set[str], dict[str, JudgeFailure]]:
+    """Ask the server what it serves, then send every body (hash -> body) whose answer from that
+    server is not known, at most spec.max_concurrency at once; each answer goes into the ledger as
+    it arrives. Returns what the server serves, the hashes sent and the failures (on_failure: none),
+    or raises the first."""
     import httpx
 
-    async def main() -> dict[str, JudgeFailure]:
+    async def main() -> tuple[str | None, dict[str, str], dict[str, JudgeFailure]]:
         sem = asyncio.Semaphore(spec.max_concurrency)
         url, hdrs = asker.url, headers(asker.o)
         limits = httpx.Limits(max_connections=spec.max_concurrency, max_keepalive_connections=spec.max_concurrency)
         async with httpx.AsyncClient(limits=limits) as client:
+            server = await served_identity(client, asker.o, hdrs, spec.timeout_s, spec.retries)
+            todo = {h: b for h, b in bodies.items() if ledger.get(h, server) is None}
+            if not todo:
+                return server, todo, {}
+            try:  # a served reward model's server: does it answer logits when asked to? (served_model.py)
+                await asker.prepare(client, hdrs, spec)
+            except JudgeFailure as failure:  # the requests would fail as the check did: not sent
+                return server, todo, dict.fromkeys(todo, failure)
 
             async def one(h: str, body: str):
                 async with sem:
                     answer = await ask(client, url, body, hdrs, spec.timeout_s, spec.retries, asker.parse, asker.kind)
-                ledger.put(h, {"request": body, "answer": answer.text or "", "latency_s": round(answer.latency_s, 6),
-                               "prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
-                               "server_model": answer.server_model, "attempts": answer.attempts})
+                ledger.put(h, {"request": body, "answer": answer.text or "", "finish_reason": answer.finish_reason,
+                               "latency_s": round(answer.latency_s, 6), "prompt_tokens": answer.prompt_tokens,
+                               "completion_tokens": answer.completion_tokens, "server_model": answer.server_model,
+                               "server": server, "attempts": answer.attempts})
 
-            keys = list(bodies)
-            results = await asyncio.gather(*(one(h, bodies[h]) for h in keys), return_exceptions=True)
+            keys = list(todo)
+            results = await asyncio.gather(*(one(h, todo[h]) for h in keys), return_exceptions=True)
         failed = {}
         for h, res in zip(keys, results):
             if isinstance(res, BaseException) and not isinstance(res, JudgeFailure):
                 raise res
             if isinstance(res, JudgeFailure):
                 failed[h] = res
-        return failed
+        return server, todo, failed
 
-    failed = asyncio.run(main())
-    stop = {h: f for h, f in failed.items() if asker.o.on_failure == "error" or not f.retryable}
-    if stop:
-        first = next(iter(stop.values()))
-        kept = len(bodies) - len(failed)
-        raise GRPOError(f"{asker.what}: {len(failed)} of {len(bodies)} requests failed "
+    server, sent, failed = asyncio.run(main())
+    if failed and asker.o.on_failure == "error":  # on_failure none: every failure of a request, a 4xx too, gives None
+        first = next(iter(failed.values()))
+        kept = len(sent) - len(failed)
+        raise GRPOError(f"{asker.what}: {len(failed)} of {len(sent)} requests failed "
                         f"(first: {first}); the {kept} answered are kept for the next attempt")
-    return failed
+    return server, set(sent), failed
+
+
+def reason_key(reason: str) -> str:
+    """A reason as counted: without its details ("failed: HTTP 400: This model's ... (1 attempt)" counts
+    as "failed: HTTP 400", "no label 1 (1 logits)" as "no label 1")."""
+    return ": ".join(reason.split(" (")[0].split(": ")[:2])

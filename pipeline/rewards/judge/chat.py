@@ -62,5 +62,8 @@ class ChatJudge:
     def parse(data: dict) -> Answer:
         return chat_answer(data)
 
-    def read(self, answer: str | None) -> tuple[float | None, str | None]:
-        return read_verdict(answer, self.o.verdict)
+    async def prepare(self, client, hdrs: dict, spec) -> None:
+        """Nothing to check before asking (a served reward model checks its server: served_model.py)."""
+
+    def read(self, answer: str | None, finish_reason: str | None = None) -> tuple[float | None, str | None]:
+        return read_verdict(answer, self.o.verdict, finish_reason)

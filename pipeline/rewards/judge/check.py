@@ -1,8 +1,8 @@
 """What `grpo init` checks of a served reward before it writes anything (pydantic has already
 required base_url, model and a judge's rubric): the API key's variable is set, a judge's rubric
 names only columns the dataset has, and the server answers one cheap request (GET /models) and
-serves the model; a served reward model is also sent one short text, which shows that the server
-classifies and gives the `label` logit (both skipped with `grpo init --no-judge-check`, for a
+serves the model; a served reward model is also sent one short text twice, which shows that the
+server classifies, gives the `label` logit and obeys `use_activation: false` (both skipped with `grpo init --no-judge-check`, for a
 server that is not up yet).
 """
 
@@ -59,37 +59,51 @@ def reachable(o, label: str) -> None:
     if r.status_code != 200:
         raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code}, not an OpenAI-compatible model list{SKIP}")
     try:
-        served = [m.get("id") for m in r.json().get("data", [])]
+        entries = [m for m in r.json().get("data", []) if isinstance(m, dict)]
+        served = [m.get("id") for m in entries]
     except (ValueError, AttributeError, TypeError):
         raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a model list{SKIP}") from None
     if served and o.model not in served:
         shown = ", ".join(map(str, served[:5])) + (", ..." if len(served) > 5 else "")
         raise GRPOError(f"{label}.kwargs.model: {o.model!r} is not served at {o.base_url} (it serves {shown}){SKIP}")
+    context = next((m.get("max_model_len") for m in entries if m.get("id") == o.model), None)  # vLLM reports it
+    if isinstance(o, JudgeOptions) and isinstance(context, int) and o.max_tokens >= context:
+        raise GRPOError(f"{label}.kwargs.max_tokens: {o.max_tokens} leaves no room for the rubric in the context of {o.model!r} "
+                        f"({context} tokens at {o.base_url}; every request would be refused): lower it, or serve a longer "
+                        f"context{SKIP}")
 
 
 def classifies(o, label: str) -> None:
-    """One short text to a served reward model's /classify: an answer with logits, `label` among them."""
+    """The probe text to a served reward model's /classify, with use_activation false and true
+    (served_model.py): answers with logits, `label` among them, and the field obeyed."""
     import httpx
 
     from pipeline.rewards.judge.served_model import (
+        check_obeyed,
         classification_answer,
         classify_url,
-        request_body,
+        probe_body,
     )
 
     url = classify_url(o.base_url)
-    try:
-        r = httpx.post(url, content=request_body(o, "", "ok").encode(), headers=headers(o), timeout=REACH_TIMEOUT_S)
-    except httpx.HTTPError as err:
-        raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
-    if r.status_code != 200:
-        said = (r.text.strip().splitlines() or [""])[0][:160]
-        raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code} ({said}), not a classification: "
-                        f"serve the model with `vllm serve MODEL --runner pooling`{SKIP}")
-    try:
-        logits = json.loads(classification_answer(r.json()).text)
-        n = len(logits)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a classification{SKIP}") from None
+    answers = []
+    for flag in (False, True):
+        try:
+            r = httpx.post(url, content=probe_body(o, flag).encode(), headers=headers(o), timeout=REACH_TIMEOUT_S)
+        except httpx.HTTPError as err:
+            raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
+        if r.status_code != 200:
+            said = (r.text.strip().splitlines() or [""])[0][:160]
+            raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code} ({said}), not a classification: "
+                            f"serve the model with `vllm serve MODEL --runner pooling`{SKIP}")
+        try:
+            answers.append(json.loads(classification_answer(r.json()).text))
+            n = len(answers[0])
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise GRPOError(f"{label}.kwargs.base_url: {url} answered something that is not a classification{SKIP}") from None
     if o.label >= n:
         raise GRPOError(f"{label}.kwargs.label: {o.label} is no logit of {o.model!r}, which gives {n} (0..{n - 1})")
+    try:
+        check_obeyed(f"{label}.kwargs.base_url: {url}", *answers)
+    except GRPOError as err:
+        raise GRPOError(f"{err}{SKIP}") from None

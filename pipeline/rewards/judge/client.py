@@ -1,10 +1,13 @@
 """One request to a served reward over HTTP (httpx): the chat-completions body, its hash, retries
-with backoff. `ask` reads any JSON answer through a `parse` function: a chat completion's (here)
-for `judge`, a classification's (served_model.py) for a served `reward_model`.
+with backoff, and what the server says it serves. `ask` reads any JSON answer through a `parse`
+function: a chat completion's (here) for `judge`, a classification's (served_model.py) for a
+served `reward_model`.
 
-httpx rather than the `openai` client: the status code, the `Retry-After` header, each attempt and
-its latency are ours to count and record, where the openai client retries by itself, out of sight
-(and it would add nothing else: the request is one POST of a JSON body).
+httpx rather than the `openai` client: the status code, the retry headers, each attempt and its
+latency are ours to count and record, where the openai client retries by itself, out of sight
+(and it would add nothing else: the request is one POST of a JSON body). Retries follow the
+openai client's rules (openai-python 1.x `_base_client`: `_should_retry`, `_calculate_retry_timeout`),
+so that a hosted API's rate limits are waited out as its own client waits them out.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import random
 import time
@@ -22,8 +26,14 @@ if TYPE_CHECKING:  # annotations only: options.py picks its asker from these mod
     from pipeline.rewards.judge.options import JudgeOptions
 
 BACKOFF_S = 0.5
-"""The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S)."""
-MAX_BACKOFF_S = 20.0
+"""The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S), less up to 25 %
+(openai-python 1.x's INITIAL_RETRY_DELAY, MAX_RETRY_DELAY and jitter)."""
+MAX_BACKOFF_S = 8.0
+MAX_RETRY_AFTER_S = 60.0
+"""A server's `retry-after-ms` / `retry-after` (seconds or an HTTP date) is waited for when it asks 0 to this many
+seconds; a longer (or unreadable) one gives the exponential backoff, as openai-python 1.x's `_calculate_retry_timeout`."""
+RETRIED = frozenset({408, 409, 429})
+"""Statuses retried, besides every 5xx (openai-python's `_should_retry`); `x-should-retry: true/false` overrides."""
 
 
 class JudgeFailure(Exception):
@@ -44,6 +54,8 @@ class Answer:
     completion_tokens: int | None
     server_model: str | None
     attempts: int
+    finish_reason: str | None = None
+    """Why the server stopped writing (a chat completion's `finish_reason`): `length` means cut off."""
 
 
 def request_body(o: JudgeOptions, user: str) -> str:
@@ -72,14 +84,63 @@ def endpoint(o, path: str = "chat/completions") -> str:
     return f"{o.base_url.rstrip('/')}/{path}"
 
 
-def _backoff(attempt: int, retry_after: str | None) -> float:
+IDENTITY = ("id", "root", "parent", "owned_by", "max_model_len")
+"""What a `/models` entry says of the model behind a name (vLLM: `root` is the weights it loaded); its
+`created` (vLLM: the time of the request) and `permission` change with every request and are left out."""
+
+
+def identity_of(model: str):
+    """A `parse` for GET /models: the entry of `model` as canonical JSON (Answer.text; None when not listed)."""
+
+    def parse(data: dict) -> Answer:
+        entry = next((m for m in data["data"] if m.get("id") == model), None)
+        text = None if entry is None else json.dumps({k: entry[k] for k in IDENTITY if k in entry}, sort_keys=True)
+        return Answer(text=text, latency_s=0.0, prompt_tokens=None, completion_tokens=None, server_model=None, attempts=0)
+
+    return parse
+
+
+async def served_identity(client, o, hdrs: dict, timeout_s: float, retries: int) -> str | None:
+    """What the server at `o.base_url` reports it serves under `o.model` (its /models entry), or None
+    when it reports nothing: part of every verdict's cache key (record.Ledger.get)."""
     try:
-        wait = float(retry_after) if retry_after is not None else None
-    except ValueError:
-        wait = None
-    if wait is None:
-        wait = BACKOFF_S * 2**attempt * random.uniform(0.75, 1.25)
-    return min(MAX_BACKOFF_S, max(0.0, wait))
+        return (await ask(client, endpoint(o, "models"), None, hdrs, timeout_s, retries, identity_of(o.model), "model list")).text
+    except JudgeFailure:
+        return None
+
+
+def server_delay(headers, now: float | None = None) -> float | None:
+    """Seconds the server asks to wait: `retry-after-ms`, else `retry-after` as seconds or as an HTTP date
+    (`now`: the clock it is compared with); None when it asks nothing readable."""
+    import email.utils
+
+    for name, per_s in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            return float(headers[name]) / per_s
+        except (KeyError, TypeError, ValueError):
+            continue
+    try:
+        when = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp()
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return when - (time.time() if now is None else now)
+
+
+def retry_delay(attempt: int, headers=None, now: float | None = None) -> float:
+    """Seconds before retry number `attempt` + 1 (0-based): the server's delay when it asks 0 < d <= 60 s,
+    else 0.5 s * 2**attempt, at most 8 s, less a random 0-25 %."""
+    asked = server_delay(headers or {}, now)
+    if asked is not None and math.isfinite(asked) and 0 < asked <= MAX_RETRY_AFTER_S:
+        return asked
+    return min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S) * (1 - 0.25 * random.random())
+
+
+def should_retry(status: int, headers) -> bool:
+    """Whether an HTTP error is retried: the server's `x-should-retry`, else 408, 409, 429 and 5xx."""
+    said = headers.get("x-should-retry")
+    if said in ("true", "false"):
+        return said == "true"
+    return status in RETRIED or status >= 500
 
 
 def _first_line(text: str) -> str:
@@ -87,28 +148,43 @@ def _first_line(text: str) -> str:
     return line if len(line) <= 120 else line[:117] + "..."
 
 
+def _error_text(r) -> str:
+    """An error answer's message (OpenAI's and vLLM's JSON errors: `message`, or `error.message`), else its text."""
+    try:
+        data = r.json()
+        said = data.get("message") or (data.get("error") or {}).get("message")
+    except (ValueError, AttributeError):
+        said = None
+    return said if isinstance(said, str) and said.strip() else r.text
+
+
 def chat_answer(data: dict) -> Answer:
     """A chat completion's answer (attempts and latency filled in by `ask`); KeyError & co. when it is none."""
     text = data["choices"][0]["message"].get("content")
     usage = data.get("usage") or {}
     return Answer(text=text if isinstance(text, str) else None, latency_s=0.0, prompt_tokens=usage.get("prompt_tokens"),
-                  completion_tokens=usage.get("completion_tokens"), server_model=data.get("model"), attempts=0)
+                  completion_tokens=usage.get("completion_tokens"), server_model=data.get("model"), attempts=0,
+                  finish_reason=data["choices"][0].get("finish_reason"))
 
 
-async def ask(client, url: str, body: str, hdrs: dict, timeout_s: float, retries: int, parse=chat_answer,
+async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, retries: int, parse=chat_answer,
               kind: str = "chat completion") -> Answer:
-    """POST `body` until it is answered: 429, 5xx, timeouts and lost connections are retried
-    `retries` times with exponential backoff (Retry-After when the server sends one); any other
-    status fails at once. An HTTP 200 whose JSON `parse` cannot read (it raises) counts as a
-    failed attempt ("not a <kind>"). Raises JudgeFailure."""
+    """POST `body` (None: GET `url`) until it is answered, retrying as the `openai` client does:
+    timeouts, lost connections, 408, 409, 429 and 5xx (or whatever `x-should-retry` says) are
+    retried `retries` times after `retry_delay`; any other status fails at once, not retryable.
+    An HTTP 200 whose JSON `parse` cannot read (it raises) counts as a failed attempt ("not a
+    <kind>"). Raises JudgeFailure."""
     import httpx
 
     cause = "no attempt"
     for attempt in range(retries + 1):
-        retry_after = None
+        said = None
         t0 = time.monotonic()
         try:
-            r = await client.post(url, content=body.encode(), headers=hdrs, timeout=timeout_s)
+            if body is None:
+                r = await client.get(url, headers=hdrs, timeout=timeout_s)
+            else:
+                r = await client.post(url, content=body.encode(), headers=hdrs, timeout=timeout_s)
         except httpx.TimeoutException:
             cause = f"timed out after {timeout_s:g} s"
         except httpx.TransportError as err:
@@ -123,11 +199,10 @@ async def ask(client, url: str, body: str, hdrs: dict, timeout_s: float, retries
                 else:
                     answer.latency_s, answer.attempts = latency, attempt + 1
                     return answer
-            elif r.status_code == 429 or r.status_code >= 500:
-                cause = f"HTTP {r.status_code}"
-                retry_after = r.headers.get("retry-after")
+            elif should_retry(r.status_code, r.headers):
+                cause, said = f"HTTP {r.status_code}", r.headers
             else:
-                raise JudgeFailure(f"HTTP {r.status_code}: {_first_line(r.text)}", attempt + 1, retryable=False)
+                raise JudgeFailure(f"HTTP {r.status_code}: {_first_line(_error_text(r))}", attempt + 1, retryable=False)
         if attempt < retries:
-            await asyncio.sleep(_backoff(attempt, retry_after))
+            await asyncio.sleep(retry_delay(attempt, said))
     raise JudgeFailure(cause, retries + 1)

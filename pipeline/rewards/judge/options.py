@@ -4,7 +4,7 @@
       - fn: judge
         max_concurrency: 4          # requests in flight at once
         timeout_s: 30               # per request
-        retries: 3                  # further attempts after a 429, a 5xx, a timeout or a lost connection
+        retries: 3                  # further attempts after a 408, 409, 429, 5xx, a timeout or a lost connection
         kwargs:
           base_url: http://127.0.0.1:8000/v1
           model: judge-model
@@ -31,16 +31,20 @@ class _Section(BaseModel):  # as pipeline.rewards.config's (which imports this m
 
 
 class VerdictOptions(_Section):
-    read: Literal["number", "choice", "json"] = "number"
-    """number: the first number in the answer; choice: the first of `choices` it names; json: `field` of the JSON object in it."""
+    """How a judge's answer is read into a reward (pipeline/rewards/judge/verdict.py): after its reasoning (`</think>`), never from an answer cut off."""
+
+    read: Literal["number", "choice", "boxed", "json"] = "number"
+    """number: a number in the answer ("7/10" reads 7); choice: one of `choices` it names; boxed: a `\\boxed{}`'s number (or choice, with `choices`); json: `field` of a JSON object in it."""
+    pick: Literal["last", "first"] = "last"
+    """Of several matches (numbers, choices, boxes, JSON objects) in the answer after its reasoning: the last (the judge's conclusion), or the first."""
     min: float = 0.0
-    """number / json: the smallest valid value; one below is unreadable."""
+    """number / boxed / json: the smallest valid value; one below is unreadable."""
     max: float = 10.0
-    """number / json: the largest valid value; one above is unreadable."""
+    """number / boxed / json: the largest valid value; one above is unreadable."""
     normalize: bool = False
-    """number / json: map [min, max] onto [0, 1]."""
+    """number / boxed / json: map [min, max] onto [0, 1]."""
     choices: dict[str, float] = {}
-    """choice (and a json field holding a word): each word the judge may answer, and its value (case-insensitive, whole words)."""
+    """choice (and a json field or a box holding a word): each word the judge may answer, and its value (case-insensitive, whole words)."""
     field: str | None = None
     """json: the key of the verdict in the answer's JSON object (a dotted path for nested ones)."""
 
@@ -70,12 +74,12 @@ class JudgeOptions(_Section):
     """How the answer is read into a reward."""
     temperature: float = Field(0.0, ge=0.0)
     """Sampling temperature of the judge; 0 (greedy) with a `seed` gives repeatable verdicts."""
-    max_tokens: int = Field(64, ge=1)
-    """Longest answer."""
+    max_tokens: int = Field(1024, ge=1)
+    """Longest answer, reasoning included: an answer cut off there (finish_reason length) gives no verdict. 1024 lets a reasoning judge finish thinking; a judge that answers at once stops earlier and pays for what it wrote only."""
     seed: int | None = 0
     """Sent with every request (servers that honour it, like vLLM, then sample repeatably); None: not sent."""
     on_failure: Literal["error", "none"] = "error"
-    """A request still failing after its retries: stop the stage (answers so far are kept), or give that completion None."""
+    """A request that fails (after its retries, or at once with an HTTP 4xx): stop the stage (answers so far are kept), or give that completion None."""
 
     @field_validator("rubric")
     @classmethod

@@ -6,6 +6,15 @@ store); a score stage killed halfway finds them there and asks only the rest. Wh
 manifest is written the cache is removed: by then every verdict is in the score parts (the
 `extra_<reward>_*` columns), hashed into the manifest. A replay's score stage also knows the
 answers stored in its source iteration's score parts, so an unchanged judge is not asked again.
+A known answer is reused only when the server reports that it serves the same model as when it
+answered (`server`: its /models entry: name, weights, ...): another model behind the same name
+is asked again.
+
+What a part records (FIELDS, and the counts RECORDED in its metadata) depends on the answers
+only, so that an uninterrupted, a resumed and a Ray run of a judged config write identical parts;
+what differs between them (calls made, answers reused from the cache or a replay, retries,
+latency, tokens paid for) goes to a stats file beside the cache (`judge-cache/stats-<rows>.json`),
+summed into the manifest's `judge` field with the parts' counts when the manifest is written.
 
 Outside a stage (tests, a direct call) the ledger lives in memory only.
 """
@@ -22,11 +31,16 @@ from pipeline.rewards.judge.client import request_hash
 from pipeline.store.faults import fault_point
 
 CACHE_DIR = "judge-cache"
-FIELDS = ("answer", "reason", "request_hash", "request", "latency_s", "prompt_tokens", "completion_tokens",
-          "server_model", "attempts", "source")
-"""The record of one verdict, stored as score-part columns `extra_<reward>_<field>`."""
-STORED = ("request", "answer", "latency_s", "prompt_tokens", "completion_tokens", "server_model", "attempts")
+STATS = "stats-"
+FIELDS = ("answer", "finish_reason", "reason", "request_hash", "request", "prompt_tokens", "completion_tokens",
+          "server_model", "server")
+"""The record of one verdict, stored as score-part columns `extra_<reward>_<field>`: the answer's facts only."""
+STORED = ("request", "answer", "finish_reason", "prompt_tokens", "completion_tokens", "server_model", "server",
+          "latency_s", "attempts")
 """What the cache keeps of an answer (value and reason are read from the answer each time)."""
+RECORDED = ("requests", "failures", "unreadable")
+"""The counts a part's metadata holds (with the reasons): they follow from its answers. The other
+counts (calls, reused, from_cache, from_replay, retries, latency_s, tokens) go to the stats file."""
 
 
 class Ledger:
@@ -45,8 +59,10 @@ class Ledger:
                         self.known[h] = {**rec, "source": "cache"}
         self.stats: dict[str, Counter] = {}
 
-    def get(self, h: str) -> dict | None:
-        return self.known.get(h)
+    def get(self, h: str, server: str | None = None) -> dict | None:
+        """The known answer to request `h` from a server that reports serving `server` (None: it reports nothing)."""
+        rec = self.known.get(h)
+        return rec if rec is not None and rec.get("server") == server else None
 
     def put(self, h: str, record: dict) -> None:
         """A new answer: kept, and written to the cache before anything else happens."""
@@ -62,15 +78,24 @@ class Ledger:
         for k, v in amounts.items():
             c[k] += v or 0
 
-    def summary(self) -> dict[str, dict[str, Any]]:
-        """{reward column: {requests, calls, reused, retries, failures, unreadable, latency_s,
-        prompt_tokens, completion_tokens, reasons: {reason: n}}} of this scoring."""
+    def summary(self, part: str = "all") -> dict[str, dict[str, Any]]:
+        """{reward column: {requests, calls, reused, from_cache, from_replay, retries, failures, unreadable,
+        latency_s, prompt_tokens, completion_tokens, reasons: {reason: n}}} of this scoring;
+        part "recorded": the RECORDED counts and reasons only, "volatile": the others."""
         out = {}
         for column, c in sorted(self.stats.items()):
-            d = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in sorted(c.items()) if not k.startswith("reason:")}
-            d["reasons"] = {k[7:]: v for k, v in sorted(c.items()) if k.startswith("reason:")}
+            d = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in sorted(c.items())
+                 if not k.startswith("reason:") and (part == "all" or (k in RECORDED) == (part == "recorded"))}
+            if part != "volatile":
+                d["reasons"] = {k[7:]: v for k, v in sorted(c.items()) if k.startswith("reason:")}
             out[column] = d
         return out
+
+    def save_stats(self, rows: str) -> None:
+        """The volatile counts of scoring `rows` (a part's rows: the same name for every attempt at it,
+        so the last attempt's stand), beside the cache; `stage_stats` adds them up."""
+        if self.store is not None and self.cache_rel is not None and self.stats:
+            self.store.write_bytes(f"{self.cache_rel}/{STATS}{rows}.json", json.dumps(self.summary("volatile"), sort_keys=True).encode())
 
 
 _CURRENT: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("grpo_judge_ledger", default=None)
@@ -103,6 +128,12 @@ def merge_summaries(parts: list[dict]) -> dict[str, dict]:
                 else:
                     acc[k] = round(acc.get(k, 0) + v, 6)
     return out
+
+
+def stage_stats(store, cache_rel: str) -> list[dict]:
+    """The volatile counts of every part scored in a stage (its stats files; [] when there are none)."""
+    return [json.loads(store.read_bytes(f"{cache_rel}/{name}")) for name in sorted(store.listdir(cache_rel))
+            if name.startswith(STATS) and name.endswith(".json")]
 
 
 def stored_records(tables: list) -> dict[str, dict]:

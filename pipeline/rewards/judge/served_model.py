@@ -18,6 +18,13 @@ sign * activation(logits)[label]. The answer stored is the logits as a JSON list
 audit reads it again to the same reward.
 
 vLLM serves /classify beside /v1, not under it: the URL is base_url without its /v1, + /classify.
+
+A server that does not know `use_activation` (vLLM named it `activation` in earlier releases;
+unknown fields are ignored there with a warning) answers probabilities, and the activation here
+would be applied a second time. So before its first request a scoring (and `grpo init`) sends one
+probe text twice, with `use_activation` false and true (`probe_body`): the same answer both times,
+shaped as probabilities (each in [0, 1], summing to 1 for two labels or more), means the field is
+ignored, and the reward stops with one line instead of being read wrong (`check_obeyed`).
 """
 
 from __future__ import annotations
@@ -25,7 +32,11 @@ from __future__ import annotations
 import json
 import math
 
-from pipeline.rewards.judge.client import Answer
+from pipeline.errors import GRPOError
+from pipeline.rewards.judge.client import Answer, ask
+
+PROBE = "Is this text classified?"
+"""The text sent twice to a served reward model's server to see whether it obeys `use_activation`."""
 
 
 def classify_url(base_url: str) -> str:
@@ -52,6 +63,29 @@ def request_body(o, prompt, completion) -> str:
         body["messages"] = [{"role": m.get("role"), "content": m.get("content")} for m in prompt] + \
                            [{"role": "assistant", "content": said}]
     return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def probe_body(o, use_activation: bool) -> str:
+    """The probe request: PROBE, with `use_activation` as given."""
+    body = {"model": o.model, "input": PROBE, "use_activation": use_activation, "truncate_prompt_tokens": o.max_length}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def check_obeyed(what: str, raw: list, activated: list) -> None:
+    """Stop when the server answered the probe the same with use_activation false and true, with
+    probabilities: it ignores the field, and its answers are not logits."""
+    if raw != activated or not _probabilities(raw):
+        return  # it obeys (or it applies no activation either way: its answers are logits)
+    shown = ", ".join(f"{x:.4g}" for x in raw)
+    raise GRPOError(f"{what}: the server ignores use_activation: false (the same text gets [{shown}] with it and without "
+                    f"it: probabilities, not logits), so the activation would be applied twice; serve the model with a "
+                    f"vLLM whose /classify knows use_activation, or score it in-process (no base_url)")
+
+
+def _probabilities(x: list) -> bool:
+    if not x or not all(isinstance(v, int | float) and math.isfinite(v) and 0.0 <= v <= 1.0 for v in x):
+        return False
+    return len(x) == 1 or abs(sum(x) - 1.0) < 1e-4
 
 
 def classification_answer(data: dict) -> Answer:
@@ -102,5 +136,12 @@ class ServedClassifier:
     def parse(data: dict) -> Answer:
         return classification_answer(data)
 
-    def read(self, answer: str | None) -> tuple[float | None, str | None]:
+    async def prepare(self, client, hdrs: dict, spec) -> None:
+        """The probe (module docstring): raises GRPOError when the server ignores use_activation,
+        JudgeFailure when it does not answer."""
+        raw, activated = [json.loads((await ask(client, self.url, probe_body(self.o, flag), hdrs, spec.timeout_s, spec.retries,
+                                                self.parse, self.kind)).text) for flag in (False, True)]
+        check_obeyed(self.what, raw, activated)
+
+    def read(self, answer: str | None, finish_reason: str | None = None) -> tuple[float | None, str | None]:
         return read_logits(answer, self.o)
