@@ -21,6 +21,7 @@ from pipeline.loss_config import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.rewards.config import RewardSpec
 from pipeline.agents.options import AGENT_NEUTRAL
 from pipeline.cluster.config import ClusterConfig
+from pipeline.eval.config import EVAL_NEUTRAL, EvalConfig, EvalSet, SetRef, eval_sets, refusal as eval_refusal
 from pipeline.rollout_config import RolloutConfig, Section as _Section
 from pipeline.staleness import uncorrectable
 
@@ -30,8 +31,9 @@ class DataConfig(_Section):
 
     train: str
     """Training prompts: a .jsonl, .json or .parquet file, a directory or glob of Parquet shards (Hub layout), or a `datasets` save_to_disk directory (local path or fsspec URI)."""
-    eval: str | None = None
-    """Held-out prompts for periodic evaluation (same forms as train); None disables eval."""
+    eval: str | dict[str, str | EvalSet] | None = None
+    """Held-out prompts for periodic evaluation (same forms as train), or a mapping of set names to
+    files ({path, reward} for a set with its own accuracy reward), each reported under its name; None disables eval."""
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
     prompt_template: str | None = None
@@ -175,19 +177,6 @@ class TrainConfig(_Section):
     (pipeline/staleness.py); 0 (default) samples from policy k, strictly on-policy."""
 
 
-class EvalConfig(_Section):
-    """Periodic evaluation on data.eval."""
-
-    every: int = Field(1, ge=0)
-    """Evaluate every N iterations (and on the initial policy); 0 disables."""
-    max_prompts: int = Field(200, ge=1)
-    """Evaluate on at most this many eval prompts (the first ones)."""
-    greedy: bool = True
-    """Greedy decoding (true) or sampling with the rollout settings."""
-    reward: str = "correct"
-    """Which reward column counts as accuracy (a reward > 0 is a hit); must name a reward when eval runs."""
-
-
 class TrackingConfig(_Section):
     """MLflow tracking."""
 
@@ -245,8 +234,8 @@ class Config(_Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`")
-        if self.data.eval is not None and self.eval.every > 0 and self.eval.reward not in names:
-            raise ValueError(f"eval.reward {self.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
+        if self.data.eval is not None and (why := eval_refusal(self.data.eval, self.eval, names)):
+            raise ValueError(why)
         if self.train.lora is not None and self.ref_model is not None:
             raise ValueError("train.lora: the reference is the base with the adapter off; leave ref_model unset")
         if self.rollout.lora_mode == "vllm_lora" and (self.train.lora is None or self.rollout.engine != "vllm"):
@@ -268,6 +257,10 @@ class Config(_Section):
     @property
     def ref_model_path(self) -> str:
         return self.ref_model or self.model
+
+    def eval_sets(self) -> list[SetRef]:
+        """data.eval as the sets the eval runs (pipeline/eval/config.py)."""
+        return eval_sets(self.data.eval, self.eval)
 
     @property
     def uses_ref(self) -> bool:
@@ -306,6 +299,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "max_staleness"): 0,
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
+    **EVAL_NEUTRAL,
     ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
 }
 """Options added after runs already existed, with the value that does what runs did before them:

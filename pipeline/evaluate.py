@@ -18,38 +18,55 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import advantages
-from pipeline.data import derive_seed, load_dataset, make_prompts
+from pipeline.data import dataset_num_rows, derive_seed, load_dataset, make_prompts
+from pipeline.eval.config import SetRef
+from pipeline.eval.metrics import figures, flat
 from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
-from pipeline.store.parts import Shard, run_parts
+from pipeline.store.parts import Shard, read_parts, run_parts
 from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards
 from pipeline.rollout import policy_engine
 from pipeline.store.run import Run
 from pipeline.score import completion_masks, drop_cache, extra_column, judge_summary, judging, served, trl_inputs
-from pipeline.store import policy_rel
+from pipeline.store import part_name, policy_rel, stage_rel
 from schemas.artifacts import EVAL, EXTRA_PREFIX, REWARD_PREFIX
 
 
-def eval_table(run: Run, k: int, engine) -> pa.Table:
+def eval_parts(cfg) -> list[tuple[SetRef, list[int]]]:
+    """The eval's parts in order: each set's first eval.max_prompts rows, eval.prompts_per_part a part
+    (one part per set by default; a killed eval redoes only the parts it had not written)."""
+    parts = []
+    for s in cfg.eval_sets():
+        n = min(dataset_num_rows(s.path), cfg.eval.max_prompts)
+        size = cfg.eval.prompts_per_part or max(n, 1)
+        parts += [(s, list(range(a, min(n, a + size)))) for a in range(0, max(n, 1), size)]
+    return parts
+
+
+def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None = None) -> pa.Table:
     cfg = run.cfg
     from transformers import AutoTokenizer
 
+    s, ids = part or eval_parts(cfg)[0]
     tok = AutoTokenizer.from_pretrained(run.plain_dir(k))
-    df = load_dataset(cfg.data.eval, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
-    ids = list(range(min(df.height, cfg.eval.max_prompts)))
+    df = load_dataset(s.path, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
     context = model_context(run.plain_dir(k))
-    prompts = make_prompts(df, ids, tok, cfg.data, cfg.data.eval, context - cfg.rollout.max_new_tokens)
+    prompts = make_prompts(df, ids, tok, cfg.data, s.path, context - cfg.rollout.max_new_tokens)
     seeds = [derive_seed(cfg.seed, k, p.prompt_id, 1) for p in prompts]
+    n, many = cfg.eval.samples, cfg.eval.samples > 1
+    if cfg.eval.temperature is not None:
+        engine = _Tempered(engine, cfg.eval.temperature)
     if cfg.rollout.agentic:  # held-out episodes, with the run's tools and environment
-        rows = _episode_rows(run, k, engine, tok, prompts, seeds)
+        rows = _episode_rows(run, k, engine, tok, prompts, seeds, s.path, n)
     else:
-        samples = engine.generate([p.ids for p in prompts], seeds, n=1, greedy=cfg.eval.greedy)
+        samples = engine.generate([p.ids for p in prompts], seeds, n=n, greedy=cfg.eval.greedy)  # one call, n=k
         rows = []
         for p, group in zip(prompts, samples):
-            s = group[0]
-            rows.append({"prompt_id": p.prompt_id, "prompt": p.text, "prompt_raw": _json(p.raw), "completion": s.text,
-                         "completion_ids": s.token_ids, "completion_length": len(s.token_ids), **p.columns})
+            for j, smp in enumerate(group):
+                rows.append({"prompt_id": p.prompt_id, **({"sample_idx": j} if many else {}), "prompt": p.text,
+                             "prompt_raw": _json(p.raw), "completion": smp.text, "completion_ids": smp.token_ids,
+                             "completion_length": len(smp.token_ids), **p.columns})
     table = pa.Table.from_pylist(rows)
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
@@ -57,13 +74,16 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
                                  completion_masks=completion_masks(table))  # [N, F]
     names = [r.column for r in cfg.rewards]
-    if cfg.eval.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
-        raise GRPOError(f"eval.reward {cfg.eval.reward!r}: no reward named so (rewards: {', '.join(names)})")
-    hit = per_fn[:, names.index(cfg.eval.reward)]
+    if s.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
+        key = "eval.reward" if s.name is None else f"data.eval.{s.name}.reward"
+        raise GRPOError(f"{key} {s.reward!r}: no reward named so (rewards: {', '.join(names)})")
+    hit = per_fn[:, names.index(s.reward)]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
     total = advantages.combine_rewards(per_fn, weights)  # [N], as score: NaN where none applies
     out = {
         "prompt_id": table.column("prompt_id"),
+        **({"eval_set": pa.array([s.name] * table.num_rows, pa.string())} if s.name is not None else {}),
+        **({"sample_idx": table.column("sample_idx").cast(pa.int32())} if many else {}),
         "prompt": table.column("prompt"),
         "completion": table.column("completion"),
         "completion_length": table.column("completion_length"),
@@ -82,8 +102,18 @@ def eval_table(run: Run, k: int, engine) -> pa.Table:
     return pa.table(out).replace_schema_metadata({b"grpo.judge": json.dumps(ledger.summary("recorded"), sort_keys=True)})
 
 
-def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
-    """One episode per eval prompt (greedy with eval.greedy), as rollout runs them."""
+class _Tempered:
+    """The engine sampling at eval.temperature instead of rollout.temperature."""
+
+    def __init__(self, engine, temperature: float):
+        self.engine, self.temperature = engine, temperature
+
+    def generate(self, prompt_ids, seeds, n, greedy=False, max_tokens=None):
+        return self.engine.generate(prompt_ids, seeds, n, greedy=greedy, max_tokens=max_tokens, temperature=self.temperature)
+
+
+def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: int) -> list[dict]:
+    """eval.samples episodes per eval prompt (greedy with eval.greedy), as rollout runs them."""
     from pipeline.agents.episode import EpisodeRunner
     from pipeline.agents.setup import load_agents
     from pipeline.rollout import engine_max_len
@@ -92,10 +122,12 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
     agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
-    episodes = [runner.start(p, i, 0, seed, f"{cfg.data.eval} row {p.prompt_id}") for i, (p, seed) in enumerate(zip(prompts, seeds))]
+    episodes = [runner.start(p, i, j, seed, f"{path} row {p.prompt_id}")
+                for i, (p, seed) in enumerate(zip(prompts, seeds)) for j in range(n)]
     runner.run(engine, episodes)
     # completion_length: the model's tokens, as in the rollout (eval/mean_length counts what it wrote)
-    keep = ("prompt_id", "prompt", "prompt_raw", "completion", "completion_ids", "completion_mask", "completion_length", "episode")
+    keep = ("prompt_id", *(("sample_idx",) if n > 1 else ()), "prompt", "prompt_raw", "completion", "completion_ids",
+            "completion_mask", "completion_length", "episode")
     return [{c: row[c] for c in keep} | e.prompt.columns for e in episodes for row in [runner.row(e, "")]]
 
 
@@ -114,26 +146,31 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
         return run.manifest(k, "eval")
     owned = engine is None
     stats = {}
+    parts = eval_parts(cfg)
 
-    def make_part(_: int) -> pa.Table:
+    def make_part(p: int) -> pa.Table:
         nonlocal engine
         t = time.time()
         if engine is None:
             engine = policy_engine(run, k)
-        table = eval_table(run, k, engine)
-        stats["seconds"] = round(time.time() - t, 3)
+        table = eval_table(run, k, engine, parts[p])
+        stats["seconds"] = round(stats.get("seconds", 0.0) + time.time() - t, 3)
         return table
 
     def extra() -> dict:
         recorded = {}
         if served(cfg):  # what audit needs to re-read the answers, and the calls they took
             recorded = {"rewards": [r.model_dump(mode="json") for r in cfg.rewards],
-                        **({"judge": j} if (j := judge_summary(run, k, 1, "eval")) is not None else {})}
-        return {"policy_hash": run.policy_hash(k), "stats": stats, **recorded}
+                        **({"judge": j} if (j := judge_summary(run, k, len(parts), "eval")) is not None else {})}
+        written = [run.store.read_table(f"{stage_rel(k, 'eval')}/{part_name(p)}", EVAL) for p in range(len(parts))]
+        figs = figures(cfg, pa.concat_tables(written, promote_options="default"))
+        return {"policy_hash": run.policy_hash(k), "stats": stats, **recorded,
+                "metrics": {f: {"value": v, "lo": lo, "hi": hi} for f, (v, lo, hi) in figs.items()}}
 
     try:
-        inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": cfg.data.eval}
-        m = run_parts(run, k, "eval", EVAL, 1, Shard(), inputs, make_part, manifest_extra=extra)
+        data = cfg.data.eval if isinstance(cfg.data.eval, str) else cfg.model_dump(mode="json")["data"]["eval"]
+        inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": data}
+        m = run_parts(run, k, "eval", EVAL, len(parts), Shard(), inputs, make_part, manifest_extra=extra)
         if m is not None:
             drop_cache(run, k, "eval")
         return m
@@ -142,17 +179,19 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
             engine.close()
 
 
-def eval_summary(run: Run, k: int) -> dict | None:
-    """accuracy, mean reward and mean length of policy k's eval (and its tool use, for episodes), or None."""
-    if not run.done(k, "eval"):
+def eval_figures(run: Run, k: int) -> dict[str, tuple[float, float, float]] | None:
+    """Every figure of policy k's eval with its 95 % interval (pipeline/eval/metrics.py), or None:
+    as its manifest recorded them, or computed from its parts (an eval recorded before they were)."""
+    m = run.manifest(k, "eval")
+    if m is None:
         return None
-    from pipeline.report.episodes import eval_episode_metrics
-    from pipeline.store.parts import read_parts
+    if m.metrics is not None:
+        return {f: (e["value"], e["lo"], e["hi"]) for f, e in m.metrics.items()}
+    return figures(run.cfg, pa.concat_tables(read_parts(run, k, "eval", EVAL), promote_options="default"))
 
-    t = pa.concat_tables(read_parts(run, k, "eval", EVAL))
-    return {
-        "eval/accuracy": float(np.mean(t.column("correct").to_numpy(zero_copy_only=False))),
-        "eval/reward": float(np.nanmean(t.column("reward").to_numpy(zero_copy_only=False).astype(float))),
-        "eval/mean_length": float(np.mean(t.column("completion_length").to_numpy())),
-        **eval_episode_metrics(t),
-    }
+
+def eval_summary(run: Run, k: int) -> dict | None:
+    """eval/<figure> (and _lo, _hi) of policy k's eval: accuracy, reward, mean length, pass@k, maj@k,
+    tool use for episodes; per named set eval/<set>/<figure>; None when not evaluated."""
+    figs = eval_figures(run, k)
+    return None if figs is None else flat(figs)

@@ -63,8 +63,8 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
     (a tool format that fell back). `judges_reachable`: ask each served reward's server one cheap
     request (pipeline/rewards/judge/check.py)."""
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
-    if cfg.data.eval is not None:
-        _checked_columns(cfg, cfg.data.eval, "data.eval")
+    for s in cfg.eval_sets():
+        _checked_columns(cfg, s.path, "data.eval" if s.name is None else f"data.eval.{s.name}")
     reserved = [c for c in train_columns if c in ("prompts", "completions", "completion_ids", *TRL_ARGS)]
     if reserved:
         raise GRPOError(f"data.train {cfg.data.train}: column {reserved[0]!r} clashes with the reward-function argument of that name; rename it")

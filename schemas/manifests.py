@@ -84,6 +84,8 @@ class PartsManifest(_Manifest):
     """rollout: the engine's dtype as resolved on this machine (`rollout.dtype` auto follows train.precision)."""
     stats: dict[str, float] | None = None
     """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
+    metrics: dict[str, dict[str, float]] | None = None
+    """eval: every figure (pipeline/eval/metrics.py) as {value, lo, hi}, its 95 % interval."""
     rewards: list[dict[str, Any]] | None = None
     """score (and eval with a served reward): the reward functions as configured."""
     trainer_state: dict[str, Any] | None = None

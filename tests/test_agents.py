@@ -560,21 +560,6 @@ def test_a_template_with_tool_support_is_used_as_is(assets, tools_file):
     assert choose(tok, "hermes", "qwen-like")[0].kind == "hermes"  # the fallback on request
 
 
-def test_eval_tool_use_metrics():
-    """Held-out episodes add how the policy uses its tools to the eval's metrics (what `make
-    demo-agent` prints before and after); an eval without episodes adds nothing."""
-    import pyarrow as pa
-
-    from pipeline.report.episodes import eval_episode_metrics
-
-    called = {"messages": [{"role": "assistant", "content": ""}, {"role": "tool", "name": "multiply", "content": "6"},
-                           {"role": "assistant", "content": "6"}], "turns": 2, "ending": "answered", "model_tokens": 9, "context_tokens": 5}
-    alone = {"messages": [{"role": "assistant", "content": "7"}], "turns": 1, "ending": "answered", "model_tokens": 2, "context_tokens": 0}
-    table = pa.table({"episode": [json.dumps(e) for e in (called, alone, alone, alone)]})
-    assert eval_episode_metrics(table) == {"eval/episodes/turns_mean": 1.25, "eval/tools/call_frequency": 0.25, "eval/tools/used": 0.25}
-    assert eval_episode_metrics(pa.table({"completion": ["7"]})) == {}
-
-
 def test_episode_metrics_and_conversation_view():
     from pipeline.report.episodes import conversation, episode_metrics
 

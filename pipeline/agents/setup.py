@@ -70,9 +70,8 @@ def check_routes(cfg, classes: dict) -> None:
     """Every row of data.train (and data.eval) names one of the mapping's environments in its `environment` column."""
     from pipeline.data import load_dataset_frame
 
-    for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
-        if path is None:
-            continue
+    sets = [("data.eval" if s.name is None else f"data.eval.{s.name}", s.path) for s in cfg.eval_sets()]
+    for key, path in (("data.train", cfg.data.train), *sets):
         df = load_dataset_frame(path)
         if envs.ROUTE_COLUMN not in df.columns:
             raise GRPOError(f"{key} {path}: no column {envs.ROUTE_COLUMN!r}; rollout.environment is a mapping, so each row "

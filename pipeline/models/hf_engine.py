@@ -57,16 +57,18 @@ class HFEngine:
         self.model_dir = Path(model_dir)
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
-                 max_tokens: list[int] | None = None) -> list[list[Sample]]:
+                 max_tokens: list[int] | None = None, temperature: float | None = None) -> list[list[Sample]]:
+        """`temperature`: the eval's, else rollout.temperature."""
         if self.batched:
-            return self._generate_batched(prompt_ids, seeds, n, greedy, max_tokens)
+            return self._generate_batched(prompt_ids, seeds, n, greedy, max_tokens, temperature)
         torch, c, tok = self.torch, self.cfg, self.tokenizer
         stop_ids = set(self.stop_ids)
         groups = []
         for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
             torch.manual_seed(seed)  # one group, one seed: independent of batching
             inp = torch.tensor([ids] * (1 if greedy else n))
-            gen = sampling_config(c, greedy, max_tokens[i] if max_tokens else c.max_new_tokens, self.stop_ids, self.pad_id)
+            gen = sampling_config(c, greedy, max_tokens[i] if max_tokens else c.max_new_tokens, self.stop_ids, self.pad_id,
+                                  temperature)
             with torch.no_grad():
                 out = self.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen)
             new = out.sequences[:, len(ids):]  # [n, L]
@@ -86,7 +88,7 @@ class HFEngine:
             groups.append(group * (n if greedy else 1))
         return groups
 
-    def _generate_batched(self, prompt_ids, seeds, n, greedy, max_tokens):
+    def _generate_batched(self, prompt_ids, seeds, n, greedy, max_tokens, temperature=None):
         """Every group of the call in one left-padded `generate` batch (a GPU's way: one step of 128
         rows costs what one of 8 does), each group still drawn from its own seed: `GroupSampler`
         samples softmax(logits / temperature) by the Gumbel-max rule with noise from the group's
@@ -100,7 +102,7 @@ class HFEngine:
         rows = [ids for ids in prompt_ids for _ in range(copies)]
         inp = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows], device=self.device)
-        sampler = GroupSampler(c, greedy, seeds, copies, self.device)
+        sampler = GroupSampler(c, greedy, seeds, copies, self.device, temperature)
         gen = sampling_config(c, True, max(budgets), self.stop_ids, self.pad_id)  # argmax of what the sampler returns
         gen.output_scores = False
         with torch.no_grad():
@@ -131,11 +133,12 @@ class GroupSampler:
     truncated by the config's top_k / top_p / min_p), or the plain argmax when greedy. It keeps the
     chosen tokens' logprobs and hands `generate` a score that makes its argmax that token."""
 
-    def __init__(self, cfg: RolloutConfig, greedy: bool, seeds: list[int], copies: int, device):
+    def __init__(self, cfg: RolloutConfig, greedy: bool, seeds: list[int], copies: int, device, temperature: float | None = None):
         import torch
         from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-        self.torch, self.greedy, self.copies, self.temperature = torch, greedy, copies, cfg.temperature
+        self.torch, self.greedy, self.copies = torch, greedy, copies
+        self.temperature = cfg.temperature if temperature is None else temperature  # `temperature`: the eval's
         self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
         self.warpers = [w for w in (TopKLogitsWarper(cfg.top_k) if cfg.top_k and cfg.top_k > 0 else None,
                                     TopPLogitsWarper(cfg.top_p) if cfg.top_p < 1.0 else None,
@@ -161,7 +164,8 @@ class GroupSampler:
         return torch.full_like(s, float("-inf")).scatter_(-1, choice[:, None], 0.0)
 
 
-def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int):
+def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int,
+                    temperature: float | None = None):
     """The whole generation config of one call: the config's sampling settings, every other
     logits processor off (their neutral values, so nothing is filled in from a model's own);
     `stop_ids` end a row (pipeline/models/stop_tokens.py)."""
@@ -174,7 +178,8 @@ def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_id
         bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
         exponential_decay_length_penalty=None, renormalize_logits=False, remove_invalid_values=False,
     )
-    sampled = {} if greedy else dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p or None)
+    t = c.temperature if temperature is None else temperature  # `temperature`: the eval's
+    sampled = {} if greedy else dict(temperature=t, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p or None)
     return GenerationConfig(**off | sampled, do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
                             pad_token_id=pad_id, output_scores=True, return_dict_in_generate=True)
 

@@ -148,15 +148,16 @@ class VLLMEngine:
 
     @_env_kept
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
-                 max_tokens: list[int] | None = None) -> list[list[Sample]]:
-        """`max_tokens`: a cap per prompt (an episode's turn), else rollout.max_new_tokens."""
+                 max_tokens: list[int] | None = None, temperature: float | None = None) -> list[list[Sample]]:
+        """`max_tokens`: a cap per prompt (an episode's turn), else rollout.max_new_tokens;
+        `temperature`: the eval's, else rollout.temperature."""
         from vllm import SamplingParams
 
         c = self.cfg
         params = [
             SamplingParams(
                 n=n,
-                temperature=0.0 if greedy else c.temperature,
+                temperature=0.0 if greedy else (c.temperature if temperature is None else temperature),
                 top_p=1.0 if greedy else c.top_p,
                 top_k=0 if greedy else c.top_k,
                 min_p=0.0 if greedy else c.min_p,

@@ -87,16 +87,9 @@ def episode_metrics(records: list[dict]) -> dict[str, float]:
     return out
 
 
-EVAL_EPISODE_METRICS = ("episodes/turns_mean", "tools/call_frequency", "tools/used")
-"""What held-out episodes add to the eval's metrics, as eval/<name>: how the policy uses its tools."""
-
-
-def eval_episode_metrics(table) -> dict[str, float]:
-    """eval/<name> of EVAL_EPISODE_METRICS over an eval table's episodes (none without episodes)."""
-    if "episode" not in table.column_names:
-        return {}
-    m = episode_metrics([json.loads(e) for e in table.column("episode").to_pylist() if e is not None])
-    return {f"eval/{name}": m[name] for name in EVAL_EPISODE_METRICS if name in m}
+EVAL_EPISODE_METRICS = ("episodes/turns_mean", "tools/call_frequency", "tools/used", "episodes/ending/answered")
+"""What held-out episodes add to the eval's figures, as eval/<name>: how the policy uses its tools, how
+often it ends with an answer (pipeline/eval/metrics.py)."""
 
 
 def conversation(record: dict, width: int = 400) -> str:

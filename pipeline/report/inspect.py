@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
-from pipeline.report.episodes import episode_metrics, episode_records, episode_texts, eval_episode_metrics
+from pipeline.report.episodes import episode_metrics, episode_records, episode_texts
 from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
 from schemas.artifacts import (BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, ROLLOUT_CORRECTION_METRICS,
@@ -207,13 +207,10 @@ def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
 
 
 def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
-    episodes = ["episode"] if run.cfg.rollout.agentic else []
-    df = read_columns(run, k, "eval", ["correct", "reward", "completion_length", *episodes])
+    from pipeline.evaluate import eval_summary
+
     return {
-        "eval/accuracy": _f(df["correct"].mean()),
-        "eval/reward": _f(df["reward"].fill_nan(None).mean()),
-        "eval/mean_length": _f(df["completion_length"].mean()),
-        **(eval_episode_metrics(df.select(episodes).to_arrow()) if episodes else {}),
+        **eval_summary(run, k),  # every figure with its interval (pipeline/eval/metrics.py)
         **_judge_counts(m.judge, "eval/judge"),  # the eval's own calls to served rewards
         "time/eval_s": _seconds(m),
     }

@@ -1,0 +1,128 @@
+"""Every figure of an eval record, with its 95 % interval (docs/tracking.md lists them).
+
+The record is one row per (eval set, prompt, sample): `correct` (the set's accuracy reward > 0),
+`reward` (the weighted total), one `reward_<name>` column per reward, `completion_length` (the
+model's tokens), and for episodes the `episode` record. A figure is first taken per prompt (the mean
+over its k samples), then averaged over prompts; its interval comes from those per-prompt values
+(pipeline/eval/stats.py: Wilson for a share of prompts, else the bootstrap over prompts).
+
+    accuracy            mean@k: the share of correct samples
+    pass_at_<k>         Chen et al.'s unbiased pass@k, for each k of eval.pass_k
+    maj_at_<k>          the majority answer of the first k samples is correct
+    reward              the weighted total reward;  rewards/<name>: each reward column
+    mean_length         completion length in the model's tokens
+    tools/used          episodes: share calling a tool;  episodes/ending/answered: share ending with an answer
+    episodes/turns_mean, tools/call_frequency   episodes: model turns, tool calls per episode
+
+Names: eval/<figure> over all sets, eval/<set>/<figure> per named set, each with _lo and _hi.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+
+from pipeline.eval.stats import estimate, majority, pass_at_k
+from schemas.artifacts import REWARD_PREFIX
+
+
+def answer_rule(cfg, reward: str):
+    """(extract, same) of the accuracy reward named `reward`: the answer it reads from a completion
+    and how it compares two (math-verify for `correct`; exact text for any other reward)."""
+    from pipeline.rewards.answers import answers_match, extract_answer
+
+    spec = next((r for r in cfg.rewards if r.column == reward), None)
+    if spec is not None and spec.fn == "correct":
+        return extract_answer, answers_match
+
+    def extract(text: str) -> str | None:
+        found = extract_answer(text)
+        return found if found is not None else (text.strip() or None)
+
+    return extract, lambda a, b: a == b
+
+
+def groups(table) -> dict[tuple, list[dict]]:
+    """Rows by (set, prompt_id), each group's samples in sample order (the record's order otherwise)."""
+    cols = [c for c in table.column_names if c not in ("prompt", "completion_ids", "completion_mask", "prompt_raw")]
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for row in table.select(cols).to_pylist() if cols else []:
+        out[(row.get("eval_set"), row["prompt_id"])].append(row)
+    for rows in out.values():
+        rows.sort(key=lambda r: r.get("sample_idx") or 0)
+    return dict(out)
+
+
+def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
+    """Each prompt's value of every figure, keyed by (set, prompt_id)."""
+    from pipeline.eval.config import eval_sets
+
+    reward_of = {s.name: s.reward for s in eval_sets(cfg.data.eval, cfg.eval)}
+    ks = cfg.eval.ks()
+    rules = {}
+    out = {}
+    for key, rows in groups(table).items():
+        n = len(rows)
+        hits = [bool(r["correct"]) for r in rows]
+        v = {"accuracy": float(np.mean(hits)), "reward": _nanmean([r["reward"] for r in rows]),
+             "mean_length": float(np.mean([r["completion_length"] for r in rows]))}
+        for c in rows[0]:
+            if c.startswith(REWARD_PREFIX):
+                v["rewards/" + c[len(REWARD_PREFIX):]] = _nanmean([r[c] for r in rows])
+        if ks:
+            reward = reward_of.get(key[0], cfg.eval.reward)
+            extract, same = rules.setdefault(reward, answer_rule(cfg, reward))
+            answers = [extract(r["completion"] or "") for r in rows]
+            for k in ks:
+                if k > n:
+                    raise ValueError(f"eval.pass_k {k}: prompt {key[1]} has only {n} samples")
+                v[f"pass_at_{k}"] = pass_at_k(n, sum(hits), k)
+                top = majority(answers[:k], same)
+                v[f"maj_at_{k}"] = float(top is not None and hits[top])
+        if "episode" in rows[0]:
+            v.update(_episodes([json.loads(r["episode"]) for r in rows if r["episode"] is not None]))
+        out[key] = v
+    return out
+
+
+def _episodes(records: list[dict]) -> dict[str, float]:
+    from pipeline.report.episodes import EVAL_EPISODE_METRICS, episode_metrics
+
+    m = episode_metrics(records)
+    return {name: m[name] for name in EVAL_EPISODE_METRICS if name in m}
+
+
+def _nanmean(values) -> float:
+    v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
+    return float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
+
+
+def figures(cfg, table) -> dict[str, tuple[float, float, float]]:
+    """{figure: (value, lo, hi)}: over all sets (`accuracy`), and per named set (`<set>/accuracy`)."""
+    values = per_prompt(cfg, table)
+    out = _figures(values)
+    names = sorted({key[0] for key in values if key[0] is not None}, key=list(_set_order(cfg)).index)
+    for name in names:
+        out.update({f"{name}/{f}": e for f, e in _figures({k: v for k, v in values.items() if k[0] == name}).items()})
+    return out
+
+
+def _set_order(cfg):
+    from pipeline.eval.config import eval_sets
+
+    return [s.name for s in eval_sets(cfg.data.eval, cfg.eval)]
+
+
+def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
+    names = list(dict.fromkeys(f for v in values.values() for f in v))
+    return {f: estimate([v.get(f, np.nan) for v in values.values()]) for f in names}
+
+
+def flat(figs: dict[str, tuple[float, float, float]], prefix: str = "eval/") -> dict[str, float]:
+    """MLflow's names: eval/<figure>, eval/<figure>_lo, eval/<figure>_hi."""
+    out = {}
+    for f, (v, lo, hi) in figs.items():
+        out.update({f"{prefix}{f}": v, f"{prefix}{f}_lo": lo, f"{prefix}{f}_hi": hi})
+    return out

@@ -1,0 +1,175 @@
+"""Evaluation a researcher can publish (issue 45): pass@k, maj@k, intervals, several eval sets.
+
+The estimators against hand-derived numbers (arithmetic in the comments), the intervals' coverage on
+simulated draws (seeded), and the eval settings refused at config time."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import Config, canonical
+from pipeline.eval.metrics import figures, flat
+from pipeline.eval.stats import bootstrap, estimate, majority, paired, pass_at_k, wilson
+from pipeline.errors import GRPOError
+
+
+def cfg_of(**eval_) -> Config:
+    return Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": eval_.pop("data", "e.jsonl")},
+                                  "rewards": [{"fn": "correct"}, {"fn": "format", "weight": 0.5}], "eval": eval_})
+
+
+def test_pass_at_k_matches_the_closed_form_on_hand_made_counts():
+    # n=5, c=2, k=2: 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7, abs=1e-12)
+    # n=10, c=3, k=4: 1 - C(7,4)/C(10,4) = 1 - 35/210 = 5/6
+    assert pass_at_k(10, 3, 4) == pytest.approx(5 / 6, abs=1e-12)
+    # k=1 is the share correct: n=8, c=1 -> 1/8; no correct sample -> 0; n-c < k -> every k-subset holds one -> 1
+    assert pass_at_k(8, 1, 1) == pytest.approx(0.125, abs=1e-12)
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(5, 3, 3) == 1.0
+    # n=1024, c=1, k=512: 1 - C(1023,512)/C(1024,512) = 1 - (1024-512)/1024 = 0.5 (the binomials overflow a float)
+    assert pass_at_k(1024, 1, 512) == pytest.approx(0.5, abs=1e-9)
+    for n in range(1, 13):  # the stable product against math.comb, everywhere it is defined
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+def test_majority_votes_over_answers_compared_as_the_reward_compares_them():
+    from pipeline.rewards.answers import answers_match
+
+    # math-verify: "1/2" and "0.5" are one answer (2 votes), "3" twice: a tie goes to the answer seen first
+    assert majority(["1/2", "0.5", "3", "3", None], answers_match) == 0
+    assert majority(["7", "3", "3,000", "3000"], answers_match) == 2  # 3,000 == 3000 outvotes 3 and 7
+    assert majority(["7", "3", "3"], answers_match) == 1
+    assert majority([None, None], answers_match) is None  # no answer never votes
+    exact = lambda a, b: a == b  # noqa: E731
+    assert majority(["0.5", "1/2", "b", "b"], exact) == 2  # without math-verify they are two answers
+
+
+def _coverage(draw, truth: float, trials: int) -> float:
+    rng = np.random.default_rng(45)
+    held = 0
+    for _ in range(trials):
+        _, lo, hi = estimate(draw(rng))
+        held += lo <= truth <= hi
+    return held / trials
+
+
+def test_wilson_interval_holds_the_true_rate_about_95_percent_of_the_time():
+    # one greedy completion per prompt: 50 prompts, true accuracy 0.3 -> a share of prompts, Wilson's interval;
+    # its exact coverage there is 0.957 (the binomial pmf summed over the x whose interval holds 0.3), and
+    # 2000 simulated evals put the share within +-0.005 of it
+    cov = _coverage(lambda rng: (rng.random(50) < 0.3).astype(float), 0.3, 2000)
+    assert 0.935 <= cov <= 0.975, cov
+    assert wilson(0, 10)[0] == 0.0 and 1 - 1e-12 <= wilson(10, 10)[1] <= 1.0  # never outside [0, 1]
+    # 3 of 10: p=0.3, z=1.96: centre (0.3 + 0.19208)/1.38415 = 0.35557, half 1.96*sqrt(0.021+0.009604)/1.38415 = 0.24774
+    assert wilson(3, 10) == pytest.approx((0.10779, 0.60322), abs=1e-4)
+
+
+def test_bootstrap_interval_holds_the_true_mean_about_95_percent_of_the_time():
+    # mean@4: 4 samples of each of 80 prompts, true rate 0.3 -> per-prompt values c/4: the bootstrap over prompts
+    cov = _coverage(lambda rng: rng.binomial(4, 0.3, 80) / 4, 0.3, 400)
+    assert 0.92 <= cov <= 0.98, cov
+    v = np.arange(20, dtype=float)
+    assert bootstrap(v) == bootstrap(v)  # seeded: the same record gives the same interval
+    # the paired difference of identical records is exactly 0, with a zero-width interval
+    assert paired(v, v) == (0.0, 0.0, 0.0)
+
+
+def _record(rows: list[tuple], sets: list[str] | None = None) -> pa.Table:
+    """rows: (prompt_id, sample_idx, completion, correct) with reward = correct."""
+    cols = {"prompt_id": [r[0] for r in rows]}
+    if sets:
+        cols["eval_set"] = sets
+    cols |= {"sample_idx": [r[1] for r in rows], "prompt": ["q"] * len(rows), "completion": [r[2] for r in rows],
+             "completion_length": [len(r[2]) for r in rows], "reward": [float(r[3]) for r in rows],
+             "correct": [bool(r[3]) for r in rows], "reward_correct": [float(r[3]) for r in rows],
+             "reward_format": [0.5] * len(rows)}
+    return pa.table(cols)
+
+
+def A(x: str) -> str:
+    return f"<think>.</think><answer>{x}</answer>"
+
+
+def test_figures_of_a_hand_made_record():
+    cfg = cfg_of(samples=4, greedy=False, pass_k=[1, 2, 4])
+    # prompt 0: correct [1,1,0,0], answers 7,7,3,3 (a tie: 7 came first, correct)
+    # prompt 1: correct [0,0,0,1], answers 5,5,5,9 (5 wins, wrong)
+    rows = [(0, j, A(a), c) for j, (a, c) in enumerate(zip("7733", (1, 1, 0, 0)))] + \
+           [(1, j, A(a), c) for j, (a, c) in enumerate(zip("5559", (0, 0, 0, 1)))]
+    f = figures(cfg, _record(rows))
+    assert f["accuracy"][0] == pytest.approx((0.5 + 0.25) / 2)  # mean@4 = 0.375
+    assert f["pass_at_1"][0] == pytest.approx(0.375)  # pass@1 is mean@k
+    # pass@2: prompt 0: 1 - C(2,2)/C(4,2) = 5/6; prompt 1: 1 - C(3,2)/C(4,2) = 1/2; mean 2/3
+    assert f["pass_at_2"][0] == pytest.approx(2 / 3)
+    assert f["pass_at_4"] == pytest.approx((1.0, *wilson(2, 2)))  # both prompts solved: a share, Wilson's interval
+    assert f["maj_at_4"] == pytest.approx((0.5, *wilson(1, 2)))
+    assert f["maj_at_1"][0] == 0.5  # the first sample's answer: 7 right, 5 wrong
+    assert f["rewards/format"][0] == 0.5 and f["reward"][0] == pytest.approx(0.375)
+    lo, hi = f["accuracy"][1:]
+    assert lo <= 0.375 <= hi  # not a share of prompts: the bootstrap over prompts
+    m = flat(f)
+    assert m["eval/pass_at_2"] == f["pass_at_2"][0] and m["eval/maj_at_4_lo"] == f["maj_at_4"][1]
+
+
+def test_figures_per_named_set_and_over_all():
+    cfg = cfg_of(data={"easy": "a.jsonl", "hard": {"path": "b.jsonl"}})
+    rows = [(0, 0, A("1"), 1), (1, 0, A("2"), 1), (0, 0, A("3"), 0)]
+    f = figures(cfg, _record(rows, sets=["easy", "easy", "hard"]).drop_columns(["sample_idx"]))
+    assert f["easy/accuracy"] == pytest.approx((1.0, *wilson(2, 2)))
+    assert f["hard/accuracy"] == pytest.approx((0.0, *wilson(0, 1)))
+    assert f["accuracy"] == pytest.approx((2 / 3, *wilson(2, 3)))  # prompt 0 of each set is its own prompt
+    assert "pass_at_1" not in f  # one sample: pass@1 would only repeat the accuracy
+
+
+def test_greedy_one_set_figures_are_the_old_means():
+    """An eval with none of the new keys: the same accuracy, reward and length as before (row means)."""
+    rows = [(i, 0, A(str(i)), i % 3 == 0) for i in range(7)]
+    t = _record(rows).drop_columns(["sample_idx"])
+    f = figures(cfg_of(), t)
+    assert f["accuracy"][0] == float(np.mean(t.column("correct").to_numpy(zero_copy_only=False)))
+    assert f["mean_length"][0] == float(np.mean(t.column("completion_length").to_numpy()))
+    assert set(f) == {"accuracy", "reward", "mean_length", "rewards/correct", "rewards/format"}
+
+
+def test_eval_episode_figures():
+    """Held-out episodes add how the policy uses its tools and how often it ends with an answer."""
+    called = {"messages": [{"role": "assistant", "content": ""}, {"role": "tool", "name": "multiply", "content": "6"},
+                           {"role": "assistant", "content": "6"}], "turns": 2, "ending": "answered", "model_tokens": 9, "context_tokens": 5}
+    alone = {"messages": [{"role": "assistant", "content": "7"}], "turns": 1, "ending": "max_turns", "model_tokens": 2, "context_tokens": 0}
+    t = _record([(i, 0, "x", 0) for i in range(4)]).drop_columns(["sample_idx"])
+    t = t.append_column("episode", pa.array([json.dumps(e) for e in (called, alone, alone, alone)]))
+    f = figures(cfg_of(), t)
+    assert {n: f[n][0] for n in ("episodes/turns_mean", "tools/call_frequency", "tools/used", "episodes/ending/answered")} == \
+        {"episodes/turns_mean": 1.25, "tools/call_frequency": 0.25, "tools/used": 0.25, "episodes/ending/answered": 0.25}
+    assert f["tools/used"][1:] == pytest.approx(wilson(1, 4))
+
+
+@pytest.mark.parametrize("eval_, message", [
+    ({"samples": 4}, "eval.samples 4: greedy decoding gives k copies of one completion; set eval.greedy: false"),
+    ({"samples": 4, "greedy": False, "pass_k": [1, 8]}, "eval.pass_k 8: each k must be between 1 and eval.samples (4)"),
+    ({"data": {"reward": "a.jsonl"}}, "data.eval.reward: an eval set's name is a metric path segment"),
+    ({"data": {"a b": "a.jsonl"}}, "data.eval.a b: an eval set's name"),
+    ({"data": {"hard": {"path": "b.jsonl", "reward": "judge"}}}, "data.eval.hard.reward 'judge': no reward named so"),
+    ({"data": {}}, "data.eval: an empty mapping"),
+])
+def test_eval_settings_refused_at_init(eval_, message):
+    from pipeline.config import resolve
+
+    eval_ = dict(eval_)
+    tree = {"model": "m", "data": {"train": "t.jsonl", "eval": eval_.pop("data", "e.jsonl")}, "rewards": [{"fn": "correct"}], "eval": eval_}
+    with pytest.raises(GRPOError, match=message.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
+        resolve(tree)
+
+
+def test_new_eval_keys_leave_old_config_hashes_alone():
+    assert '"samples"' not in canonical(cfg_of()) and '"pass_k"' not in canonical(cfg_of())
+    assert '"samples":4' in canonical(cfg_of(samples=4, greedy=False))
