@@ -1,7 +1,7 @@
 """`grpo status RUN [--format table|json]`: where a run stands.
 
 Per iteration: which stages are done (rows, seconds; a rollout sampled from an older policy under
-train.max_staleness says which, and how stale), mean reward, eval accuracy of the policy
+train.max_staleness says which, and how stale), mean reward, eval accuracy [95 % interval] of the policy
 the iteration produced (k+1, as `grpo iterate` prints it; `--format json` keeps policy k's eval on
 row k, as MLflow logs it), KL, the share of completions whose rollout-correction weight was truncated
 or masked (cut), the iteration's time; then the diagnostics' warnings (each names its iteration and metric).
@@ -30,12 +30,12 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
     from rich.table import Table
 
     t = Table(title=f"{report['run']}  (config {report['config_hash'][:12]}, {report['completed']} iterations done)",
-              caption="eval acc: of the policy the iteration produced, as `grpo iterate` prints it")
+              caption="eval acc: of the policy the iteration produced, as `grpo iterate` prints it, [95 % interval]")
     for col in ("iter", "rollout", "score", "logprobs", "update", "reward", "eval acc", "KL", "cut", "seconds"):
         t.add_column(col, justify="right")
-    acc = {row["iteration"]: row.get("eval/accuracy") for row in report["iterations"]}  # of policy k
+    acc = {row["iteration"]: _acc(row) for row in report["iterations"]}  # of policy k
     if acc.get(0) is not None:
-        t.add_row("start", *["-"] * 5, _fmt(acc[0], ".3f"), "-", "-", "-")
+        t.add_row("start", *["-"] * 5, acc[0], "-", "-", "-")
     for row in report["iterations"]:
         k = row["iteration"]
         if not any(row["stages"].values()):
@@ -47,7 +47,7 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
             if stage == "rollout" and s and row.get("rollout/staleness"):  # sampled from policy k - staleness
                 cells[-1] += f" (policy {k - int(row['rollout/staleness'])}, stale {int(row['rollout/staleness'])})"
         cells.append(_fmt(row.get("reward/mean"), ".3f"))
-        cells.append(_fmt(acc.get(k + 1), ".3f"))  # policy k+1, the one this iteration's update wrote
+        cells.append(acc.get(k + 1) or "-")  # policy k+1, the one this iteration's update wrote
         cells += [_fmt(row.get("kl/mean"), ".4f"), _fmt(row.get("rollout_correction/clipped_seq_frac"), ".0%"),
                   _fmt(row.get("seconds"), ".1f")]
         t.add_row(*cells)
@@ -65,6 +65,15 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
                       + f"; {c['queued']} queued", soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"[yellow]warning[/yellow] {escape(w['text'])}", soft_wrap=True)
+
+
+def _acc(row: dict) -> str | None:
+    """Eval accuracy with its 95 % interval, `0.450 [0.38, 0.52]` (None when not evaluated)."""
+    v = row.get("eval/accuracy")
+    if v is None:
+        return None
+    lo, hi = row.get("eval/accuracy_lo"), row.get("eval/accuracy_hi")
+    return _fmt(v, ".3f") + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None and lo == lo else "")
 
 
 def _fmt(v, spec: str) -> str:

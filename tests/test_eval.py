@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from conftest import base_config
 
 from pipeline.config import Config, canonical
 from pipeline.eval.metrics import figures, flat
@@ -173,3 +175,97 @@ def test_eval_settings_refused_at_init(eval_, message):
 def test_new_eval_keys_leave_old_config_hashes_alone():
     assert '"samples"' not in canonical(cfg_of()) and '"pass_k"' not in canonical(cfg_of())
     assert '"samples":4' in canonical(cfg_of(samples=4, greedy=False))
+
+
+# -- the eval stage on the tiny model (hf engine): k samples, two sets, resume, --model, --compare -----------
+
+class Counting:
+    """The real engine, its generate calls counted (prompts, n) -- k samples are one call with n=k."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompt_ids, seeds, n, **kw):
+        self.calls.append((len(prompt_ids), n, kw.get("temperature")))
+        return self.engine.generate(prompt_ids, seeds, n, **kw)
+
+    def close(self):
+        self.engine.close()
+
+
+SAMPLED = {"every": 1, "samples": 4, "greedy": False, "temperature": 0.7, "pass_k": [1, 2, 4], "max_prompts": 3,
+           "prompts_per_part": 2}
+
+
+def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_run, tmp_path):
+    """k=4 samples per prompt in one engine call per part, two named sets (one with its own accuracy
+    reward), killed after its first part: the second attempt samples only the three parts left, and
+    the manifest's figures are those of the parts (pass@2 from the counts by the closed form)."""
+    import os
+
+    from conftest import grpo
+    from pipeline.evaluate import eval_summary, run_eval
+    from pipeline.rollout import policy_engine
+    from pipeline.store.run import Run
+
+    sets = {"gsm": assets["eval"], "fmt": {"path": assets["eval"], "reward": "format"}}
+    path = make_run("sampled", data={"eval": sets}, rollout={"engine": "hf"}, eval=SAMPLED)
+    died = grpo("eval", path, "--iter", "0", env={"GRPO_FAULT": "eval:part"}, check=False)
+    assert died.returncode == -9
+    ev = tmp_path / "sampled/iter-0000/eval"
+    first = ev / "part-00000.parquet"
+    assert first.exists() and not (ev / "MANIFEST.json").exists()
+    written = first.stat().st_mtime_ns
+    run = Run(path)
+    engine = Counting(policy_engine(run, 0))
+    m = run_eval(run, 0, engine)
+    assert engine.calls == [(1, 4, 0.7), (2, 4, 0.7), (1, 4, 0.7)]  # parts 1-3 only: gsm [2], fmt [0, 1], fmt [2]
+    assert first.stat().st_mtime_ns == written and sorted(m.outputs) == [f"part-0000{i}.parquet" for i in range(4)]
+    rows = [r for p in sorted(ev.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert [(r["eval_set"], r["prompt_id"], r["sample_idx"]) for r in rows] == \
+        [(s, i, j) for s in ("gsm", "fmt") for i in range(3) for j in range(4)]
+    for r in rows:  # each set's own accuracy reward
+        assert r["correct"] == ((r["reward_correct"] if r["eval_set"] == "gsm" else r["reward_format"]) > 0)
+    hits = {}
+    for r in rows:
+        hits.setdefault((r["eval_set"], r["prompt_id"]), []).append(r["correct"])
+    want = np.mean([1 - math.comb(4 - sum(h), 2) / math.comb(4, 2) for (s, _), h in hits.items() if s == "gsm"])
+    figs = m.metrics
+    assert figs["gsm/pass_at_2"]["value"] == pytest.approx(want, abs=1e-12)
+    assert figs["fmt/accuracy"]["value"] == pytest.approx(np.mean([r["correct"] for r in rows if r["eval_set"] == "fmt"]))
+    for f in figs.values():
+        assert f["lo"] <= f["value"] <= f["hi"]
+    s = eval_summary(run, 0)
+    assert s["eval/gsm/maj_at_4"] == figs["gsm/maj_at_4"]["value"] and s["eval/fmt/pass_at_4_hi"] == figs["fmt/pass_at_4"]["hi"]
+    assert s["eval/accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))  # over both sets' 6 prompts
+
+
+def test_model_record_is_the_runs_policy_0_eval_and_compare_pairs_prompts(assets, make_run, tmp_path, capsys):
+    """`grpo eval --model` writes the parts a run's own eval of that model as policy 0 writes;
+    `--compare` of a greedy and a sampled eval pairs their prompts; a record of other prompts is refused."""
+    from conftest import write_config
+    from stages.cli import run_cli
+
+    cfg = base_config(assets, rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5})
+    run = make_run("run", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5})
+    assert run_cli(["eval", run, "--iter", "0"]) == 0
+    conf = write_config(tmp_path / "c.yaml", cfg)
+    assert run_cli(["eval", str(tmp_path / "base"), "--model", assets["model"], "--config", str(conf)]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy" in out and "[" in out
+    part = "iter-0000/eval/part-00000.parquet"
+    assert (tmp_path / "run" / part).read_bytes() == (tmp_path / "base" / part).read_bytes()
+
+    sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
+    assert run_cli(["eval", sampled, "--iter", "0"]) == 0
+    capsys.readouterr()
+    assert run_cli(["eval", "--compare", run, sampled]) == 0
+    out = capsys.readouterr().out.splitlines()
+    acc = next(line for line in out if line.startswith("accuracy "))
+    a, b, diff = (float(x) for x in acc.split()[1:4])
+    assert diff == pytest.approx(b - a, abs=2e-3)
+    assert out[-1].startswith("accuracy: B - A = ") and "over 5 prompts" in out[-1] and "noise" in out[-1]
+    other = make_run("other", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 4})
+    assert run_cli(["eval", other, "--iter", "0"]) == 0
+    assert run_cli(["eval", "--compare", run, other]) == 1
+    assert "--compare: the records hold different prompts (set eval, prompt 4 is in one only)" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""`grpo eval --compare A B`: two eval records on the same prompts, figure by figure.
+
+A and B are runs (or records `grpo eval --model` wrote); each side is the eval of one policy (the
+newest evaluated, or `--iter K`). Per figure (pipeline/eval/metrics.py), over the prompts both
+evaluated (the same set, prompt id and prompt text, the same number of samples):
+
+    difference B - A of the mean over prompts, its 95 % paired bootstrap interval over prompts,
+    the prompts where B's per-prompt value is higher (B wins), where A's is (A wins)
+
+and one line on the headline figure (accuracy over all sets): its interval excludes 0 or it does not.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.errors import GRPOError
+from pipeline.eval.metrics import per_prompt
+from pipeline.eval.stats import paired
+from pipeline.store.run import Run
+from schemas.artifacts import EVAL
+
+
+def record(run: Run, k: int | None) -> tuple[int, pa.Table]:
+    """(k, the eval table of policy k): the newest evaluated policy when k is None."""
+    from pipeline.store.parts import read_parts
+
+    done = [i for i in range(run.completed_iters() + 1) if run.done(i, "eval")]
+    if k is None:
+        if not done:
+            raise GRPOError(f"{run.store.display()}: no evaluated policy (run `grpo eval {run.store.display()}` first)")
+        k = done[-1]
+    elif k not in done:
+        raise GRPOError(f"{run.store.display()}: policy {k} has no eval (run `grpo eval {run.store.display()} --iter {k}` first)")
+    return k, pa.concat_tables(read_parts(run, k, "eval", EVAL), promote_options="default")
+
+
+def _prompts(table: pa.Table) -> dict[tuple, tuple[str, int]]:
+    out: dict[tuple, tuple[str, int]] = {}
+    sets = table.column("eval_set").to_pylist() if "eval_set" in table.column_names else [None] * table.num_rows
+    for s, pid, text in zip(sets, table.column("prompt_id").to_pylist(), table.column("prompt").to_pylist()):
+        key = (s, pid)
+        out[key] = (text, out.get(key, (text, 0))[1] + 1)
+    return out
+
+
+def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dict:
+    """Every figure both records have: {figure: {a, b, diff, lo, hi, a_wins, b_wins}}, and `prompts`."""
+    pa_, pb = _prompts(ta), _prompts(tb)
+    if set(pa_) != set(pb):
+        only = sorted(set(pa_) ^ set(pb), key=str)[0]
+        raise GRPOError(f"--compare: the records hold different prompts (set {only[0] or 'eval'}, prompt {only[1]} is in one only); "
+                        "compare evals of the same data.eval and eval.max_prompts")
+    for key in pa_:
+        if pa_[key] != pb[key]:
+            what = "text" if pa_[key][0] != pb[key][0] else f"number of samples ({pa_[key][1]} against {pb[key][1]})"
+            raise GRPOError(f"--compare: set {key[0] or 'eval'} prompt {key[1]}: the records differ in its {what}")
+    va, vb = per_prompt(a.cfg, ta), per_prompt(b.cfg, tb)
+    keys = list(va)
+    both = [f for f in dict.fromkeys(f for v in va.values() for f in v) if any(f in v for v in vb.values())]
+    out = {}
+    sets = sorted({k[0] for k in keys if k[0] is not None})
+    for scope in [None, *sets]:
+        ks = [k for k in keys if scope is None or k[0] == scope]
+        for f in both:
+            xa = [va[k].get(f, float("nan")) for k in ks]
+            xb = [vb[k].get(f, float("nan")) for k in ks]
+            diff, lo, hi = paired(xa, xb)
+            name = f if scope is None else f"{scope}/{f}"
+            out[name] = {"a": _mean(xa), "b": _mean(xb), "diff": diff, "lo": lo, "hi": hi,
+                         "a_wins": sum(x > y for x, y in zip(xa, xb)), "b_wins": sum(y > x for x, y in zip(xa, xb))}
+    return {"a": {"run": a.store.display(), "policy": ka}, "b": {"run": b.store.display(), "policy": kb},
+            "prompts": len(keys), "figures": out}
+
+
+def _mean(x: list[float]) -> float:
+    v = [y for y in x if y == y]
+    return sum(v) / len(v) if v else float("nan")
+
+
+def verdict(result: dict, figure: str = "accuracy") -> str:
+    """One line: is B - A on `figure` distinguishable from noise (its paired 95 % interval excludes 0)?"""
+    f = result["figures"][figure]
+    d, lo, hi = f["diff"], f["lo"], f["hi"]
+    head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
+    if lo > 0 or hi < 0:
+        return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (the 95 % interval excludes 0)"
+    return f"{head}: not distinguishable from noise (the 95 % interval holds 0)"
+
+
+def lines(result: dict) -> list[str]:
+    """The comparison as a person reads it."""
+    a, b = result["a"], result["b"]
+    out = [f"A: {a['run']} policy {a['policy']}", f"B: {b['run']} policy {b['policy']}",
+           f"{'figure':<28} {'A':>8} {'B':>8} {'B - A':>8} {'95 % interval':>20} {'A wins':>7} {'B wins':>7}"]
+    for name, f in result["figures"].items():
+        interval = "[{:+.3f}, {:+.3f}]".format(f["lo"], f["hi"])
+        out.append(f"{name:<28} {f['a']:>8.3f} {f['b']:>8.3f} {f['diff']:>+8.3f} {interval:>20} {f['a_wins']:>7} {f['b_wins']:>7}")
+    out.append(verdict(result))
+    return out
