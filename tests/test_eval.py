@@ -197,6 +197,7 @@ SAMPLED = {"every": 1, "samples": 4, "greedy": False, "temperature": 0.7, "pass_
            "prompts_per_part": 2}
 
 
+@pytest.mark.slow
 def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_run, tmp_path):
     """k=4 samples per prompt in one engine call per part, two named sets (one with its own accuracy
     reward), killed after its first part: the second attempt samples only the three parts left, and
@@ -240,6 +241,7 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     assert s["eval/accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))  # over both sets' 6 prompts
 
 
+@pytest.mark.slow
 def test_model_record_is_the_runs_policy_0_eval_and_compare_pairs_prompts(assets, make_run, tmp_path, capsys):
     """`grpo eval --model` writes the parts a run's own eval of that model as policy 0 writes;
     `--compare` of a greedy and a sampled eval pairs their prompts; a record of other prompts is refused."""

@@ -44,6 +44,8 @@ def check_stage(a: Auditor, k: int, stage: str) -> None:
             a.audit.problem(f"{sd}/{name}", "part not listed in MANIFEST.json")
     if stage in ("score", "eval"):
         check_verdicts(a, sd, m)
+    if stage == "eval" and m.metrics is not None:
+        _check_figures(a, k, m, mrel)
     if stage in ("rollout", "eval"):
         check_sampled_from(a, k, m, mrel, stage)
     else:
@@ -54,6 +56,27 @@ def check_stage(a: Auditor, k: int, stage: str) -> None:
             a.audit.problem(mrel, f"inputs.policy_hash does not match {policy_rel(k)}")
     if replayed:
         _check_replay(a, mrel, stage, replayed, outputs, inputs)
+
+
+def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
+    """The eval manifest's figures are its parts' (pipeline/eval/metrics.py), recomputed."""
+    import math
+
+    import pyarrow as pa
+
+    from pipeline.eval.metrics import figures
+    from pipeline.store.parts import read_parts
+    from schemas.artifacts import EVAL
+
+    try:
+        figs = figures(a.run.cfg, pa.concat_tables(read_parts(a.run, k, "eval", EVAL), promote_options="default"))
+    except Exception:  # a part that does not read is reported by _check_part
+        return
+    for name, rec in sorted(m.metrics.items()):
+        got = figs.get(name)
+        if got is None or not all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or (x != x and y != y)
+                                  for x, y in zip((rec["value"], rec["lo"], rec["hi"]), got)):
+            a.audit.problem(mrel, f"metrics.{name} {rec} is not what its parts give ({got})")
 
 
 def _check_part(a: Auditor, rel: str, name: str, listed: FileEntry, schema, stamp: str | None) -> None:
