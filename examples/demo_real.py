@@ -71,7 +71,15 @@ def real_config(config: Path, data_dir: Path, model: Path, seed: int, sets: list
 
 
 def accuracy_line(label: str, summary: dict) -> str:
-    return f"held-out accuracy {label}: {summary['eval/accuracy']:.3f} (reward {summary['eval/reward']:.3f}, mean length {summary['eval/mean_length']:.0f} tokens)"
+    """Accuracy with its 95 % interval, and pass@k / maj@k where eval.samples > 1 (docs/tracking.md)."""
+
+    def ci(name: str) -> str:
+        lo, hi = summary.get(f"eval/{name}_lo"), summary.get(f"eval/{name}_hi")
+        return f"{summary[f'eval/{name}']:.3f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "")
+
+    at = [n[5:] for n in summary if n.startswith(("eval/pass_at_", "eval/maj_at_")) and not n.endswith(("_lo", "_hi"))]
+    return (f"held-out accuracy {label}: {ci('accuracy')}" + "".join(f", {n.replace('_at_', '@')} {ci(n)}" for n in at)
+            + f" (reward {summary['eval/reward']:.3f}, mean length {summary['eval/mean_length']:.0f} tokens)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,9 @@ def eval_parts(cfg) -> list[tuple[SetRef, list[int]]]:
     return parts
 
 
-def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None = None) -> pa.Table:
+def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None = None,
+               recorded: pa.Table | None = None) -> pa.Table:
+    """One eval part: its prompts sampled (or, `recorded`, another eval's part of them replayed), scored."""
     cfg = run.cfg
     from transformers import AutoTokenizer
 
@@ -57,16 +59,22 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None =
     n, many = cfg.eval.samples, cfg.eval.samples > 1
     if cfg.eval.temperature is not None:
         engine = _Tempered(engine, cfg.eval.temperature)
+    if recorded is not None:
+        samples = _replayed(recorded, prompts, n, tok)
     if cfg.rollout.agentic:  # held-out episodes, with the run's tools and environment
         rows = _episode_rows(run, k, engine, tok, prompts, seeds, s.path, n)
     else:
-        samples = engine.generate([p.ids for p in prompts], seeds, n=n, greedy=cfg.eval.greedy)  # one call, n=k
+        if recorded is None:
+            samples = engine.generate([p.ids for p in prompts], seeds, n=n, greedy=cfg.eval.greedy)  # one call, n=k
         rows = []
         for p, group in zip(prompts, samples):
             for j, smp in enumerate(group):
                 rows.append({"prompt_id": p.prompt_id, **({"sample_idx": j} if many else {}), "prompt": p.text,
                              "prompt_raw": _json(p.raw), "completion": smp.text, "completion_ids": smp.token_ids,
                              "completion_length": len(smp.token_ids), **p.columns})
+    if recorded is not None:  # the sampled length as recorded (the ids are the text tokenized again)
+        for r, length in zip(rows, recorded.column("completion_length").to_pylist()):
+            r["completion_length"] = length
     table = pa.Table.from_pylist(rows)
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
@@ -100,6 +108,22 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None =
         return pa.table(out)
     ledger.save_stats("eval")  # the calls it took, beside the cache (pipeline.rewards.judge.record)
     return pa.table(out).replace_schema_metadata({b"grpo.judge": json.dumps(ledger.summary("recorded"), sort_keys=True)})
+
+
+def _replayed(recorded: pa.Table, prompts, n: int, tok) -> list[list]:
+    """Another eval's completions of these prompts, as the engine's samples (their ids tokenized again)."""
+    from pipeline.models.engine_base import Sample
+
+    rows = recorded.select(["prompt_id", "prompt", "completion"]).to_pylist()
+    if [r["prompt_id"] for r in rows] != [p.prompt_id for p in prompts for _ in range(n)] or \
+            any(r["prompt"] != p.text for r, p in zip(rows[::n], prompts)):
+        raise GRPOError("--replay: the recorded eval holds other prompts than this config evaluates "
+                        "(data.eval, eval.max_prompts and eval.prompts_per_part must stay)")
+    groups = []
+    for i in range(len(prompts)):
+        texts = [r["completion"] for r in rows[i * n:(i + 1) * n]]
+        groups.append([Sample(t, tok(t, add_special_tokens=False)["input_ids"], [], "stop") for t in texts])
+    return groups
 
 
 class _Tempered:
@@ -137,8 +161,9 @@ def _json(raw):
     return json.dumps(raw, ensure_ascii=False)
 
 
-def run_eval(run: Run, k: int, engine=None) -> dict | None:
-    """Evaluate policy k (skipped when data.eval is unset); `engine` may be a warm one holding policy k."""
+def run_eval(run: Run, k: int, engine=None, recorded: list[pa.Table] | None = None, replayed_from: dict | None = None) -> dict | None:
+    """Evaluate policy k (skipped when data.eval is unset); `engine` may be a warm one holding policy k.
+    `recorded`: another eval's parts, re-scored instead of sampled (pipeline/eval/replay.py)."""
     cfg = run.cfg
     if cfg.data.eval is None:
         return None
@@ -151,6 +176,10 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
     def make_part(p: int) -> pa.Table:
         nonlocal engine
         t = time.time()
+        if recorded is not None:
+            if len(recorded) != len(parts):
+                raise GRPOError(f"--replay: the recorded eval has {len(recorded)} parts, this config makes {len(parts)}")
+            return eval_table(run, k, None, parts[p], recorded[p])
         if engine is None:
             engine = policy_engine(run, k)
         table = eval_table(run, k, engine, parts[p])
@@ -169,7 +198,8 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
 
     try:
         data = cfg.data.eval if isinstance(cfg.data.eval, str) else cfg.model_dump(mode="json")["data"]["eval"]
-        inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": data}
+        inputs = {"policy": {"path": policy_rel(k), "policy_hash": run.policy_hash(k)}, "data": data,
+                  **({"replayed_from": replayed_from} if replayed_from else {})}
         m = run_parts(run, k, "eval", EVAL, len(parts), Shard(), inputs, make_part, manifest_extra=extra)
         if m is not None:
             drop_cache(run, k, "eval")

@@ -5,6 +5,8 @@
         a model (HF directory or .gguf: the base, another run's export) evaluated into RECORD, a run
         whose policy 0 is M: the same record as that run's policy 0 eval, byte for byte
     grpo eval --compare A B [--iter K]            the difference of every figure, paired over prompts
+    grpo eval NEW --replay SRC [--iter K] --set 'rewards=[...]'
+        SRC's eval of policy K scored anew into NEW, with other rewards, never sampled again
 
 Prints every figure with its 95 % interval (pipeline/eval/metrics.py, docs/tracking.md).
 """
@@ -18,11 +20,12 @@ from stages.options import ConfigOpt, IterOpt, SetOpt
 RecordArg = Annotated[Optional[str], typer.Argument(help="Run directory (or, with --model, the record to write).", show_default=False)]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Evaluate this model (HF directory or .gguf) instead of a run's policy; needs --config.", show_default=False)]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="With --model: data.eval, the held-out prompts.", show_default=False)]
+ReplayOpt = Annotated[Optional[str], typer.Option("--replay", help="Re-score this run's eval (policy --iter K, default the newest evaluated) into RUN with --set overrides.", show_default=False)]
 CompareOpt = Annotated[Optional[tuple[str, str]], typer.Option("--compare", help="Two runs or eval records: A B.", show_default=False)]
 
 
 def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None, data: DataOpt = None,
-             config: ConfigOpt = None, set: SetOpt = None, compare: CompareOpt = None) -> None:
+             config: ConfigOpt = None, set: SetOpt = None, compare: CompareOpt = None, replay: ReplayOpt = None) -> None:
     """Held-out accuracy, pass@k, maj@k and rewards of policy K (default: the newest policy), with intervals."""
     from pipeline.errors import GRPOError
     from pipeline.evaluate import eval_figures, run_eval
@@ -37,9 +40,14 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
         raise GRPOError("eval: give RUN (or --compare A B)")
     if model is not None:
         r, k = _record(run, model, data, config, set, iter), 0
+    elif replay is not None:
+        from pipeline.eval.replay import replay_eval
+
+        r, _ = replay_eval(replay, iter, run, set)
+        k = 0
     else:
         if data is not None or config is not None or set:
-            raise GRPOError("--data, --config and --set go with --model (a run evaluates with its own config)")
+            raise GRPOError("--data, --config and --set go with --model or --replay (a run evaluates with its own config)")
         r = Run(run)
         k = r.completed_iters() if iter is None else iter
     if r.cfg.data.eval is None:

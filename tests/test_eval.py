@@ -240,11 +240,22 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     assert s["eval/gsm/maj_at_4"] == figs["gsm/maj_at_4"]["value"] and s["eval/fmt/pass_at_4_hi"] == figs["fmt/pass_at_4"]["hi"]
     assert s["eval/accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))  # over both sets' 6 prompts
 
+    from pipeline.report.audit import audit_run
+
+    assert audit_run(run).ok, audit_run(run).problems
+    manifest = ev / "MANIFEST.json"  # a figure edited in the manifest: audit recomputes it from the parts
+    body = json.loads(manifest.read_text())
+    body["metrics"]["gsm/accuracy"]["value"] += 0.25
+    manifest.write_text(json.dumps(body))
+    problems = audit_run(Run(path)).problems
+    assert len(problems) == 1 and "eval/MANIFEST.json: metrics.gsm/accuracy" in problems[0], problems
+
 
 @pytest.mark.slow
-def test_model_record_is_the_runs_policy_0_eval_and_compare_pairs_prompts(assets, make_run, tmp_path, capsys):
+def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     """`grpo eval --model` writes the parts a run's own eval of that model as policy 0 writes;
-    `--compare` of a greedy and a sampled eval pairs their prompts; a record of other prompts is refused."""
+    `--replay` re-scores an eval's completions with another accuracy reward; `--compare` of a greedy
+    and a sampled eval pairs their prompts; a record of other prompts is refused."""
     from conftest import write_config
     from stages.cli import run_cli
 
@@ -257,6 +268,16 @@ def test_model_record_is_the_runs_policy_0_eval_and_compare_pairs_prompts(assets
     assert "accuracy" in out and "[" in out
     part = "iter-0000/eval/part-00000.parquet"
     assert (tmp_path / "run" / part).read_bytes() == (tmp_path / "base" / part).read_bytes()
+
+    # replayed with another accuracy reward: the same completions, never sampled again, `correct` anew
+    assert run_cli(["eval", str(tmp_path / "rescored"), "--replay", run, "--set", "eval.reward=format"]) == 0
+    src, new = (pq.read_table(tmp_path / d / part) for d in ("run", "rescored"))
+    assert new.drop_columns(["correct"]).equals(src.drop_columns(["correct"]))
+    assert new.column("correct").to_pylist() == [x > 0 for x in src.column("reward_format").to_pylist()]
+    from pipeline.report.audit import audit_run
+    from pipeline.store.run import Run
+
+    assert audit_run(Run(str(tmp_path / "rescored"))).ok
 
     sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
     assert run_cli(["eval", sampled, "--iter", "0"]) == 0
