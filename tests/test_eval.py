@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -262,6 +263,9 @@ def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     cfg = base_config(assets, rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5})
     run = make_run("run", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5})
     assert run_cli(["eval", run, "--iter", "0"]) == 0
+    assert run_cli(["status", run]) == 0  # the accuracy with its interval, on the row of the policy evaluated
+    start = next(line for line in capsys.readouterr().out.splitlines() if "start" in line)
+    assert re.search(r"\d\.\d{3} \[\d\.\d\d, \d\.\d\d\]", start), start
     conf = write_config(tmp_path / "c.yaml", cfg)
     assert run_cli(["eval", str(tmp_path / "base"), "--model", assets["model"], "--config", str(conf)]) == 0
     out = capsys.readouterr().out
