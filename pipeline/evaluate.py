@@ -1,7 +1,10 @@
-"""Held-out evaluation of policy K on data.eval: greedy (or sampled) completions scored by the
-run's reward functions; accuracy = share of completions whose `eval.reward` column is > 0.
+"""Held-out evaluation of policy K on data.eval (one set, or several by name): one greedy completion
+per prompt, or eval.samples sampled in one engine call (n=k), scored by the run's reward functions;
+`correct` = the set's accuracy reward (`eval.reward`, or its own) > 0. The figures (accuracy, pass@k,
+maj@k, rewards, lengths, tool use) and their 95 % intervals go into the manifest (pipeline/eval/).
 
-    policy/iter-K + data.eval -> iter-K/eval/part-00000.parquet + MANIFEST.json
+    policy/iter-K + data.eval -> iter-K/eval/part-*.parquet (a part per set, or per eval.prompts_per_part
+                                 prompts of it) + MANIFEST.json
 
 A served reward (a judge, a served reward model) is recorded as in the score stage: each request
 and its answer are `extra_<reward>_*` columns of the eval part (as is every log_extra column), its
@@ -44,13 +47,12 @@ def eval_parts(cfg) -> list[tuple[SetRef, list[int]]]:
     return parts
 
 
-def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]] | None = None,
-               recorded: pa.Table | None = None) -> pa.Table:
+def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorded: pa.Table | None = None) -> pa.Table:
     """One eval part: its prompts sampled (or, `recorded`, another eval's part of them replayed), scored."""
     cfg = run.cfg
     from transformers import AutoTokenizer
 
-    s, ids = part or eval_parts(cfg)[0]
+    s, ids = part
     tok = AutoTokenizer.from_pretrained(run.plain_dir(k))
     df = load_dataset(s.path, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
     context = model_context(run.plain_dir(k))
