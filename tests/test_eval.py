@@ -296,3 +296,26 @@ def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     assert run_cli(["eval", other, "--iter", "0"]) == 0
     assert run_cli(["eval", "--compare", run, other]) == 1
     assert "--compare: the records hold different prompts (set eval, prompt 4 is in one only)" in capsys.readouterr().err
+
+
+def test_compare_pairs_prompts_counts_wins_and_says_whether_it_is_noise():
+    from types import SimpleNamespace
+
+    from pipeline.eval.compare import compare, verdict
+
+    cfg = cfg_of()
+    side = lambda name: SimpleNamespace(cfg=cfg, store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    # 40 prompts, one greedy sample each: A solves the first 10, B the first 30 (B wins 20, A none)
+    a = _record([(i, 0, A("1"), i < 10) for i in range(40)]).drop_columns(["sample_idx"])
+    b = _record([(i, 0, A("1"), i < 30) for i in range(40)]).drop_columns(["sample_idx"])
+    r = compare(side("A"), 0, a, side("B"), 0, b)
+    f = r["figures"]["accuracy"]
+    assert (f["a"], f["b"], f["diff"], f["a_wins"], f["b_wins"]) == (0.25, 0.75, 0.5, 0, 20)
+    assert 0 < f["lo"] < 0.5 < f["hi"]  # the paired bootstrap of the per-prompt differences (0 or 1, mean 0.5)
+    assert verdict(r) == (f"accuracy: B - A = +0.500 [{f['lo']:+.3f}, {f['hi']:+.3f}] over 40 prompts: "
+                          "distinguishable from noise, B is better (the 95 % interval excludes 0)")
+    # one prompt apart: +0.025, an interval that holds 0
+    c = _record([(i, 0, A("1"), i < 11) for i in range(40)]).drop_columns(["sample_idx"])
+    assert verdict(compare(side("A"), 0, a, side("C"), 0, c)).endswith("not distinguishable from noise (the 95 % interval holds 0)")
+    with pytest.raises(GRPOError, match="different prompts"):
+        compare(side("A"), 0, a, side("D"), 0, a.slice(0, 39))
