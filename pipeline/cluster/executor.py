@@ -36,13 +36,32 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def init_kwargs(address: str | None) -> dict:
+    """ray.init's arguments: without an address, a Ray instance of this run's own (`address="local"`:
+    plain `ray.init()` would join any cluster already started on this machine, unannounced)."""
+    from pipeline.cluster.pool import runtime_env
+
+    return dict(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                runtime_env=runtime_env())
+
+
+def redact(text: str, environ=None) -> str:
+    """`text` with the value of every secret-named variable of this process (pool.is_secret) masked."""
+    from pipeline.cluster.pool import is_secret
+
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if is_secret(name) and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
 def connect(cc, address: str | None) -> str:
     """Join the cluster (or start a Ray instance here); one line when nothing answers."""
     try:
         import ray
     except ImportError:
         raise GRPOError('cluster.executor ray: Ray is not installed (pip install -e ".[ray]")') from None
-    from pipeline.cluster.pool import forwarded_env
 
     address = address or cc.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto" and "://" not in address:  # Ray itself retries an unanswered address for minutes
@@ -51,14 +70,14 @@ def connect(cc, address: str | None) -> str:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
         except (OSError, ValueError) as err:
             raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({getattr(err, 'strerror', None) or err})") from None
-    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                  runtime_env={"env_vars": forwarded_env()})
     try:
-        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+        ray.init(**init_kwargs(address))
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... for an unreachable cluster
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+        if "runtime env" in detail:  # answered, but refused this driver's environment
+            raise GRPOError(f"cluster.address {address}: the cluster refused this driver's runtime_env ({detail[:200]})") from None
         raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({detail})") from None
-    return address or "a Ray instance started here"
+    return address or "a Ray instance of its own started here"
 
 
 def preflight(run: Run, cc) -> tuple[str, str]:
