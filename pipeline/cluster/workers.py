@@ -89,7 +89,7 @@ def check_environment(run: Run, secrets: list[str]) -> list[str]:
 
 def require_keys(run: Run, here: str, what: str = "") -> None:
     """The API keys the run's served rewards name are set in this node's own environment."""
-    from pipeline.cluster.pool import key_names
+    from pipeline.cluster.secrets import key_names
 
     for name in key_names(run.cfg):
         if not os.environ.get(name):
