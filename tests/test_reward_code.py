@@ -125,6 +125,9 @@ def test_a_worker_that_cannot_import_the_runs_code_fails_before_any_work(assets,
     copy.write_text(DECOY)  # edited in the run after `grpo init`
     with pytest.raises(GRPOError, match="the run's copy of brev.py is not the file recorded at `grpo init`"):
         check_environment(Run(run.uri), [])
+    from pipeline.report.audit import audit_run
+
+    assert any("the run's copy of brev.py is not the file recorded" in p for p in audit_run(Run(run.uri)).problems)
     copy.unlink()
     with pytest.raises(GRPOError, match="the run's copy of brev.py is missing"):
         check_environment(Run(run.uri), [])
