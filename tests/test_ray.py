@@ -364,15 +364,18 @@ def test_secrets_are_never_in_the_runtime_env_and_a_jobs_runtime_env_is_merged_n
     from pipeline.cluster.secrets import redact, runtime_env, secrets_left_out
 
     env = {"HF_TOKEN": "hf_marker123", "HF_HOME": "/h", "GRPO_JUDGE_API_KEY": "sk-marker", "GRPO_CACHE_DIR": "/c",
-           "GRPO_FAULT": "x", "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": "/bin"}
-    assert runtime_env(env) == {"env_vars": {"HF_HOME": "/h", "GRPO_CACHE_DIR": "/c", "VLLM_CPU_KVCACHE_SPACE": "1"}}
+           "GRPO_FAULT": "x", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": "/bin"}
+    assert runtime_env(env) == {"env_vars": {"HF_HOME": "/h", "GRPO_CACHE_DIR": "/c", "VLLM_CPU_KVCACHE_SPACE": "1",
+                                             "TOKENIZERS_PARALLELISM": "false"}}
     assert secrets_left_out(env) == ["GRPO_JUDGE_API_KEY", "HF_TOKEN"]
     job = {"runtime_env": {"env_vars": {"GRPO_CACHE_DIR": "/c", "A": "1"}, "working_dir": "/w"}}
     in_job = {**env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
     ours = runtime_env(in_job)
-    assert ours == {"env_vars": {"HF_HOME": "/h", "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    assert ours == {"env_vars": {"HF_HOME": "/h", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}}
     merged = _merge_runtime_env(job["runtime_env"], ours)
-    assert merged == {"working_dir": "/w", "env_vars": {"GRPO_CACHE_DIR": "/c", "A": "1", "HF_HOME": "/h", "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    assert merged == {"working_dir": "/w", "env_vars": {"GRPO_CACHE_DIR": "/c", "A": "1", "HF_HOME": "/h",
+                                                        "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    assert _merge_runtime_env(job["runtime_env"], {"env_vars": {"GRPO_CACHE_DIR": "/c"}}) is None  # what the driver sent before
     assert redact("refused {'HF_TOKEN': 'hf_marker123'}", env) == "refused {'HF_TOKEN': '***'}"
     # without an address: a Ray instance of the run's own, not whatever cluster this machine runs (case 12)
     assert init_kwargs(None)["address"] == "local" and init_kwargs("10.0.0.1:6379")["address"] == "10.0.0.1:6379"

@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 
 
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-"""A variable whose name holds one of these is a secret: its value never goes into Ray's runtime_env
-(which Ray logs on every node, keeps in its GCS and shows in job listings)."""
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
+"""A variable one of whose `_`-separated words ends in one of these (HF_TOKEN, GRPO_JUDGE_API_KEY,
+AWS_SECRET_ACCESS_KEY; not TOKENIZERS_PARALLELISM) is a secret: its value never goes into Ray's
+runtime_env (which Ray logs on every node, keeps in its GCS and shows in job listings)."""
 FORWARDED = ("GRPO_", "HF_", "VLLM_", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
 
 
 def is_secret(name: str) -> bool:
-    return any(word in name.upper() for word in SECRET_WORDS)
+    return any(part.endswith(SECRET_WORDS) for part in name.upper().split("_"))
 
 
 def forwarded_env(environ=None) -> dict[str, str]:

@@ -14,6 +14,7 @@ as they were (from the current directory).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -48,9 +49,14 @@ def sources(cfg) -> list[str]:
     return list(dict.fromkeys(w for t in targets(cfg) if (w := t.rpartition(":")[0])))
 
 
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # scans every installed distribution: once a process
+
+
 def _version(module) -> str | None:
     top = module.__name__.split(".")[0]
-    for dist in importlib.metadata.packages_distributions().get(top, []):
+    for dist in _distributions().get(top, []):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
