@@ -28,7 +28,7 @@ from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, read_parts, run_parts
 from pipeline.rewards.calls import RewardLog
-from pipeline.rewards.contract import compute_rewards
+from pipeline.rewards.contract import compute_rewards, run_code
 from pipeline.rollout import policy_engine
 from pipeline.store.run import Run
 from pipeline.score import completion_masks, drop_cache, extra_column, judge_summary, judging, served, trl_inputs
@@ -80,7 +80,7 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
     table = pa.Table.from_pylist(rows)
     prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
-    with judging(run, k, "eval") as ledger:  # a served reward's requests and answers, recorded as in score
+    with judging(run, k, "eval") as ledger, run_code(run):  # a served reward's requests and answers; the run's reward code
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
                                  completion_masks=completion_masks(table))  # [N, F]
     names = [r.column for r in cfg.rewards]
@@ -145,7 +145,8 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
     from pipeline.rollout import engine_max_len
 
     cfg = run.cfg
-    agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
+    with run_code(run):  # the tools and environments the run carries
+        agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
     episodes = [runner.start(p, i, j, seed, f"{path} row {p.prompt_id}")

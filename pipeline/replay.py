@@ -50,7 +50,7 @@ from pipeline.errors import GRPOError
 from pipeline.models.policy import policy_kind
 from pipeline.store.parts import input_hash
 from pipeline.store.retention import pruned_error
-from pipeline.rewards.contract import load_reward
+from pipeline.rewards.contract import load_reward, run_code
 from pipeline.iteration_plan import iteration_plan
 from pipeline.store.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
@@ -72,8 +72,9 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     if cfg.uses_ref and cfg.ref_model is None and (ref := policy_kind(cfg).replay_reference(src)) is not None:
         tree["ref_model"] = str(ref)  # SRC's reference: its initial policy
         cfg = config_mod.resolve(tree, sets, source="replay --set")
-    for j, spec in enumerate(cfg.rewards):  # a reward that cannot even load fails before NEW exists
-        load_reward(spec, index=j)
+    with run_code(src):  # a reward that cannot even load fails before NEW exists (SRC's copy of one it names)
+        for j, spec in enumerate(cfg.rewards):
+            load_reward(spec, index=j)
     return cfg
 
 
@@ -154,7 +155,7 @@ def replay(src_uri: str, k: int, new_uri: str, sets: list[str] | None = None, un
     src.policy_hash(k)
     if src.policy_pruned(k):  # checked before NEW exists: nothing is written
         raise pruned_error(src, k, f"replay of iteration {k}")
-    new = init_run(new_uri, replay_config(src, k, sets), merged_from=merged_origin(src, k))
+    new = init_run(new_uri, replay_config(src, k, sets), merged_from=merged_origin(src, k), code_from=src)  # SRC's reward code
     link_rollout(src, k, new)
     with reporting(new, 0, "score"):
         run_score(new, 0)

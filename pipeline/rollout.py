@@ -55,7 +55,10 @@ class RolloutPlan:
             from pipeline.agents.episode import EpisodeRunner
             from pipeline.agents.setup import load_agents
 
-            agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(b), cfg.model)  # b(k): policy k may not exist yet
+            from pipeline.rewards.contract import run_code
+
+            with run_code(run):  # the tools and environments the run carries (pipeline/store/code.py)
+                agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(b), cfg.model)  # b(k): policy k may not exist yet
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "

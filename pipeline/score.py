@@ -21,7 +21,7 @@ from pipeline.data import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, read_part, read_parts, run_parts, upstream
 from pipeline.rewards.calls import RewardLog, TrainerState, trainer_state_at
-from pipeline.rewards.contract import compute_rewards
+from pipeline.rewards.contract import compute_rewards, run_code
 from pipeline.store.run import Run
 from pipeline.store import part_name, stage_rel
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
@@ -88,7 +88,7 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     G = cfg.rollout.num_generations
     prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
     log = RewardLog(len(completions))
-    with judging(run, k) as ledger:  # a judge's verdict cache and record (None without a judge)
+    with judging(run, k) as ledger, run_code(run):  # a judge's verdict cache and record; the run's reward code
         per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                                  trainer_state=trainer_state(run, k), log=log, completion_masks=completion_masks(rollout))  # [N, F]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)

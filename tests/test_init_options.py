@@ -80,7 +80,13 @@ def test_options_only_make_the_same_run_as_yaml_and_as_both(files, smollm2):
     assert (files / "options/config.yaml").read_text() == text == (files / "mixed/config.yaml").read_text()
     assert hash_line(from_yaml.stdout) == hash_line(from_options.stdout) == hash_line(mixed.stdout)
     cfg = config_mod.from_yaml_text(text, "config.yaml")
-    assert hash_line(from_options.stdout) == config_mod.config_hash(cfg)[:12]
+    from pipeline.store import canonical_hash
+    from pipeline.store.code import code_hash
+    from pipeline.store.run import Run
+
+    code = Run(str(files / "options")).code  # my_rewards.py, copied into the run: its hash is in the run's
+    assert list(code) == ["my_rewards.py"] and code == Run(str(files / "yaml")).code
+    assert hash_line(from_options.stdout) == canonical_hash({"config": config_mod.config_hash(cfg), "code": code_hash(code)})[:12]
     assert text == config_mod.to_yaml(cfg)  # the resolved config, written as a --config run's is
     # the plan: 6 prompts x 4 = 24 completions; ceil(24 / 8) = 3 steps, x 20 iterations = 60; micro-batch 8 / 1 / 1
     dtype = "bfloat16" if machine_precision("auto") == "bf16" else "float32"

@@ -19,19 +19,38 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, base_config, grpo, write_config
+from conftest import base_config, grpo, write_config
 from pipeline.cluster.local import add_worker_node, starting_nodes, two_nodes
 from pipeline.store import part_name
 
 ITERS = 2
 PARTS = 4
+MARKER = "hf_MARKER7d1f0c"  # a planted secret: never in Ray's session directory, the run or any output
+SECRETS = {"HF_TOKEN": MARKER, "GRPO_JUDGE_API_KEY": MARKER + "k"}
+BREV = ("def brev(completions, **kwargs):  # the user's reward, in the directory `grpo init` ran in\n"
+        "    return [1.0 / (1 + len(c[0]['content'] if isinstance(c, list) else c)) for c in completions]\n")
+DECOY = "def brev(completions, **kwargs):  # an old copy where the driver and workers run\n    return [0.0 for c in completions]\n"
 THREADS = {"OMP_NUM_THREADS": "1"}  # every process samples on one thread, so they agree bit for bit
 VOLATILE = {"created", "code_version", "timings", "stats", "workers"}  # when, by which commit, on which worker; stats are compared by token count
 
 
 def ray_config(assets: dict, **cluster) -> dict:
+    rewards = [{"fn": "correct"}, {"fn": "format", "weight": 0.5}, {"fn": "brev.py:brev", "name": "brev", "weight": 0.5}]
     return base_config(assets, rollout={"engine": "hf", "prompts_per_iter": PARTS, "groups_per_part": 1, "max_new_tokens": 16},
+                       rewards=rewards,
                        cluster={"executor": "ray", "rollout_workers": 2, "rollout_cpus": 0.5, "score_cpus": 0.5, **cluster})
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict:
+    """Where `grpo init` runs (the user's brev.py) and where every `grpo iterate` runs (an old brev.py):
+    Ray's workers run in neither (issue 43 case 1)."""
+    root = tmp_path_factory.mktemp("ray-dirs")
+    (root / "user").mkdir()
+    (root / "user" / "brev.py").write_text(BREV)
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "brev.py").write_text(DECOY)
+    return {"user": root / "user", "elsewhere": root / "elsewhere"}
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +64,42 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def local_run(assets, tmp_path_factory) -> Path:
-    """The reference: the same config's 2 iterations in one local `grpo iterate`."""
+def local_run(assets, dirs, tmp_path_factory) -> Path:
+    """The reference: the same config's 2 iterations in one local `grpo iterate` (in another
+    directory than `grpo init`'s, beside an old copy of the reward file)."""
     tmp = tmp_path_factory.mktemp("ray-local")
     run = tmp / "run"
-    grpo("init", str(run), "--config", str(write_config(tmp / "cfg.yaml", ray_config(assets))))
-    grpo("iterate", str(run), "--iters", str(ITERS), "--executor", "local", env=THREADS)
+    grpo("init", str(run), "--config", str(write_config(tmp / "cfg.yaml", ray_config(assets))), cwd=dirs["user"])
+    grpo("iterate", str(run), "--iters", str(ITERS), "--executor", "local", env=THREADS, cwd=dirs["elsewhere"])
     return run
 
 
-def new_run(tmp_path: Path, assets: dict, name: str = "run", **cluster) -> Path:
+def new_run(tmp_path: Path, assets: dict, dirs: dict, name: str = "run", **cluster) -> Path:
     run = tmp_path / name
-    grpo("init", str(run), "--config", str(write_config(tmp_path / f"{name}.yaml", ray_config(assets, **cluster))))
+    grpo("init", str(run), "--config", str(write_config(tmp_path / f"{name}.yaml", ray_config(assets, **cluster))), cwd=dirs["user"])
     return run
+
+
+def assert_scored_with_the_users_code(run: Path) -> None:
+    """Every score part's brev column is the user's function of its completion, not the old copy's 0."""
+    import pyarrow.parquet as pq
+
+    for k in range(ITERS):
+        for part in sorted((run / f"iter-{k:04d}" / "rollout").glob("part-*.parquet")):
+            rollout = pq.read_table(part).to_pylist()
+            scored = pq.read_table(run / f"iter-{k:04d}" / "score" / part.name).column("reward_brev").to_pylist()
+            assert scored == [1.0 / (1 + len(r["completion"])) for r in rollout] and min(scored) > 0
+
+
+def assert_no_secret_anywhere(cluster, *places) -> None:
+    """The planted values are in no file under the cluster's session directory (Ray's logs, its GCS
+    and runtime-env records) or the run directory, and in no output (case 5)."""
+    session = Path(cluster.head_node.get_session_dir_path())
+    for root in (session, *[p for p in places if isinstance(p, Path)]):
+        hits = [str(f) for f in root.rglob("*") if f.is_file() and any(v.encode() in f.read_bytes() for v in SECRETS.values())]
+        assert not hits, hits
+    for text in (p for p in places if isinstance(p, str)):
+        assert not any(v in text for v in SECRETS.values())
 
 
 def iterate_args(run: Path, cluster) -> list[str]:
@@ -104,17 +146,24 @@ def test_cluster_settings_are_not_in_the_config_hash(assets):
 
 @pytest.mark.slow
 @pytest.mark.ray_cluster
-def test_ray_run_writes_the_local_runs_bytes_through_a_killed_actor_and_score_task(assets, ray_cluster, local_run, tmp_path):
+def test_ray_run_writes_the_local_runs_bytes_through_a_killed_actor_and_score_task(assets, dirs, ray_cluster, local_run, tmp_path):
     """Two rollout actors on two nodes; the actor holding part 1 of iteration 0 is SIGKILLed before
-    it writes it, the process scoring part 2 of iteration 1 too: both parts are re-run."""
-    run = new_run(tmp_path, assets)
-    env = {**THREADS, "GRPO_CLUSTER_FAULT": "rollout:0:1,score:1:2", "GRPO_CLUSTER_FAULT_ONCE": str(tmp_path / "fired")}
-    out = grpo(*iterate_args(run, ray_cluster), env=env)
+    it writes it, the process scoring part 2 of iteration 1 too: both parts are re-run. The driver
+    runs in another directory than `grpo init` did, beside an old copy of the reward file, the
+    workers in yet another: every part is scored with the run's copy of the user's file. Secrets
+    set on the driver (HF_TOKEN, ...) are named, never sent: no value of theirs anywhere."""
+    run = new_run(tmp_path, assets, dirs)
+    env = {**THREADS, **SECRETS, "GRPO_CLUSTER_FAULT": "rollout:0:1,score:1:2", "GRPO_CLUSTER_FAULT_ONCE": str(tmp_path / "fired")}
+    out = grpo(*iterate_args(run, ray_cluster), env=env, cwd=dirs["elsewhere"])
     assert (tmp_path / "fired.0").exists() and (tmp_path / "fired.1").exists()  # both faults happened
     assert "rollout iteration 0 part 1: its worker" in out.stderr and "the part is re-run" in out.stderr
     assert "rollout iteration 1: 4 parts on " in out.stderr and "straggler part" in out.stderr
     assert_same_as(run, local_run)
     assert_worker_records(run)
+    assert_scored_with_the_users_code(local_run)
+    assert_scored_with_the_users_code(run)
+    assert "cluster: HF_TOKEN is set here but not on node" in out.stderr  # named, its value left to each node
+    assert_no_secret_anywhere(ray_cluster, run, out.stdout, out.stderr)
 
 
 def assert_worker_records(run: Path) -> None:
@@ -160,19 +209,19 @@ def test_a_worker_record_names_each_part_its_worker_and_the_straggler():
 
 @pytest.mark.slow
 @pytest.mark.ray_cluster
-def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, ray_cluster, local_run, tmp_path):
+def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, dirs, ray_cluster, local_run, tmp_path):
     """The driver dies (SIGKILL) in iteration 1 once the first rollout part is in, its actors with it;
     the same command again finishes the run from the manifests and parts on storage: every part
     that was in place is kept as it was (same inode, same mtime), and the bytes are the local run's."""
-    run = new_run(tmp_path, assets)
-    died = grpo(*iterate_args(run, ray_cluster), env={**THREADS, "GRPO_FAULT": "rollout:part:1"}, check=False)
+    run = new_run(tmp_path, assets, dirs)
+    died = grpo(*iterate_args(run, ray_cluster), env={**THREADS, "GRPO_FAULT": "rollout:part:1"}, check=False, cwd=dirs["elsewhere"])
     assert died.returncode == -9, died.stderr[-2000:]
     assert (run / "iter-0000/update/MANIFEST.json").exists() and not (run / "iter-0001/rollout/MANIFEST.json").exists()
     before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in run.glob("iter-*/*/part-*.parquet")}
     assert any("iter-0001/rollout" in str(p) for p in before)
     assert not [p for p in run.rglob(".tmp-*")]  # nothing half-written is visible
 
-    again = grpo(*iterate_args(run, ray_cluster), env=THREADS)
+    again = grpo(*iterate_args(run, ray_cluster), env=THREADS, cwd=dirs["elsewhere"])
     assert "rollout iteration 1:" in again.stderr
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in before} == before  # no part written twice
     assert_same_as(run, local_run, resumed=True)
@@ -180,15 +229,15 @@ def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, ray_clus
 
 @pytest.mark.slow
 @pytest.mark.ray_cluster
-def test_a_node_removed_mid_iteration_loses_nothing(assets, ray_cluster, local_run, tmp_path):
+def test_a_node_removed_mid_iteration_loses_nothing(assets, dirs, ray_cluster, local_run, tmp_path):
     """The second node goes away (its raylet and workers killed) while its actor holds one of
     iteration 0's rollout parts (both actors are held before writing their first part until the
     node is gone): that part is re-run on the head node's actor, same bytes. The cluster gets a
     second node again afterwards."""
-    run = new_run(tmp_path, assets)
+    run = new_run(tmp_path, assets, dirs)
     release = tmp_path / "release"
     env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "rollout:0", "GRPO_CLUSTER_STALL_RELEASE": str(release)}
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=dirs["elsewhere"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     node = next(n for n in ray_cluster.list_all_nodes() if n is not ray_cluster.head_node)
     try:
@@ -214,7 +263,7 @@ def test_a_node_removed_mid_iteration_loses_nothing(assets, ray_cluster, local_r
 
 @pytest.mark.slow
 @pytest.mark.ray_cluster
-def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets, ray_cluster, local_run, tmp_path):
+def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets, dirs, ray_cluster, local_run, tmp_path):
     """cluster.update_workers 2: iteration 0's update runs as two `grpo update` ranks that Ray places
     (gloo between the two nodes), and gives the single process's policy within the tolerance of
     tests/test_multiprocess_update.py; rollout and score stay the local run's bytes."""
@@ -222,8 +271,9 @@ def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets
 
     from test_multiprocess_update import WEIGHT_ATOL
 
-    run = new_run(tmp_path, assets, update_workers=2, update_cpus=0.5)
-    out = grpo("iterate", str(run), "--iters", "1", "--executor", "ray", "--address", ray_cluster.address, env=THREADS)
+    run = new_run(tmp_path, assets, dirs, update_workers=2, update_cpus=0.5)
+    out = grpo("iterate", str(run), "--iters", "1", "--executor", "ray", "--address", ray_cluster.address, env=THREADS,
+               cwd=dirs["elsewhere"])
     assert "update iteration 0: 2 processes in " in out.stderr, out.stderr[-3000:]
     for stage in ("rollout", "score"):
         assert manifest(run, 0, stage)["outputs"] == manifest(local_run, 0, stage)["outputs"]
@@ -239,10 +289,105 @@ def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets
     assert audit.returncode == 0, audit.stdout
 
 
-def test_an_unreachable_cluster_is_one_line_before_any_work(assets, tmp_path):
-    run = new_run(tmp_path, assets)
+def test_an_unreachable_cluster_is_one_line_before_any_work(assets, dirs, tmp_path):
+    run = new_run(tmp_path, assets, dirs)
     out = grpo("iterate", str(run), "--iters", "1", "--executor", "ray", "--address", "127.0.0.1:9", check=False, timeout=300)
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [errors[0]] and "cluster.address 127.0.0.1:9: no Ray cluster answers there" in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr and not (run / "iter-0000").exists()
+
+
+# ------------------------------------------------------------------ decisions, without a cluster
+
+
+def cluster_cfg(**kw):
+    from pipeline.cluster.config import ClusterConfig
+
+    return ClusterConfig(executor="ray", **kw)
+
+
+def test_placement_is_checked_per_node_not_on_the_clusters_totals():
+    """Two one-CPU nodes hold 2 CPUs, enough for two actors of 0.6 and a score task of 0.6 by the
+    totals (1.8); spread one a node, each node keeps 0.4: no score task could ever be placed (the
+    silent wait of issue 43 case 4). 0.5 each leaves 0.5 a node: it fits."""
+    from pipeline.cluster.placement import spread_problem
+
+    nodes = {"a" * 16: {"CPU": 1.0, "GPU": 0.0}, "b" * 16: {"CPU": 1.0, "GPU": 0.0}}
+    line = spread_problem(nodes, cluster_cfg(rollout_workers=2, rollout_cpus=0.6, score_cpus=0.6))
+    assert line == ("cluster: with the 2 warm rollout workers placed (0.6 CPUs each), no node has the 0.6 CPUs of a score "
+                    "task (cluster.score_cpus) left (CPUs left: node aaaaaaaa 0.4, node bbbbbbbb 0.4); lower "
+                    "cluster.rollout_cpus or score_cpus, or add a node")
+    assert spread_problem(nodes, cluster_cfg(rollout_workers=2, rollout_cpus=0.5, score_cpus=0.5)) is None
+    assert "rollout worker 3 of 3" in spread_problem(nodes, cluster_cfg(rollout_workers=3, rollout_cpus=0.6, score_cpus=0.1))
+    gpu = {"a" * 16: {"CPU": 8.0, "GPU": 1.0}}
+    assert "fits on no node" in spread_problem(gpu, cluster_cfg(rollout_workers=2, rollout_gpus=1.0))
+
+
+def test_a_lost_node_makes_the_score_stage_stop_an_idle_actor_instead_of_waiting_for_ever():
+    """The head's one CPU held by its warm actor (rollout_cpus 1), the other node gone: the actor on
+    the head is stopped so that a score task fits; with room left, nothing is stopped."""
+    from pipeline.cluster.placement import node_to_free
+
+    head = "h" * 16
+    cc = cluster_cfg(rollout_workers=2, rollout_cpus=1.0, score_cpus=1.0)
+    assert node_to_free({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, cc) == head
+    assert node_to_free({head: {"CPU": 2.0, "GPU": 0.0}}, {head: 1}, cc) is None
+    assert node_to_free({head: {"CPU": 0.5, "GPU": 0.0}}, {head: 1}, cc) is None  # no node could take one: nothing to free
+
+
+def test_each_start_and_each_part_has_its_own_deadline():
+    """cluster.part_timeout_s bounds a part, cluster.start_timeout_s a start (issue 43 case 9: a part
+    longer than the start timeout failed, and so did every rerun)."""
+    from pipeline.cluster.placement import Deadlines
+
+    now = [100.0]
+    d = Deadlines(clock=lambda: now[0])
+    d.start("actor", 600.0, "start")
+    d.start("part", 3600.0, "part 3")
+    assert d.wait_s() == 600.0 and d.overdue() is None
+    d.done("actor")
+    now[0] += 700.0  # past the start timeout: the part is still within its own
+    assert d.overdue() is None and d.wait_s() == 2900.0
+    now[0] += 2900.0
+    assert d.overdue() == "part 3"
+    assert cluster_cfg().part_timeout_s == 3600.0 and cluster_cfg().start_timeout_s == 600.0
+
+
+def test_secrets_are_never_in_the_runtime_env_and_a_jobs_runtime_env_is_merged_not_clashed():
+    """Case 5: names such as HF_TOKEN stay out of runtime_env (Ray logs it on every node); case 6:
+    under `ray job submit` the job's runtime_env names the same variable, and Ray's own merge (the
+    one ray.init runs) refused the driver's: the job's value is left to the job."""
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from pipeline.cluster.executor import init_kwargs
+    from pipeline.cluster.secrets import redact, runtime_env, secrets_left_out
+
+    env = {"HF_TOKEN": "hf_marker123", "HF_HOME": "/h", "GRPO_JUDGE_API_KEY": "sk-marker", "GRPO_CACHE_DIR": "/c",
+           "GRPO_FAULT": "x", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": "/bin"}
+    assert runtime_env(env) == {"env_vars": {"HF_HOME": "/h", "GRPO_CACHE_DIR": "/c", "VLLM_CPU_KVCACHE_SPACE": "1",
+                                             "TOKENIZERS_PARALLELISM": "false"}}
+    assert secrets_left_out(env) == ["GRPO_JUDGE_API_KEY", "HF_TOKEN"]
+    job = {"runtime_env": {"env_vars": {"GRPO_CACHE_DIR": "/c", "A": "1"}, "working_dir": "/w"}}
+    in_job = {**env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
+    ours = runtime_env(in_job)
+    assert ours == {"env_vars": {"HF_HOME": "/h", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    merged = _merge_runtime_env(job["runtime_env"], ours)
+    assert merged == {"working_dir": "/w", "env_vars": {"GRPO_CACHE_DIR": "/c", "A": "1", "HF_HOME": "/h",
+                                                        "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    assert _merge_runtime_env(job["runtime_env"], {"env_vars": {"GRPO_CACHE_DIR": "/c"}}) is None  # what the driver sent before
+    assert redact("refused {'HF_TOKEN': 'hf_marker123'}", env) == "refused {'HF_TOKEN': '***'}"
+    # without an address: a Ray instance of the run's own, not whatever cluster this machine runs (case 12)
+    assert init_kwargs(None)["address"] == "local" and init_kwargs("10.0.0.1:6379")["address"] == "10.0.0.1:6379"
+
+
+def test_the_drivers_gpu_is_reserved_on_a_gpu_cluster():
+    """Case 12: with rollout actors on GPUs and Ray GPUs on the driver's node, one is held for the
+    driver (else the first actor there gets the GPU the driver trains on); a CPU cluster, or a driver
+    on a node without Ray GPUs, reserves nothing."""
+    from pipeline.cluster.placement import reserve_driver_gpu
+
+    assert reserve_driver_gpu(8.0, cluster_cfg(rollout_workers=15, rollout_gpus=1.0))
+    assert reserve_driver_gpu(1.0, cluster_cfg(update_workers=2, update_gpus=1.0))
+    assert not reserve_driver_gpu(0.0, cluster_cfg(rollout_gpus=1.0))
+    assert not reserve_driver_gpu(2.0, cluster_cfg())  # a CPU run on a machine with GPUs

@@ -58,11 +58,11 @@ def _first_line(err: BaseException) -> str:
 
 def load_environment(target: str, label: str | None = None) -> type:
     """The class named by a `rollout.environment` target, checked: a class with a callable reset."""
-    from pipeline.rewards.contract import _resolve
+    from pipeline.rewards.contract import resolve
 
     label = label or f"rollout.environment {target!r}"
     try:
-        cls = _resolve(target, os.getcwd())
+        cls = resolve(target)
     except GRPOError as err:
         raise GRPOError(f"{label}: {err}") from None
     if not inspect.isclass(cls):

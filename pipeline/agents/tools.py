@@ -55,10 +55,10 @@ _python_timeout = [10.0]  # the sandbox's own deadline: rollout.tool_timeout_s, 
 
 
 def _resolve(target: str, label: str) -> Any:
-    from pipeline.rewards.contract import _resolve as resolve_target
+    from pipeline.rewards.contract import resolve
 
     try:
-        return resolve_target(target, os.getcwd())
+        return resolve(target)
     except GRPOError as err:
         raise GRPOError(f"{label} {target!r}: {err}") from None
 

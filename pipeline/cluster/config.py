@@ -32,6 +32,10 @@ class ClusterConfig(Section):
     """CPUs each score task reserves (one task per part)."""
     start_timeout_s: float = Field(600.0, gt=0)
     """How long the driver waits for a rollout actor to start (placed, engine libraries imported) before it gives up."""
+    part_timeout_s: float = Field(3600.0, gt=0)
+    """How long one rollout part may take on its actor, and a score task to be placed and run (with start_timeout_s
+    besides), before the driver stops with a line naming the part; separate from start_timeout_s, so a long part is not
+    cut at the start timeout."""
     update_workers: int = Field(1, ge=1)
     """1: the update runs in the driver with its warm trainer. N > 1: N processes placed by Ray (one placement-group
     bundle of update_cpus/update_gpus each), each running `grpo update RUN --iter K` with the launcher's variables

@@ -36,13 +36,21 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def init_kwargs(address: str | None) -> dict:
+    """ray.init's arguments: without an address, a Ray instance of this run's own (`address="local"`:
+    plain `ray.init()` would join any cluster already started on this machine, unannounced)."""
+    from pipeline.cluster.secrets import runtime_env
+
+    return dict(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                runtime_env=runtime_env())
+
+
 def connect(cc, address: str | None) -> str:
     """Join the cluster (or start a Ray instance here); one line when nothing answers."""
     try:
         import ray
     except ImportError:
         raise GRPOError('cluster.executor ray: Ray is not installed (pip install -e ".[ray]")') from None
-    from pipeline.cluster.pool import forwarded_env
 
     address = address or cc.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto" and "://" not in address:  # Ray itself retries an unanswered address for minutes
@@ -51,22 +59,26 @@ def connect(cc, address: str | None) -> str:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
         except (OSError, ValueError) as err:
             raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({getattr(err, 'strerror', None) or err})") from None
-    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                  runtime_env={"env_vars": forwarded_env()})
     try:
-        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+        ray.init(**init_kwargs(address))
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... for an unreachable cluster
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        from pipeline.cluster.secrets import redact
+
+        detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+        if "runtime env" in detail:  # answered, but refused this driver's environment
+            raise GRPOError(f"cluster.address {address}: the cluster refused this driver's runtime_env ({detail[:200]})") from None
         raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({detail})") from None
-    return address or "a Ray instance started here"
+    return address or "a Ray instance of its own started here"
 
 
-def preflight(run: Run, cc) -> tuple[str, str]:
+def preflight(run: Run, cc, held_gpu_on: str | None = None) -> tuple[str, str]:
     """Before any work: the cluster has room for the workers, and a probe file written here through
     the store (read back by each rollout actor) proves the run directory is shared."""
     import ray
 
-    have = ray.cluster_resources()
+    have = dict(ray.cluster_resources())
+    if held_gpu_on:  # the driver's own GPU (driver_gpu)
+        have["GPU"] = have.get("GPU", 0) - 1
     need_cpu = cc.rollout_workers * cc.rollout_cpus + cc.score_cpus
     if have.get("CPU", 0) < need_cpu:
         raise GRPOError(f"cluster: {have.get('CPU', 0):g} CPUs, but cluster.rollout_workers ({cc.rollout_workers}) x "
@@ -82,6 +94,14 @@ def preflight(run: Run, cc) -> tuple[str, str]:
                 raise GRPOError(f"cluster: {have.get(unit, 0):g} {unit}s, but the warm rollout actors "
                                 f"({cc.rollout_workers} x {each_r:g}) and cluster.update_workers ({cc.update_workers}) x "
                                 f"cluster.update_{unit.lower()}s ({each_u:g}) need {need:g}")
+    from pipeline.cluster.placement import alive_nodes, spread_problem
+
+    nodes = alive_nodes(ray.nodes())
+    if held_gpu_on in nodes:
+        nodes[held_gpu_on]["GPU"] -= 1
+    problem = spread_problem(nodes, cc)  # the totals fit; each node's share must too
+    if problem:
+        raise GRPOError(problem)
     token = uuid.uuid4().hex
     probe = f"probe-{token[:12]}"
     run.store.write_bytes(f".cluster/{probe}", token.encode())
@@ -143,7 +163,7 @@ def rollout(run: Run, k: int, pool) -> dict:
     return row_figures("rollout", record)
 
 
-def score(run: Run, k: int, cc, uri: str) -> dict:
+def score(run: Run, k: int, cc, uri: str, pool=None) -> dict:
     """Score tasks over the parts; the driver then writes the manifest through `run_score` (every
     part in place, it writes only the manifest). Batch-scaled advantages need the whole iteration:
     scored here in one piece."""
@@ -161,19 +181,64 @@ def score(run: Run, k: int, cc, uri: str) -> dict:
     t0 = time.time()
     num_parts = len(run.require(k, "score", "rollout").outputs)
     stamp = input_hash(run.cfg_hash, "score", k, {"rollout": upstream(run, k, "rollout")})
+    if pool is not None:
+        pool.make_room()
     task = ray.remote(score_part).options(num_cpus=cc.score_cpus, max_retries=3)
     refs = {task.remote(uri, k, p, stamp): p for p in missing(run, k, "score", num_parts, stamp)}
     reports = []
-    for ref, p in refs.items():
+    # placed and run: each task within start_timeout_s + part_timeout_s (Ray does not say which a pending one waits for)
+    limit = cc.start_timeout_s + cc.part_timeout_s
+    deadline = time.monotonic() + limit
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            from pipeline.cluster.placement import alive_nodes, describe
+
+            parts = ", ".join(str(refs[r]) for r in pending)
+            raise GRPOError(f"score iteration {k}: parts {parts} not placed and written in {limit:g} s (cluster.start_timeout_s "
+                            f"+ part_timeout_s); {describe(alive_nodes(ray.nodes()))}, a score task wants {cc.score_cpus:g} CPUs")
+        ref = done[0]
         try:
             reports.append(ray.get(ref))
         except ray.exceptions.RayTaskError as err:
-            raise_task_error(err, f"score iteration {k} part {p}")
+            raise_task_error(err, f"score iteration {k} part {refs[ref]}")
         except ray.exceptions.RayError as err:
-            raise GRPOError(f"score iteration {k} part {p}: its worker died 4 times ({type(err).__name__})") from None
+            raise GRPOError(f"score iteration {k} part {refs[ref]}: its worker died 4 times ({type(err).__name__})") from None
     record = worker_record("score", k, reports, time.time() - t0)
     run_score(run, k, workers=record, started=t0)
     return row_figures("score", record)
+
+
+class DriverGPU:
+    """Holds one GPU of the driver's node for the driver (an actor that does nothing)."""
+
+    def gpu_ids(self) -> list:
+        import ray
+
+        return [str(i) for i in ray.get_gpu_ids()]
+
+
+def driver_gpu(cc) -> tuple[object | None, str]:
+    """On a GPU cluster, one GPU of the driver's node reserved for it (placement.reserve_driver_gpu)
+    and made the one it uses where it has not started CUDA yet; the holding actor (or None) and the node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pipeline.cluster.placement import reserve_driver_gpu
+
+    node = ray.get_runtime_context().get_node_id()
+    gpus = next((n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), 0.0)
+    if not reserve_driver_gpu(gpus, cc):
+        return None, node
+    hold = ray.remote(DriverGPU).options(num_cpus=0, num_gpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    ids = ray.get(hold.gpu_ids.remote(), timeout=cc.start_timeout_s)
+    import torch
+
+    if not torch.cuda.is_initialized():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    log(f"cluster: GPU {','.join(ids)} of the driver's node is reserved for the driver (logprobs, update)")
+    return hold, node
 
 
 class RaySampler:
@@ -188,10 +253,11 @@ class RaySampler:
         self.run, self.warm, self.cc = run, warm, run.cfg.cluster
         if run.cfg.train.max_staleness:
             raise GRPOError("cluster.executor ray: train.max_staleness needs the local executor (the ray one runs on-policy iterations)")
-        self.pool, self.rows, self.closed = None, {}, False
+        self.pool, self.rows, self.closed, self.hold = None, {}, False, None
         where = connect(self.cc, address)
         try:
-            probe, token = preflight(run, self.cc)
+            self.hold, node = driver_gpu(self.cc)
+            probe, token = preflight(run, self.cc, node if self.hold else None)
             self.uri = shared_uri(run)
             self.pool = RolloutPool(self.uri, self.cc, probe, token, log, status=lambda body: run.store.write_json(IN_FLIGHT, body))
         except BaseException:
@@ -217,7 +283,7 @@ class RaySampler:
         """Nothing is still running."""
 
     def score(self, k: int) -> None:
-        self.rows.setdefault(k, {}).update(score(self.run, k, self.cc, self.uri))
+        self.rows.setdefault(k, {}).update(score(self.run, k, self.cc, self.uri, self.pool))
 
     def update(self, k: int) -> bool:
         """Iteration k's update on the cluster where cluster.update_workers > 1 (True); else False:
@@ -234,13 +300,16 @@ class RaySampler:
         return self.rows.pop(k, {})
 
     def close(self) -> None:
-        """The actors, the probe files and this process's Ray connection (once)."""
+        """The actors, the probe files and this process's Ray connection (once). Called while an
+        exception (Ctrl-C, an error) unwinds, the actors are killed at once."""
         import ray
 
         if self.closed:
             return
         self.closed = True
         if self.pool is not None:
-            self.pool.close()
+            self.pool.close(at_once=sys.exc_info()[0] is not None)
+        if self.hold is not None:
+            ray.kill(self.hold)
         self.run.store.remove(".cluster", recursive=True)
         ray.shutdown()

@@ -4,12 +4,13 @@ free, writing the same bytes."""
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Callable
 
 from pipeline.errors import GRPOError
 from pipeline.store.faults import fault_point
+from pipeline.cluster.placement import Deadlines, alive_nodes, describe, node_to_free
+from pipeline.cluster.secrets import secrets_left_out
 from pipeline.cluster.workers import RolloutWorker
 
 
@@ -19,6 +20,9 @@ def raise_task_error(err, what: str):
     if isinstance(cause, GRPOError):
         raise GRPOError(str(cause)) from None
     raise GRPOError(f"{what}: {str(cause or err).strip().splitlines()[-1]}") from err
+
+
+CLOSE_S = 30.0
 
 
 class RolloutPool:
@@ -33,6 +37,7 @@ class RolloutPool:
         self.where: dict = {}  # actor -> {node, host, pid}
         self.starting: dict = {}  # its ready() reference -> actor
         self.inflight: dict = {}  # rollout_part reference -> (actor, part)
+        self.deadlines = Deadlines()  # each start within cluster.start_timeout_s, each part within part_timeout_s
         for _ in range(cc.rollout_workers):
             self._start()
         while self.starting:  # every actor passes its checks before any work starts
@@ -40,19 +45,46 @@ class RolloutPool:
 
     def _start(self) -> None:
         actor = self.cls.remote(*self.args)
-        self.starting[actor.ready.remote(self.probe, self.token)] = actor
+        ref = actor.ready.remote(self.probe, self.token, secrets_left_out())
+        self.starting[ref] = actor
+        self.deadlines.start(ref, self.cc.start_timeout_s, f"cluster: a rollout worker did not start in {self.cc.start_timeout_s:g} s "
+                             f"(cluster.start_timeout_s: placed, engine libraries imported)")
 
     def alive(self) -> int:
         return len(self.idle) + len(self.starting) + len(self.inflight)
 
     def _top_up(self) -> None:
         """Replace a lost actor where the cluster has room for it now and for a score task besides (a
-        lost node's room does not come back; an actor holds its CPUs, and the score tasks need some)."""
+        lost node's room does not come back; an actor holds its CPUs, and the score tasks need some);
+        with no actor left, where it has room for one (the score stage makes room: `make_room`)."""
         import ray
 
-        room = ray.available_resources().get("CPU", 0) >= self.cc.rollout_cpus + self.cc.score_cpus
-        if self.alive() < self.cc.rollout_workers and room:
+        need = self.cc.rollout_cpus + (self.cc.score_cpus if self.alive() else 0)
+        if self.alive() < self.cc.rollout_workers and ray.available_resources().get("CPU", 0) >= need:
             self._start()
+
+    def make_room(self) -> None:
+        """Before the score tasks: where no node has room for one beside the warm actors (a node was
+        lost, its actor's room with it), stop an idle actor so that one fits; the next rollout starts
+        one again where there is room. Never a score stage waiting for ever."""
+        import ray
+
+        nodes = alive_nodes(ray.nodes())
+        full = {n[:8]: n for n in nodes}
+        actors: dict[str, int] = {}
+        for actor in self.idle:
+            node = full.get(self.where.get(actor, {}).get("node", ""))
+            if node:
+                actors[node] = actors.get(node, 0) + 1
+        node = node_to_free(nodes, actors, self.cc)
+        if node is None:
+            return
+        actor = next(a for a in self.idle if self.where.get(a, {}).get("node") == node[:8])
+        self.log(f"cluster: no node has room for a score task ({describe(nodes)}; {self.cc.rollout_cpus:g} CPUs held by each "
+                 f"warm rollout worker): the rollout worker on node {node[:8]} is stopped to make room")
+        self.idle.remove(actor)
+        self.where.pop(actor, None)
+        ray.kill(actor, no_restart=True)
 
     def _wait_one(self):
         import ray
@@ -60,17 +92,23 @@ class RolloutPool:
         waiting = list(self.inflight) + list(self.starting)
         if not waiting:
             raise GRPOError("cluster: no rollout worker is left (every actor died and the cluster has no room for a new one)")
-        done, _ = ray.wait(waiting, num_returns=1, timeout=self.cc.start_timeout_s)
+        done, _ = ray.wait(waiting, num_returns=1, timeout=self.deadlines.wait_s())
         if not done:
-            raise GRPOError(f"cluster: no rollout worker started or finished a part in {self.cc.start_timeout_s:.0f} s "
-                            f"(cluster.start_timeout_s); the cluster has {ray.cluster_resources().get('CPU', 0):g} CPUs, "
-                            f"{self.cc.rollout_workers} rollout workers want {self.cc.rollout_cpus:g} each")
+            late = self.deadlines.overdue()
+            if late is None:
+                return None
+            raise GRPOError(f"{late}; {describe(alive_nodes(ray.nodes()))}, {self.cc.rollout_workers} rollout workers want "
+                            f"{self.cc.rollout_cpus:g} CPUs each")
         ref = done[0]
+        self.deadlines.done(ref)
         if ref in self.starting:
             actor = self.starting.pop(ref)
             try:
                 self.where[actor] = ray.get(ref)
                 self.idle.append(actor)
+                for name in self.where[actor].pop("secrets_missing", []):
+                    self.log(f"cluster: {name} is set here but not on node {self.where[actor]['node']}: secrets are not sent "
+                             f"through Ray (set it where `ray start` runs there)")
             except ray.exceptions.RayTaskError as err:
                 raise_task_error(err, "rollout worker start")
             except ray.exceptions.RayError as err:  # died while starting: its node went away
@@ -87,7 +125,10 @@ class RolloutPool:
         while queue or self.inflight:
             while queue and self.idle:
                 actor, part = self.idle.pop(0), queue.popleft()
-                self.inflight[actor.rollout_part.remote(k, part, stamp)] = (actor, part)
+                ref = actor.rollout_part.remote(k, part, stamp)
+                self.inflight[ref] = (actor, part)
+                self.deadlines.start(ref, self.cc.part_timeout_s, f"rollout iteration {k} part {part}: not written in "
+                                     f"{self.cc.part_timeout_s:g} s (cluster.part_timeout_s) on node {self.where.get(actor, {}).get('node', '?')}")
             self.show(k, len(queue))
             ref = self._wait_one()
             if ref is None:
@@ -110,6 +151,7 @@ class RolloutPool:
         for ref, actor in list(self.starting.items()):  # a replacement still starting would take CPUs the score tasks need
             ray.kill(actor, no_restart=True)
             del self.starting[ref]
+            self.deadlines.done(ref)
         return reports
 
     def show(self, k: int, queued: int) -> None:
@@ -121,18 +163,16 @@ class RolloutPool:
     def nodes(self) -> list[str]:
         return sorted({w["node"] for w in self.where.values()})
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
+        """Each actor closes its engine (all together, CLOSE_S at most in all), then is killed; `at_once`
+        (Ctrl-C, an error): killed now, their parts were abandoned anyway."""
         import ray
 
-        for actor in [*self.idle, *self.starting.values(), *(a for a, _ in self.inflight.values())]:
+        actors = [*self.idle, *self.starting.values(), *(a for a, _ in self.inflight.values())]
+        if not at_once and self.idle:
             try:
-                ray.get(actor.close.remote(), timeout=30)
+                ray.wait([a.close.remote() for a in self.idle], num_returns=len(self.idle), timeout=CLOSE_S)
             except Exception:  # closing is best effort: the actor goes with the driver anyway
                 pass
+        for actor in actors:
             ray.kill(actor, no_restart=True)
-
-
-def forwarded_env() -> dict[str, str]:
-    """The driver's settings the workers need (GRPO_*, HF_*, VLLM_*, ...), but for its own fault hook."""
-    keep = ("GRPO_", "HF_", "VLLM_", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
-    return {k: v for k, v in os.environ.items() if k.startswith(keep) and k != "GRPO_FAULT"}

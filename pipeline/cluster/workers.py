@@ -69,6 +69,34 @@ def check_visible(run: Run, probe: str, token: str) -> None:
         raise GRPOError(f"model {model}: not found on cluster node {socket.gethostname()}; every node needs the model path")
 
 
+def check_environment(run: Run, secrets: list[str]) -> list[str]:
+    """This worker imports the run's reward, tool and environment code (the copies `grpo init` put in
+    the run) and has the API keys its served rewards name, each read from this node's own environment
+    (never sent through Ray); returns which of the driver's other secrets (`secrets`) it lacks."""
+    from pipeline.rewards.contract import resolve, run_code
+    from pipeline.store.code import targets
+
+    here = f"on cluster node {socket.gethostname()}"
+    with run_code(run, here):
+        for target in targets(run.cfg):
+            try:
+                resolve(target)
+            except GRPOError as err:
+                raise GRPOError(f"{target} {here}: {err}") from None
+    require_keys(run, here)
+    return [name for name in secrets if not os.environ.get(name)]
+
+
+def require_keys(run: Run, here: str, what: str = "") -> None:
+    """The API keys the run's served rewards name are set in this node's own environment."""
+    from pipeline.cluster.secrets import key_names
+
+    for name in key_names(run.cfg):
+        if not os.environ.get(name):
+            raise GRPOError(f"{what}the environment variable {name} (a served reward's api_key_env) is not set {here}; set it "
+                            f"where `ray start` runs there (keys are never sent through Ray)")
+
+
 class RolloutWorker:
     """A long-lived rollout actor: one engine, given each new policy in place (as `iterate` gives its
     warm engine one), writing the parts it is handed."""
@@ -81,11 +109,13 @@ class RolloutWorker:
         self.engine = None
         self.plans: dict = {}  # iteration -> RolloutPlan (prompts rendered once per iteration)
 
-    def ready(self, probe: str, token: str) -> dict:
-        """Checks before any work: the run directory and model are visible here; returns where it runs."""
+    def ready(self, probe: str, token: str, secrets: list[str]) -> dict:
+        """Checks before any work: the run directory and model are visible here, the run's code imports
+        and its keys are set here; returns where it runs, and which of `secrets` this node lacks."""
         check_visible(self.run, probe, token)
+        missing = check_environment(self.run, secrets)
         self.run.store.write_bytes(f".cluster/{probe}-{os.getpid()}", token.encode())
-        return where_am_i()
+        return {**where_am_i(), "secrets_missing": missing}
 
     def rollout_part(self, k: int, part: int, stamp: str) -> dict:
         """Write rollout part `part` of iteration k (skipped when an earlier attempt wrote it from the
@@ -125,6 +155,7 @@ def score_part(run_uri: str, k: int, part: int, stamp: str) -> dict:
 
     t0 = time.time()
     run = Run(run_uri)
+    require_keys(run, f"on cluster node {socket.gethostname()}", f"score iteration {k} part {part}: ")  # read here, never sent
     rel = f"{stage_rel(k, 'score')}/{part_name(part)}"
     written = False
     if run.store.table_meta(rel).get("input_hash") != stamp:

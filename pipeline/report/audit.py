@@ -50,11 +50,23 @@ def audit_run(run: Run, weights: bool = True) -> Audit:
         for stage in PART_STAGES:
             _guarded(a, stage_rel(k, stage), check_stage, a, k, stage)
         _guarded(a, stage_rel(k, "update"), check_update, a, k)
+    _check_code(a, run)
     a.audit.iterations = run.completed_iters()
     if a.config_mismatch:
         first = a.config_mismatch[0]
         a.audit.problems.insert(0, f"config.yaml: its hash {short(a.cfg_hash)} is not the one {len(a.config_mismatch)} manifest(s) were written with (first: {first}); was config.yaml edited?")
     return a.audit
+
+
+def _check_code(a: Auditor, run: Run) -> None:
+    """The run's copies of its reward, tool and environment code are the files recorded at `grpo init`."""
+    from pipeline.errors import GRPOError
+    from pipeline.store import code
+
+    try:
+        code.local_copies(run.store, run.code or {})
+    except GRPOError as err:
+        a.audit.problem(code.RECORD, str(err))
 
 
 def _guarded(a: Auditor, rel: str, check, *args) -> None:

@@ -15,7 +15,8 @@ None (or float NaN) means "does not apply to this completion": it is stored as N
 out of the weighted total.
 
 In the config, `fn` is a built-in name, `module:function` (imported), or
-`path/to/file.py:function` (loaded from the file; relative to the current directory):
+`path/to/file.py:function` (loaded from the file; relative to the current directory at `grpo
+init`, which copies it into the run: every stage then imports the run's copy, `run_code`):
 
     rewards:
       - {fn: correct}
@@ -34,6 +35,7 @@ first bad row. TRL silently broadcast a wrong-length return (TRL#6533); here it 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -96,6 +98,42 @@ def _import_module(name: str) -> Any:
             sys.path.remove(cwd)
 
 
+_COPIES: dict[str, str] = {}
+"""While a stage computes for a run (`run_code`): a file or module the config names -> the run's copy."""
+
+
+@contextlib.contextmanager
+def run_code(run, here: str = "here"):
+    """Within it, the config's reward, tool and environment targets import the run's copies
+    (pipeline/store/code.py) instead of the current directory's files; an installed module the
+    run names is checked to be the version recorded at `grpo init` (a GRPOError naming `here`)."""
+    from pipeline.store import code
+
+    saved = dict(_COPIES)
+    if run.code:
+        copies = code.local_copies(run.store, run.code)
+        code.check_modules(run.code, here)
+        _COPIES.clear()
+        _COPIES.update({where: str(path) for where, path in copies.items()})
+    try:
+        yield
+    finally:
+        _COPIES.clear()
+        _COPIES.update(saved)
+
+
+def resolve(target: str) -> RewardFn:
+    """`module:function` or `path/file.py:function` -> the function, from the run's copy inside
+    `run_code`, else from the current directory."""
+    where, _, attr = target.rpartition(":")
+    if where in _COPIES:
+        try:
+            return _resolve(f"{_COPIES[where]}:{attr}", os.getcwd())
+        except GRPOError as err:
+            raise GRPOError(f"{err} (the run's copy of {where})") from err.__cause__
+    return _resolve(target, os.getcwd())
+
+
 @functools.lru_cache(maxsize=None)
 def _resolve(target: str, cwd: str) -> RewardFn:
     """`module:function` or `path/file.py:function` -> the function (cached per current dir)."""
@@ -126,7 +164,7 @@ def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial
     if not isinstance(spec, CustomReward):
         return functools.partial(BUILTINS[spec.fn], **spec.options())
     try:
-        fn = _resolve(spec.fn, os.getcwd())
+        fn = resolve(spec.fn)
     except GRPOError as err:
         raise GRPOError(f"{label}.fn {spec.fn!r}: {err}") from err.__cause__
     return functools.partial(fn, **spec.options())

@@ -86,8 +86,20 @@ class Run:
         return config_mod.from_yaml_text(text, source=self.store.display(CONFIG))
 
     @cached_property
+    def code(self) -> dict | None:
+        """The record of the reward, tool and environment code copied into the run at `grpo init`
+        (pipeline/store/code.py); None for a config that names none, or a run made before it."""
+        from pipeline.store import code
+
+        return code.read(self.store)
+
+    @cached_property
     def cfg_hash(self) -> str:
-        return config_mod.config_hash(self.cfg)
+        """The config's hash, with the hash of its code where the run carries any."""
+        from pipeline.store import code
+
+        plain = config_mod.config_hash(self.cfg)
+        return plain if self.code is None else canonical_hash({"config": plain, "code": code.code_hash(self.code)})
 
     # -- policies ------------------------------------------------------------------------
     def policy_done(self, k: int) -> bool:
@@ -153,9 +165,12 @@ class Run:
         return sorted(ks)
 
 
-def init_run(uri: str, cfg: Config, merged_from: dict | None = None) -> Run:
+def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: Run | None = None) -> Run:
     """Create a run; an existing run with the same config is reused, a different one refused.
-    `merged_from`: policy 0 is a LoRA adapter merged into its base (a replay); recorded in its manifest."""
+    `merged_from`: policy 0 is a LoRA adapter merged into its base (a replay); recorded in its manifest.
+    `code_from`: a run whose copies of the reward code are taken for the targets it has (a replay)."""
+    from pipeline.store import code
+
     store = RunStore(uri)
     new_yaml = config_mod.to_yaml(cfg)
     if store.exists(CONFIG):
@@ -177,7 +192,14 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None) -> Run:
         source = conversion["gguf_file"] if conversion else str(model.resolve())
         store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion, merged_from=merged_from))
     if not store.exists(CONFIG):
+        prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
+        code.pack(store, cfg, prior)  # the reward code, copied and recorded before the config
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
+    elif run.code is not None:
+        here = {w: e["sha256"] for w, e in code.collect(cfg)[0].items()}
+        if here != {w: e["sha256"] for w, e in run.code.items()}:
+            raise GRPOError(f"{store.display(code.RECORD)}: the run's reward, tool or environment code differs from "
+                            f"what the config names now; choose a new run directory")
     return run
 
 

@@ -1,0 +1,166 @@
+"""The code a config names travels with the run: reward files, tool and environment files.
+
+`grpo init` copies each file a config names (`rewards[i].fn: my_rewards.py:brevity`, `rollout.tools`,
+`rollout.environment`; a `module:fn` whose module is a single file in the current directory too)
+into RUN/code/<sha256[:12]>/<name>.py and records it in RUN/code/CODE.json with its sha256; a module
+imported from the environment (an installed package) is recorded by its version and its file's
+sha256. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
+reward code is another run, and every process that computes for the run (a local `grpo score`, a
+Ray actor or score task on another node, a `--shard` worker elsewhere) imports the run's copy
+(`pipeline.rewards.contract.run_code`), never whatever file its own current directory holds. A
+run made before this record existed has none: its hash is unchanged and its targets are imported
+as they were (from the current directory).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+from pipeline.errors import GRPOError
+from pipeline.store import RunStore, cache_dir, canonical_hash, sha256_bytes
+
+RECORD = "code/CODE.json"
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def targets(cfg) -> list[str]:
+    """The `file.py:name` / `module:name` targets of a config's rewards, tools and environments."""
+    from pipeline.agents.options import PYTHON_TOOL
+    from pipeline.rewards.config import CustomReward
+
+    out = [r.fn for r in cfg.rewards if isinstance(r, CustomReward)]
+    out += [t for t in cfg.rollout.tools if t != PYTHON_TOOL]
+    env = cfg.rollout.environment
+    out += [env] if isinstance(env, str) else list((env or {}).values())
+    return list(dict.fromkeys(out))
+
+
+def sources(cfg) -> list[str]:
+    """The files and modules those targets name (each once, in order)."""
+    return list(dict.fromkeys(w for t in targets(cfg) if (w := t.rpartition(":")[0])))
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # scans every installed distribution: once a process
+
+
+def _version(module) -> str | None:
+    top = module.__name__.split(".")[0]
+    for dist in _distributions().get(top, []):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    v = getattr(sys.modules.get(top), "__version__", None)
+    return str(v) if v is not None else None
+
+
+def _module_file(name: str) -> tuple[Path | None, object]:
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(name)
+    except Exception as err:  # preflight imported it already: this is a module that changed since
+        raise GRPOError(f"module {name}: cannot be imported ({type(err).__name__})") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    file = getattr(module, "__file__", None)
+    return (Path(file), module) if file else (None, module)
+
+
+def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, bytes]]:
+    """The record of what `cfg` names and the bytes of each copy ({} for a config that names no
+    file or module). `prior`: where -> a local copy to take instead of the current directory's
+    file (a replay takes its source run's copies)."""
+    record: dict = {}
+    copies: dict[str, bytes] = {}
+    for where in sources(cfg):
+        local = (prior or {}).get(where)
+        if local is None and _is_file(where):
+            local = Path(where).expanduser()
+            local = local if local.is_absolute() else Path.cwd() / local
+        if local is None:
+            file, module = _module_file(where)
+            if file is None or file.name == "__init__.py" or file.parent != Path.cwd():  # installed: version and hash
+                record[where] = {"module": where, "version": _version(module),
+                                 "sha256": sha256_bytes(file.read_bytes()) if file and file.is_file() else None}
+                continue
+            local = file  # a module file of yours, in the current directory: copied as a file is
+        if not local.is_file():
+            raise GRPOError(f"{where}: no such file (looked for {local})")
+        data = local.read_bytes()
+        sha = sha256_bytes(data)
+        record[where] = {"copy": f"code/{sha[:12]}/{local.name}", "sha256": sha, **({} if _is_file(where) else {"module": where})}
+        copies[record[where]["copy"]] = data
+    return record, copies
+
+
+def pack(store: RunStore, cfg, prior: dict[str, Path] | None = None) -> dict | None:
+    """Copy what `cfg` names into the run and write its record; None (nothing written) when the
+    config names no file or module."""
+    record, copies = collect(cfg, prior)
+    if not record:
+        return None
+    for rel, data in copies.items():
+        store.write_bytes(rel, data)
+    store.write_json(RECORD, record)
+    return record
+
+
+def read(store: RunStore) -> dict | None:
+    return store.read_json(RECORD) if store.exists(RECORD) else None
+
+
+def code_hash(record: dict) -> str:
+    """What of the record names the code (not where a copy lies)."""
+    return canonical_hash({w: {k: v for k, v in e.items() if k != "copy"} for w, e in sorted(record.items())})
+
+
+def local_copies(store: RunStore, record: dict) -> dict[str, Path]:
+    """where -> a local file holding the run's copy (the run's own file on a local disk, else a
+    download into the cache, keyed by its hash); checked against the record."""
+    out = {}
+    for where, e in record.items():
+        if "copy" not in e:
+            continue
+        if store.local:
+            path = Path(store.path(e["copy"]))
+        else:
+            path = cache_dir() / "code" / e["sha256"] / Path(e["copy"]).name
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+                tmp.write_bytes(store.read_bytes(e["copy"]))
+                os.replace(tmp, path)
+        if not path.is_file():
+            raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is missing")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != e["sha256"]:
+            raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is not the file recorded at `grpo init` (edited?)")
+        out[where] = path
+    return out
+
+
+def check_modules(record: dict, here: str) -> None:
+    """Each installed module the run names is importable here and the one recorded at `grpo init`."""
+    for where, e in record.items():
+        if "copy" in e:
+            continue
+        file, module = _module_file(where)
+        version = _version(module)
+        sha = sha256_bytes(file.read_bytes()) if file and file.is_file() else None
+        if (version, sha) != (e.get("version"), e.get("sha256")):
+            raise GRPOError(f"module {where} {here} is version {version} ({(sha or '?')[:12]}), but the run was made with "
+                            f"{e.get('version')} ({(e.get('sha256') or '?')[:12]}); install that one there")

@@ -1,0 +1,133 @@
+"""Reward code travels with the run (pipeline/store/code.py): `grpo init` copies the files a config
+names into the run and hashes them into the run's config hash; a stage imports the run's copy
+(`run_code`), whatever file its current directory holds; an installed module is recorded by version
+and checked where it is imported. The Ray side (workers in another directory score with the copy,
+bytes equal to the local run's) is in tests/test_ray.py."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+
+import pytest
+
+from conftest import base_config
+from pipeline import config as config_mod
+from pipeline.errors import GRPOError
+
+BREV = "def brev(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n"
+DECOY = "def brev(completions, **kwargs):\n    return [0.0 for c in completions]\n"  # an old copy elsewhere
+
+
+def make_run(assets, tmp_path, monkeypatch, name: str, code: str, rewards: list[dict] | None = None):
+    from pipeline.store.run import init_run
+
+    user = tmp_path / f"{name}-src"
+    user.mkdir()
+    (user / "brev.py").write_text(code)
+    monkeypatch.chdir(user)
+    cfg = config_mod.resolve(base_config(assets, rewards=rewards or [{"fn": "brev.py:brev"}]))
+    return init_run(str(tmp_path / name), cfg), cfg
+
+
+def scores(run, completions):
+    from pipeline.rewards.contract import compute_rewards, run_code
+
+    with run_code(run):
+        return compute_rewards(run.cfg.rewards, ["p"] * len(completions), completions, None, {}, iteration=0)[:, 0].tolist()
+
+
+def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_current_directory(assets, tmp_path, monkeypatch):
+    from pipeline.rewards.contract import compute_rewards
+    from pipeline.store.run import Run
+
+    run, cfg = make_run(assets, tmp_path, monkeypatch, "run", BREV)
+    record = json.loads((tmp_path / "run" / "code" / "CODE.json").read_text())
+    import hashlib
+
+    sha = hashlib.sha256(BREV.encode()).hexdigest()
+    assert record == {"brev.py": {"copy": f"code/{sha[:12]}/brev.py", "sha256": sha}}
+    assert (tmp_path / "run" / record["brev.py"]["copy"]).read_text() == BREV
+
+    elsewhere = tmp_path / "elsewhere"  # another directory, with an old copy of the file
+    elsewhere.mkdir()
+    (elsewhere / "brev.py").write_text(DECOY)
+    monkeypatch.chdir(elsewhere)
+    # 1 / (1 + len): "ab" -> 1/3, "abcde" -> 1/6; the decoy in this directory would give 0, 0
+    assert scores(Run(run.uri), ["ab", "abcde"]) == pytest.approx([1 / 3, 1 / 6], abs=1e-12)
+    outside = compute_rewards(cfg.rewards, ["p", "p"], ["ab", "abcde"], None, {}, iteration=0)[:, 0].tolist()
+    assert outside == [0.0, 0.0]  # without the run, the current directory's file: what a worker used to import
+
+    # the code is in the run's config hash: the same config with other code is another run
+    other, _ = make_run(assets, tmp_path, monkeypatch, "other", BREV.replace("1.0", "2.0"))
+    plain = config_mod.config_hash(cfg)
+    assert len({plain, Run(run.uri).cfg_hash, Run(other.uri).cfg_hash}) == 3
+    again, _ = make_run(assets, tmp_path, monkeypatch, "again", BREV)
+    assert Run(again.uri).cfg_hash == Run(run.uri).cfg_hash  # where the file was is not in the hash
+
+    # `grpo init` of the same run with changed code is refused, not silently reused
+    from pipeline.store.run import init_run
+
+    (tmp_path / "run-src" / "brev.py").write_text(DECOY)
+    monkeypatch.chdir(tmp_path / "run-src")
+    with pytest.raises(GRPOError, match="code differs from what the config names now"):
+        init_run(run.uri, cfg)
+
+
+def test_a_run_without_custom_code_keeps_its_hash(assets, tmp_path):
+    from pipeline.store.run import Run, init_run
+
+    cfg = config_mod.resolve(base_config(assets))  # built-ins only
+    run = init_run(str(tmp_path / "run"), cfg)
+    assert not (tmp_path / "run" / "code").exists()
+    assert Run(run.uri).cfg_hash == config_mod.config_hash(cfg)
+
+
+def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_recorded_by_version(assets, tmp_path, monkeypatch):
+    from pipeline.rewards.contract import run_code, resolve
+    from pipeline.store import code
+    from pipeline.store.run import Run
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "brevmod.py").write_text(BREV)
+    monkeypatch.chdir(src)
+    cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "brevmod:brev"}, {"fn": "yaml:safe_dump"}]))
+    from pipeline.store.run import init_run
+
+    run = init_run(str(tmp_path / "run"), cfg)
+    record = Run(run.uri).code
+    assert record["brevmod"]["module"] == "brevmod" and "copy" in record["brevmod"]
+    assert record["yaml"]["version"] == importlib.metadata.version("PyYAML") and "copy" not in record["yaml"]
+    monkeypatch.chdir(tmp_path)  # brevmod is not importable from here: the run's copy is
+    monkeypatch.delitem(sys.modules, "brevmod")  # imported by `grpo init` from its directory
+    with run_code(Run(run.uri)):
+        assert resolve("brevmod:brev")(["abc"]) == [0.25]
+    with pytest.raises(GRPOError, match="no module 'brevmod'"):
+        resolve("brevmod:brev")
+
+    # a worker whose installed module is another version fails before any work, naming it
+    tampered = {**record, "yaml": {**record["yaml"], "version": "0.0.1"}}
+    with pytest.raises(GRPOError, match=r"module yaml on node-x is version .* but the run was made with 0.0.1"):
+        code.check_modules(tampered, "on node-x")
+
+
+def test_a_worker_that_cannot_import_the_runs_code_fails_before_any_work(assets, tmp_path, monkeypatch):
+    """What each Ray rollout actor runs in its ready() check (pipeline/cluster/workers.py)."""
+    from pipeline.cluster.workers import check_environment
+    from pipeline.store.run import Run
+
+    run, _ = make_run(assets, tmp_path, monkeypatch, "run", BREV)
+    monkeypatch.chdir(tmp_path)
+    assert check_environment(Run(run.uri), ["GRPO_TEST_UNSET_TOKEN"]) == ["GRPO_TEST_UNSET_TOKEN"]
+    copy = next((tmp_path / "run" / "code").glob("*/brev.py"))
+    copy.write_text(DECOY)  # edited in the run after `grpo init`
+    with pytest.raises(GRPOError, match="the run's copy of brev.py is not the file recorded at `grpo init`"):
+        check_environment(Run(run.uri), [])
+    from pipeline.report.audit import audit_run
+
+    assert any("the run's copy of brev.py is not the file recorded" in p for p in audit_run(Run(run.uri)).problems)
+    copy.unlink()
+    with pytest.raises(GRPOError, match="the run's copy of brev.py is missing"):
+        check_environment(Run(run.uri), [])
