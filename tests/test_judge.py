@@ -239,6 +239,57 @@ def test_verdict_readers():
     assert read_verdict('{"v": "pass"}', V(read="json", field="v", choices={"pass": 1, "fail": 0})) == (1.0, None)
 
 
+def test_verdicts_read_as_judges_write_them():
+    """Answers as real judges write them, each misread before (review of issue 43's readers)."""
+    from pipeline.rewards.judge.options import VerdictOptions as V
+    from pipeline.rewards.judge.verdict import read_verdict
+
+    assert read_verdict("Score: 7 (out of 10)", V()) == (7.0, None)  # was 10: the scale in brackets read as a number
+    assert read_verdict("Score: **8**/10", V()) == (8.0, None)  # was 10: markdown between the score and its scale
+    assert read_verdict("I'd give it a 7 on a scale of 0-10.", V()) == (7.0, None)  # was "out of range": "-10"
+    assert read_verdict("Score: 8 (scale: 1 to 10)", V()) == (8.0, None)  # a range is the scale, not a verdict
+    assert read_verdict("Score: 6-8", V()) == (None, "no number")  # a range as the verdict: no one number
+    assert read_verdict("Score: \u22123", V(min=-5, max=5)) == (-3.0, None)  # was 3: the typeset minus sign dropped
+    assert read_verdict("Score: -3", V(min=-5, max=5)) == (-3.0, None) and read_verdict("Score: \u0667", V()) == (7.0, None)
+    # a <think> quoted from the completion is text (was "unclosed think": a policy could void its verdicts)
+    assert read_verdict('The student wrote "<think>I guess 12". Score: 3', V()) == (3.0, None)
+    assert read_verdict("\n<think>still thinking about 12", V()) == (None, "unclosed think")
+    grades = V(read="choice", choices={"correct": 1.0, "partially correct": 0.5, "incorrect": 0.0})
+    assert read_verdict("The answer is partially correct.", grades) == (0.5, None)  # was 1.0: "correct" inside it
+    assert read_verdict("Partially correct at first, then correct.", grades) == (1.0, None)
+    assert read_verdict('{"score": "7/10"}', V(read="json", field="score")) == (7.0, None)  # was "not a number"
+    assert read_verdict("\\boxed{0-10}", V(read="boxed")) == (None, "no number")
+    for finish in ("abort", "error", "repetition", "content_filter"):  # vLLM v1's and OpenAI's: stopped unfinished
+        assert read_verdict("Score: 7", V(), finish_reason=finish) == (None, "unfinished")  # was 7.0
+    assert read_verdict("Score: 7", V(), finish_reason="eos_token") == (7.0, None)  # TGI's end: an answer
+
+
+def test_an_answer_the_server_aborted_is_asked_again(judge):
+    """vLLM v1 answers HTTP 200 with finish_reason abort (or error) and the partial text when its engine drops a
+    request: it is retried as a 5xx (before: "Score: 1", the partial text, was read and cached as the verdict)."""
+    entry = judge_entry(judge.url, "abort", retries=2)
+    values, log, ledger = judged(entry, TEXTS[:3])
+    assert values.tolist() == expected(entry, TEXTS[:3]) and set(judge.chats.values()) == {3}
+    assert log.extra["judge_finish_reason"] == ["stop"] * 3 and ledger.summary()["judge"]["retries"] == 6
+    judge.reset()
+    values, log, ledger = judged(judge_entry(judge.url, "abort", retries=1, kwargs={"on_failure": "none"}), TEXTS[:3])
+    assert np.isnan(values).all() and not ledger.known
+    assert log.extra["judge_reason"] == ["failed: HTTP 200 with finish_reason abort (2 attempts)"] * 3
+
+
+def test_a_refused_key_never_reaches_the_error_line(judge, monkeypatch):
+    """A 401 whose message quotes the key sent (as some gateways do): the stage's line masks it."""
+    secret = "sk-grpo-review-" + "x" * 120  # longer than the line's 120 characters: masked before it is cut
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", secret)
+    with pytest.raises(GRPOError) as info:
+        judged(judge_entry(judge.url, "refused", kwargs={"api_key_env": "GRPO_TEST_JUDGE_KEY"}), TEXTS[:1])
+    assert judge.keys == {f"Bearer {secret}": 1}  # it was sent ...
+    assert "sk-grpo-review" not in str(info.value) and "HTTP 401: Incorrect API key provided: ***." in str(info.value)
+    _, log, _ = judged(judge_entry(judge.url, "refused", kwargs={"api_key_env": "GRPO_TEST_JUDGE_KEY", "on_failure": "none"}),
+                       TEXTS[:1])
+    assert "sk-grpo-review" not in json.dumps(log.extra)  # ... and is in no record either
+
+
 # -- grpo init ------------------------------------------------------------------------------------
 
 def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, monkeypatch):

@@ -34,6 +34,10 @@ MAX_RETRY_AFTER_S = 60.0
 seconds; a longer (or unreadable) one gives the exponential backoff, as openai-python 1.x's `_calculate_retry_timeout`."""
 RETRIED = frozenset({408, 409, 429})
 """Statuses retried, besides every 5xx (openai-python's `_should_retry`); `x-should-retry: true/false` overrides."""
+RETRIED_FINISH = frozenset({"abort", "error"})
+"""Finish reasons of an HTTP 200 retried like a 5xx: vLLM v1 answers `abort` for a request its engine dropped (a
+pause for a weight update, a shutdown) and `error` for an internal error it calls retryable, each with the partial
+text written so far, which is no verdict (verdict.UNFINISHED)."""
 
 
 class JudgeFailure(Exception):
@@ -158,6 +162,12 @@ def _error_text(r) -> str:
     return said if isinstance(said, str) and said.strip() else r.text
 
 
+def _redacted(text: str, hdrs: dict) -> str:
+    """`text` with the API key sent in `hdrs` masked: a server may quote the key it refused (a 401's message)."""
+    key = hdrs.get("Authorization", "").removeprefix("Bearer ").strip()
+    return text.replace(key, "***") if key else text
+
+
 def chat_answer(data: dict) -> Answer:
     """A chat completion's answer (attempts and latency filled in by `ask`); KeyError & co. when it is none."""
     text = data["choices"][0]["message"].get("content")
@@ -172,7 +182,8 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
     """POST `body` (None: GET `url`) until it is answered, retrying as the `openai` client does:
     timeouts, lost connections, 408, 409, 429 and 5xx (or whatever `x-should-retry` says) are
     retried `retries` times after `retry_delay`; any other status fails at once, not retryable.
-    An HTTP 200 whose JSON `parse` cannot read (it raises) counts as a failed attempt ("not a
+    An HTTP 200 whose JSON `parse` cannot read (it raises), or whose finish_reason says the server
+    dropped it unfinished (RETRIED_FINISH), counts as a failed attempt ("not a
     <kind>"). Raises JudgeFailure."""
     import httpx
 
@@ -197,12 +208,15 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                     cause = f"HTTP 200 with a body that is not a {kind}"
                 else:
-                    answer.latency_s, answer.attempts = latency, attempt + 1
-                    return answer
+                    if answer.finish_reason not in RETRIED_FINISH:
+                        answer.latency_s, answer.attempts = latency, attempt + 1
+                        return answer
+                    cause = f"HTTP 200 with finish_reason {answer.finish_reason}"
             elif should_retry(r.status_code, r.headers):
                 cause, said = f"HTTP {r.status_code}", r.headers
             else:
-                raise JudgeFailure(f"HTTP {r.status_code}: {_first_line(_error_text(r))}", attempt + 1, retryable=False)
+                said_text = _first_line(_redacted(_error_text(r), hdrs))  # masked before it is cut
+                raise JudgeFailure(f"HTTP {r.status_code}: {said_text}", attempt + 1, retryable=False)
         if attempt < retries:
             await asyncio.sleep(retry_delay(attempt, said))
     raise JudgeFailure(cause, retries + 1)
