@@ -162,20 +162,26 @@ def test_errors_are_retried_as_the_openai_client_retries_them(judge, mode, retri
 
 def test_retry_delays_are_the_openai_clients():
     """Seconds before a retry: the server's retry-after-ms, or retry-after in seconds or as an HTTP
-    date, when it asks for 0-60 s; else 0.5 s * 2**attempt, at most 8 s, less up to 25 % (openai-python
-    1.x `_calculate_retry_timeout`)."""
+    date, when it asks for 0-120 s; else 0.5 s * 2**attempt, at most 8 s, less up to 25 %; a delay over
+    120 s is not retried (openai 3.x `_calculate_retry_timeout`, `_should_retry`, MAX_RETRY_AFTER_DELAY:
+    the client installed beside the project; 1.x's limit was 60 s, past which it retried after 0.5 s)."""
     from email.utils import formatdate
 
-    from pipeline.rewards.judge.client import retry_delay
+    from pipeline.rewards.judge.client import retry_delay, should_retry
 
     now = 1_800_000_000.0
     assert retry_delay(0, {"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
     assert retry_delay(3, {"retry-after": "30"}, now) == 30.0
     assert retry_delay(0, {"retry-after": "60"}, now) == 60.0
+    assert retry_delay(0, {"retry-after": "90"}, now) == 90.0  # was the 0.5 s backoff: every retry spent in 1.5 s
     assert retry_delay(1, {"retry-after": formatdate(now + 42, usegmt=True)}, now) == 42.0
-    for asked in ({"retry-after": "61"}, {"retry-after": "0"}, {"retry-after": "soon"}, {},
-                  {"retry-after": formatdate(now - 5, usegmt=True)}):  # too long, none, unreadable, past: the backoff
+    for asked in ({"retry-after": "0"}, {"retry-after": "soon"}, {}, {"retry-after-ms": "x", "retry-after": "nan"},
+                  {"retry-after": formatdate(now - 5, usegmt=True)}):  # none, unreadable, past: the backoff
         assert 0.375 <= retry_delay(0, asked, now) <= 0.5
+    assert should_retry(429, {"retry-after": "120"}, now) and should_retry(503, {"retry-after": "inf"}, now)
+    for longer in ({"retry-after": "121"}, {"retry-after-ms": "1e999"}, {"retry-after": formatdate(now + 600, usegmt=True)},
+                   {"retry-after": "300", "x-should-retry": "true"}):  # asks longer than a client waits: not retried
+        assert not should_retry(429, longer, now)
     assert 1.5 <= retry_delay(2, {}, now) <= 2.0 and 6.0 <= retry_delay(9, {}, now) <= 8.0
 
 

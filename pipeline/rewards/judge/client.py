@@ -7,7 +7,10 @@ httpx rather than the `openai` client: the status code, the retry headers, each 
 latency are ours to count and record, where the openai client retries by itself, out of sight
 (and it would add nothing else: the request is one POST of a JSON body). Retries follow the
 openai client's rules (openai-python 1.x `_base_client`: `_should_retry`, `_calculate_retry_timeout`),
-so that a hosted API's rate limits are waited out as its own client waits them out.
+so that a hosted API's rate limits are waited out as its own client waits them out; its limit on a
+server's delay is the current client's (openai 3.x, the one installed beside this project: 120 s, and a
+longer one is not retried), where 1.x waited up to 60 s and answered a longer one with its short backoff,
+which spends every retry before the server's window ends.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ BACKOFF_S = 0.5
 """The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S), less up to 25 %
 (openai-python 1.x's INITIAL_RETRY_DELAY, MAX_RETRY_DELAY and jitter)."""
 MAX_BACKOFF_S = 8.0
-MAX_RETRY_AFTER_S = 60.0
+MAX_RETRY_AFTER_S = 120.0
 """A server's `retry-after-ms` / `retry-after` (seconds or an HTTP date) is waited for when it asks 0 to this many
-seconds; a longer (or unreadable) one gives the exponential backoff, as openai-python 1.x's `_calculate_retry_timeout`."""
+seconds; an unreadable one (or none, or 0) gives the exponential backoff; a longer one is not retried (openai 3.x's
+MAX_RETRY_AFTER_DELAY, `_calculate_retry_timeout` and `_should_retry`)."""
 RETRIED = frozenset({408, 409, 429})
 """Statuses retried, besides every 5xx (openai-python's `_should_retry`); `x-should-retry: true/false` overrides."""
 RETRIED_FINISH = frozenset({"abort", "error"})
@@ -120,18 +124,21 @@ def server_delay(headers, now: float | None = None) -> float | None:
 
     for name, per_s in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            return float(headers[name]) / per_s
+            said = float(headers[name])
         except (KeyError, TypeError, ValueError):
             continue
+        if said == math.inf and headers[name].strip().lower() not in ("inf", "+inf", "infinity", "+infinity"):
+            return MAX_RETRY_AFTER_S + 1  # a number too large for a float ("1e999"): a delay too long, not no delay
+        return said / per_s
     try:
         when = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp()
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, OSError):
         return None
     return when - (time.time() if now is None else now)
 
 
 def retry_delay(attempt: int, headers=None, now: float | None = None) -> float:
-    """Seconds before retry number `attempt` + 1 (0-based): the server's delay when it asks 0 < d <= 60 s,
+    """Seconds before retry number `attempt` + 1 (0-based): the server's delay when it asks 0 < d <= 120 s,
     else 0.5 s * 2**attempt, at most 8 s, less a random 0-25 %."""
     asked = server_delay(headers or {}, now)
     if asked is not None and math.isfinite(asked) and 0 < asked <= MAX_RETRY_AFTER_S:
@@ -139,8 +146,12 @@ def retry_delay(attempt: int, headers=None, now: float | None = None) -> float:
     return min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S) * (1 - 0.25 * random.random())
 
 
-def should_retry(status: int, headers) -> bool:
-    """Whether an HTTP error is retried: the server's `x-should-retry`, else 408, 409, 429 and 5xx."""
+def should_retry(status: int, headers, now: float | None = None) -> bool:
+    """Whether an HTTP error is retried: never when the server asks to wait over MAX_RETRY_AFTER_S (a retry
+    sooner is refused again), else as its `x-should-retry` says, else for 408, 409, 429 and 5xx."""
+    asked = server_delay(headers, now)
+    if asked is not None and math.isfinite(asked) and asked > MAX_RETRY_AFTER_S:
+        return False
     said = headers.get("x-should-retry")
     if said in ("true", "false"):
         return said == "true"
