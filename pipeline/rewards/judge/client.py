@@ -38,6 +38,9 @@ seconds; an unreadable one (or none, or 0) gives the exponential backoff; a long
 MAX_RETRY_AFTER_DELAY, `_calculate_retry_timeout` and `_should_retry`)."""
 RETRIED = frozenset({408, 409, 429})
 """Statuses retried, besides every 5xx (openai-python's `_should_retry`); `x-should-retry: true/false` overrides."""
+REFUSED_ALL = frozenset({401, 403, 404})
+"""Statuses that refuse every request alike (a wrong or expired key, no access, no such model or path): no
+failure of one request, so they stop the stage whatever `on_failure` says (served_rewards)."""
 RETRIED_FINISH = frozenset({"abort", "error"})
 """Finish reasons of an HTTP 200 retried like a 5xx: vLLM v1 answers `abort` for a request its engine dropped (a
 pause for a weight update, a shutdown) and `error` for an internal error it calls retryable, each with the partial
@@ -47,10 +50,11 @@ text written so far, which is no verdict (verdict.UNFINISHED)."""
 class JudgeFailure(Exception):
     """A request that got no answer after its retries (or one the server refused outright)."""
 
-    def __init__(self, cause: str, attempts: int, retryable: bool = True):
+    def __init__(self, cause: str, attempts: int, retryable: bool = True, status: int | None = None):
         super().__init__(f"{cause} ({attempts} attempt{'s' if attempts != 1 else ''})")
         self.attempts = attempts
         self.retryable = retryable
+        self.status = status
 
 
 @dataclass
@@ -227,7 +231,7 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
                 cause, said = f"HTTP {r.status_code}", r.headers
             else:
                 said_text = _first_line(_redacted(_error_text(r), hdrs))  # masked before it is cut
-                raise JudgeFailure(f"HTTP {r.status_code}: {said_text}", attempt + 1, retryable=False)
+                raise JudgeFailure(f"HTTP {r.status_code}: {said_text}", attempt + 1, retryable=False, status=r.status_code)
         if attempt < retries:
             await asyncio.sleep(retry_delay(attempt, said))
     raise JudgeFailure(cause, retries + 1)
