@@ -19,6 +19,9 @@ MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute 
     garbage   answers that cannot be read as 0-10: "Score: 42", "I refuse to grade this", ""
     reasoning a reasoning judge: "<think>... 3 x 4 = 12 ...</think> Score: N"
     cutoff    a reasoning judge cut off by max_tokens: "<think>... 3 x 4 = 12", finish_reason length
+    abort     vLLM v1 dropping the request (a pause, a shutdown): the first `failures` requests of each body
+              answer "Score: 1" (the partial text) with finish_reason abort, then the verdict
+    refused   401 whose message quotes the API key it was sent (as some gateways do)
 and a served classifier, POST /<mode>/classify as vLLM's pooling server answers it (beside /v1,
 not under it), whose logits for a text (its `input`, or its messages' contents newline-joined) are
 `logits(text)`, with the same modes; as vLLM it applies softmax unless the request says
@@ -158,6 +161,8 @@ class Judge:
                             verdict = f"{thought} it scores {len(user)}.</think>\n{verdict}"
                         elif mode == "cutoff":
                             verdict, finish = thought, "length"
+                        elif mode == "abort" and seen <= judge.failures:
+                            verdict, finish = "Score: 1", "abort"
                     if mode == "slow":
                         time.sleep(judge.delay)
                     elif mode == "flaky" and seen <= judge.failures:
@@ -166,6 +171,11 @@ class Judge:
                         status, _, retry = mode[5:].partition("-")
                         said_retry = {"retry": {"x-should-retry": "true"}, "noretry": {"x-should-retry": "false"}}.get(retry)
                         return self.answer(int(status), "try again" if status != "400" else "bad request", said_retry)
+                    elif mode == "refused":
+                        key = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                        return self.answer(401, json.dumps({"error": {"message": f"Incorrect API key provided: {key}. "
+                                                                      "You can find your API key at https://example.invalid/keys.",
+                                                                      "type": "invalid_request_error", "code": "invalid_api_key"}}))
                     elif mode == "toolong":
                         return self.answer(400, json.dumps({"object": "error", "message": TOO_LONG, "type": "BadRequestError",
                                                             "param": None, "code": 400}))

@@ -147,7 +147,7 @@ def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cau
     ("fail-408", True), ("fail-409", True), ("fail-502", True),
     ("fail-400-retry", True),  # x-should-retry: true makes any status retried ...
     ("fail-503-noretry", False),  # ... and false none
-    ("fail-404", False),
+    ("fail-422", False),  # (401, 403 and 404 refuse every request alike: they stop the stage, test_a_refused_key_...)
 ])
 def test_errors_are_retried_as_the_openai_client_retries_them(judge, mode, retried):
     values, log, ledger = judged(judge_entry(judge.url, mode, retries=2, kwargs={"on_failure": "none"}), TEXTS[:2])
@@ -162,20 +162,26 @@ def test_errors_are_retried_as_the_openai_client_retries_them(judge, mode, retri
 
 def test_retry_delays_are_the_openai_clients():
     """Seconds before a retry: the server's retry-after-ms, or retry-after in seconds or as an HTTP
-    date, when it asks for 0-60 s; else 0.5 s * 2**attempt, at most 8 s, less up to 25 % (openai-python
-    1.x `_calculate_retry_timeout`)."""
+    date, when it asks for 0-120 s; else 0.5 s * 2**attempt, at most 8 s, less up to 25 %; a delay over
+    120 s is not retried (openai 3.x `_calculate_retry_timeout`, `_should_retry`, MAX_RETRY_AFTER_DELAY:
+    the client installed beside the project; 1.x's limit was 60 s, past which it retried after 0.5 s)."""
     from email.utils import formatdate
 
-    from pipeline.rewards.judge.client import retry_delay
+    from pipeline.rewards.judge.client import retry_delay, should_retry
 
     now = 1_800_000_000.0
     assert retry_delay(0, {"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
     assert retry_delay(3, {"retry-after": "30"}, now) == 30.0
     assert retry_delay(0, {"retry-after": "60"}, now) == 60.0
+    assert retry_delay(0, {"retry-after": "90"}, now) == 90.0  # was the 0.5 s backoff: every retry spent in 1.5 s
     assert retry_delay(1, {"retry-after": formatdate(now + 42, usegmt=True)}, now) == 42.0
-    for asked in ({"retry-after": "61"}, {"retry-after": "0"}, {"retry-after": "soon"}, {},
-                  {"retry-after": formatdate(now - 5, usegmt=True)}):  # too long, none, unreadable, past: the backoff
+    for asked in ({"retry-after": "0"}, {"retry-after": "soon"}, {}, {"retry-after-ms": "x", "retry-after": "nan"},
+                  {"retry-after": formatdate(now - 5, usegmt=True)}):  # none, unreadable, past: the backoff
         assert 0.375 <= retry_delay(0, asked, now) <= 0.5
+    assert should_retry(429, {"retry-after": "120"}, now) and should_retry(503, {"retry-after": "inf"}, now)
+    for longer in ({"retry-after": "121"}, {"retry-after-ms": "1e999"}, {"retry-after": formatdate(now + 600, usegmt=True)},
+                   {"retry-after": "300", "x-should-retry": "true"}):  # asks longer than a client waits: not retried
+        assert not should_retry(429, longer, now)
     assert 1.5 <= retry_delay(2, {}, now) <= 2.0 and 6.0 <= retry_delay(9, {}, now) <= 8.0
 
 
@@ -237,6 +243,60 @@ def test_verdict_readers():
     assert read_verdict('{"grade": {}}', js) == (None, "no field grade.score")
     assert read_verdict("{not json", js) == (None, "not JSON")
     assert read_verdict('{"v": "pass"}', V(read="json", field="v", choices={"pass": 1, "fail": 0})) == (1.0, None)
+
+
+def test_verdicts_read_as_judges_write_them():
+    """Answers as real judges write them, each misread before (review of issue 43's readers)."""
+    from pipeline.rewards.judge.options import VerdictOptions as V
+    from pipeline.rewards.judge.verdict import read_verdict
+
+    assert read_verdict("Score: 7 (out of 10)", V()) == (7.0, None)  # was 10: the scale in brackets read as a number
+    assert read_verdict("Score: **8**/10", V()) == (8.0, None)  # was 10: markdown between the score and its scale
+    assert read_verdict("I'd give it a 7 on a scale of 0-10.", V()) == (7.0, None)  # was "out of range": "-10"
+    assert read_verdict("Score: 8 (scale: 1 to 10)", V()) == (8.0, None)  # a range is the scale, not a verdict
+    assert read_verdict("Score: 6-8", V()) == (None, "no number")  # a range as the verdict: no one number
+    assert read_verdict("Score: \u22123", V(min=-5, max=5)) == (-3.0, None)  # was 3: the typeset minus sign dropped
+    assert read_verdict("Score: -3", V(min=-5, max=5)) == (-3.0, None) and read_verdict("Score: \u0667", V()) == (7.0, None)
+    # a <think> quoted from the completion is text (was "unclosed think": a policy could void its verdicts)
+    assert read_verdict('The student wrote "<think>I guess 12". Score: 3', V()) == (3.0, None)
+    assert read_verdict("\n<think>still thinking about 12", V()) == (None, "unclosed think")
+    grades = V(read="choice", choices={"correct": 1.0, "partially correct": 0.5, "incorrect": 0.0})
+    assert read_verdict("The answer is partially correct.", grades) == (0.5, None)  # was 1.0: "correct" inside it
+    assert read_verdict("Partially correct at first, then correct.", grades) == (1.0, None)
+    assert read_verdict('{"score": "7/10"}', V(read="json", field="score")) == (7.0, None)  # was "not a number"
+    assert read_verdict("\\boxed{0-10}", V(read="boxed")) == (None, "no number")
+    for finish in ("abort", "error", "repetition", "content_filter"):  # vLLM v1's and OpenAI's: stopped unfinished
+        assert read_verdict("Score: 7", V(), finish_reason=finish) == (None, "unfinished")  # was 7.0
+    assert read_verdict("Score: 7", V(), finish_reason="eos_token") == (7.0, None)  # TGI's end: an answer
+
+
+def test_an_answer_the_server_aborted_is_asked_again(judge):
+    """vLLM v1 answers HTTP 200 with finish_reason abort (or error) and the partial text when its engine drops a
+    request: it is retried as a 5xx (before: "Score: 1", the partial text, was read and cached as the verdict)."""
+    entry = judge_entry(judge.url, "abort", retries=2)
+    values, log, ledger = judged(entry, TEXTS[:3])
+    assert values.tolist() == expected(entry, TEXTS[:3]) and set(judge.chats.values()) == {3}
+    assert log.extra["judge_finish_reason"] == ["stop"] * 3 and ledger.summary()["judge"]["retries"] == 6
+    judge.reset()
+    values, log, ledger = judged(judge_entry(judge.url, "abort", retries=1, kwargs={"on_failure": "none"}), TEXTS[:3])
+    assert np.isnan(values).all() and not ledger.known
+    assert log.extra["judge_reason"] == ["failed: HTTP 200 with finish_reason abort (2 attempts)"] * 3
+
+
+def test_a_refused_key_never_reaches_the_error_line(judge, monkeypatch):
+    """A 401 whose message quotes the key sent (as some gateways do): the stage's line masks it."""
+    secret = "sk-grpo-review-" + "x" * 120  # longer than the line's 120 characters: masked before it is cut
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", secret)
+    with pytest.raises(GRPOError) as info:
+        judged(judge_entry(judge.url, "refused", kwargs={"api_key_env": "GRPO_TEST_JUDGE_KEY"}), TEXTS[:1])
+    assert judge.keys == {f"Bearer {secret}": 1}  # it was sent ...
+    assert "sk-grpo-review" not in str(info.value) and "HTTP 401: Incorrect API key provided: ***." in str(info.value)
+    # a refused key refuses every request: with on_failure none too the stage stops (before: every verdict None,
+    # the run trained on the other rewards with nothing said but a count in the manifest)
+    with pytest.raises(GRPOError) as info:
+        judged(judge_entry(judge.url, "refused", kwargs={"api_key_env": "GRPO_TEST_JUDGE_KEY", "on_failure": "none"}), TEXTS[:2])
+    assert "2 of 2 requests failed (first: HTTP 401: Incorrect API key provided: ***." in str(info.value)
+    assert "sk-grpo-review" not in str(info.value)
 
 
 # -- grpo init ------------------------------------------------------------------------------------

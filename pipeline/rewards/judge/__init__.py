@@ -12,7 +12,7 @@ openai client retries (client.py). An answer that cannot be read gives None for 
 (left out of the total, as any reward's None) and its reason is counted. A request that fails
 (after its retries, or at once with another 4xx) stops the stage with one line (`on_failure:
 error`, the default; every answer obtained so far is kept for the next attempt), or gives None
-(`on_failure: none`).
+(`on_failure: none`); a 401, 403 or 404 (a wrong key, no such model: every request alike) always stops it.
 
 Every request is keyed by the sha256 of its canonical JSON (the judge's: model, messages, sampling
 settings; the reward model's: model, text, truncation; not the URL, not the key) and by what the
@@ -28,7 +28,7 @@ import asyncio
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.chat import ChatJudge, completion_text, prompt_text, render  # noqa: F401 (the package's names)
-from pipeline.rewards.judge.client import JudgeFailure, ask, headers, request_hash, served_identity
+from pipeline.rewards.judge.client import REFUSED_ALL, JudgeFailure, ask, headers, request_hash, served_identity
 from pipeline.rewards.judge.record import FIELDS, Ledger, current
 
 
@@ -116,8 +116,9 @@ def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> tuple[str |
         return server, todo, failed
 
     server, sent, failed = asyncio.run(main())
-    if failed and asker.o.on_failure == "error":  # on_failure none: every failure of a request, a 4xx too, gives None
-        first = next(iter(failed.values()))
+    refused = [f for f in failed.values() if f.status in REFUSED_ALL]  # a wrong key would give every row None
+    if refused or (failed and asker.o.on_failure == "error"):  # on_failure none: any other failure of a request gives None
+        first = refused[0] if refused else next(iter(failed.values()))
         kept = len(sent) - len(failed)
         raise GRPOError(f"{asker.what}: {len(failed)} of {len(sent)} requests failed "
                         f"(first: {first}); the {kept} answered are kept for the next attempt")

@@ -7,7 +7,10 @@ httpx rather than the `openai` client: the status code, the retry headers, each 
 latency are ours to count and record, where the openai client retries by itself, out of sight
 (and it would add nothing else: the request is one POST of a JSON body). Retries follow the
 openai client's rules (openai-python 1.x `_base_client`: `_should_retry`, `_calculate_retry_timeout`),
-so that a hosted API's rate limits are waited out as its own client waits them out.
+so that a hosted API's rate limits are waited out as its own client waits them out; its limit on a
+server's delay is the current client's (openai 3.x, the one installed beside this project: 120 s, and a
+longer one is not retried), where 1.x waited up to 60 s and answered a longer one with its short backoff,
+which spends every retry before the server's window ends.
 """
 
 from __future__ import annotations
@@ -29,20 +32,29 @@ BACKOFF_S = 0.5
 """The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S), less up to 25 %
 (openai-python 1.x's INITIAL_RETRY_DELAY, MAX_RETRY_DELAY and jitter)."""
 MAX_BACKOFF_S = 8.0
-MAX_RETRY_AFTER_S = 60.0
+MAX_RETRY_AFTER_S = 120.0
 """A server's `retry-after-ms` / `retry-after` (seconds or an HTTP date) is waited for when it asks 0 to this many
-seconds; a longer (or unreadable) one gives the exponential backoff, as openai-python 1.x's `_calculate_retry_timeout`."""
+seconds; an unreadable one (or none, or 0) gives the exponential backoff; a longer one is not retried (openai 3.x's
+MAX_RETRY_AFTER_DELAY, `_calculate_retry_timeout` and `_should_retry`)."""
 RETRIED = frozenset({408, 409, 429})
 """Statuses retried, besides every 5xx (openai-python's `_should_retry`); `x-should-retry: true/false` overrides."""
+REFUSED_ALL = frozenset({401, 403, 404})
+"""Statuses that refuse every request alike (a wrong or expired key, no access, no such model or path): no
+failure of one request, so they stop the stage whatever `on_failure` says (served_rewards)."""
+RETRIED_FINISH = frozenset({"abort", "error"})
+"""Finish reasons of an HTTP 200 retried like a 5xx: vLLM v1 answers `abort` for a request its engine dropped (a
+pause for a weight update, a shutdown) and `error` for an internal error it calls retryable, each with the partial
+text written so far, which is no verdict (verdict.UNFINISHED)."""
 
 
 class JudgeFailure(Exception):
     """A request that got no answer after its retries (or one the server refused outright)."""
 
-    def __init__(self, cause: str, attempts: int, retryable: bool = True):
+    def __init__(self, cause: str, attempts: int, retryable: bool = True, status: int | None = None):
         super().__init__(f"{cause} ({attempts} attempt{'s' if attempts != 1 else ''})")
         self.attempts = attempts
         self.retryable = retryable
+        self.status = status
 
 
 @dataclass
@@ -116,18 +128,21 @@ def server_delay(headers, now: float | None = None) -> float | None:
 
     for name, per_s in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            return float(headers[name]) / per_s
+            said = float(headers[name])
         except (KeyError, TypeError, ValueError):
             continue
+        if said == math.inf and headers[name].strip().lower() not in ("inf", "+inf", "infinity", "+infinity"):
+            return MAX_RETRY_AFTER_S + 1  # a number too large for a float ("1e999"): a delay too long, not no delay
+        return said / per_s
     try:
         when = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp()
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, OSError):
         return None
     return when - (time.time() if now is None else now)
 
 
 def retry_delay(attempt: int, headers=None, now: float | None = None) -> float:
-    """Seconds before retry number `attempt` + 1 (0-based): the server's delay when it asks 0 < d <= 60 s,
+    """Seconds before retry number `attempt` + 1 (0-based): the server's delay when it asks 0 < d <= 120 s,
     else 0.5 s * 2**attempt, at most 8 s, less a random 0-25 %."""
     asked = server_delay(headers or {}, now)
     if asked is not None and math.isfinite(asked) and 0 < asked <= MAX_RETRY_AFTER_S:
@@ -135,8 +150,12 @@ def retry_delay(attempt: int, headers=None, now: float | None = None) -> float:
     return min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S) * (1 - 0.25 * random.random())
 
 
-def should_retry(status: int, headers) -> bool:
-    """Whether an HTTP error is retried: the server's `x-should-retry`, else 408, 409, 429 and 5xx."""
+def should_retry(status: int, headers, now: float | None = None) -> bool:
+    """Whether an HTTP error is retried: never when the server asks to wait over MAX_RETRY_AFTER_S (a retry
+    sooner is refused again), else as its `x-should-retry` says, else for 408, 409, 429 and 5xx."""
+    asked = server_delay(headers, now)
+    if asked is not None and math.isfinite(asked) and asked > MAX_RETRY_AFTER_S:
+        return False
     said = headers.get("x-should-retry")
     if said in ("true", "false"):
         return said == "true"
@@ -158,6 +177,12 @@ def _error_text(r) -> str:
     return said if isinstance(said, str) and said.strip() else r.text
 
 
+def _redacted(text: str, hdrs: dict) -> str:
+    """`text` with the API key sent in `hdrs` masked: a server may quote the key it refused (a 401's message)."""
+    key = hdrs.get("Authorization", "").removeprefix("Bearer ").strip()
+    return text.replace(key, "***") if key else text
+
+
 def chat_answer(data: dict) -> Answer:
     """A chat completion's answer (attempts and latency filled in by `ask`); KeyError & co. when it is none."""
     text = data["choices"][0]["message"].get("content")
@@ -172,7 +197,8 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
     """POST `body` (None: GET `url`) until it is answered, retrying as the `openai` client does:
     timeouts, lost connections, 408, 409, 429 and 5xx (or whatever `x-should-retry` says) are
     retried `retries` times after `retry_delay`; any other status fails at once, not retryable.
-    An HTTP 200 whose JSON `parse` cannot read (it raises) counts as a failed attempt ("not a
+    An HTTP 200 whose JSON `parse` cannot read (it raises), or whose finish_reason says the server
+    dropped it unfinished (RETRIED_FINISH), counts as a failed attempt ("not a
     <kind>"). Raises JudgeFailure."""
     import httpx
 
@@ -197,12 +223,15 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                     cause = f"HTTP 200 with a body that is not a {kind}"
                 else:
-                    answer.latency_s, answer.attempts = latency, attempt + 1
-                    return answer
+                    if answer.finish_reason not in RETRIED_FINISH:
+                        answer.latency_s, answer.attempts = latency, attempt + 1
+                        return answer
+                    cause = f"HTTP 200 with finish_reason {answer.finish_reason}"
             elif should_retry(r.status_code, r.headers):
                 cause, said = f"HTTP {r.status_code}", r.headers
             else:
-                raise JudgeFailure(f"HTTP {r.status_code}: {_first_line(_error_text(r))}", attempt + 1, retryable=False)
+                said_text = _first_line(_redacted(_error_text(r), hdrs))  # masked before it is cut
+                raise JudgeFailure(f"HTTP {r.status_code}: {said_text}", attempt + 1, retryable=False, status=r.status_code)
         if attempt < retries:
             await asyncio.sleep(retry_delay(attempt, said))
     raise JudgeFailure(cause, retries + 1)
