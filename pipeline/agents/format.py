@@ -6,7 +6,8 @@ Two formats (`rollout.tool_format`):
   `tools=` (JSON schemas), assistant turns carry `tool_calls`, results are `tool` messages.
   Calls are parsed by the tokenizer's `response_template` (transformers' parse_response) when
   it has one, else in the family the template writes a sample call in (call_formats: Hermes
-  JSON, Llama's bare JSON, Qwen3-Coder/Qwen3.5 XML, GLM-4.5, Mistral). `auto` picks it when the
+  JSON, Llama's bare JSON, Qwen3-Coder/Qwen3.5 XML, GLM-4.5, Mistral, gpt-oss's harmony, LFM2's
+  Python calls). `auto` picks it when the
   template renders a whole tool exchange (TRL's supports_tool_calling probe) in a known family.
 - hermes, the fallback for templates without tool support (SmolLM2's, the test model's): plain
   messages any template renders. The tool signatures go into the system message (Qwen 2.5's
@@ -27,8 +28,10 @@ sampled tokens themselves are never re-tokenised. A turn that ended in the token
 with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
-the completion. A template that renders earlier turns differently once more follow (not prefix-
-preserving) is refused at `grpo init`.
+the completion. The template must render earlier turns the same once more follow (prefix-
+preserving): where a vendor's does not, its training template is rendered instead (templates.py,
+as TRL swaps one in); one that still does not, for a bare call or a turn with thinking, is refused
+at `grpo init` with what changes (probe.py).
 """
 
 from __future__ import annotations
@@ -183,6 +186,9 @@ class ToolFormat:
             return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
             return parse_json_call(text)
+        if self.parser == "pythonic":
+            content, calls = call_formats.parse_pythonic(text)
+            return content, [Call(n, a) for n, a in calls]
         return parse_hermes(text)
 
 
