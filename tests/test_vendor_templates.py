@@ -1,0 +1,308 @@
+"""The vendors' own chat templates, as TRL 1.16 ships them (`trl/chat_templates/*.jinja`), with
+tools: every one TRL can train tools with passes `grpo init`'s checks; Qwen3's, which rewrites
+an assistant turn once a tool's result follows it, runs with the same training template TRL swaps
+in; a template that drops past thinking is refused at init, not at its first thinking turn; and
+Qwen3's and gpt-oss's originals train tool episodes end to end.
+
+Which templates TRL can train tools with is decided by TRL's own functions (its GRPOTrainer's
+checks): the template renders a whole tool exchange (supports_tool_calling), TRL has a response
+parser for it (add_response_schema), and it is prefix-preserving or TRL has a training template.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import base_config, grpo, write_config
+from test_reproduce import record
+
+# the markers templates write as special tokens: <|im_end|>, <start_of_turn>, [INST], <｜Assistant｜>, ...
+SPECIAL = re.compile(r"<\|[^<>|\s'\"]+\|>|<[^<>|\s'\"]+\|>|<\|[^<>|\s'\"]+>|<｜[^｜]+｜>|\[/?[A-Z_]+\]|<(?:start|end)_of_turn>|</?s>")
+
+TOOLS = '''
+import os
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+'''
+
+REWARD = '''
+def used_tool(completions, **kwargs):
+    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
+'''
+
+
+def trl_templates() -> dict[str, str]:
+    """{name: text} of TRL's vendor templates (not its *_training variants)."""
+    import trl.chat_template_utils as u
+
+    folder = Path(u.__file__).parent / "chat_templates"
+    return {p.stem: p.read_text() for p in sorted(folder.glob("*.jinja")) if not p.stem.endswith("_training")}
+
+
+def with_template(tok_dir: Path, text: str):
+    """The tiny model's tokenizer with `text` as its chat template and the template's markers added as special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    markers = sorted(set(SPECIAL.findall(text)) - set(tok.get_vocab()))
+    if markers:
+        tok.add_special_tokens({"additional_special_tokens": markers}, replace_extra_special_tokens=False)
+    tok.chat_template = text
+    return tok
+
+
+def trl_trains_tools_with(tok) -> bool:
+    """TRL 1.16's GRPOTrainer accepts this tokenizer with tools (its own checks, in its order)."""
+    import trl.chat_template_utils as u
+
+    if not u.supports_tool_calling(tok):
+        return False
+    try:
+        u.add_response_schema(tok)
+        if not u.is_chat_template_prefix_preserving(tok):
+            return u.get_training_chat_template(tok) is not None
+        return True
+    except ValueError:
+        return False
+    finally:
+        tok.response_template = None
+
+
+@pytest.fixture(scope="module")
+def tools_py(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vendor-tools") / "vendor_tools.py"
+    path.write_text(TOOLS)
+    (path.parent / "rw.py").write_text(REWARD)
+    return path
+
+
+def test_init_accepts_every_vendor_template_trl_trains_tools_with(assets, tools_py, tmp_path):
+    """Each of TRL's vendor templates that TRL can train tools with, on the tiny model's tokenizer,
+    passes `grpo init`'s checks with a tool (the probe: a call and a call after thinking, rendered,
+    parsed back and glued); Qwen3 with its training template, the others as shipped, each in its own
+    call format but Gemma 4's (the Hermes fallback, with a note)."""
+    from pipeline import config as config_mod, preflight
+    from pipeline.agents.format import choose
+
+    model = tmp_path / "model"
+    shutil.copytree(assets["model"], model)
+    trained, formats = [], {}
+    for name, text in trl_templates().items():
+        tok = with_template(Path(assets["model"]), text)
+        if not trl_trains_tools_with(tok):
+            continue
+        trained.append(name)
+        tok.save_pretrained(model)
+        cfg = config_mod.resolve(base_config(assets, model=str(model), rollout={"tools": [f"{tools_py}:multiply"]}))
+        notes = preflight.check(cfg)  # what `grpo init` runs before it writes anything; raises the first failure
+        fmt, note = choose(tok, "auto", str(model))
+        assert notes == ([note] if note else []), name
+        formats[name] = (fmt.kind, fmt.parser, fmt.template.name)
+    assert len(trained) >= 22 and {"qwen3", "gptoss", "qwen3_5_think", "glm4moe", "llama3_1"} <= set(trained), trained
+    assert formats["qwen3"] == ("template", "hermes", "qwen3_training")
+    assert formats["gptoss"] == ("template", "harmony", "model")
+    assert formats["lfm2_2_5"] == ("template", "pythonic", "model")
+    assert all(t == "model" for n, (_, _, t) in formats.items() if n != "qwen3")
+    assert {n for n, (kind, _, _) in formats.items() if kind == "hermes"} == {n for n in trained if n.startswith("gemma4")}
+
+
+def conversations():
+    """Tool episodes as a template gets them: calls with and without thinking, results, answers."""
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}
+    user = {"role": "user", "content": "What is 6 * 7?"}
+    tool = {"role": "tool", "name": "multiply", "content": "42"}
+    for said in ("", "<think>\n\n</think>\n\n", "<think>\nI should multiply.\n</think>\n\n", "Let me compute."):
+        turn = {"role": "assistant", "content": said, "tool_calls": [call]}
+        yield [user, turn]
+        yield [user, turn, tool]
+        yield [user, turn, tool, {"role": "assistant", "content": said + "It is 42."}]
+        yield [{"role": "system", "content": "Be brief."}, user, turn, tool, turn, tool]
+
+
+def test_qwen3_runs_with_the_training_template_trl_swaps_in(assets):
+    """Qwen3's template drops an empty think block from a tool-calling turn once the tool's result
+    follows it: as shipped, the probe refuses it in one line that says so; the training template
+    made from its text renders every tool conversation exactly as TRL's qwen3_training.jinja."""
+    import trl.chat_template_utils as u
+
+    from pipeline.agents.format import ToolFormat, choose
+    from pipeline.agents.probe import checked
+    from pipeline.agents.templates import ChatTemplate, template_sha256
+    from pipeline.errors import GRPOError
+
+    original = trl_templates()["qwen3"]
+    tok = with_template(Path(assets["model"]), original)
+    fmt, note = choose(tok, "auto", "qwen3-model")
+    assert (fmt.template.name, note) == ("qwen3_training", None)
+    assert fmt.template.text != original and fmt.template.sha256 == template_sha256(fmt.template.text)
+    trl_training = (Path(u.__file__).parent / "chat_templates/qwen3_training.jinja").read_text()
+    tools = [{"type": "function", "function": {"name": "multiply", "description": "x", "parameters": {"type": "object", "properties": {}}}}]
+    for msgs in conversations():
+        for gen in (False, True):
+            ours = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen, chat_template=fmt.template.text)
+            assert ours == tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen,
+                                                   chat_template=trl_training), msgs
+    as_shipped = ToolFormat(tok, "template", "hermes", fmt.eot, ChatTemplate("model", None, template_sha256(original)))
+    with pytest.raises(GRPOError) as err:
+        checked(as_shipped, "qwen3-model")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("rollout.tools: the chat template of qwen3-model renders a tool-calling turn "
+                                                 "differently once the tool's result follows it, in its own tool format")
+    assert "<think>" in line and "no training template is known for it" in line
+
+
+def test_a_template_that_drops_past_thinking_is_refused_at_init(assets):
+    """LFM2.5's template strips the thinking of assistant turns before the last user message; in
+    the Hermes fallback a tool's result is a user message, so a turn's thinking disappears once
+    the result follows. The old probe (no thinking) passed it and the run stopped at its first
+    thinking turn; now init refuses it, naming thinking. In its own format (tool messages) it runs."""
+    from pipeline.agents.format import choose
+    from pipeline.errors import GRPOError
+
+    tok = with_template(Path(assets["model"]), trl_templates()["lfm2_2_5"])
+    with pytest.raises(GRPOError) as err:
+        choose(tok, "hermes", "lfm-model")
+    line = str(err.value)
+    assert "renders a turn with thinking differently once the tool's result follows it, in the Hermes fallback" in line
+    assert "probe_thinking" in line and "\n" not in line
+    assert choose(tok, "auto", "lfm-model")[0].parser == "pythonic"
+
+
+def test_harmony_and_python_list_calls_parse_from_sampled_tokens(assets):
+    """gpt-oss's call (after its analysis channel, ended by the <|call|> stop token) and LFM2's
+    Python-list calls parse from a sampled turn's tokens to the same calls; a call cut off is malformed."""
+    from pipeline.agents.format import choose
+
+    cases = {
+        "gptoss": ('<|channel|>analysis<|message|>Multiply.<|end|><|start|>assistant to=functions.multiply<|channel|>commentary json'
+                   '<|message|>{"a": 6, "b": 7}', "<|call|>", [("multiply", {"a": 6, "b": 7})]),
+        "lfm2_2_5": ("<think>Multiply.</think><|tool_call_start|>[multiply(a=6, b=7), note(text='x, y', tags=['a', 'b'], "
+                     'meta={"ok": true})]<|tool_call_end|>', "<|im_end|>",
+                     [("multiply", {"a": 6, "b": 7}), ("note", {"text": "x, y", "tags": ["a", "b"], "meta": {"ok": True}})]),
+    }
+    for name, (text, stop, want) in cases.items():
+        tok = with_template(Path(assets["model"]), trl_templates()[name])
+        fmt, _ = choose(tok, "auto", name)
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(stop)]
+        content, calls = fmt.parse_turn(ids, [], {tok.convert_tokens_to_ids(stop)})
+        assert [(c.name, c.arguments) for c in calls] == want, name
+        cut = tok(text[: text.index("7") + 1], add_special_tokens=False)["input_ids"]
+        assert [c.name for c in fmt.parse_turn(cut, [], set())[1]] == [None], name
+
+
+def gptoss_model(assets, tools_py, out: Path, prompts: list[tuple[str, int, int]]) -> Path:
+    """The tiny model with gpt-oss's template and special tokens (<|call|> and <|return|> its stop
+    tokens, as gpt-oss's generation config lists them), briefly taught to call `multiply` on
+    `prompts` in gpt-oss's format and to answer after the result."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.agents.tools import load_tools, tool_schema
+
+    shutil.copytree(assets["model"], out)
+    tok = with_template(Path(assets["model"]), trl_templates()["gptoss"])
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.resize_token_embeddings(len(tok))
+    model.config.max_position_embeddings = 2048
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
+    model.generation_config.eos_token_id = stops
+    schema = [tool_schema(f, "t") for f in load_tools([f"{tools_py}:multiply"])]
+    examples = []
+    for q, a, b in prompts:
+        user = [{"role": "user", "content": q}]
+        called = user + [{"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}]}]
+        answered = called + [{"role": "tool", "name": "multiply", "content": str(a * b)}, {"role": "assistant", "content": str(a * b)}]
+        for before, after in ((user, called), (called + answered[2:3], answered)):
+            p = tok.apply_chat_template(before, tools=schema, tokenize=False, add_generation_prompt=True)
+            full = tok.apply_chat_template(after, tools=schema, tokenize=False)
+            assert full.startswith(p)
+            p_ids, t_ids = tok(p, add_special_tokens=False)["input_ids"], tok(full[len(p):], add_special_tokens=False)["input_ids"]
+            examples.append((p_ids + t_ids, [-100] * len(p_ids) + t_ids))
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for step in range(40):
+        ids, labels = examples[step % len(examples)]
+        loss = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def episodes(run: Path, k: int = 0) -> list[dict]:
+    return [json.loads(e) for p in sorted((run / f"iter-{k:04d}/rollout").glob("part-*.parquet"))
+            for e in pq.read_table(p, columns=["episode"]).column("episode").to_pylist()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "gptoss"])
+def test_vendor_templates_train_tool_episodes_end_to_end(family, assets, tools_py, tmp_path, request):
+    """Qwen3's original template on SmolLM2-135M-Instruct (ChatML: its tokenizer carries Qwen3's
+    special tokens) and gpt-oss's on a tiny model built with gpt-oss's tokens: `grpo init` takes
+    them as shipped, `grpo iterate` runs tool episodes (the tool called, its result in the
+    context), the manifest names the template that ran, the run audits clean, and a second run of
+    the same config writes the same bytes."""
+    if family == "qwen3":
+        smollm2 = request.getfixturevalue("smollm2")
+        model = tmp_path / "smollm2-qwen3"
+        shutil.copytree(smollm2["dir"], model)
+        (model / "chat_template.jinja").write_text(trl_templates()["qwen3"])
+        for f in ("tokenizer_config.json",):  # the template file is the one transformers reads
+            conf = json.loads((model / f).read_text())
+            conf.pop("chat_template", None)
+            (model / f).write_text(json.dumps(conf))
+        rows = [("What is 12 * 13? Use the multiply tool.", 12, 13), ("What is 41 * 27? Use the multiply tool.", 41, 27)]
+        extra = {"train": {"mini_batch_size": 16, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}},
+                 "rollout": {"num_generations": 8, "temperature": 0.7, "max_new_tokens": 48, "max_episode_tokens": 160}}
+        want = ("qwen3_training", "template", "hermes")
+    else:
+        rows = [("What is 6 * 7?", 6, 7), ("What is 3 * 5?", 3, 5)]
+        model = gptoss_model(assets, tools_py, tmp_path / "tiny-gptoss", rows)
+        extra = {"train": {"mini_batch_size": 8, "lr": 1e-4},
+                 "rollout": {"num_generations": 4, "max_new_tokens": 32, "max_episode_tokens": 96}}
+        want = ("model", "template", "harmony")
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": q}], "answer": f"#### {a * b}"}) + "\n"
+                            for q, a, b in rows))
+    cfg = base_config(assets, model=str(model), data={"train": str(data), "system_prompt": None},
+                      rollout={"engine": "hf", "prompts_per_iter": 2, "groups_per_part": 1, "tools": [f"{tools_py}:multiply"],
+                               "max_turns": 2, **extra["rollout"]},
+                      rewards=[{"fn": f"{tools_py.parent / 'rw.py'}:used_tool"}], train=extra["train"])
+    write_config(tmp_path / "cfg.yaml", cfg)
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        init = grpo("init", str(run), "--config", str(tmp_path / "cfg.yaml"))
+        assert "Hermes fallback" not in init.stdout
+        grpo("iterate", str(run), "--iters", "1")
+    a, b = runs
+    manifest = json.loads((a / "iter-0000/rollout/MANIFEST.json").read_text())
+    record = manifest["inputs"]["chat_template"]
+    assert (record["name"], record["tool_format"], record["parser"]) == want
+    eps = episodes(a)
+    called = [e for e in eps if e["turns"] > 1]
+    assert called, [e["messages"][0]["text"] for e in eps]
+    for e in called:
+        call, result = e["messages"][0], e["messages"][1]
+        assert result["role"] == "tool" and result["error"] is None
+        args = call["tool_calls"][0]["function"]["arguments"]
+        assert result["content"] == str(args["a"] * args["b"])
+    assert ": ok, 1 iteration(s)" in grpo("audit", str(a)).stdout
+    assert record(a, 1) == record(b, 1)  # every part, the update's metrics and the policy: the same bytes
