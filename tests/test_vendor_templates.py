@@ -93,7 +93,7 @@ def test_init_accepts_every_vendor_template_trl_trains_tools_with(assets, tools_
     parsed back and glued); Qwen3 with its training template, the others as shipped, each in its own
     call format but Gemma 4's (the Hermes fallback, with a note)."""
     from pipeline import config as config_mod, preflight
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
 
     model = tmp_path / "model"
     shutil.copytree(assets["model"], model)
@@ -136,8 +136,8 @@ def test_qwen3_runs_with_the_training_template_trl_swaps_in(assets):
     made from its text renders every tool conversation exactly as TRL's qwen3_training.jinja."""
     import trl.chat_template_utils as u
 
-    from pipeline.agents.format import ToolFormat, choose
-    from pipeline.agents.probe import checked
+    from pipeline.agents.format import ToolFormat
+    from pipeline.agents.probe import checked, choose
     from pipeline.agents.templates import ChatTemplate, template_sha256
     from pipeline.errors import GRPOError
 
@@ -167,7 +167,7 @@ def test_a_template_that_drops_past_thinking_is_refused_at_init(assets):
     the Hermes fallback a tool's result is a user message, so a turn's thinking disappears once
     the result follows. The old probe (no thinking) passed it and the run stopped at its first
     thinking turn; now init refuses it, naming thinking. In its own format (tool messages) it runs."""
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
     from pipeline.errors import GRPOError
 
     tok = with_template(Path(assets["model"]), trl_templates()["lfm2_2_5"])
@@ -182,7 +182,7 @@ def test_a_template_that_drops_past_thinking_is_refused_at_init(assets):
 def test_harmony_and_python_list_calls_parse_from_sampled_tokens(assets):
     """gpt-oss's call (after its analysis channel, ended by the <|call|> stop token) and LFM2's
     Python-list calls parse from a sampled turn's tokens to the same calls; a call cut off is malformed."""
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
 
     cases = {
         "gptoss": ('<|channel|>analysis<|message|>Multiply.<|end|><|start|>assistant to=functions.multiply<|channel|>commentary json'

@@ -1,4 +1,5 @@
-"""`grpo init`'s probe of a tool format on a model's chat template, before any engine starts.
+"""Choosing the tool format for a model's chat template (`choose`, for `rollout.tool_format`), and
+`grpo init`'s probe of it, before any engine starts.
 
 A sample exchange (a call with a string and an integer argument, then its result) must:
 - render with every part visible (the call's name and arguments, the result);
@@ -16,10 +17,50 @@ from __future__ import annotations
 
 import json
 
+from pipeline.agents import call_formats, templates
 from pipeline.agents.format import SENTINELS, Call, ToolFormat
+from pipeline.agents.templates import ChatTemplate
 from pipeline.errors import GRPOError
+from pipeline.models.stop_tokens import end_of_turn
 
 THINK = "probe_thinking_e5b7c1d3"
+
+
+def _renders(tokenizer, messages, template: ChatTemplate, **kw) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template.text, **kw)
+    except Exception:
+        return None
+
+
+def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
+    """The format for `rollout.tool_format` on this tokenizer, and a note when auto fell back;
+    GRPOError when neither the template nor the fallback can express a tool exchange, when the
+    template's own calls do not parse back, or when it renders a turn differently once a tool's
+    result follows (`checked`, below); the template is the model's own or, where that one
+    rewrites history, a training template (pipeline/agents/templates.py)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise GRPOError(f"rollout.tools: the tokenizer of {model} has no chat template, so tools cannot be rendered")
+    name, key, val, content = SENTINELS
+    eot = end_of_turn(tokenizer)
+    tpl = templates.for_tools(tokenizer)
+    if option == "auto":
+        call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
+        text = _renders(tokenizer, probe, tpl)
+        if text is not None and all(s in text for s in SENTINELS):
+            if getattr(tokenizer, "response_template", None) is not None:
+                return checked(ToolFormat(tokenizer, "template", "response_template", eot, tpl), model), None
+            family = call_formats.detect(text, name)
+            if family is not None:
+                return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
+            return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), (
+                f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
+                "using the Hermes fallback (rollout.tool_format: hermes)")
+        note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
+        return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), note
+    return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), None
 
 
 def checked(fmt: ToolFormat, model: str) -> ToolFormat:
