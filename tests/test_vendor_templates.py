@@ -2,7 +2,7 @@
 tools: every one TRL can train tools with passes `grpo init`'s checks; Qwen3's, which rewrites
 an assistant turn once a tool's result follows it, runs with the same training template TRL swaps
 in; a template that drops past thinking is refused at init, not at its first thinking turn; and
-Qwen3's original trains tool episodes end to end on SmolLM2.
+gpt-oss's and LFM2's calls are read in their own formats.
 
 Which templates TRL can train tools with is decided by TRL's own functions (its GRPOTrainer's
 checks): the template renders a whole tool exchange (supports_tool_calling), TRL has a response
@@ -11,16 +11,13 @@ parser for it (add_response_schema), and it is prefix-preserving or TRL has a tr
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
-from conftest import base_config, grpo, write_config
-from test_reproduce import record
+from conftest import base_config
 
 # the markers templates write as special tokens: <|im_end|>, <start_of_turn>, [INST], <｜Assistant｜>, ...
 SPECIAL = re.compile(r"<\|[^<>|\s'\"]+\|>|<[^<>|\s'\"]+\|>|<\|[^<>|\s'\"]+>|<｜[^｜]+｜>|\[/?[A-Z_]+\]|<(?:start|end)_of_turn>|</?s>")
@@ -35,12 +32,6 @@ def multiply(a: int, b: int) -> int:
     """
     return a * b
 '''
-
-REWARD = '''
-def used_tool(completions, **kwargs):
-    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
-'''
-
 
 def trl_templates() -> dict[str, str]:
     """{name: text} of TRL's vendor templates (not its *_training variants)."""
@@ -83,7 +74,6 @@ def trl_trains_tools_with(tok) -> bool:
 def tools_py(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("vendor-tools") / "vendor_tools.py"
     path.write_text(TOOLS)
-    (path.parent / "rw.py").write_text(REWARD)
     return path
 
 
@@ -199,52 +189,3 @@ def test_harmony_and_python_list_calls_parse_from_sampled_tokens(assets):
         assert [(c.name, c.arguments) for c in calls] == want, name
         cut = tok(text[: text.index("7") + 1], add_special_tokens=False)["input_ids"]
         assert [c.name for c in fmt.parse_turn(cut, [], set())[1]] == [None], name
-
-
-def episodes(run: Path, k: int = 0) -> list[dict]:
-    return [json.loads(e) for p in sorted((run / f"iter-{k:04d}/rollout").glob("part-*.parquet"))
-            for e in pq.read_table(p, columns=["episode"]).column("episode").to_pylist()]
-
-
-@pytest.mark.slow
-def test_qwen3_template_trains_tool_episodes_end_to_end(assets, smollm2, tools_py, tmp_path):
-    """Qwen3's original template on SmolLM2-135M-Instruct (ChatML: its tokenizer carries Qwen3's
-    special tokens): `grpo init` takes it as shipped, `grpo iterate` runs tool episodes with the
-    training template (the tool called, its result in the context), the manifest names the
-    template that ran, the run audits clean, and a second run of the same config writes the same bytes."""
-    model = tmp_path / "smollm2-qwen3"
-    shutil.copytree(smollm2["dir"], model)
-    (model / "chat_template.jinja").write_text(trl_templates()["qwen3"])
-    conf = json.loads((model / "tokenizer_config.json").read_text())
-    conf.pop("chat_template", None)  # the template file is the one transformers reads
-    (model / "tokenizer_config.json").write_text(json.dumps(conf))
-    rows = [("What is 12 * 13? Use the multiply tool.", 12, 13), ("What is 41 * 27? Use the multiply tool.", 41, 27)]
-    data = tmp_path / "tools.jsonl"
-    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": q}], "answer": f"#### {a * b}"}) + "\n"
-                            for q, a, b in rows))
-    cfg = base_config(assets, model=str(model), data={"train": str(data), "system_prompt": None},
-                      rollout={"engine": "hf", "num_generations": 8, "prompts_per_iter": 2, "groups_per_part": 1,
-                               "temperature": 0.7, "max_new_tokens": 48, "max_episode_tokens": 160,
-                               "tools": [f"{tools_py}:multiply"], "max_turns": 2},
-                      rewards=[{"fn": f"{tools_py.parent / 'rw.py'}:used_tool"}],
-                      train={"mini_batch_size": 16, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}})
-    write_config(tmp_path / "cfg.yaml", cfg)
-    runs = [tmp_path / "a", tmp_path / "b"]
-    for run in runs:
-        init = grpo("init", str(run), "--config", str(tmp_path / "cfg.yaml"))
-        assert "Hermes fallback" not in init.stdout
-        grpo("iterate", str(run), "--iters", "1")
-    a, b = runs
-    manifest = json.loads((a / "iter-0000/rollout/MANIFEST.json").read_text())
-    got = manifest["inputs"]["chat_template"]
-    assert (got["name"], got["tool_format"], got["parser"]) == ("qwen3_training", "template", "hermes")
-    eps = episodes(a)
-    called = [e for e in eps if e["turns"] > 1]
-    assert called, [e["messages"][0]["text"] for e in eps]
-    for e in called:
-        call, result = e["messages"][0], e["messages"][1]
-        args = call["tool_calls"][0]["function"]["arguments"]
-        if result["error"] is None:
-            assert result["content"] == str(args["a"] * args["b"])
-    assert ": ok, 1 iteration(s)" in grpo("audit", str(a)).stdout
-    assert record(a, 1) == record(b, 1)  # every part, the update's metrics and the policy: the same bytes
