@@ -68,9 +68,15 @@ class RolloutPlan:
     def inputs(self) -> dict:
         """What the parts are sampled from, stamped into each: the policy, the data, and the ids
         that end a completion (read from the policy's files by this code: recorded, so that a change
-        in how they are derived rewrites the parts of an unfinished rollout instead of mixing them)."""
-        return {"policy": {"path": policy_rel(self.policy_iter), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train,
-                "stop_token_ids": self.stop_ids}
+        in how they are derived rewrites the parts of an unfinished rollout instead of mixing them);
+        for tool episodes, the chat template that rendered them (its name and sha256: the model's
+        own, or the training template swapped in, pipeline/agents/templates.py) and the tool format."""
+        out = {"policy": {"path": policy_rel(self.policy_iter), "policy_hash": self.policy_hash}, "data": self.run.cfg.data.train,
+               "stop_token_ids": self.stop_ids}
+        if self.episodes is not None:  # which chat template rendered the episodes: the model's own or a training one
+            fmt = self.episodes.a.format
+            out["chat_template"] = {**fmt.template.record(), "tool_format": fmt.kind, "parser": fmt.parser}
+        return out
 
     def trainer_state(self) -> TrainerState:
         """What TRL reward functions get as `trainer_state` when these completions are scored."""

@@ -224,7 +224,7 @@ def test_template_that_cannot_express_tools(assets, tools_file, tmp_path):
 def test_fallback_note_and_glue_on_the_test_template(assets):
     from transformers import AutoTokenizer
 
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
 
     tok = AutoTokenizer.from_pretrained(assets["model"])
     fmt, note = choose(tok, "auto", "tiny")
@@ -520,7 +520,7 @@ def test_a_llama_style_template_is_used_with_its_bare_json_calls(assets, tools_f
     read in that format, instead of falling back to Hermes."""
     from transformers import AutoTokenizer
 
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
     from pipeline.agents.tools import load_tools, tool_schema
 
     tok = AutoTokenizer.from_pretrained(assets["model"])
@@ -541,7 +541,7 @@ def test_a_llama_style_template_is_used_with_its_bare_json_calls(assets, tools_f
 def test_a_template_with_tool_support_is_used_as_is(assets, tools_file):
     from transformers import AutoTokenizer
 
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
     from pipeline.agents.tools import load_tools, tool_schema
 
     tok = AutoTokenizer.from_pretrained(assets["model"])

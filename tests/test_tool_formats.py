@@ -176,7 +176,7 @@ def test_calls_parse_back_in_the_models_own_format(make_tokenizer, schemas, fami
     model would write them (its tokens up to the stop token), parse back to the same calls; the
     XML families give the raw strings the model wrote, which the tool's schema then types."""
     from pipeline.agents.execution import cast_arguments, parameters
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
 
     tools, specs, _ = schemas
     tok = make_tokenizer(family, template)
@@ -212,7 +212,7 @@ def test_a_format_that_does_not_round_trip_is_refused_at_init(make_tokenizer, as
     import shutil
 
     from conftest import base_config, init_error_line, write_config
-    from pipeline.agents.format import choose
+    from pipeline.agents.probe import choose
 
     assert choose(make_tokenizer("qwen", REPR_LIKE), "hermes", "repr-model")[0].kind == "hermes"
     model = tmp_path / "repr-model"

@@ -12,7 +12,10 @@ TRL 1.16 ships response schemas for, and Mistral's:
   (Qwen3-Coder, Qwen3.5, Nemotron 3);
 - glm: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>` (GLM-4.5 and later);
 - mistral_list: `[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]` (Mistral 7B v0.3, Small 3.1);
-- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call (Mistral Small 3.2, Magistral, Devstral).
+- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call (Mistral Small 3.2, Magistral, Devstral);
+- harmony: `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>`, after an
+  optional `<|channel|>analysis<|message|>...<|end|>` (gpt-oss), one call per message, each ended by `<|call|>`;
+- pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
 
 hermes and json are read by format.py's own parsers; the others go through transformers'
 `parse_response` with the response templates below. Values in the XML families are the raw
@@ -23,6 +26,7 @@ tokens, so a turn is parsed from its token ids decoded with special tokens kept.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -79,9 +83,24 @@ SPECS: dict[str, dict] = {
             "content": {"close": "</s>"},
         },
     },
+    "harmony": {
+        "start_anchor": "<|start|>assistant",
+        "fields": {
+            "thinking": {"open_pattern": r"\s*(?:<\|start\|>assistant)?<\|channel\|>analysis<\|message\|>", "close_pattern": r"<\|end\|>"},
+            "tool_calls": {
+                "open_pattern": r"\s*(?:<\|start\|>assistant)?\s*to=functions\.(?P<name>[^<\s]+)\s*<\|channel\|>commentary(?:\s*(?:<\|constrain\|>)?json)?<\|message\|>",
+                "close_pattern": r"<\|call\|>|$",
+                "repeats": True,
+                "content": "json",
+                "content_args": {"allow_non_json": True},
+                "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+            },
+            "content": {"open_pattern": r"\s*(?:<\|start\|>assistant)?<\|channel\|>final<\|message\|>", "close_pattern": r"<\|return\|>|<\|end\|>|$"},
+        },
+    },
 }
 MARKERS = {"hermes": "<tool_call>", "qwen_xml": "<tool_call>", "glm": "<tool_call>",
-           "mistral_list": "[TOOL_CALLS]", "mistral_args": "[TOOL_CALLS]"}
+           "mistral_list": "[TOOL_CALLS]", "mistral_args": "[TOOL_CALLS]", "harmony": "to=functions."}
 # the text that closes one call, where a call can be left open (cut off, or a stop token inside it)
 CLOSERS = {"qwen_xml": re.compile(r"</function>\s*</tool_call>"), "glm": re.compile(r"</tool_call>")}
 
@@ -89,6 +108,10 @@ CLOSERS = {"qwen_xml": re.compile(r"</function>\s*</tool_call>"), "glm": re.comp
 def detect(turn: str, name: str) -> str | None:
     """The family of a call to `name` as the template wrote it in `turn` (the assistant's part of
     the rendering); None when none of them."""
+    if re.search(r"to=functions\." + re.escape(name) + r"\s*<\|channel\|>", turn):
+        return "harmony"
+    if re.search(r"<\|tool_call_start\|>\[" + re.escape(name) + r"\(", turn):
+        return "pythonic"
     if "[TOOL_CALLS]" in turn:
         return "mistral_args" if re.search(r"\[TOOL_CALLS\]\s*" + re.escape(name) + r"(?:\[CALL_ID\][^\[]*)?\[ARGS\]", turn) \
             else "mistral_list"
@@ -144,3 +167,40 @@ def parse(tokenizer, family: str, text: str, prefix: str) -> tuple[str, list]:
         head, _, tail = content.partition(marker)
         content, calls = head.strip(), calls + [(None, marker + tail)]
     return content.strip(), calls
+
+
+_PYTHONIC = re.compile(r"<\|tool_call_start\|>(.*?)(?:<\|tool_call_end\|>|$)", re.S)
+
+
+def parse_pythonic(text: str) -> tuple[str, list]:
+    """(content, [(name or None, arguments or raw text)]) of a turn whose calls are a Python list of
+    keyword calls between <|tool_call_start|> and <|tool_call_end|>; each value a Python literal
+    (strings single-quoted, as LFM2's templates write them) or a JSON object."""
+    calls = [c for m in _PYTHONIC.finditer(text) for c in _python_calls(m.group(1).strip())]
+    return _PYTHONIC.sub("", text).strip(), calls
+
+
+def _python_calls(body: str) -> list:
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except SyntaxError:
+        return [(None, body)]
+    out = []
+    for node in tree.elts if isinstance(tree, ast.List) else [tree]:
+        raw = ast.get_source_segment(body, node) or body
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args or \
+                any(kw.arg is None for kw in node.keywords):
+            out.append((None, raw))
+            continue
+        try:
+            out.append((node.func.id, {kw.arg: _literal(kw.value, body) for kw in node.keywords}))
+        except ValueError:
+            out.append((None, raw))
+    return out
+
+
+def _literal(node, body: str):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError):  # a JSON object with true / false / null in it
+        return json.loads(ast.get_source_segment(body, node) or "")

@@ -6,7 +6,8 @@ Two formats (`rollout.tool_format`):
   `tools=` (JSON schemas), assistant turns carry `tool_calls`, results are `tool` messages.
   Calls are parsed by the tokenizer's `response_template` (transformers' parse_response) when
   it has one, else in the family the template writes a sample call in (call_formats: Hermes
-  JSON, Llama's bare JSON, Qwen3-Coder/Qwen3.5 XML, GLM-4.5, Mistral). `auto` picks it when the
+  JSON, Llama's bare JSON, Qwen3-Coder/Qwen3.5 XML, GLM-4.5, Mistral, gpt-oss's harmony, LFM2's
+  Python calls). `auto` picks it when the
   template renders a whole tool exchange (TRL's supports_tool_calling probe) in a known family.
 - hermes, the fallback for templates without tool support (SmolLM2's, the test model's): plain
   messages any template renders. The tool signatures go into the system message (Qwen 2.5's
@@ -27,8 +28,10 @@ sampled tokens themselves are never re-tokenised. A turn that ended in the token
 with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
-the completion. A template that renders earlier turns differently once more follow (not prefix-
-preserving) is refused at `grpo init`.
+the completion. The template must render earlier turns the same once more follow (prefix-
+preserving): where a vendor's does not, its training template is rendered instead (templates.py,
+as TRL swaps one in); one that still does not, for a bare call or a turn with thinking, is refused
+at `grpo init` with what changes (probe.py).
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from pipeline.agents import call_formats
+from pipeline.agents import call_formats, templates
 from pipeline.agents.call_formats import SPECS
+from pipeline.agents.templates import ChatTemplate
 from pipeline.errors import GRPOError
-from pipeline.models.stop_tokens import end_of_turn
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -49,7 +52,8 @@ HERMES_SYSTEM = (
     '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_SENTINELS = ("tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", "tool_content_c4f9a8e2")
+THINKING = ("reasoning_content", "thinking")  # where templates read a turn's thinking (Qwen3, GLM, Nemotron; gpt-oss, LFM2.5)
+SENTINELS = ("tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", "tool_content_c4f9a8e2")
 
 
 @dataclass
@@ -99,9 +103,10 @@ def hermes_system(schemas: list[dict]) -> str:
 
 
 class ToolFormat:
-    def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None):
+    def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None, template: ChatTemplate | None = None):
         self.tokenizer, self.kind, self.parser = tokenizer, kind, parser
         self.eot = eot  # the special token the template writes right after an assistant message, if any
+        self.template = template or templates.for_tools(tokenizer)  # the model's own, or a training template (templates.py)
 
     # ------------------------------------------------------------------------------ rendering
     def conversation(self, messages: list[dict], schemas: list[dict]) -> tuple[list[dict], dict]:
@@ -129,7 +134,8 @@ class ToolFormat:
 
     def render(self, messages: list[dict], schemas: list[dict], generation_prompt: bool) -> str:
         msgs, kwargs = self.conversation(messages, schemas)
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt,
+                                                  chat_template=self.template.text, **kwargs)
 
     def glue_text(self, messages: list[dict], n_new: int, schemas: list[dict], eot: str, eot_sampled: bool) -> str:
         """The text between the last model turn's sampled tokens and the next turn: `messages`
@@ -143,8 +149,9 @@ class ToolFormat:
         end = next((t for t in (self.eot, eot if eot_sampled else None) if t and body.endswith(t)), "")
         cut = len(body) - len(end)
         if not after.startswith(before[:cut]):
-            raise GRPOError("rollout.tools: the chat template renders earlier turns differently once tool messages follow "
-                            "(not prefix-preserving); set rollout.tool_format: hermes")
+            at = next(i for i, (a, b) in enumerate(zip(before[:cut] + "\0", after + "\0")) if a != b)
+            raise GRPOError("rollout.tools: the chat template renders an earlier turn differently once tool messages follow "
+                            f"({before[max(0, at - 24):at + 24]!r} becomes {after[max(0, at - 24):at + 24]!r}: not prefix-preserving)")
         rest = after[cut:]
         if eot_sampled and eot and rest.startswith(eot):  # the template writes the token the turn ended in
             return rest[len(eot):]
@@ -178,6 +185,9 @@ class ToolFormat:
             return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
             return parse_json_call(text)
+        if self.parser == "pythonic":
+            content, calls = call_formats.parse_pythonic(text)
+            return content, [Call(n, a) for n, a in calls]
         return parse_hermes(text)
 
 
@@ -206,96 +216,8 @@ def _template_message(m: dict) -> dict:
     if m["role"] == "assistant":
         calls = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                  for c in m.get("tool_calls") or [] if c.get("name") is not None and isinstance(c.get("arguments"), dict)]
-        return {"role": "assistant", "content": m.get("content") or "", **({"tool_calls": calls} if calls else {})}
+        thinking = {k: m[k] for k in THINKING if isinstance(m.get(k), str)}  # as a parser read it off the turn
+        return {"role": "assistant", "content": m.get("content") or "", **thinking, **({"tool_calls": calls} if calls else {})}
     if m["role"] == "tool":
         return {"role": "tool", "name": m.get("name") or "unknown", "content": m["content"]}
     return {"role": m["role"], "content": m["content"]}
-
-
-def _renders(tokenizer, messages, **kw) -> str | None:
-    try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
-    except Exception:
-        return None
-
-
-def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
-    """The format for `rollout.tool_format` on this tokenizer, and a note when auto fell back;
-    GRPOError when neither the template nor the fallback can express a tool exchange, or when the
-    template's own calls do not parse back."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise GRPOError(f"rollout.tools: the tokenizer of {model} has no chat template, so tools cannot be rendered")
-    name, key, val, content = _SENTINELS
-    eot = end_of_turn(tokenizer)
-    if option == "auto":
-        call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
-        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
-        text = _renders(tokenizer, probe)
-        if text is not None and all(s in text for s in _SENTINELS):
-            if getattr(tokenizer, "response_template", None) is not None:
-                return _checked(ToolFormat(tokenizer, "template", "response_template", eot), model), None
-            family = call_formats.detect(text, name)
-            if family is not None:
-                return _checked(ToolFormat(tokenizer, "template", family, eot), model), None
-            return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), (
-                f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
-                "using the Hermes fallback (rollout.tool_format: hermes)")
-        note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
-        return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), note
-    return _checked(ToolFormat(tokenizer, "hermes", eot=eot), model), None
-
-
-def _checked(fmt: ToolFormat, model: str) -> ToolFormat:
-    """A dummy exchange renders with every part visible, the glue is a clean suffix, and a call the
-    template writes in its own format parses back to the same call."""
-    name, key, val, content = _SENTINELS
-    schema = {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
-        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
-                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
-    args = {key: val, "count": 7}
-    raw = f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "raw": raw, "tool_calls": [{"name": name, "arguments": args}]},
-            {"role": "tool", "name": name, "content": content}]
-    try:
-        text = fmt.render(msgs, [schema], True)
-    except Exception as err:
-        raise GRPOError(f"rollout.tools: the chat template of {model} can express neither tool calls nor the Hermes fallback "
-                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
-    if not all(s in text for s in _SENTINELS):
-        raise GRPOError(f"rollout.tools: the chat template of {model} drops part of a tool exchange, in its own format and in the "
-                        "Hermes fallback; tools cannot be expressed for this model")
-    fmt.glue_text(msgs, 1, [schema], fmt.eot or fmt.tokenizer.eos_token or "", True)
-    if fmt.kind == "template":
-        _round_trip(fmt, model, msgs[:2], schema)
-    return fmt
-
-
-def _round_trip(fmt: ToolFormat, model: str, msgs: list[dict], schema: dict) -> None:
-    """The assistant's part of the rendering (what a model of this template writes, less its end of
-    turn) parses back to the call it renders: same name, same arguments (an XML family's values
-    as the strings it writes them in)."""
-    prompt = fmt.render(msgs[:1], [schema], True)
-    full = fmt.render(msgs, [schema], False)
-    n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
-    turn = full[n:].rstrip()
-    turn = turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
-    want = msgs[1]["tool_calls"][0]
-    try:
-        _, calls = fmt.parse(turn, prompt)
-    except Exception as err:  # a tokenizer's own response_template may raise
-        calls = [Call(None, f"{type(err).__name__}: {err}")]
-    ok = len(calls) == 1 and calls[0].name == want["name"] and isinstance(calls[0].arguments, dict) and \
-        sorted(calls[0].arguments) == sorted(want["arguments"]) and \
-        all(_same_value(calls[0].arguments[k], v) for k, v in want["arguments"].items())
-    if not ok:
-        label = "its response_template" if fmt.parser == "response_template" else f"the {fmt.parser} call format"
-        got = [(c.name, c.arguments) for c in calls]
-        raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls in {label}, but a sample call does not "
-                        f"parse back (read {json.dumps(got, default=str)[:120]}); set rollout.tool_format: hermes to use the "
-                        "Hermes fallback")
-
-
-def _same_value(got, want) -> bool:
-    return got == want or (isinstance(got, str) and not isinstance(want, str) and got.strip() == json.dumps(want))

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.agents import environment as envs
-from pipeline.agents.format import ToolFormat, choose
+from pipeline.agents.format import ToolFormat
+from pipeline.agents.probe import choose
 from pipeline.agents.tools import load_tools, tool_schema
 from pipeline.errors import GRPOError
 from pipeline.models.stop_tokens import stop_token_ids

@@ -1,0 +1,150 @@
+"""Choosing the tool format for a model's chat template (`choose`, for `rollout.tool_format`), and
+`grpo init`'s probe of it, before any engine starts.
+
+A sample exchange (a call with a string and an integer argument, then its result) must:
+- render with every part visible (the call's name and arguments, the result);
+- parse back, in the template's own call format, to the same call (`_round_trip`);
+- give a clean glue (format.py's glue_text): the turn renders the same once the result follows it.
+The model's turn is probed twice: as a bare call, and with thinking before it, written as the
+template writes thinking (a `reasoning_content` / `thinking` field rendered through the template:
+Qwen3's `<think>` block, gpt-oss's analysis channel; `<think>` in the Hermes fallback's text).
+A template that renders past thinking differently once more messages follow would otherwise pass
+here and stop the run at its first thinking turn. Each turn goes through the same path as an
+episode's: the text a model writes, parsed by the format's parser, rendered from what it read.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.agents import call_formats, templates
+from pipeline.agents.format import SENTINELS, Call, ToolFormat
+from pipeline.agents.templates import ChatTemplate
+from pipeline.errors import GRPOError
+from pipeline.models.stop_tokens import end_of_turn
+
+THINK = "probe_thinking_e5b7c1d3"
+
+
+def _renders(tokenizer, messages, template: ChatTemplate, **kw) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template.text, **kw)
+    except Exception:
+        return None
+
+
+def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
+    """The format for `rollout.tool_format` on this tokenizer, and a note when auto fell back;
+    GRPOError when neither the template nor the fallback can express a tool exchange, when the
+    template's own calls do not parse back, or when it renders a turn differently once a tool's
+    result follows (`checked`, below); the template is the model's own or, where that one
+    rewrites history, a training template (pipeline/agents/templates.py)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise GRPOError(f"rollout.tools: the tokenizer of {model} has no chat template, so tools cannot be rendered")
+    name, key, val, content = SENTINELS
+    eot = end_of_turn(tokenizer)
+    tpl = templates.for_tools(tokenizer)
+    if option == "auto":
+        call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
+        text = _renders(tokenizer, probe, tpl)
+        if text is not None and all(s in text for s in SENTINELS):
+            if getattr(tokenizer, "response_template", None) is not None:
+                return checked(ToolFormat(tokenizer, "template", "response_template", eot, tpl), model), None
+            family = call_formats.detect(text, name)
+            if family is not None:
+                return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
+            return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), (
+                f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
+                "using the Hermes fallback (rollout.tool_format: hermes)")
+        note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
+        return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), note
+    return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), None
+
+
+def checked(fmt: ToolFormat, model: str) -> ToolFormat:
+    """`fmt`, once a sample exchange passes every check above; GRPOError naming the model and
+    what fails, otherwise."""
+    name, key, val, content = SENTINELS
+    schema = {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
+        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
+                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
+    call = {"name": name, "arguments": {key: val, "count": 7}}
+    user, result = {"role": "user", "content": "hi"}, {"role": "tool", "name": name, "content": content}
+    raw = f'<tool_call>\n{json.dumps(call)}\n</tool_call>'
+    msgs = [user, {"role": "assistant", "content": "", "raw": raw, "tool_calls": [call]}, result]
+    try:
+        text = fmt.render(msgs, [schema], True)
+    except Exception as err:
+        raise GRPOError(f"rollout.tools: the chat template of {model} can express neither tool calls nor the Hermes fallback "
+                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    if not all(s in text for s in SENTINELS):
+        raise GRPOError(f"rollout.tools: the chat template of {model} drops part of a tool exchange, in its own format and in the "
+                        "Hermes fallback; tools cannot be expressed for this model")
+    for thinking in (False, True):
+        turn = _written(fmt, user, call, schema, thinking) if fmt.kind == "template" else \
+            (f"<think>\n{THINK}\n</think>\n\n" if thinking else "") + raw
+        prompt = fmt.render([user], [schema], True)
+        try:
+            said, calls = fmt.parse(turn, prompt)
+        except Exception as err:  # a tokenizer's own response_template may raise
+            said, calls = turn, [Call(None, f"{type(err).__name__}: {err}")]
+        if fmt.kind == "template":
+            _round_trip(fmt, model, calls, call, thinking)
+        ran = [{"name": c.name, "arguments": c.arguments} for c in calls if c.name is not None]
+        episode = [user, {"role": "assistant", "content": said, "raw": turn, "tool_calls": ran}, result]
+        try:
+            fmt.glue_text(episode, 1, [schema], fmt.eot or fmt.tokenizer.eos_token or "", True)
+        except GRPOError as err:
+            raise GRPOError(_not_prefix_preserving(fmt, model, thinking, str(err))) from None
+    return fmt
+
+
+def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bool) -> str:
+    """What a model of this template writes for `call` (with thinking first): the assistant's part of
+    the rendering, after the prompt's generation prompt, less its end of turn."""
+    said = {"role": "assistant", "content": "", "tool_calls": [call]}
+    if thinking:  # each template reads the field it knows
+        said.update(reasoning_content=THINK, thinking=THINK)
+    prompt = fmt.render([user], [schema], True)
+    full = fmt.render([user, said], [schema], False)
+    n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+    turn = full[n:].rstrip()
+    return turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+
+
+def _round_trip(fmt: ToolFormat, model: str, calls: list[Call], want: dict, thinking: bool) -> None:
+    """The call the template wrote parses back to itself: same name, same arguments (an XML
+    family's values as the strings it writes them in)."""
+    ok = len(calls) == 1 and calls[0].name == want["name"] and isinstance(calls[0].arguments, dict) and \
+        sorted(calls[0].arguments) == sorted(want["arguments"]) and \
+        all(_same_value(calls[0].arguments[k], v) for k, v in want["arguments"].items())
+    if not ok:
+        label = "its response_template" if fmt.parser == "response_template" else f"the {fmt.parser} call format"
+        got = [(c.name, c.arguments) for c in calls]
+        raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls in {label}, but a sample call "
+                        f"{'after thinking ' if thinking else ''}does not parse back (read {json.dumps(got, default=str)[:120]}); "
+                        "set rollout.tool_format: hermes to use the Hermes fallback")
+
+
+def _same_value(got, want) -> bool:
+    return got == want or (isinstance(got, str) and not isinstance(want, str) and got.strip() == json.dumps(want))
+
+
+def _not_prefix_preserving(fmt: ToolFormat, model: str, thinking: bool, why: str) -> str:
+    """The one line for a template that renders a probed turn differently once its result follows."""
+    detail = why.split("(", 1)[1].rsplit(")", 1)[0] if "(" in why else why
+    turn = "a turn with thinking" if thinking else "a tool-calling turn"
+    where = "in its own tool format" if fmt.kind == "template" else "in the Hermes fallback"
+    line = (f"rollout.tools: the chat template of {model} renders {turn} differently once the tool's result follows it, "
+            f"{where} ({detail}), so the sampled tokens would not stay the conversation's history; "
+            + (f"so does its training template {fmt.template.name}" if fmt.template.name != "model" else
+               f"no training template is known for it (sha256 {fmt.template.sha256[:12]})"))
+    if fmt.kind == "template":
+        try:
+            checked(ToolFormat(fmt.tokenizer, "hermes", eot=fmt.eot, template=fmt.template), model)
+        except GRPOError:
+            return line
+        return line + "; rollout.tool_format: hermes passes this check"
+    return line
