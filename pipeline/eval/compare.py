@@ -83,6 +83,8 @@ def verdict(result: dict, figure: str = "accuracy") -> str:
     f = result["figures"][figure]
     d, lo, hi = f["diff"], f["lo"], f["hi"]
     head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
+    if lo != lo or hi != hi:  # NaN: fewer than two prompts differ in a way the bootstrap can resample
+        return f"{head}: no interval (too few prompts to resample); not distinguishable from noise"
     if lo > 0 or hi < 0:
         return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (the 95 % interval excludes 0)"
     return f"{head}: not distinguishable from noise (the 95 % interval holds 0)"

@@ -20,6 +20,7 @@ Names: eval/<figure> over all sets, eval/<set>/<figure> per named set, each with
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -117,7 +118,16 @@ def _set_order(cfg):
 
 def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     names = list(dict.fromkeys(f for v in values.values() for f in v))
-    return {f: estimate([v.get(f, np.nan) for v in values.values()]) for f in names}
+    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f)) for f in names}
+
+
+RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
+"""The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
+(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means: the bootstrap."""
+
+
+def is_rate(figure: str) -> bool:
+    return RATES.fullmatch(figure) is not None
 
 
 def flat(figs: dict[str, tuple[float, float, float]], prefix: str = "eval/") -> dict[str, float]:

@@ -36,6 +36,8 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson's score interval for a binomial share successes/n."""
     if n == 0:
         return float("nan"), float("nan")
+    if successes in (0, n):  # the closed form at p = 0 and p = 1: the bound the share sits on exact, not 1 - 1e-16
+        return (0.0, z * z / (n + z * z)) if successes == 0 else (n / (n + z * z), 1.0)
     p = successes / n
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
@@ -46,23 +48,24 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
 def bootstrap(values: np.ndarray, seed: int = BOOTSTRAP_SEED, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
     """Percentile bootstrap of the mean of per-prompt values [m] (prompts resampled with replacement)."""
     m = len(values)
-    if m == 0:
+    if m < 2:  # one prompt has no spread to resample: [x, x] would claim certainty
         return float("nan"), float("nan")
     idx = np.random.default_rng(seed).integers(0, m, size=(resamples, m))  # [B, m]
     means = values[idx].mean(axis=1)  # [B]
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def estimate(per_prompt: Sequence[float]) -> tuple[float, float, float]:
+def estimate(per_prompt: Sequence[float], rate: bool = True) -> tuple[float, float, float]:
     """(mean, lo, hi) of a figure from its per-prompt values (NaN: the prompt has none): Wilson
-    when every value is 0 or 1 (a share of prompts), else the bootstrap over prompts."""
+    when the figure is a `rate` and every value is 0 or 1 (a share of prompts), else the bootstrap
+    over prompts (NaN bounds for a single prompt). A count that is 1 everywhere is no share."""
     v = np.asarray(per_prompt, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
         return float("nan"), float("nan"), float("nan")
     mean = float(v.mean())
-    lo, hi = wilson(float(v.sum()), v.size) if np.all((v == 0) | (v == 1)) else bootstrap(v)
-    return mean, min(lo, mean), max(hi, mean)
+    lo, hi = wilson(float(v.sum()), v.size) if rate and np.all((v == 0) | (v == 1)) else bootstrap(v)
+    return (mean, lo, hi) if np.isnan(lo) else (mean, min(lo, mean), max(hi, mean))
 
 
 def paired(a: Sequence[float], b: Sequence[float], seed: int = BOOTSTRAP_SEED,
