@@ -141,3 +141,15 @@ def test_a_named_eval_set_whose_file_is_missing_fails_preflight_in_one_line(tmp_
     assert str(err.value).startswith("data.eval.hard: ") and "gone.jsonl" in str(err.value) and "\n" not in str(err.value)
 
 
+
+
+def test_compare_says_when_the_sides_count_accuracy_with_different_rewards():
+    """A --replay with eval.reward=format against its source: the same completions, another grader; --compare
+    says so above its verdict (the difference is the graders' as much as the policies')."""
+    from pipeline.eval.compare import compare, lines
+
+    side = lambda name, cfg: SimpleNamespace(cfg=cfg, store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    t = _record([(i, 0, A("1"), i % 2) for i in range(6)]).drop_columns(["sample_idx"])
+    out = lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of(reward="format")), 0, t))
+    assert out[-2] == "note: set eval: A counts accuracy with reward 'correct', B with 'format'"
+    assert not any(line.startswith("note:") for line in lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of()), 0, t)))
