@@ -153,3 +153,27 @@ def test_compare_says_when_the_sides_count_accuracy_with_different_rewards():
     out = lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of(reward="format")), 0, t))
     assert out[-2] == "note: set eval: A counts accuracy with reward 'correct', B with 'format'"
     assert not any(line.startswith("note:") for line in lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of()), 0, t)))
+
+
+def test_majority_of_many_distinct_answers_asks_math_verify_only_where_the_key_cannot_say():
+    """1024 samples, every answer a different integer: math-verify is never asked (it was asked 523,776
+    times, about 5 minutes a prompt); an answer that is no plain integer still clusters with one by math-verify."""
+    from pipeline.eval.metrics import integer_key
+    from pipeline.rewards.answers import answers_match
+
+    calls = []
+
+    def same(a, b):
+        calls.append((a, b))
+        return answers_match(a, b)
+
+    answers = [str(i) for i in range(1024)]
+    assert majority(answers, same, integer_key) == 0 and calls == []
+    # "2.0", "\frac{4}{2}" and "2" are one answer (3 votes) against "7" (2 votes): the math-verify path
+    assert majority(["7", "2.0", "7", "\\frac{4}{2}", "2"], same, integer_key) == 1
+    assert majority(["7", "2.0", "7", "\\frac{4}{2}", "2"], same) == 1  # the same without the key
+    # the key agrees with math-verify on plain integers (signs, leading zeros)
+    for a, b in [("7", "007"), ("-3", "3"), ("0", "-0"), ("12", "21"), ("100", "1e2")]:
+        ka, kb = integer_key(a), integer_key(b)
+        if ka is not None and kb is not None:
+            assert (ka == kb) == answers_match(a, b), (a, b)
