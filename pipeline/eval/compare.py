@@ -70,7 +70,18 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
             out[name] = {"a": _mean(xa), "b": _mean(xb), "diff": diff, "lo": lo, "hi": hi,
                          "a_wins": sum(x > y for x, y in zip(xa, xb)), "b_wins": sum(y > x for x, y in zip(xa, xb))}
     return {"a": {"run": a.store.display(), "policy": ka}, "b": {"run": b.store.display(), "policy": kb},
-            "prompts": len(keys), "figures": out}
+            "prompts": len(keys), "figures": out, "notes": _reward_notes(a.cfg, b.cfg, {k[0] for k in keys})}
+
+
+def _reward_notes(ca, cb, sets) -> list[str]:
+    """A set whose accuracy the two sides count with different rewards (a --replay with another
+    eval.reward): its accuracy, pass@k and maj@k differences are the graders' as much as the policies'."""
+    from pipeline.eval.config import eval_sets
+
+    ra = {s.name: s.reward for s in eval_sets(ca.data.eval, ca.eval)}
+    rb = {s.name: s.reward for s in eval_sets(cb.data.eval, cb.eval)}
+    return [f"note: set {s or 'eval'}: A counts accuracy with reward {ra[s]!r}, B with {rb[s]!r}"
+            for s in sorted(sets, key=str) if s in ra and s in rb and ra[s] != rb[s]]
 
 
 def _mean(x: list[float]) -> float:
@@ -83,6 +94,8 @@ def verdict(result: dict, figure: str = "accuracy") -> str:
     f = result["figures"][figure]
     d, lo, hi = f["diff"], f["lo"], f["hi"]
     head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
+    if lo != lo or hi != hi:  # NaN: fewer than two prompts differ in a way the bootstrap can resample
+        return f"{head}: no interval (too few prompts to resample); not distinguishable from noise"
     if lo > 0 or hi < 0:
         return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (the 95 % interval excludes 0)"
     return f"{head}: not distinguishable from noise (the 95 % interval holds 0)"
@@ -96,5 +109,6 @@ def lines(result: dict) -> list[str]:
     for name, f in result["figures"].items():
         interval = "[{:+.3f}, {:+.3f}]".format(f["lo"], f["hi"])
         out.append(f"{name:<28} {f['a']:>8.3f} {f['b']:>8.3f} {f['diff']:>+8.3f} {interval:>20} {f['a_wins']:>7} {f['b_wins']:>7}")
+    out += result.get("notes", [])
     out.append(verdict(result))
     return out

@@ -60,6 +60,8 @@ EVAL_NEUTRAL = {("eval", "samples"): 1, ("eval", "temperature"): None, ("eval", 
 
 RESERVED = {"accuracy", "reward", "rewards", "mean_length", "episodes", "tools", "judge", "pass_at", "maj_at"}
 """Names an eval set cannot take: metric names' first segments (an MLflow file store keeps a metric as a file)."""
+_TAKEN = re.compile(r"(accuracy|reward|mean_length|(pass|maj)_at_\d+)(_lo|_hi)?|\.+")
+"""More of them: a figure over all sets (eval/pass_at_4, eval/accuracy_lo) and `.`/`..`, which MLflow refuses in a name."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,9 @@ def refusal(data_eval, cfg: EvalConfig, rewards: list[str]) -> str | None:
         if not data_eval:
             return "data.eval: an empty mapping; name at least one eval set (or leave data.eval unset)"
         for name in data_eval:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED or _TAKEN.fullmatch(name):
                 return (f"data.eval.{name}: an eval set's name is a metric path segment: letters, digits, _ . - "
-                        f"and none of {', '.join(sorted(RESERVED))}")
+                        f"and none of {', '.join(sorted(RESERVED))}, a figure's name (pass_at_4, accuracy_lo) or dots only")
     if cfg.every > 0:
         for s in eval_sets(data_eval, cfg):
             if s.reward not in rewards:

@@ -20,6 +20,7 @@ Names: eval/<figure> over all sets, eval/<set>/<figure> per named set, each with
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -28,20 +29,31 @@ from pipeline.eval.stats import estimate, majority, pass_at_k
 from schemas.artifacts import REWARD_PREFIX
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,15}")
+
+
+def integer_key(answer: str) -> int | None:
+    """A plain integer's value: math-verify holds two plain integers the same exactly when their values
+    are equal, so maj@k need not ask it (majority's `key`); None for any other answer."""
+    a = answer.strip()
+    return int(a) if _INTEGER.fullmatch(a) else None
+
+
 def answer_rule(cfg, reward: str):
-    """(extract, same) of the accuracy reward named `reward`: the answer it reads from a completion
-    and how it compares two (math-verify for `correct`; exact text for any other reward)."""
+    """(extract, same, key) of the accuracy reward named `reward`: the answer it reads from a completion,
+    how it compares two (math-verify for `correct`; exact text for any other reward) and a shortcut
+    key that comparison agrees with (pipeline/eval/stats.py: majority)."""
     from pipeline.rewards.answers import answers_match, extract_answer
 
     spec = next((r for r in cfg.rewards if r.column == reward), None)
     if spec is not None and spec.fn == "correct":
-        return extract_answer, answers_match
+        return extract_answer, answers_match, integer_key
 
     def extract(text: str) -> str | None:
         found = extract_answer(text)
         return found if found is not None else (text.strip() or None)
 
-    return extract, lambda a, b: a == b
+    return extract, lambda a, b: a == b, lambda a: a
 
 
 def groups(table) -> dict[tuple, list[dict]]:
@@ -73,13 +85,13 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
                 v["rewards/" + c[len(REWARD_PREFIX):]] = _nanmean([r[c] for r in rows])
         if ks:
             reward = reward_of.get(key[0], cfg.eval.reward)
-            extract, same = rules.setdefault(reward, answer_rule(cfg, reward))
+            extract, same, key_of = rules.setdefault(reward, answer_rule(cfg, reward))
             answers = [extract(r["completion"] or "") for r in rows]
             for k in ks:
                 if k > n:
                     raise ValueError(f"eval.pass_k {k}: prompt {key[1]} has only {n} samples")
                 v[f"pass_at_{k}"] = pass_at_k(n, sum(hits), k)
-                top = majority(answers[:k], same)
+                top = majority(answers[:k], same, key_of)
                 v[f"maj_at_{k}"] = float(top is not None and hits[top])
         if "episode" in rows[0]:
             v.update(_episodes([json.loads(r["episode"]) for r in rows if r["episode"] is not None]))
@@ -117,7 +129,16 @@ def _set_order(cfg):
 
 def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     names = list(dict.fromkeys(f for v in values.values() for f in v))
-    return {f: estimate([v.get(f, np.nan) for v in values.values()]) for f in names}
+    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f)) for f in names}
+
+
+RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
+"""The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
+(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means: the bootstrap."""
+
+
+def is_rate(figure: str) -> bool:
+    return RATES.fullmatch(figure) is not None
 
 
 def flat(figs: dict[str, tuple[float, float, float]], prefix: str = "eval/") -> dict[str, float]:

@@ -1,0 +1,179 @@
+"""Edge cases of the eval's estimators and settings (a review of issue 45 against HumanEval's
+`estimate_pass_at_k`, lm-evaluation-harness's maj@k and Wilson's closed form at p = 0 and p = 1)."""
+
+from __future__ import annotations
+
+import math
+import re
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pytest
+from test_eval import A, _record, cfg_of
+
+from pipeline.errors import GRPOError
+from pipeline.eval.metrics import figures
+from pipeline.eval.stats import Z95, estimate, majority, paired, pass_at_k, wilson
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 1000, 1024])
+def test_pass_at_k_at_its_edges_against_exact_binomials(n):
+    for c in sorted({0, 1, n // 3, n - 1, n}):
+        for k in sorted({1, 3, n // 3 or 1, n - 1 or 1, n} & set(range(1, n + 1))):
+            # 1 - C(n-c, k) / C(n, k) in exact integers; math.comb(n-c, k) is 0 when n - c < k -> 1.0
+            exact = 1 - math.comb(n - c, k) / math.comb(n, k) if c <= n else None
+            assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-9), (n, c, k)
+    assert pass_at_k(n, 0, n) == 0.0 and pass_at_k(n, n, n) == 1.0  # k == n: 0 without a hit, 1 with all
+    assert pass_at_k(n, 1, n) == 1.0  # k == n, c == 1: the only n-subset holds the hit (n - c < k)
+
+
+@pytest.mark.parametrize("n, c, k", [(5, 6, 1), (5, -1, 1), (5, 0, 0), (5, 0, 6), (0, 0, 1)])
+def test_pass_at_k_refuses_impossible_counts(n, c, k):
+    with pytest.raises(ValueError, match=f"n={n}, c={c}, k={k}"):
+        pass_at_k(n, c, k)
+
+
+def test_pass_and_maj_at_k_when_k_does_not_divide_n():
+    # n=5, k=2, prompt 0 correct [0,1,0,0,1] (c=2): 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7; maj@2 over answers 3,4: a tie,
+    # the first (3, wrong) wins; prompt 1 all wrong: 0 and 0
+    cfg = cfg_of(samples=5, greedy=False, pass_k=[2])
+    rows = [(0, j, A(a), c) for j, (a, c) in enumerate(zip("34334", (0, 1, 0, 0, 1)))] + \
+           [(1, j, A("9"), 0) for j in range(5)]
+    f = figures(cfg, _record(rows))
+    assert f["pass_at_2"][0] == pytest.approx(0.35)  # (0.7 + 0) / 2
+    assert f["maj_at_2"][0] == 0.0
+
+
+def test_wilson_at_p0_and_p1_is_the_closed_form():
+    for n in (1, 10, 200):
+        # p = 0: [0, z^2 / (n + z^2)]; p = 1: [n / (n + z^2), 1]: exactly 1, not 1 - 1e-16
+        assert wilson(0, n) == (0.0, pytest.approx(Z95**2 / (n + Z95**2), abs=1e-15))
+        assert wilson(n, n) == (pytest.approx(n / (n + Z95**2), abs=1e-15), 1.0)
+        lo, hi = wilson(0.5 * n, n)
+        assert lo < 0.5 < hi and lo == pytest.approx(1 - hi)  # symmetric about 1/2
+
+
+def test_one_prompt_gets_no_bootstrap_interval():
+    """One prompt has no spread to resample: the interval is NaN, not [x, x] (zero width, false certainty)."""
+    v, lo, hi = estimate([0.5])
+    assert v == 0.5 and math.isnan(lo) and math.isnan(hi)
+    assert estimate([1.0]) == (1.0, *wilson(1, 1))  # a share of one prompt still has Wilson's interval
+    d, lo, hi = paired([0.0], [1.0])
+    assert d == 1.0 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_compare_of_one_prompt_is_not_called_distinguishable():
+    from pipeline.eval.compare import compare, verdict
+
+    side = lambda name: SimpleNamespace(cfg=cfg_of(), store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    a = _record([(0, 0, A("1"), 0)]).drop_columns(["sample_idx"])
+    b = _record([(0, 0, A("1"), 1)]).drop_columns(["sample_idx"])
+    line = verdict(compare(side("A"), 0, a, side("B"), 0, b))
+    assert line.endswith("no interval (too few prompts to resample); not distinguishable from noise"), line
+
+
+def test_a_count_that_is_one_everywhere_is_not_a_share():
+    """episodes/turns_mean of 1 on every prompt: a mean, its bootstrap is [1, 1]; Wilson would say [0.84, 1]."""
+    assert estimate([1.0] * 20, rate=False) == (1.0, 1.0, 1.0)
+    cfg = cfg_of()
+    rows = [(i, 0, A("1"), i % 2) for i in range(20)]
+    t = _record(rows).drop_columns(["sample_idx"])
+    t = t.set_column(t.column_names.index("reward_format"), "reward_format", pa.array([1.0] * 20))
+    f = figures(cfg, t)
+    assert f["rewards/format"] == (1.0, 1.0, 1.0)  # a reward column: the bootstrap, not Wilson's [0.84, 1]
+    assert f["accuracy"] == pytest.approx((0.5, *wilson(10, 20)))  # a share: Wilson
+
+
+def test_a_prompt_whose_rewards_are_all_none():
+    """The accuracy reward None on every sample: not a hit (accuracy, pass@k, maj@k count it as 0), while the
+    reward means leave it out (NaN: no reward applied)."""
+    cfg = cfg_of(samples=2, greedy=False, pass_k=[1, 2])
+    t = _record([(0, 0, A("1"), 1), (0, 1, A("1"), 1), (1, 0, A("2"), 0), (1, 1, A("2"), 0)])
+    none = pa.array([1.0, 1.0, None, None], pa.float64())
+    t = t.set_column(t.column_names.index("reward"), "reward", none)
+    t = t.set_column(t.column_names.index("reward_correct"), "reward_correct", none)
+    f = figures(cfg, t)
+    assert f["accuracy"][0] == 0.5 and f["pass_at_2"][0] == 0.5 and f["maj_at_2"][0] == 0.5
+    assert f["reward"][0] == 1.0 and math.isnan(f["reward"][1])  # one prompt with a reward: no interval
+
+
+def test_majority_ties_and_math_equivalences():
+    from pipeline.rewards.answers import answers_match
+
+    same = lambda a, b: a == b  # noqa: E731
+    # a tie goes to the answer seen first, whatever the order of the rest (deterministic, as Counter.most_common)
+    assert majority(["a", "b"], same) == 0 and majority(["b", "a", "a", "b"], same) == 0
+    assert majority([None, "b", "a"], same) == 1 and majority([None, None], same) is None
+    # "1/2", "0.5" and "\frac{1}{2}" are one answer to math-verify: 3 votes beat 2 for "0.25"
+    answers = ["0.25", "1/2", "0.25", "0.5", "\\frac{1}{2}"]
+    assert majority(answers, answers_match) == 1
+    assert majority(answers, same) == 0  # as exact text, "0.25" would win
+
+
+@pytest.mark.parametrize("name", [".", "..", "pass_at_4", "maj_at_1", "accuracy_lo", "reward_hi", "mean_length"])
+def test_eval_set_names_that_clash_with_a_metric_are_refused(name):
+    from pipeline.config import resolve
+
+    tree = {"model": "m", "data": {"train": "t.jsonl", "eval": {name: "e.jsonl"}}, "rewards": [{"fn": "correct"}]}
+    with pytest.raises(GRPOError, match=rf"data\.eval\.{re.escape(name)}: an eval set's name is a metric path segment"):
+        resolve(tree)
+
+
+def test_odd_but_fine_eval_set_names_are_kept():
+    from pipeline.config import resolve
+
+    for name in ("gsm8k.test", "pass_at_k", "accuracy2", "a-b_c", "...x"):
+        tree = {"model": "m", "data": {"train": "t.jsonl", "eval": {name: "e.jsonl"}}, "rewards": [{"fn": "correct"}]}
+        assert resolve(tree).eval_sets()[0].name == name
+
+
+def test_a_named_eval_set_whose_file_is_missing_fails_preflight_in_one_line(tmp_path):
+    from pipeline import preflight
+    from pipeline.config import resolve
+
+    (tmp_path / "t.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+    (tmp_path / "a.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+    tree = {"model": "m", "data": {"train": str(tmp_path / "t.jsonl"),
+                                   "eval": {"easy": str(tmp_path / "a.jsonl"), "hard": str(tmp_path / "gone.jsonl")}},
+            "rewards": [{"fn": "correct"}]}
+    with pytest.raises(GRPOError) as err:
+        preflight.check(resolve(tree))
+    assert str(err.value).startswith("data.eval.hard: ") and "gone.jsonl" in str(err.value) and "\n" not in str(err.value)
+
+
+
+
+def test_compare_says_when_the_sides_count_accuracy_with_different_rewards():
+    """A --replay with eval.reward=format against its source: the same completions, another grader; --compare
+    says so above its verdict (the difference is the graders' as much as the policies')."""
+    from pipeline.eval.compare import compare, lines
+
+    side = lambda name, cfg: SimpleNamespace(cfg=cfg, store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    t = _record([(i, 0, A("1"), i % 2) for i in range(6)]).drop_columns(["sample_idx"])
+    out = lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of(reward="format")), 0, t))
+    assert out[-2] == "note: set eval: A counts accuracy with reward 'correct', B with 'format'"
+    assert not any(line.startswith("note:") for line in lines(compare(side("A", cfg_of()), 0, t, side("B", cfg_of()), 0, t)))
+
+
+def test_majority_of_many_distinct_answers_asks_math_verify_only_where_the_key_cannot_say():
+    """1024 samples, every answer a different integer: math-verify is never asked (it was asked 523,776
+    times, about 5 minutes a prompt); an answer that is no plain integer still clusters with one by math-verify."""
+    from pipeline.eval.metrics import integer_key
+    from pipeline.rewards.answers import answers_match
+
+    calls = []
+
+    def same(a, b):
+        calls.append((a, b))
+        return answers_match(a, b)
+
+    answers = [str(i) for i in range(1024)]
+    assert majority(answers, same, integer_key) == 0 and calls == []
+    # "2.0", "\frac{4}{2}" and "2" are one answer (3 votes) against "7" (2 votes): the math-verify path
+    assert majority(["7", "2.0", "7", "\\frac{4}{2}", "2"], same, integer_key) == 1
+    assert majority(["7", "2.0", "7", "\\frac{4}{2}", "2"], same) == 1  # the same without the key
+    # the key agrees with math-verify on plain integers (signs, leading zeros)
+    for a, b in [("7", "007"), ("-3", "3"), ("0", "-0"), ("12", "21"), ("100", "1e2")]:
+        ka, kb = integer_key(a), integer_key(b)
+        if ka is not None and kb is not None:
+            assert (ka == kb) == answers_match(a, b), (a, b)
