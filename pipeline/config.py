@@ -149,6 +149,13 @@ class TrainConfig(_Section):
     unchanged), so the update's memory scales with this budget, not with mini_batch_size.
     SmolLM2-135M holds ~1.5 MB of activations per token; 1024 costs ~4% of the update's time
     against 2048 and 1.3 GB less peak memory, 512 costs 25%."""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Padding-free batches in the logprobs stage and the update: a batch's rows run back to back
+    as one sequence of their real tokens (position ids restarting per sequence, attention kept
+    inside each sequence and its shared prompt), so no padding is computed and the budgets count
+    real tokens. `on` needs SDPA attention without a sliding window (else a one-line error);
+    `auto` packs every model that allows it; `off`: right-padded batches (a shared prompt once
+    through a KV cache). Same logprobs either way, to fp32 rounding (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (HF's
     gradient checkpointing, non-reentrant): the update's activations shrink to ~1/10 for about a
@@ -301,6 +308,7 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
 
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
+    ("train", "packing"): "off",  # right-padded batches, as before
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
     **AGENT_NEUTRAL,
     ("train", "max_staleness"): 0,
