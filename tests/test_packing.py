@@ -104,8 +104,8 @@ def test_packed_model_keeps_padded_forwards_unchanged():
 @pytest.mark.slow
 def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_run):
     """Two iterations each way: the rollout and score parts hold the same rows (their metadata
-    differs only in the config hash; iteration 1's sampler logprobs, from the two updates'
-    policies, to fp32 rounding), so policy 1 of either update samples the same completions; the
+    differs only in the config hash; iteration 1's sampler logprobs and policy hash come from
+    two policies equal to fp32 rounding), so policy 1 of either update samples the same completions; the
     logprobs agree to fp32 rounding and every update metric to its rounding (rel 1e-4)."""
     import math
     from pathlib import Path
@@ -127,10 +127,10 @@ def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_
             assert parts, (k, stage)
             for p in parts:
                 a, b = read(p), read(off / p.relative_to(on))
-                if k == 1 and stage == "rollout":  # policy 1 differs in its last bits: so do the sampler's logprobs
+                if k == 1 and stage == "rollout":  # policy 1 differs in its last bits: so do its hash and the sampler's logprobs
                     for x, y in zip(a.column("sampler_logprobs").to_pylist(), b.column("sampler_logprobs").to_pylist()):
                         assert len(x) == len(y) and max((abs(u - v) for u, v in zip(x, y)), default=0) <= 1e-4
-                    a, b = a.drop_columns(["sampler_logprobs"]), b.drop_columns(["sampler_logprobs"])
+                    a, b = (t.drop_columns(["sampler_logprobs", "policy_hash"]) for t in (a, b))
                 assert a.equals(b), (k, stage, p.name)
         for p in sorted((on / f"iter-{k:04d}/logprobs").glob("part-*.parquet")):
             for ra, rb in zip(read(p).to_pylist(), read(off / p.relative_to(on)).to_pylist()):

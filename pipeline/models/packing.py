@@ -189,15 +189,13 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def packed_hidden(decoder, packed: Packed, precision: str) -> torch.Tensor:
+def packed_hidden(decoder, packed: Packed, arithmetic) -> torch.Tensor:
     """Hidden states [M, H] that predict the completion tokens, from one forward over the packed
-    sequence."""
-    from pipeline.models.tokens import autocast
-
+    sequence under the `arithmetic` context (tokens.autocast)."""
     install(decoder)
     pieces = Pieces.from_positions(packed.position_ids[0].tolist())
     ones = torch.ones_like(packed.input_ids)  # no padding: SDPA's mask is skipped, the pieces do the masking
-    with autocast(precision):
+    with arithmetic:
         hidden = decoder(input_ids=packed.input_ids, attention_mask=ones, position_ids=packed.position_ids,
                          use_cache=False, packed=pieces).last_hidden_state  # [1, N, H]
     return hidden[0].index_select(0, packed.src)

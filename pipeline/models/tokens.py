@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.models.device_plan import CHUNK_TOKENS  # the memory estimate and the computation share it
 from pipeline.models.packing import Packed, packed_hidden
 
 
@@ -103,9 +104,6 @@ class Batch:
                      packed=None if self.packed is None else self.packed.to(device))
 
 
-CHUNK_TOKENS = 1024
-"""Completion tokens per pass through the LM head: the [tokens, V] logits of one chunk are the
-largest tensor a logprob computation holds, whatever the batch (1024 x 49k fp32 = 200 MB)."""
 ROW_BLOCK = 128
 """Rows of a chunk's logits that the softmax arithmetic (logsumexp, entropy, their gradient)
 works on at a time, in place, so a chunk costs one [tokens, V] buffer and not three."""
@@ -246,7 +244,7 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     dev = batch.input_ids.device
     flat = batch.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [N] active (b, t) in B*T order
     if batch.packed is not None:
-        h = packed_hidden(model.get_decoder(), batch.packed, precision)  # [N, H]
+        h = packed_hidden(model.get_decoder(), batch.packed, autocast(precision))  # [N, H]
     else:
         if batch.prompts is not None:
             hidden = _shared_prompt_hidden(model.get_decoder(), batch, precision)  # [B, T, H]
