@@ -57,13 +57,14 @@ def workload(tok, spec: str) -> tuple[list[list[int]], list[list[int]]]:
 
 
 class Peak:
-    """Peak RSS (MB) of this process over a phase, sampled every 10 ms on a thread."""
+    """Wall and CPU seconds (all threads: the honest figure on a shared machine) and peak RSS (MB)
+    of this process over a phase, sampled every 10 ms on a thread."""
 
     def __enter__(self):
         import threading
 
         self.base, self.peak, self._stop = current_rss_mb(), current_rss_mb(), threading.Event()
-        self.t0 = time.perf_counter()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def loop():
             while not self._stop.wait(0.01):
@@ -74,13 +75,14 @@ class Peak:
         return self
 
     def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.t0
+        self.seconds, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, current_rss_mb())
 
     def row(self) -> dict:
-        return {"s": round(self.seconds, 3), "peak_mb": round(self.peak), "above_mb": round(self.peak - self.base)}
+        return {"s": round(self.seconds, 3), "cpu_s": round(self.cpu, 3), "peak_mb": round(self.peak),
+                "above_mb": round(self.peak - self.base)}
 
 
 def padded_share(prompts, comps, pieces, packed: bool, shared: bool = True) -> float:
@@ -215,17 +217,18 @@ def section(result: dict) -> list[str]:
            "above the loaded model. TRL 1.16 GRPOTrainer with its fused LM head, micro-batches of 2 rows. "
            f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores; `uptime` before: {result['uptime_before']}; "
            f"after: {result['uptime_after']} (other workers share this machine).", "",
-           "| completion tokens | impl | logprobs s | logprobs MB | update s | update MB | padded share | update s / TRL |",
+           "| completion tokens | impl | logprobs s (CPU s) | logprobs MB | update s (CPU s) | update MB | padded share | update CPU s / TRL |",
            "|---|---|---|---|---|---|---|---|"]
     for spec, rows in result["runs"].items():
-        base = rows.get("trl", {}).get("update", {}).get("s")
+        base = rows.get("trl", {}).get("update", {}).get("cpu_s")
         for impl, r in rows.items():
             if "error" in r:
                 out.append(f"| {spec} | {impl} | error: {r['error']} | | | | | |")
                 continue
-            ratio = f"{r['update']['s'] / base:.2f}" if base else "-"
-            out.append(f"| {spec} | {impl} | {r['logprobs']['s']:.2f} | {r['logprobs']['above_mb']} | {r['update']['s']:.2f} | "
-                       f"{r['update']['above_mb']} | {100 * r['padded_share']:.1f} % | {ratio} |")
+            ratio = f"{r['update']['cpu_s'] / base:.2f}" if base else "-"
+            lp, up = r["logprobs"], r["update"]
+            out.append(f"| {spec} | {impl} | {lp['s']:.1f} ({lp['cpu_s']:.1f}) | {lp['above_mb']} | {up['s']:.1f} ({up['cpu_s']:.1f}) | "
+                       f"{up['above_mb']} | {100 * r['padded_share']:.1f} % | {ratio} |")
     out += ["", f"![seconds and memory against completion length]({PLOT.name})", ""]
     return out
 
@@ -240,9 +243,9 @@ def plot(result: dict) -> None:
     specs = [s for s in result["runs"] if s != "mix"]
     for impl in ("packed", "padded", "trl"):
         xs = [int(s) for s in specs if "update" in result["runs"][s].get(impl, {})]
-        for ax, key in zip(axes, ("s", "above_mb")):
+        for ax, key in zip(axes, ("cpu_s", "above_mb")):
             ax.plot(xs, [result["runs"][str(x)][impl]["update"][key] for x in xs], marker="o", label=impl)
-    for ax, label in zip(axes, ("update seconds (one step, 8 rows)", "update peak MB above the model")):
+    for ax, label in zip(axes, ("update CPU seconds (one step, 8 rows)", "update peak MB above the model")):
         ax.set_xlabel("completion tokens per row")
         ax.set_ylabel(label)
         ax.set_xscale("log", base=2)
