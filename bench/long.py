@@ -162,6 +162,7 @@ def trl(model_dir: str, spec: str) -> dict:
                           train_dataset=Dataset.from_dict({"prompt": ["x"] * ROWS}), processing_class=tok)
     model = trainer.model
     model.train()
+    trainer.current_gradient_accumulation_steps = ROWS // TRL_MICRO  # what its train() loop sets: its loss divides by it
     Lp, T = max(map(len, prompts)), max(map(len, comps))
     pid = torch.full((ROWS, Lp), tok.pad_token_id or 0)
     pmask = torch.zeros((ROWS, Lp), dtype=torch.long)
@@ -189,7 +190,7 @@ def trl(model_dir: str, spec: str) -> dict:
             loss = trainer.compute_loss(model, {"prompt_ids": pid[sl], "prompt_mask": pmask[sl], "completion_ids": cid[sl, :t],
                                                 "completion_mask": cmask[sl, :t], "advantages": adv[sl],
                                                 "num_items_in_batch": cmask.sum()})
-            (loss / (ROWS // TRL_MICRO)).backward()
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     out["update"] = up.row()
