@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent bench-ray docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent bench-ray bench-long docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,12 @@ bench-agent: $(STAMP)
 # in-process iterate (bench/ray.py): a two-node Ray cluster on this machine, a core each
 bench-ray: $(STAMP)
 	$(BIN)/python -m bench.ray
+
+# the logprobs pass and one update step at completion lengths 256..4096 and an uneven mix, packed and
+# padded, beside TRL 1.16's GRPOTrainer (bench/long.py); LENGTHS=256,1024 picks the sizes
+bench-long: $(STAMP)
+	$(BIN)/pip install -q -e ".[real,bench]"
+	$(BIN)/python -m bench.long $(if $(LENGTHS),--lengths $(LENGTHS))
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.

@@ -470,6 +470,11 @@ def render(results: dict) -> str:
         from bench.agent import section as agent_section
 
         out += agent_section(json.loads(agent.read_text()))
+    long = ROOT / "long.json"  # `make bench-long` (bench/long.py)
+    if long.exists():
+        from bench.long import section as long_section
+
+        out += long_section(json.loads(long.read_text()))
     out += ["## Definitions", "",
             "- tokens/s: completion tokens processed per second (update: once per epoch).",
             "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "

@@ -146,17 +146,17 @@ class TrainConfig(_Section):
     token_budget: int = Field(8192, ge=64)
     """Tokens per forward pass when computing logprobs (batches are cut by this budget)."""
     update_token_budget: int = Field(1024, ge=64)
-    """Padded tokens (prompt + completion) per forward/backward pass in the update: a micro-batch
-    larger than this is cut into pieces whose gradients add up to the micro-batch's (the loss is
-    unchanged), so the update's memory scales with this budget, not with mini_batch_size.
-    SmolLM2-135M holds ~1.5 MB of activations per token; 1024 costs ~4% of the update's time
-    against 2048 and 1.3 GB less peak memory, 512 costs 25%."""
+    """Tokens (real ones when packed, else padded) per forward/backward piece of the update: a
+    larger micro-batch runs as pieces whose gradients add up to its own, so memory follows this
+    budget (or one longer row), not mini_batch_size. 1024 costs SmolLM2-135M ~4% of the update's
+    time against 2048 and 1.3 GB less peak memory, 512 costs 25%."""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Padding-free batches in the logprobs stage and the update (docs/performance.md): auto packs
+    where the model's attention allows (SDPA, no sliding window), on requires it, off pads rows."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (HF's
     gradient checkpointing, non-reentrant): the update's activations shrink to ~1/10 for about a
-    third more update time. A group's prompt then runs once per row instead of once per group
-    (HF's checkpointed layers cannot write the shared prompt's KV cache), and the token budget
-    counts it per row."""
+    third more update time. Unpacked, a group's prompt then runs once per row (no KV cache)."""
     old_logprobs: Literal["auto", "pass"] = "auto"
     """Where the update's old-policy logprobs (the ratio's denominator) come from. `pass`: a
     separate teacher-forced pass in the logprobs stage. `auto` (default): the same, except when
@@ -294,6 +294,7 @@ def load(path: str | Path, sets: list[str] | None = None) -> Config:
 
 ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "gradient_checkpointing"): False,
+    ("train", "packing"): "off",  # right-padded batches, as before
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
     **AGENT_NEUTRAL,
     ("train", "max_staleness"): 0,

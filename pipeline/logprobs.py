@@ -18,6 +18,7 @@ import torch
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.models.lora import AdapterOff
+from pipeline.models.packing import resolve as resolve_packing
 from pipeline.models.policy import LogprobModels
 from pipeline.iteration_plan import iteration_plan
 from pipeline.store import stage_rel
@@ -28,10 +29,13 @@ from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, ROLLOUT
 
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, budget: int, pad_id: int = 0,
-                      precision: str = "fp32") -> list[np.ndarray]:
+                      precision: str = "fp32", packing: str = "off") -> list[np.ndarray]:
+    """`packing`: train.packing (padding-free batches where the model allows)."""
     out: list[np.ndarray | None] = [None] * len(prompt_ids)
-    for idx in shared_budget_batches(prompt_ids, completion_ids, budget):  # a group's rows are adjacent in a rollout
-        batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id, share_prompts=True).to(model.device)
+    packed = resolve_packing(packing, model)
+    for idx in shared_budget_batches(prompt_ids, completion_ids, budget, packed=packed):  # a group's rows are adjacent in a rollout
+        batch = Batch.build([prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id, share_prompts=True,
+                            packed=packed).to(model.device)
         logp, _ = token_logprobs(model, batch, temperature, precision=precision)
         logp = logp.cpu()
         for j, i in enumerate(idx):
@@ -40,23 +44,24 @@ def sequence_logprobs(model, prompt_ids, completion_ids, temperature: float, bud
 
 
 def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, budget: int, k: int,
-                   precision: str = "fp32", ref_is_old: bool = False) -> pa.Table:
+                   precision: str = "fp32", ref_is_old: bool = False, packing: str = "off") -> pa.Table:
     """`ref_is_old`: the reference is the old policy itself (iteration 0 without a separate
     ref_model), so its logprobs are the old ones, computed once. `old_model` None: the update
     takes the old logprobs from its own forward (`Config.old_from_update`); the old and gap
     columns stay null here and the update stores what it used."""
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()
-    old = None if old_model is None else sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision)
+    old = None if old_model is None else sequence_logprobs(old_model, prompts, comps, temperature, budget, precision=precision,
+                                                           packing=packing)
     if ref_model is None:
         ref = None
     elif ref_is_old:
         ref = old
     elif isinstance(ref_model, AdapterOff):  # LoRA: the same loaded base, adapter disabled
         with ref_model.active() as base:
-            ref = sequence_logprobs(base, prompts, comps, temperature, budget, precision=precision)
+            ref = sequence_logprobs(base, prompts, comps, temperature, budget, precision=precision, packing=packing)
     else:
-        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision)
+        ref = sequence_logprobs(ref_model, prompts, comps, temperature, budget, precision=precision, packing=packing)
     for name, values in (("old_logprobs", old or []), ("ref_logprobs", ref or [])):
         for i, v in enumerate(values):
             if not np.isfinite(v).all():
@@ -122,7 +127,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
         return logprobs_table(rollout, old_model, ref_model, cfg.rollout.temperature, cfg.train.token_budget, k, precision,
-                              ref_is_old)
+                              ref_is_old, cfg.train.packing)
 
     inputs = {
         "rollout": upstream(run, k, "rollout"),

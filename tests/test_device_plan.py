@@ -128,6 +128,27 @@ def test_trainer_estimates_full_bf16_and_lora():
     assert dp.trainer_bytes(shape, d, OLD_GPU)[0] == 4 * P + 78_151_680 + 538_060_032  # no bf16: the base stays fp32
 
 
+def test_a_long_completion_is_one_piece_and_a_length_that_cannot_fit_is_refused():
+    """A row longer than train.update_token_budget runs as a piece of its own: the estimate's
+    activations grow with its tokens, the LM head's logits stay one 1024-token chunk."""
+    shape = ModelShape.from_config(SMOLLM2)
+    short = make_cfg(rollout={"max_new_tokens": 512})
+    assert dp.piece_tokens(short) == 1024  # 256 (prompt allowance) + 512 fits the budget
+    resident, peak = dp.trainer_bytes(shape, short, H100)
+    assert peak - resident == dp.ACTIVATION_BYTES * 576 * 30 * 1024 + 2 * 4 * 1024 * 49152
+    long = make_cfg(rollout={"max_new_tokens": 16384})
+    assert dp.piece_tokens(long) == 256 + 16384
+    resident, peak = dp.trainer_bytes(shape, long, H100)
+    assert peak - resident == dp.ACTIVATION_BYTES * 576 * 30 * 16640 + 2 * 4 * 1024 * 49152  # linear in tokens
+    dp.check_trainer(peak, H100)  # 16k tokens of SmolLM2 fit 80 GiB
+    longer = make_cfg(rollout={"max_new_tokens": 65536})
+    with pytest.raises(GRPOError, match=r"^GPU \(80.0 GiB\): the trainer needs ~\d+.\d GiB .*rollout.max_new_tokens") as err:
+        dp.check_trainer(dp.trainer_bytes(shape, longer, H100)[1], H100)
+    assert "\n" not in str(err.value)
+    pinned = make_cfg(rollout={"max_new_tokens": 65536, "max_model_len": 2048})  # the engine cuts rows at 2048 tokens
+    assert dp.piece_tokens(pinned) == 2048
+
+
 def test_engine_minimum_is_weights_one_sequence_of_kv_and_the_overhead():
     shape = ModelShape.from_config(SMOLLM2)
     # 2 x 134,515,008 + 23,040 x 2048 + 1 GiB

@@ -34,8 +34,16 @@ CPU_UTILIZATION = 0.5
 ENGINE_OVERHEAD = 1 * GiB
 """vLLM beyond weights and KV cache: CUDA context, its profiling forward, CUDA graphs' pool."""
 ACTIVATION_BYTES = 88
-"""Bytes kept for the backward per token, per layer and per unit of hidden size: SmolLM2-135M
-(hidden 576, 30 layers) keeps ~1.5 MB per token in fp32 (train.update_token_budget's note)."""
+"""Bytes kept for the backward per token, per layer and per unit of hidden size. Measured on the
+CPU (SmolLM2-135M, hidden 576, 30 layers, fp32, lean forwards, one packed row; peak RSS above
+the model in the backward): 1767 MiB at 552 tokens, 2730 MiB at 2088, a slope of 31 bytes once
+the head's chunk is taken out, over ~1.25 GiB that does not grow with tokens (allocator, oneDNN
+scratch). 88 is kept: above the measured peak from ~1.5k tokens on (3.4 against 2.7 GiB at 2088),
+so a length is refused early rather than late; a two-term fit awaits a GPU measurement."""
+CHUNK_TOKENS = 1024
+"""Completion tokens per pass through the LM head (pipeline.models.tokens): the [tokens, V] logits
+of one chunk are the largest tensor a logprob computation holds, whatever the batch (1024 x 49k
+fp32 = 200 MB)."""
 CHECKPOINTED_SHARE = 0.1
 """Activations kept under train.gradient_checkpointing, against without (the option's note)."""
 
@@ -166,8 +174,8 @@ def _bytes(dtype: str) -> int:
 def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tuple[int, int]:
     """(resident, peak) GPU bytes of `iterate`'s side beside the engine: the trainer's weights,
     gradients and AdamW states, and the logprob models `iterate` keeps; the peak adds the
-    update's activations for `train.update_token_budget` tokens and the LM head's [tokens, vocab]
-    fp32 logits and their gradient.
+    update's activations for one piece (`piece_tokens`) and the LM head's fp32 logits and their
+    gradient for one chunk of at most `CHUNK_TOKENS` tokens.
 
     Full fine-tuning: fp32 weights, gradients, two moments = 16 bytes per parameter; with
     train.bf16, bf16 weights and gradients, fp32 master, fp32 gradient accumulator and moments =
@@ -178,11 +186,21 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
 
     t = cfg.train
     resident, kept = policy_kind(cfg).trainer_bytes(shape, resolve_precision(t.precision, device) == "bf16", world)
-    tokens = t.update_token_budget
+    tokens = piece_tokens(cfg)
     act = ACTIVATION_BYTES * shape.hidden * shape.layers * tokens
     act = int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act
-    head = 2 * 4 * tokens * shape.vocab  # [tokens, V] fp32 logits and their gradient
+    head = 2 * 4 * min(tokens, CHUNK_TOKENS) * shape.vocab  # one chunk's [tokens, V] fp32 logits and their gradient
     return resident + kept, resident + kept + act + head
+
+
+def piece_tokens(cfg) -> int:
+    """The most tokens one forward/backward piece of the update holds: train.update_token_budget,
+    or one row alone when a row is longer (a prompt allowance, or rollout.max_model_len, plus the
+    longest completion): memory grows with the real tokens of the longest row, not with V x it."""
+    from pipeline.models.engine_memory import PROMPT_ALLOWANCE
+
+    row = cfg.rollout.max_model_len or PROMPT_ALLOWANCE + cfg.rollout.completion_budget()
+    return max(cfg.train.update_token_budget, row)
 
 
 def engine_min_bytes(shape: ModelShape, dtype: str, max_model_len: int, tensor_parallel: int = 1) -> int:
@@ -201,8 +219,8 @@ def check_trainer(peak: int, device: Device) -> None:
     """The trainer's peak (`trainer_bytes`) fits on one GPU, less the margin."""
     if device.cuda and peak + margin_bytes(device) > device.total_bytes:
         raise GRPOError(f"GPU ({device.gib()}): the trainer needs ~{peak / GiB:.1f} GiB at its peak (weights, gradients, "
-                        "optimizer, logprob models, activations), more than the GPU holds; use train.lora, "
-                        "train.gradient_checkpointing, a lower train.update_token_budget or a smaller model")
+                        "optimizer, logprob models, activations of the longest piece), more than the GPU holds; use train.lora, "
+                        "train.gradient_checkpointing, a lower train.update_token_budget or rollout.max_new_tokens, or a smaller model")
 
 
 @dataclass(frozen=True)

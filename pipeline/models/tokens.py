@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.models.device_plan import CHUNK_TOKENS  # the memory estimate and the computation share it
+from pipeline.models.packing import Packed, packed_hidden
+
 
 @dataclass
 class Prompts:
@@ -58,6 +61,8 @@ class Batch:
     loss_mask: torch.Tensor | None = None
     """[B, T] 1 on the completion tokens the model sampled: completion_mask times the episode's
     mask (0 on a tool result the episode put there); what the loss, KL and token counts count."""
+    packed: Packed | None = None
+    """The rows' real tokens back to back (`pipeline.models.packing`), what the forward runs when set."""
 
     def __post_init__(self):
         if self.loss_mask is None:
@@ -65,8 +70,9 @@ class Batch:
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
-              share_prompts: bool = False, episode_masks: list | None = None) -> "Batch":
-        """`episode_masks`: each row's rollout completion_mask (None: every token sampled)."""
+              share_prompts: bool = False, episode_masks: list | None = None, packed: bool = False) -> "Batch":
+        """`episode_masks`: each row's rollout completion_mask (None: every token sampled);
+        `packed`: the forward runs the rows padding-free (a shared prompt once when `share_prompts`)."""
         B = len(prompt_ids)
         L = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
         T = max(1, max(len(c) for c in completion_ids))
@@ -87,17 +93,17 @@ class Batch:
             for i, m in enumerate(episode_masks):
                 if m is not None:
                     loss_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32)
+        if packed:
+            return cls(ids, attn, cmask, comp, starts, None, loss_mask, Packed.build(prompt_ids, completion_ids, share_prompts))
         return cls(ids, attn, cmask, comp, starts, Prompts.shared(prompt_ids, pad_id) if share_prompts else None, loss_mask)
 
     def to(self, device) -> "Batch":
         """The same batch on `device` (the model's: a GPU where the trainer runs on one)."""
         return Batch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "completion_mask", "completion_ids", "starts")),
-                     prompts=None if self.prompts is None else self.prompts.to(device), loss_mask=self.loss_mask.to(device))
+                     prompts=None if self.prompts is None else self.prompts.to(device), loss_mask=self.loss_mask.to(device),
+                     packed=None if self.packed is None else self.packed.to(device))
 
 
-CHUNK_TOKENS = 1024
-"""Completion tokens per pass through the LM head: the [tokens, V] logits of one chunk are the
-largest tensor a logprob computation holds, whatever the batch (1024 x 49k fp32 = 200 MB)."""
 ROW_BLOCK = 128
 """Rows of a chunk's logits that the softmax arithmetic (logsumexp, entropy, their gradient)
 works on at a time, in place, so a chunk costs one [tokens, V] buffer and not three."""
@@ -236,18 +242,20 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     """
     B, T = batch.completion_ids.shape
     dev = batch.input_ids.device
-    if batch.prompts is not None:
-        hidden = _shared_prompt_hidden(model.get_decoder(), batch, precision)  # [B, T, H]
-        pos = torch.arange(T, device=dev).unsqueeze(0).expand(B, T)  # the logit predicting token t sits at t
-    else:
-        with autocast(precision):
-            hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
-        # the logit predicting completion token t sits at position start + t - 1
-        pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T, device=dev).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
-    H = hidden.shape[-1]
     flat = batch.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [N] active (b, t) in B*T order
-    rows = (pos + torch.arange(B, device=dev).unsqueeze(1) * hidden.shape[1]).reshape(-1)[flat]  # [N] into [B*L]
-    h = hidden.reshape(-1, H).index_select(0, rows)  # [N, H]
+    if batch.packed is not None:
+        h = packed_hidden(model.get_decoder(), batch.packed, autocast(precision))  # [N, H]
+    else:
+        if batch.prompts is not None:
+            hidden = _shared_prompt_hidden(model.get_decoder(), batch, precision)  # [B, T, H]
+            pos = torch.arange(T, device=dev).unsqueeze(0).expand(B, T)  # the logit predicting token t sits at t
+        else:
+            with autocast(precision):
+                hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # [B, L, H]
+            # the logit predicting completion token t sits at position start + t - 1
+            pos = (batch.starts.unsqueeze(1) - 1 + torch.arange(T, device=dev).unsqueeze(0)).clamp(max=hidden.shape[1] - 1)  # [B, T]
+        rows = (pos + torch.arange(B, device=dev).unsqueeze(1) * hidden.shape[1]).reshape(-1)[flat]  # [N] into [B*L]
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)  # [N, H]
     ids = batch.completion_ids.reshape(-1)[flat]  # [N]
     head = model.get_output_embeddings()
     zero3 = hasattr(head.weight, "ds_id")  # gathered only inside the module's own call: autograd through it
@@ -263,7 +271,7 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
     def scatter(parts) -> torch.Tensor:
         # no active token: an empty tensor that still hangs off the graph, so backward() works
-        vals = torch.cat(parts) if parts else (hidden.sum() * 0.0).expand(0)
+        vals = torch.cat(parts) if parts else (h.sum() * 0.0).expand(0)
         return torch.zeros(B * T, dtype=torch.float32, device=dev).index_put((flat,), vals.float()).reshape(B, T)
 
     return scatter(lps), (scatter(ents) if with_entropy else None)
@@ -293,29 +301,33 @@ def _shared_prompt_hidden(decoder, batch: Batch, precision: str) -> torch.Tensor
 
 
 def shared_budget_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], budget: int,
-                          shared: bool = True) -> list[list[int]]:
+                          shared: bool = True, packed: bool = False) -> list[list[int]]:
     """Consecutive index groups that fit the token budget as `token_logprobs` runs them with
     shared prompts: distinct prompts x longest prompt + rows x longest completion where a prompt
-    repeats, rows x longest prompt + completion where none does (or, `shared` False, always).
-    Rows of one prompt must be adjacent to share it."""
+    repeats, rows x longest prompt + completion where none does (or, `shared` False, always);
+    `packed`: the real tokens `Packed` lays out (each distinct prompt once when `shared`). Rows
+    of one prompt must be adjacent to share it."""
     out: list[list[int]] = []
     cur: list[int] = []
     keys: set = set()
-    lp = lc = lpc = 0
+    lp = lc = lpc = real = 0
 
-    def cost(n: int, p: int, a: int, b: int, ab: int) -> int:
+    def cost(n: int, p: int, a: int, b: int, ab: int, r: int) -> int:
+        if packed:
+            return r
         return p * a + n * b if shared and p < n else n * ab
 
     for i, (pi, ci) in enumerate(zip(prompt_ids, completion_ids)):
         key = tuple(pi)
-        new = (len(keys) + (key not in keys), max(lp, len(pi)), max(lc, len(ci)), max(lpc, len(pi) + len(ci)))
+        r = real + max(0, len(ci) - 1) + (len(pi) if key not in keys or not shared else 0)
+        new = (len(keys) + (key not in keys), max(lp, len(pi)), max(lc, len(ci)), max(lpc, len(pi) + len(ci)), r)
         if cur and cost(len(cur) + 1, *new) > budget:
             out.append(cur)
             cur, keys = [], set()
-            new = (1, len(pi), len(ci), len(pi) + len(ci))
+            new = (1, len(pi), len(ci), len(pi) + len(ci), len(pi) + max(0, len(ci) - 1))
         cur.append(i)
         keys.add(key)
-        _, lp, lc, lpc = new
+        _, lp, lc, lpc, real = new
     if cur:
         out.append(cur)
     return out

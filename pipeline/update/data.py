@@ -76,11 +76,11 @@ class UpdateData:
         """Tokens the model sampled in rows `idx`."""
         return int(self.model_tokens[idx].sum())
 
-    def batch(self, idx, share_prompts: bool = True):
+    def batch(self, idx, share_prompts: bool = True, packed: bool = False):
         """(batch, old [B, T] or None when this forward gives them (first epoch), ref or None,
         advantages, sampler [B, T] or None when no `loss.rollout_correction` needs them)."""
         b = Batch.build([self.prompt_ids[i] for i in idx], [self.completion_ids[i] for i in idx], share_prompts=share_prompts,
-                        episode_masks=[self.masks[i] for i in idx])
+                        episode_masks=[self.masks[i] for i in idx], packed=packed)
         T = b.completion_mask.shape[1]
         if self.old_from_update:
             recorded = [int(i) in self.used_old for i in idx]

@@ -22,6 +22,7 @@ import torch
 from pipeline import grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
+from pipeline.models import packing
 from pipeline.models.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.plan import steps_per_iter
@@ -82,7 +83,9 @@ class Trainer:
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
         self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
-        self.share_prompts = not cfg.train.gradient_checkpointing  # a checkpointed layer cannot write the prompts' KV cache
+        self.packed = packing.resolve(cfg.train.packing, model)  # padding-free pieces (pipeline.models.packing)
+        # a checkpointed layer cannot write the padded path's shared-prompt KV cache; a packed piece needs none
+        self.share_prompts = self.packed or not cfg.train.gradient_checkpointing
         a = cfg.advantages.kl_in_reward
         self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
         if state_dir is not None:
@@ -244,7 +247,7 @@ class Trainer:
         cfg = self.cfg
         idx = idx[np.argsort(data.prompt_key[idx], kind="stable")]  # a group's rows side by side: its prompt runs once per piece
         pieces = [idx[list(p)] for p in shared_budget_batches([data.prompt_ids[i] for i in idx], [data.completion_ids[i] for i in idx],
-                                                              cfg.train.update_token_budget, shared=self.share_prompts)]
+                                                              cfg.train.update_token_budget, shared=self.share_prompts, packed=self.packed)]
         boundary = self.engine.is_gradient_accumulation_boundary()
         rows, tokens, out = len(idx), max(1, data.mask_sum(idx)), {}
         for j, piece in enumerate(pieces):
@@ -259,7 +262,7 @@ class Trainer:
     def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         dev = self.engine.device
-        batch, old, ref, adv, sampler = data.batch(idx, share_prompts=self.share_prompts)
+        batch, old, ref, adv, sampler = data.batch(idx, share_prompts=self.share_prompts, packed=self.packed)
         batch, adv = batch.to(dev), adv.to(dev)
         ref = ref.to(dev) if ref is not None else None
         sampler = sampler.to(dev) if sampler is not None else None

@@ -1,0 +1,294 @@
+"""`make bench-long`: the logprobs pass and one update step as completions grow, ours (packed
+and right-padded) beside TRL 1.16's GRPOTrainer (its fused LM head on) on identical work.
+
+    python -m bench.long [--lengths 256,1024,2048,4096,mix] [--impls packed,padded,trl]
+
+The work: SmolLM2-135M-Instruct (fp32), 2 chat-rendered word problems x G=4 = 8 rows, each with a
+made-up completion (seeded random tokens, a replayed rollout: no generation is timed) of the
+forced length, or the uneven `mix` (most short, one long: an agent episode's tail, shuffled so
+the long row does not sit with its like). Per length and implementation, in a fresh process:
+seconds and peak RSS above the loaded model of (a) the logprobs pass (no grad, over the batch)
+and (b) one optimizer step over the 8 rows (forward, backward, AdamW). Ours runs
+`token_logprobs` in `train.update_token_budget` pieces (default 1024 tokens), as the trainer does,
+with its loss; TRL runs `_get_per_token_logps_and_entropies` and `compute_loss` (loss_type grpo,
+beta 0) in micro-batches of 2 rows, the way its trainer does. The padded-token share is the
+share of the tokens a forward runs that are padding. Results: bench/long.json, the plot
+bench/long.png and the "Long completions" section of bench/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.probes import current_rss_mb, loadavg, machine_info
+
+ROOT = Path(__file__).resolve().parent
+OUT, PLOT = ROOT / "long.json", ROOT / "long.png"
+ROWS, G, SEED = 8, 4, 0
+MIX = [48, 64, 80, 96, 128, 160, 512, 2048]
+"""The uneven mix's completion lengths (shuffled): mean 392, longest 2048."""
+TRL_MICRO = 2
+"""TRL's rows per forward/backward (per_device_train_batch_size, gradient accumulation 4)."""
+
+
+def lengths_of(spec: str) -> list[int]:
+    lengths = MIX[:] if spec == "mix" else [int(spec)] * ROWS
+    random.Random(SEED).shuffle(lengths)
+    return lengths
+
+
+def workload(tok, spec: str) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, completion ids) of the 8 rows: G rows per prompt, adjacent."""
+    from bench.real import problem
+
+    rng = random.Random(SEED)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": problem(rng)["prompt"]}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=False) for _ in range(ROWS // G)]
+    g = random.Random(SEED + 1)
+    comps = [[g.randrange(100, tok.vocab_size) for _ in range(n)] for n in lengths_of(spec)]
+    return [list(prompts[i // G]) for i in range(ROWS)], comps
+
+
+class Peak:
+    """Wall and CPU seconds (all threads: the honest figure on a shared machine) and peak RSS (MB)
+    of this process over a phase, sampled every 10 ms on a thread."""
+
+    def __enter__(self):
+        import threading
+
+        self.base, self.peak, self._stop = current_rss_mb(), current_rss_mb(), threading.Event()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+        def loop():
+            while not self._stop.wait(0.01):
+                self.peak = max(self.peak, current_rss_mb())
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_mb())
+
+    def row(self) -> dict:
+        return {"s": round(self.seconds, 3), "cpu_s": round(self.cpu, 3), "peak_mb": round(self.peak),
+                "above_mb": round(self.peak - self.base)}
+
+
+def padded_share(prompts, comps, pieces, packed: bool, shared: bool = True) -> float:
+    """Padding over the tokens the forwards run: a padded piece runs distinct prompts x longest
+    prompt + rows x longest completion (rows x longest prompt + completion where no prompt
+    repeats), a packed one its real tokens."""
+    if packed:
+        return 0.0
+    run = real = 0
+    for idx in pieces:
+        ps, cs = [prompts[i] for i in idx], [comps[i] for i in idx]
+        distinct = {tuple(p) for p in ps}
+        lp, lc = max(map(len, ps)), max(map(len, cs))
+        if shared and len(distinct) < len(idx):
+            run += len(distinct) * lp + len(idx) * lc
+            real += sum(len(p) for p in distinct) + sum(map(len, cs))
+        else:
+            run += len(idx) * max(len(p) + len(c) for p, c in zip(ps, cs))
+            real += sum(len(p) + len(c) for p, c in zip(ps, cs))
+    return 1 - real / run
+
+
+def ours(model_dir: str, spec: str, packed: bool) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline import grpo
+    from pipeline.config import TrainConfig
+    from pipeline.loss_config import LossConfig
+    from pipeline.models import fused
+    from pipeline.models.tokens import Batch, shared_budget_batches, token_logprobs
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    fused.lean_activations(model)
+    prompts, comps = workload(tok, spec)
+    train = TrainConfig()
+    out = {}
+    with torch.no_grad(), Peak() as lp:
+        for idx in shared_budget_batches(prompts, comps, train.token_budget, packed=packed):
+            token_logprobs(model, Batch.build([prompts[i] for i in idx], [comps[i] for i in idx], share_prompts=True, packed=packed), 1.0)
+    out["logprobs"] = lp.row()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    adv = torch.randn(ROWS, generator=torch.Generator().manual_seed(SEED))
+    tokens = sum(map(len, comps))
+    pieces = shared_budget_batches(prompts, comps, train.update_token_budget, packed=packed)
+    with Peak() as up:
+        for idx in pieces:
+            b = Batch.build([prompts[i] for i in idx], [comps[i] for i in idx], share_prompts=True, packed=packed)
+            logp, ent = token_logprobs(model, b, 1.0, with_entropy=True)
+            loss, _ = grpo.policy_loss(logp, logp.detach(), adv[idx], b.loss_mask, LossConfig(), num_items=tokens,
+                                       entropy=ent.detach(), max_completion_length=max(map(len, comps)))
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    out["update"] = up.row()
+    out["padded_share"] = round(padded_share(prompts, comps, pieces, packed), 4)
+    out["pieces"] = len(pieces)
+    return out
+
+
+def trl(model_dir: str, spec: str) -> dict:
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompts, comps = workload(tok, spec)
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=TRL_MICRO, gradient_accumulation_steps=ROWS // TRL_MICRO,
+                      num_generations=G, max_completion_length=max(map(len, comps)), beta=0.0, loss_type="grpo", use_cpu=True,
+                      bf16=False, gradient_checkpointing=False, report_to=[], learning_rate=1e-6, logging_steps=1)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["x"] * ROWS}), processing_class=tok)
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = ROWS // TRL_MICRO  # what its train() loop sets: its loss divides by it
+    Lp, T = max(map(len, prompts)), max(map(len, comps))
+    pid = torch.full((ROWS, Lp), tok.pad_token_id or 0)
+    pmask = torch.zeros((ROWS, Lp), dtype=torch.long)
+    cid = torch.full((ROWS, T), tok.pad_token_id or 0)
+    cmask = torch.zeros((ROWS, T), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, comps)):
+        pid[i, Lp - len(p):], pmask[i, Lp - len(p):] = torch.tensor(p), 1  # TRL left-pads prompts
+        cid[i, : len(c)], cmask[i, : len(c)] = torch.tensor(c), 1
+    adv = torch.randn(ROWS, generator=torch.Generator().manual_seed(SEED))
+    out, run = {}, 0
+    with torch.no_grad(), Peak() as lp:
+        for s in range(0, ROWS, TRL_MICRO):  # TRL's old-logprob pass, per micro-batch as it slices the generation batch
+            sl = slice(s, s + TRL_MICRO)
+            t = int(cmask[sl].sum(1).max())  # TRL trims each micro-batch's padding to its longest completion
+            trainer._get_per_token_logps_and_entropies(model, torch.cat([pid[sl], cid[sl, :t]], 1), torch.cat([pmask[sl], cmask[sl, :t]], 1),
+                                                       t, batch_size=TRL_MICRO)
+    out["logprobs"] = lp.row()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    real = sum(len(p) + len(c) for p, c in zip(prompts, comps))
+    with Peak() as up:
+        for s in range(0, ROWS, TRL_MICRO):
+            sl = slice(s, s + TRL_MICRO)
+            t = int(cmask[sl].sum(1).max())
+            run += TRL_MICRO * (Lp + t)
+            loss = trainer.compute_loss(model, {"prompt_ids": pid[sl], "prompt_mask": pmask[sl], "completion_ids": cid[sl, :t],
+                                                "completion_mask": cmask[sl, :t], "advantages": adv[sl],
+                                                "num_items_in_batch": cmask.sum()})
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    out["update"] = up.row()
+    out["padded_share"] = round(1 - real / run, 4)
+    return out
+
+
+def one(impl: str, spec: str, out: str) -> None:
+    from pipeline.models.engines import cpu_env
+
+    cpu_env()
+    from bench.real import model_dir
+
+    d = str(model_dir())
+    r = trl(d, spec) if impl == "trl" else ours(d, spec, impl == "packed")
+    Path(out).write_text(json.dumps(r))
+
+
+def section(result: dict) -> list[str]:
+    """bench/results.md's "Long completions" section."""
+    m = result["machine"]
+    out = ["## Long completions (`make bench-long`)", "",
+           f"SmolLM2-135M-Instruct, fp32, {ROWS} rows (2 prompts x G={G}), made-up completions of the forced length (`mix`: "
+           f"{', '.join(map(str, sorted(MIX)))}); one logprobs pass and one optimizer step, each in a fresh process; peak RSS "
+           "above the loaded model. TRL 1.16 GRPOTrainer with its fused LM head, micro-batches of 2 rows. "
+           f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores; `uptime` before: {result['uptime_before']}; "
+           f"after: {result['uptime_after']} (other workers share this machine).", "",
+           "| completion tokens | impl | logprobs s (CPU s) | logprobs MB | update s (CPU s) | update MB | padded share | update CPU s / TRL |",
+           "|---|---|---|---|---|---|---|---|"]
+    for spec, rows in result["runs"].items():
+        base = rows.get("trl", {}).get("update", {}).get("cpu_s")
+        for impl, r in rows.items():
+            if "error" in r:
+                out.append(f"| {spec} | {impl} | error: {r['error']} | | | | | |")
+                continue
+            ratio = f"{r['update']['cpu_s'] / base:.2f}" if base else "-"
+            lp, up = r["logprobs"], r["update"]
+            out.append(f"| {spec} | {impl} | {lp['s']:.1f} ({lp['cpu_s']:.1f}) | {lp['above_mb']} | {up['s']:.1f} ({up['cpu_s']:.1f}) | "
+                       f"{up['above_mb']} | {100 * r['padded_share']:.1f} % | {ratio} |")
+    out += ["", f"![seconds and memory against completion length]({PLOT.name})", ""]
+    return out
+
+
+def plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    specs = [s for s in result["runs"] if s != "mix"]
+    for impl in ("packed", "padded", "trl"):
+        xs = [int(s) for s in specs if "update" in result["runs"][s].get(impl, {})]
+        for ax, key in zip(axes, ("cpu_s", "above_mb")):
+            ax.plot(xs, [result["runs"][str(x)][impl]["update"][key] for x in xs], marker="o", label=impl)
+    for ax, label in zip(axes, ("update CPU seconds (one step, 8 rows)", "update peak MB above the model")):
+        ax.set_xlabel("completion tokens per row")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=90)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.long", description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="256,1024,2048,4096,mix", help="completion lengths (and `mix`), comma-separated")
+    ap.add_argument("--impls", default="packed,padded,trl", help="which of packed, padded, trl")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one measurement may take")
+    ap.add_argument("--one", nargs=3, metavar=("IMPL", "LENGTH", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        return one(*args.one)
+    uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    result = {"machine": machine_info(), "uptime_before": uptime(), "loadavg_before": loadavg(), "runs": {}}
+    tmp = ROOT / ".long.tmp.json"
+    for spec in args.lengths.split(","):
+        for impl in args.impls.split(","):
+            try:
+                subprocess.run([sys.executable, "-m", "bench.long", "--one", impl, spec, str(tmp)], check=True, timeout=args.timeout,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                r = json.loads(tmp.read_text())
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+                r = {"error": type(err).__name__}
+            result["runs"].setdefault(spec, {})[impl] = r
+            print(f"[long {spec} {impl}] {r}", flush=True)
+            OUT.write_text(json.dumps(result | {"uptime_after": uptime()}, indent=1))
+    tmp.unlink(missing_ok=True)
+    result["uptime_after"], result["loadavg_after"] = uptime(), loadavg()
+    OUT.write_text(json.dumps(result, indent=1))
+    plot(result)
+    from bench import report
+
+    results_json = ROOT / "results.json"
+    if results_json.exists():
+        (ROOT / "results.md").write_text(report.render(json.loads(results_json.read_text())))
+    print("\n".join(section(result)))
+
+
+if __name__ == "__main__":
+    main()
