@@ -150,9 +150,10 @@ class TrainConfig(_Section):
     larger micro-batch runs as pieces whose gradients add up to its own, so memory follows this
     budget (or one longer row), not mini_batch_size. 1024 costs SmolLM2-135M ~4% of the update's
     time against 2048 and 1.3 GB less peak memory, 512 costs 25%."""
-    packing: Literal["auto", "on", "off"] = "auto"
+    packing: Literal["auto", "on", "off"] = "off"
     """Padding-free batches in the logprobs stage and the update (docs/performance.md): auto packs
-    where the model's attention allows (SDPA, no sliding window), on requires it, off pads rows."""
+    where the model's attention allows (SDPA, no sliding window), on requires it, off (default, until
+    `make bench-long` has measured where packing pays) pads rows."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (HF's
     gradient checkpointing, non-reentrant): the update's activations shrink to ~1/10 for about a
