@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import advantages
-from pipeline.data import derive_seed, load_dataset, make_prompts
+from pipeline.data import derive_seed, load_dataset, make_prompts, prompt_made_up
 from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, run_parts
@@ -90,7 +90,8 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds) -> list[dict]:
     cfg = run.cfg
     agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
-    runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
+    runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
+                           prompt_given=not prompt_made_up(cfg.data.eval, cfg.data, True))
     episodes = [runner.start(p, i, 0, seed, f"{cfg.data.eval} row {p.prompt_id}") for i, (p, seed) in enumerate(zip(prompts, seeds))]
     runner.run(engine, episodes)
     # completion_length: the model's tokens, as in the rollout (eval/mean_length counts what it wrote)

@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import inspect
 import os
-import random
-import sys
 from typing import Any, Callable
 
 from pipeline.agents import state
+from pipeline.agents.execution import seeded
 from pipeline.errors import GRPOError
 
 SKIPPED_METHODS = ("reset", "get_reward")
@@ -130,21 +129,11 @@ def methods(instance: Any) -> list[Callable]:
 
 def reset(instance: Any, row: dict, label: str = "rollout.environment", seed: int | None = None) -> str | None:
     """reset(**row) under random.seed(seed); its observation (None or text) for the last user message."""
-    saved = random.getstate()
-    np = sys.modules.get("numpy")
-    np_saved = np.random.get_state() if np is not None else None
-    if seed is not None:
-        random.seed(seed)
-        if np is not None:
-            np.random.seed(seed % 2**32)
     try:
-        obs = instance.reset(**row)
+        with seeded(seed):
+            obs = instance.reset(**row)
     except Exception as err:
         raise GRPOError(f"{label}: reset raised {type(err).__name__}: {_first_line(err)}") from None
-    finally:
-        random.setstate(saved)
-        if np is not None:
-            np.random.set_state(np_saved)
     if isinstance(obs, list):  # TRL accepts content parts; text ones are text here (no images in this pipeline)
         bad = [p for p in obs if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))]
         if bad:
