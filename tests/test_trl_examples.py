@@ -592,3 +592,86 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
     assert [msg for msg in completion if msg["role"] == "tool"] == want
     rebuilt = envs.rebuild(type(env), a["environment"])  # what the score stage gives reward_score
     assert rebuilt.board == env.board and m["reward_score"]([rebuilt]) == [env.score] and env.score > 0
+
+
+# --------------------------------------------------------------------------------------- slow
+def example_rows(path: Path) -> str:
+    """Chat prompts holding a worked exchange of each tool (SmolLM2 then calls them in about a third
+    of its turns), half asking for a 2048 game, half a BioGRID question; `answer` for the rewards."""
+    board = "score=4.0\n  0   0   0   0\n  0   2   0   0\n  0   0   0   0\n  4   0   0   0\ndone=False"
+    sql = "SELECT Official_Symbol_Interactor_B FROM interactions WHERE Alt_IDs_Interactor_A LIKE '%TP53%'"
+    worked = [{"role": "user", "content": "Does the gene TP53 interact with MDM2?"},
+              {"role": "assistant", "content": call_text("query_biogrid", {"sql_command": sql})},
+              {"role": "user", "content": "<tool_response>\n[('MDM2',)]\n</tool_response>"}, {"role": "assistant", "content": "*yes*"},
+              {"role": "user", "content": "Play 2048."}, {"role": "assistant", "content": call_text("move", {"direction": "left"})},
+              {"role": "user", "content": f"<tool_response>\n{board}\n</tool_response>"},
+              {"role": "assistant", "content": call_text("move", {"direction": "up"})},
+              {"role": "user", "content": f"<tool_response>\n{board}\n</tool_response>"}, {"role": "assistant", "content": "Done."}]
+    asks = [("Play 2048 on a 4x4 board. Use the tool `move` with one of: up, down, left, right. Maximize the score.", "no"),
+            ("Does the gene JNKK interact with MAP2K4?", "yes")] * 2
+    path.write_text("".join(json.dumps({"prompt": worked + [{"role": "user", "content": q}], "answer": a}) + "\n" for q, a in asks))
+    return str(path)
+
+
+def check_trl_parity(run: Path, examples: Path) -> int:
+    """Every episode's tool messages are what TRL's loop gives on the live classes for the same turns
+    (reset under the group's seed, each turn's calls under its seed), and every reward in the score
+    part is the example's reward function on TRL's completion and live instance. Returns the calls."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pipeline.agents.episode import TOOL_SEED, tool_content, trl_completion
+    from pipeline.agents.execution import seeded
+    from pipeline.data import derive_seed
+
+    m, calls = module(examples), 0
+    for part in sorted((run / "iter-0000/rollout").glob("part-*.parquet")):
+        scores = {(s["prompt_id"], s["sample_idx"]): s for s in pq.read_table(run / "iter-0000/score" / part.name).to_pylist()}
+        for r in pq.read_table(part).to_pylist():
+            rec, group_seed = json.loads(r["episode"]), derive_seed(0, 0, r["prompt_id"])
+            env = m["Game2048Env"]()
+            with seeded(group_seed):
+                env.reset(prompt=json.loads(r["prompt_raw"]), answer=r["answer"])
+            tools = {"move": env.move, "query_biogrid": m["query_biogrid"]}
+            msgs = rec["messages"]
+            got, want, turn = [msg for msg in msgs if msg["role"] == "tool"], [], 0
+            for i, msg in enumerate(msgs):
+                turn += msg["role"] == "assistant"
+                if msg["role"] == "assistant" and i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":  # its calls ran
+                    with seeded(derive_seed(group_seed, r["sample_idx"], turn, TOOL_SEED)):
+                        want += trl_tool_results(tools, msg["tool_calls"])
+            assert [(g["name"], tool_content(g)) for g in got] == [(w["name"], w["content"]) for w in want], rec
+            calls += len(got)
+            completion, s = trl_completion(rec), scores[(r["prompt_id"], r["sample_idx"])]
+            assert s["reward_reward_score"] == m["reward_score"]([env])[0]
+            for fn in ("query_reward", "correctness_reward", "structure_reward"):
+                assert np.isclose(s[f"reward_{fn}"], m[fn]([completion], [r["answer"]])[0], rtol=0, atol=1e-12), (fn, rec)
+    return calls
+
+
+@pytest.mark.slow
+def test_trl_example_classes_through_rollout_and_score_on_both_engines(assets, smollm2, examples, tmp_path):
+    """TRL's Game2048Env and query_biogrid, unchanged, with their reward functions, on SmolLM2 (the
+    Hermes fallback), unlimited turns: under rollout.engine hf and vllm every tool result and reward
+    is TRL's on the same episodes (check_trl_parity), and a rerun writes the same bytes (issue 42: with
+    hf, two runs differed in 12 of 16 episodes while move's tiles followed the unseeded global random)."""
+    from test_reproduce import manifest
+
+    rewards = [{"fn": f"{examples}:{fn}"} for fn in ("reward_score", "query_reward", "correctness_reward", "structure_reward")]
+    hashes = {}
+    for engine, runs in (("hf", ("hf-a", "hf-b")), ("vllm", ("vllm",))):
+        cfg = base_config(assets, model=smollm2["dir"], data={"train": example_rows(tmp_path / "rows.jsonl"), "eval": None,
+                                                              "system_prompt": None},
+                          rollout={"engine": engine, "num_generations": 4, "prompts_per_iter": 4, "groups_per_part": 2,
+                                   "max_new_tokens": 40, "temperature": 0.7, "tools": [f"{examples}:query_biogrid"],
+                                   "environment": f"{examples}:Game2048Env", "max_turns": None, "max_episode_tokens": 320},
+                          rewards=rewards)
+        config = write_config(tmp_path / f"{engine}.yaml", cfg)
+        for name in runs:
+            run = tmp_path / name
+            grpo("init", str(run), "--config", str(config), cwd=examples.parent, timeout=1800)
+            for stage in ("rollout", "score"):
+                grpo(stage, str(run), "--iter", "0", cwd=examples.parent, timeout=1800)  # biogrid.db is opened from the cwd
+            hashes[name] = {s: manifest(run, f"iter-0000/{s}")["outputs"] for s in ("rollout", "score")}
+            assert check_trl_parity(run, examples) > 0, name
+    assert hashes["hf-a"] == hashes["hf-b"]
