@@ -16,7 +16,8 @@
   loaded), so a reset that draws its task at random draws the same one for the G episodes of a
   group and on every rerun. A string, or a list of text parts, it returns is appended to the last
   user message (TRL: content + observation); a dataset with no prompt column (environment-owned
-  data) gives an empty user message, so the observation is the prompt.
+  data) gives an empty user message, so the observation is the prompt, and reset gets no prompt
+  argument (TRL passes the row as it is).
 - Its public methods (not `reset`, not `get_reward`, not `_private`) are tools, beside
   `rollout.tools`, with the same requirements (type hints, docstring); with a mapping, a row is
   offered its own environment's methods only.

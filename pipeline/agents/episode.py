@@ -69,7 +69,7 @@ class Episode:
     params: dict[str, dict] = field(default_factory=dict)
     """{tool: its parameters' JSON schemas}: what arguments are cast to."""
     state: dict | None = None
-    """The environment's stored state (envs.snapshot), taken on the episode's thread: before each
+    """The environment's stored state (envs.snapshot), taken where its calls run: before each
     call, then at the end; a timed-out call leaves the one from before it."""
     pool: dict | None = None
     """{"name": its environment's name (a mapping's), "slot": its pooled instance's slot}, for the record."""
@@ -102,7 +102,7 @@ class EpisodeRunner:
             row = {self.data.prompt_column: prompt.raw, **prompt.columns} if self.prompt_given else dict(prompt.columns)
             if name is not None:
                 row.pop(envs.ROUTE_COLUMN)  # TRL does not pass it to reset
-            # taken from the pool and reset on the episode's thread: what reset makes (a sqlite connection) serves every call
+            # taken from the pool and reset where the episode's calls run: what reset makes (a sqlite connection) serves every call
             try:
                 env, obs, slot = thread.run(self._open_env, {"name": name, "row": row, "seed": seed})
             except BaseException:
@@ -127,7 +127,7 @@ class EpisodeRunner:
 
     def _open_env(self, name: str | None, row: dict, seed: int):
         """(instance, observation, slot): a pooled instance of the row's environment (made on first
-        need: __init__ once per slot), reset under the group's seed (on the episode's thread)."""
+        need: __init__ once per slot), reset under the group's seed (where the episode's calls run)."""
         label = f"rollout.environment{'.' + name if name else ''}"
         env, slot = envs.acquire(name, self.a.env_classes[name], label)
         try:
@@ -151,8 +151,8 @@ class EpisodeRunner:
                 e.thread.close()
 
     def _finish(self, e: Episode) -> bool:
-        """The episode ended (e.ending set): its environment's final state stored (on its thread,
-        unless a timed-out call holds that thread: then the state from before that call stays), its thread closed."""
+        """The episode ended (e.ending set): its environment's final state stored (where its calls run),
+        unless a call timed out (then the state from before that call stays); its calls' thread closed."""
         if e.env is not None and e.ending != "tool_timeout":
             e.state = _stored_state(e)
         e.thread.close()
@@ -256,7 +256,7 @@ class EpisodeRunner:
 
 
 def _stored_state(e: Episode) -> dict:
-    """The environment's state as the record stores it, taken on the episode's thread (a __getstate__
+    """The environment's state as the record stores it, taken where the episode's calls run (a __getstate__
     that reads a thread-bound resource made in reset works)."""
     return e.thread.run(lambda: envs.snapshot(e.env), {})
 
