@@ -596,19 +596,18 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
 
 # --------------------------------------------------------------------------------------- slow
 def example_rows(path: Path) -> str:
-    """Chat prompts holding a worked exchange of each tool (SmolLM2 then calls them in about a third
-    of its turns), half asking for a 2048 game, half a BioGRID question; `answer` for the rewards."""
-    board = "score=4.0\n  0   0   0   0\n  0   2   0   0\n  0   0   0   0\n  4   0   0   0\ndone=False"
+    """Chat prompts holding a worked exchange of each tool, the last one ending in a call and its result
+    (SmolLM2 then writes a call), one asking for a 2048 game (reset's board is appended to it,
+    as in the worked one), one a BioGRID question; `answer` for the rewards."""
+    board = "score=0.0\n  0   0   0   0\n  0   2   0   0\n  0   0   0   0\n  2   0   0   0\ndone=False"
+    moved = "score=4.0\n  0   0   0   0\n  0   0   0   0\n  0   0   2   0\n  4   0   0   0\ndone=False"
     sql = "SELECT Official_Symbol_Interactor_B FROM interactions WHERE Alt_IDs_Interactor_A LIKE '%TP53%'"
     worked = [{"role": "user", "content": "Does the gene TP53 interact with MDM2?"},
               {"role": "assistant", "content": call_text("query_biogrid", {"sql_command": sql})},
               {"role": "user", "content": "<tool_response>\n[('MDM2',)]\n</tool_response>"}, {"role": "assistant", "content": "*yes*"},
-              {"role": "user", "content": "Play 2048."}, {"role": "assistant", "content": call_text("move", {"direction": "left"})},
-              {"role": "user", "content": f"<tool_response>\n{board}\n</tool_response>"},
-              {"role": "assistant", "content": call_text("move", {"direction": "up"})},
-              {"role": "user", "content": f"<tool_response>\n{board}\n</tool_response>"}, {"role": "assistant", "content": "Done."}]
-    asks = [("Play 2048 on a 4x4 board. Use the tool `move` with one of: up, down, left, right. Maximize the score.", "no"),
-            ("Does the gene JNKK interact with MAP2K4?", "yes")] * 2
+              {"role": "user", "content": f"Play 2048.\n{board}"}, {"role": "assistant", "content": call_text("move", {"direction": "down"})},
+              {"role": "user", "content": f"<tool_response>\n{moved}\n</tool_response>"}]  # the last answer is a call: copied
+    asks = [("Play 2048.\n", "no"), ("Does the gene JNKK interact with MAP2K4?", "yes")]
     path.write_text("".join(json.dumps({"prompt": worked + [{"role": "user", "content": q}], "answer": a}) + "\n" for q, a in asks))
     return str(path)
 
@@ -645,33 +644,34 @@ def check_trl_parity(run: Path, examples: Path) -> int:
             completion, s = trl_completion(rec), scores[(r["prompt_id"], r["sample_idx"])]
             assert s["reward_reward_score"] == m["reward_score"]([env])[0]
             for fn in ("query_reward", "correctness_reward", "structure_reward"):
-                assert np.isclose(s[f"reward_{fn}"], m[fn]([completion], [r["answer"]])[0], rtol=0, atol=1e-12), (fn, rec)
+                assert np.isclose(s[f"reward_{fn}"], m[fn]([completion], answer=[r["answer"]])[0], rtol=0, atol=1e-12), (fn, rec)
     return calls
 
 
 @pytest.mark.slow
-def test_trl_example_classes_through_rollout_and_score_on_both_engines(assets, smollm2, examples, tmp_path):
+def test_trl_example_classes_through_rollout_and_score_on_both_engines(assets, smollm2, examples, tmp_path, monkeypatch):
     """TRL's Game2048Env and query_biogrid, unchanged, with their reward functions, on SmolLM2 (the
     Hermes fallback), unlimited turns: under rollout.engine hf and vllm every tool result and reward
     is TRL's on the same episodes (check_trl_parity), and a rerun writes the same bytes (issue 42: with
     hf, two runs differed in 12 of 16 episodes while move's tiles followed the unseeded global random)."""
     from test_reproduce import manifest
 
+    monkeypatch.chdir(examples.parent)  # biogrid.db is opened from the working directory, here as in the stages
     rewards = [{"fn": f"{examples}:{fn}"} for fn in ("reward_score", "query_reward", "correctness_reward", "structure_reward")]
     hashes = {}
     for engine, runs in (("hf", ("hf-a", "hf-b")), ("vllm", ("vllm",))):
         cfg = base_config(assets, model=smollm2["dir"], data={"train": example_rows(tmp_path / "rows.jsonl"), "eval": None,
                                                               "system_prompt": None},
-                          rollout={"engine": engine, "num_generations": 4, "prompts_per_iter": 4, "groups_per_part": 2,
-                                   "max_new_tokens": 40, "temperature": 0.7, "tools": [f"{examples}:query_biogrid"],
-                                   "environment": f"{examples}:Game2048Env", "max_turns": None, "max_episode_tokens": 320},
+                          rollout={"engine": engine, "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 1,
+                                   "max_new_tokens": 48, "temperature": 0.7, "tools": [f"{examples}:query_biogrid"],
+                                   "environment": f"{examples}:Game2048Env", "max_turns": None, "max_episode_tokens": 240},
                           rewards=rewards)
         config = write_config(tmp_path / f"{engine}.yaml", cfg)
         for name in runs:
             run = tmp_path / name
             grpo("init", str(run), "--config", str(config), cwd=examples.parent, timeout=1800)
             for stage in ("rollout", "score"):
-                grpo(stage, str(run), "--iter", "0", cwd=examples.parent, timeout=1800)  # biogrid.db is opened from the cwd
+                grpo(stage, str(run), "--iter", "0", cwd=examples.parent, timeout=1800)
             hashes[name] = {s: manifest(run, f"iter-0000/{s}")["outputs"] for s in ("rollout", "score")}
             assert check_trl_parity(run, examples) > 0, name
     assert hashes["hf-a"] == hashes["hf-b"]
