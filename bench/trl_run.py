@@ -243,7 +243,7 @@ def trl_args(cfg, output_dir: Path, max_steps: int, bf16: bool, micro_batch: int
         remove_unused_columns=False,
         dataloader_num_workers=0,
         log_completions=False,
-        **({"max_tool_calling_iterations": r.max_turns - 1} if r.agentic else {}),
+        **({"max_tool_calling_iterations": None if r.max_turns is None else r.max_turns - 1} if r.agentic else {}),
     )
 
 

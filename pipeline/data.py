@@ -59,6 +59,12 @@ def load_dataset(path: str, prompt_column: str, prompt_template: str | None = No
     return df
 
 
+def prompt_made_up(path: str, data: DataConfig, environment: bool) -> bool:
+    """Whether load_dataset makes the prompt column up (environment-owned data, no prompt column):
+    reset then gets no prompt argument, as TRL passes none."""
+    return environment and data.prompt_template is None and data.prompt_column not in dataset_columns(path)
+
+
 def dataset_columns(path: str) -> list[str]:
     """The column names of a dataset, read from its header(s) without loading it all; shards
     that disagree on columns are an error naming the file."""

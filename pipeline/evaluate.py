@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import advantages
-from pipeline.data import dataset_num_rows, derive_seed, load_dataset, make_prompts
+from pipeline.data import dataset_num_rows, derive_seed, load_dataset, make_prompts, prompt_made_up
 from pipeline.eval.config import SetRef
 from pipeline.eval.metrics import figures, flat
 from pipeline.models.engines import model_context
@@ -148,7 +148,8 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
     with run_code(run):  # the tools and environments the run carries
         agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
-    runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy)
+    runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
+                           prompt_given=not prompt_made_up(path, cfg.data, True))
     episodes = [runner.start(p, i, j, seed, f"{path} row {p.prompt_id}")
                 for i, (p, seed) in enumerate(zip(prompts, seeds)) for j in range(n)]
     runner.run(engine, episodes)

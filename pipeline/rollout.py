@@ -11,7 +11,7 @@ import time
 import pyarrow as pa
 
 from pipeline.errors import GRPOError
-from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, raw_to_json
+from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, prompt_made_up, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.models.policy import policy_kind
 from pipeline.models.stop_tokens import stop_token_ids
@@ -63,7 +63,8 @@ class RolloutPlan:
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "
                                 f"in the engine's {self.max_model_len} tokens")
-            self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room)
+            self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room,
+                                          prompt_given=not prompt_made_up(cfg.data.train, cfg.data, True))
 
     def inputs(self) -> dict:
         """What the parts are sampled from, stamped into each: the policy, the data, and the ids

@@ -1,9 +1,9 @@
-"""Tool execution as TRL 1.16's users expect it (issue 32, item 6; pipeline/agents/execution.py):
-an episode's sync calls and its environment's reset on one thread (a sqlite connection made in
-reset works in every call), async tools on one event loop per process (a client session made in
-one call works in the next), a blocking async tool still timed out, a timed-out environment call
-ending its episode with the state from before that call (never the late call's changes), and
-arguments cast to the schema's types as TRL casts them."""
+"""Tool execution as TRL 1.16's users expect it (issue 32, item 6; issue 42; pipeline/agents/execution.py):
+an episode's sync calls and its environment's reset on one thread, the main one as in TRL (a
+sqlite connection made in reset works in every call), async tools on one event loop per process (a
+client session made in one call works in the next), a blocking async tool still timed out, a
+timed-out environment call ending its episode with the state from before that call (never the
+changes it made before it was interrupted), and arguments cast to the schema's types as TRL casts them."""
 
 from __future__ import annotations
 
@@ -46,7 +46,6 @@ class Ledger:
 class Stalling:
     """An environment with a method that does not answer before the test releases it."""
     release = threading.Event()
-    finished = threading.Event()
 
     def reset(self, **row):
         self.log = []
@@ -66,9 +65,8 @@ class Stalling:
         Args:
             x: The number.
         """
-        type(self).release.wait(60)
-        self.log.append(-x)  # the late call's change: never recorded
-        type(self).finished.set()
+        self.log.append(-x)  # a change the call makes before its deadline: never recorded
+        type(self).release.wait(60)  # interrupted at the deadline
         return "late"
 
 
@@ -201,8 +199,14 @@ def test_arguments_are_cast_to_the_schema_types_as_trl_casts_them(fns):
 
 
 def test_sync_calls_given_one_thread_share_it(fns):
-    from pipeline.agents.execution import EpisodeThread
+    """Off the main thread (where no signal handler can be set) an episode's calls get a thread of their own."""
+    from pipeline.agents.execution import EpisodeThread, MainThreadCalls, episode_calls
     from pipeline.agents.tools import call_tool
+
+    kinds = []
+    side = threading.Thread(target=lambda: kinds.append(type(episode_calls("x"))))
+    side.start(), side.join()
+    assert kinds == [EpisodeThread] and type(episode_calls("x")) is MainThreadCalls
 
     thread = EpisodeThread()
     try:
@@ -251,47 +255,39 @@ def test_environment_reset_and_its_calls_run_on_one_thread(make_run, tiny2k, exe
 
 
 def test_a_timed_out_environment_call_ends_the_episode_with_the_state_before_it(make_run, tiny2k, exec_file, tmp_path):  # noqa: F811
-    """ending tool_timeout; the recorded state is the instance before the late call, whatever it
-    does later; another episode's calls run meanwhile on their own thread; without an environment a
-    timed-out call is answered and the episode goes on, its next call on a fresh thread."""
+    """ending tool_timeout; the call is interrupted and the recorded state is the instance's from before
+    it, not what the call changed before its deadline; without an environment a timed-out call is
+    answered and the episode goes on, every call on the main thread."""
     from pipeline.agents import environment as envs
 
     _, plan = agent_plan(make_run, tiny2k, tmp_path, [f"{exec_file}:wait_here", f"{exec_file}:thread_id"],
-                           environment=f"{exec_file}:Stalling", max_turns=4)
+                         environment=f"{exec_file}:Stalling", max_turns=4)
     runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
     e = runner.start(p, 0, 0, 1, "test")
     cls = type(e.env)
-    try:
-        assert runner._after_turn(e, forced(tok, call_text("note", {"x": 1})), 12)
-        assert not runner._after_turn(e, forced(tok, call_text("stall", {"x": 2}) + call_text("note", {"x": 3})), 12)
-        assert e.ending == "tool_timeout"
-        tools = [m for m in e.messages if m["role"] == "tool"]
-        assert [(m["name"], m["error"]) for m in tools] == [("note", None), ("stall", "timeout")]  # the rest not run
-        other = runner.start(p, 0, 1, 1, "test")  # its own thread: not behind the stalled call
-        assert runner._after_turn(other, forced(tok, call_text("note", {"x": 5})), 12)
-        assert other.messages[-1]["content"] == "noted" and other.env.log == [5]
-        # a plain tool past its timeout in an environment episode ends it too
-        third = runner.start(p, 0, 2, 1, "test")
-        assert not runner._after_turn(third, forced(tok, call_text("note", {"x": 6}) + call_text("wait_here", {"x": 0})), 12)
-        assert third.ending == "tool_timeout"
-    finally:
-        cls.release.set()
-    assert cls.finished.wait(30)  # the late call has changed the live instance ...
-    assert e.env.log == [1, -2]
+    assert runner._after_turn(e, forced(tok, call_text("note", {"x": 1})), 12)
+    assert not runner._after_turn(e, forced(tok, call_text("stall", {"x": 2}) + call_text("note", {"x": 3})), 12)
+    assert e.ending == "tool_timeout"
+    tools = [m for m in e.messages if m["role"] == "tool"]
+    assert [(m["name"], m["error"]) for m in tools] == [("note", None), ("stall", "timeout")]  # the rest not run
+    assert e.env.log == [1, -2]  # the interrupted call changed the live instance ...
     rec = json.loads(runner.row(e, "h")["episode"])  # ... and the record holds the state from before it
     assert rec["ending"] == "tool_timeout" and envs.rebuild(cls, rec["environment"]).log == [1]
+    other = runner.start(p, 0, 1, 1, "test")  # the interrupted instance is not pooled again
+    assert other.env is not e.env and runner._after_turn(other, forced(tok, call_text("note", {"x": 5})), 12)
+    assert other.messages[-1]["content"] == "noted" and other.env.log == [5]
+    # a plain tool past its timeout in an environment episode ends it too
+    third = runner.start(p, 0, 2, 1, "test")
+    assert not runner._after_turn(third, forced(tok, call_text("note", {"x": 6}) + call_text("wait_here", {"x": 0})), 12)
+    assert third.ending == "tool_timeout"
     assert envs.rebuild(cls, json.loads(runner.row(third, "h")["episode"])["environment"]).log == [6]
 
-    cls.release.clear()
     _, plan2 = agent_plan(make_run, tiny2k, tmp_path, [f"{exec_file}:wait_here", f"{exec_file}:thread_id"],
-                             name="plain", max_turns=4)
+                          name="plain", max_turns=4)
     runner2 = plan2.episodes
     e = runner2.start(p, 0, 0, 1, "test")
-    try:
-        assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 0}) + call_text("wait_here", {"x": 0})), 12)
-        assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 1})), 12)  # answered, not queued behind it
-    finally:
-        cls.release.set()
+    assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 0}) + call_text("wait_here", {"x": 0})), 12)
+    assert runner2._after_turn(e, forced(tok, call_text("thread_id", {"x": 1})), 12)
     tools = [m for m in e.messages if m["role"] == "tool"]
     assert [m["error"] for m in tools] == [None, "timeout", None] and e.ending is None
-    assert tools[0]["content"] != tools[2]["content"]  # the stuck thread was given up for a fresh one
+    assert tools[0]["content"] == tools[2]["content"] == str(threading.main_thread().ident)  # TRL's thread

@@ -3,7 +3,7 @@
     rollout:
       tools: [calc.py:multiply, python]     # TRL's `tools`; `python`: a sandboxed interpreter
       environment: my_env.py:MyEnv           # TRL's `environment_factory` (optional)
-      max_turns: 4                           # model turns per episode
+      max_turns: 4                           # model turns per episode (null: unlimited, TRL's default)
       max_episode_tokens: 512                # tokens after the prompt (turns + results + glue)
       tool_timeout_s: 10
       tool_format: auto                      # the template's own, or hermes (the fallback)
@@ -26,17 +26,22 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
         "text": str,                                  # the turn exactly as sampled (decoded)
         "tokens": int, "finish_reason": "stop" | "length",
         "tool_calls": [{"type": "function", "function": {"name": str | null, "arguments": {...} | raw str}}]},
-       {"role": "tool", "name": str | null, "content": str,   # what the model was shown
-        "error": null | "malformed" | "unknown_tool" | "bad_arguments" | "raised" | "timeout",
+       {"role": "tool", "name": str | null, "content": str,   # the result as text (str() of a list)
+        "value": ... (only for a list result: the list, exactly, in pipeline.agents.state's encoding;
+                      TRL's message holds the list: templates render it, reward functions get it),
+        "error": null | "unknown_tool" | "bad_arguments" | "raised" | "timeout"
+                 (| "malformed" in records written before a malformed call ended the episode),
         "dropped": true (only when it did not fit the token budget)}, ...],
-     "turns": int, "ending": "answered" | "max_turns" | "max_episode_tokens" | "length" | "tool_timeout",
+     "turns": int,
+     "ending": "answered" | "malformed" | "max_turns" | "max_episode_tokens" | "length" | "tool_timeout",
      "model_tokens": int, "context_tokens": int,
      "environment": {"class": "module:Class", "codec": 1, "state": ...,   # with an environment: its exact
                      "slot": int, "name": str (a mapping's)}}             # state (agents/state.py), pool slot
 
 Reward functions get, as TRL 1.16 passes them for tool episodes, `completions[i]` = the
 conversation after the prompt as messages (assistant messages with `tool_calls` where calls
-were made, `tool` messages with name and content; no grpo-only keys), `prompts[i]` = the
+were made, `tool` messages with name and content, a list where the tool returned one; no
+grpo-only keys; a turn with a malformed call is plain text, its whole decoded text the content), `prompts[i]` = the
 prompt's messages (with the environment's observation), and with an environment
 `environments[i]`, the episode's instance rebuilt from its recorded state. Scoring and replay
 read the record only: no tool or environment code runs again.

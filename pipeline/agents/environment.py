@@ -16,7 +16,8 @@
   loaded), so a reset that draws its task at random draws the same one for the G episodes of a
   group and on every rerun. A string, or a list of text parts, it returns is appended to the last
   user message (TRL: content + observation); a dataset with no prompt column (environment-owned
-  data) gives an empty user message, so the observation is the prompt.
+  data) gives an empty user message, so the observation is the prompt, and reset gets no prompt
+  argument (TRL passes the row as it is).
 - Its public methods (not `reset`, not `get_reward`, not `_private`) are tools, beside
   `rollout.tools`, with the same requirements (type hints, docstring); with a mapping, a row is
   offered its own environment's methods only.
@@ -40,11 +41,10 @@ from __future__ import annotations
 
 import inspect
 import os
-import random
-import sys
 from typing import Any, Callable
 
 from pipeline.agents import state
+from pipeline.agents.execution import seeded
 from pipeline.errors import GRPOError
 
 SKIPPED_METHODS = ("reset", "get_reward")
@@ -130,21 +130,11 @@ def methods(instance: Any) -> list[Callable]:
 
 def reset(instance: Any, row: dict, label: str = "rollout.environment", seed: int | None = None) -> str | None:
     """reset(**row) under random.seed(seed); its observation (None or text) for the last user message."""
-    saved = random.getstate()
-    np = sys.modules.get("numpy")
-    np_saved = np.random.get_state() if np is not None else None
-    if seed is not None:
-        random.seed(seed)
-        if np is not None:
-            np.random.seed(seed % 2**32)
     try:
-        obs = instance.reset(**row)
+        with seeded(seed):
+            obs = instance.reset(**row)
     except Exception as err:
         raise GRPOError(f"{label}: reset raised {type(err).__name__}: {_first_line(err)}") from None
-    finally:
-        random.setstate(saved)
-        if np is not None:
-            np.random.set_state(np_saved)
     if isinstance(obs, list):  # TRL accepts content parts; text ones are text here (no images in this pipeline)
         bad = [p for p in obs if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))]
         if bad:

@@ -1,16 +1,19 @@
 """The episode loop: every live episode of a part takes its next model turn together, one engine
 call per turn (n=1, a seed per episode and turn), then its tool calls run and their results
-are appended; an episode ends when the model answers without a call, at rollout.max_turns, when
-its token budget (rollout.max_episode_tokens) would be exceeded, when a turn is cut at
-rollout.max_new_tokens (length), or, with an environment, when a call runs past
-rollout.tool_timeout_s (tool_timeout).
+are appended; an episode ends when the model answers without a call (answered), when a call it
+wrote cannot be read (malformed: the turn is plain text, as TRL 1.16's parse_response falls back
+to it), at rollout.max_turns (unless null: unlimited, as TRL's default), when its token budget
+(rollout.max_episode_tokens) would be exceeded, when a turn is cut at rollout.max_new_tokens
+(length), or, with an environment, when a call runs past rollout.tool_timeout_s (tool_timeout).
 
-Each episode has a thread of its own (pipeline.agents.execution.EpisodeThread), made at start and
-closed when it ends: its environment is made and reset on it, its sync calls run on it, and the
-environment's state is stored from it (a thread-bound resource made in reset serves them all).
+An episode's sync calls run where pipeline.agents.execution.episode_calls puts them (the main
+thread, as TRL runs them): its environment is made and reset there, its calls run there, and the
+environment's state is stored from there (a thread-bound resource made in reset serves them all).
+A turn's calls run under Python's and numpy's global generators seeded from (group seed, sample,
+turn), so a tool drawing from them gives the same results on any engine, rerun or resume.
 With an environment, the state is stored before every call and again at the end; an episode
-ended by a timed-out call keeps the state from before that call, so the late call's changes,
-whose timing nothing fixes, never reach the record.
+ended by a timed-out call keeps the state from before that call, so the changes the call made
+before it was interrupted never reach the record.
 
 Tokens: a turn's tokens are kept exactly as sampled (mask 1, the sampler's logprobs); the next
 turn extends them. Between turns, the template's glue and the tool results are tokenised on
@@ -28,13 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.agents import environment as envs
-from pipeline.agents.execution import EpisodeThread, cast_arguments, parameters
+from pipeline.agents import state as exact
+from pipeline.agents.execution import EpisodeThread, MainThreadCalls, cast_arguments, episode_calls, parameters, seeded
 from pipeline.agents.format import ToolFormat
 from pipeline.agents.tools import call_tool, tool_schema
 from pipeline.data import Prompt, as_messages, derive_seed, raw_to_json
 from pipeline.errors import GRPOError
 
 EPISODE_VERSION = 1
+TOOL_SEED = 1
+"""The last part of the seed a turn's tool calls run under, derive_seed(group seed, sample, turn, TOOL_SEED):
+apart from the engine's seed of the next turn, derive_seed(group seed, sample, turn)."""
 
 
 @dataclass
@@ -57,12 +64,12 @@ class Episode:
     turns: int = 0
     ending: str | None = None
     finish_reason: str = "stop"
-    thread: EpisodeThread = field(default_factory=EpisodeThread)
-    """The episode's sync calls run here: made at start (the environment made and reset on it), closed at the end."""
+    thread: MainThreadCalls | EpisodeThread = field(default_factory=MainThreadCalls)
+    """The episode's sync calls run here (episode_calls): the environment made and reset here, closed at the end."""
     params: dict[str, dict] = field(default_factory=dict)
     """{tool: its parameters' JSON schemas}: what arguments are cast to."""
     state: dict | None = None
-    """The environment's stored state (envs.snapshot), taken on the episode's thread: before each
+    """The environment's stored state (envs.snapshot), taken where its calls run: before each
     call, then at the end; a timed-out call leaves the one from before it."""
     pool: dict | None = None
     """{"name": its environment's name (a mapping's), "slot": its pooled instance's slot}, for the record."""
@@ -77,8 +84,9 @@ class Episode:
 class EpisodeRunner:
     """Runs the episodes of one part; `agents` holds the loaded tools, environment and format."""
 
-    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False):
+    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False, prompt_given: bool = True):
         self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
+        self.prompt_given = prompt_given  # False: the dataset has no prompt column, so reset gets none (TRL's)
         self.budget = cfg.episode_tokens()
         self.max_prompt_len = max_prompt_len
         self.stop_ids = set(agents.stop_ids)
@@ -87,14 +95,14 @@ class EpisodeRunner:
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
         raw, obs, env, tools = prompt.raw, None, None, dict(self.a.tools)
         schemas = list(self.a.schemas)
-        thread = EpisodeThread(f"grpo-episode-{group_idx}-{sample_idx}")
+        thread = episode_calls(f"grpo-episode-{group_idx}-{sample_idx}")
         pool = None
         if self.a.env_classes:
             name = envs.route(self.a.env_classes, prompt.columns, where)  # a mapping: the row's `environment` column
-            row = {self.data.prompt_column: prompt.raw, **prompt.columns}
+            row = {self.data.prompt_column: prompt.raw, **prompt.columns} if self.prompt_given else dict(prompt.columns)
             if name is not None:
                 row.pop(envs.ROUTE_COLUMN)  # TRL does not pass it to reset
-            # taken from the pool and reset on the episode's thread: what reset makes (a sqlite connection) serves every call
+            # taken from the pool and reset where the episode's calls run: what reset makes (a sqlite connection) serves every call
             try:
                 env, obs, slot = thread.run(self._open_env, {"name": name, "row": row, "seed": seed})
             except BaseException:
@@ -119,7 +127,7 @@ class EpisodeRunner:
 
     def _open_env(self, name: str | None, row: dict, seed: int):
         """(instance, observation, slot): a pooled instance of the row's environment (made on first
-        need: __init__ once per slot), reset under the group's seed (on the episode's thread)."""
+        need: __init__ once per slot), reset under the group's seed (where the episode's calls run)."""
         label = f"rollout.environment{'.' + name if name else ''}"
         env, slot = envs.acquire(name, self.a.env_classes[name], label)
         try:
@@ -143,8 +151,8 @@ class EpisodeRunner:
                 e.thread.close()
 
     def _finish(self, e: Episode) -> bool:
-        """The episode ended (e.ending set): its environment's final state stored (on its thread,
-        unless a timed-out call holds that thread: then the state from before that call stays), its thread closed."""
+        """The episode ended (e.ending set): its environment's final state stored (where its calls run),
+        unless a call timed out (then the state from before that call stays); its calls' thread closed."""
         if e.env is not None and e.ending != "tool_timeout":
             e.state = _stored_state(e)
         e.thread.close()
@@ -169,29 +177,39 @@ class EpisodeRunner:
         # from the tokens, special ones kept: Mistral's [TOOL_CALLS] is one, and s.text dropped it
         content, calls = self.a.format.parse_turn(s.token_ids, e.prompt_ids + e.ids[:prefix_len], self.stop_ids)
         msg = {"role": "assistant", "content": content, "text": s.text, "tokens": len(s.token_ids), "finish_reason": s.finish_reason}
+        malformed = any(c.name is None for c in calls)
+        if malformed:  # TRL 1.16: the whole turn is plain text (its decode), no calls: the episode ends
+            msg["content"], calls = s.text, []
         if calls:
             msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": self._cast(e, c.name, c.arguments)}}
                                  for c in calls]
         e.messages.append(msg)
         if s.finish_reason == "length":
             e.ending = "max_episode_tokens" if cap < self.cfg.max_new_tokens else "length"
+        elif malformed:
+            e.ending = "malformed"
         elif not calls:
             e.ending = "answered"
-        elif e.turns >= self.cfg.max_turns:
+        elif self.cfg.max_turns is not None and e.turns >= self.cfg.max_turns:
             e.ending = "max_turns"
         if e.ending is not None:
             return self._finish(e)
-        for c in calls:
-            if e.env is not None:  # the state a call that times out leaves recorded (its late changes are not)
-                e.state = _stored_state(e)
-            r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s, e.thread, e.params.get(c.name))
-            # the call's time goes to the manifest's stats, not the record: parts stay byte-identical
-            self.tool_s += r.seconds
-            self.tool_calls += 1
-            e.messages.append({"role": "tool", "name": c.name, "content": r.content, "error": r.error})
-            if r.error == "timeout" and e.env is not None:  # the instance may still be changing: the episode ends here
-                e.ending = "tool_timeout"
-                return self._finish(e)
+        # the turn's calls draw from the global generators seeded by (group seed, sample, turn): same results on any engine
+        with seeded(derive_seed(e.seed, e.sample_idx, e.turns, TOOL_SEED)):
+            for c in calls:
+                if e.env is not None:  # the state a call that times out leaves recorded (its late changes are not)
+                    e.state = _stored_state(e)
+                r = call_tool(e.tools, c.name, c.arguments, self.cfg.tool_timeout_s, e.thread, e.params.get(c.name))
+                # the call's time goes to the manifest's stats, not the record: parts stay byte-identical
+                self.tool_s += r.seconds
+                self.tool_calls += 1
+                result = {"role": "tool", "name": c.name, "content": r.content, "error": r.error}
+                if r.value is not None:  # a list, as TRL keeps it: recorded exactly, rendered and rewarded as the list
+                    result["value"] = exact.encode_result(r.value, c.name)
+                e.messages.append(result)
+                if r.error == "timeout" and e.env is not None:  # the instance may be half changed: the episode ends here
+                    e.ending = "tool_timeout"
+                    return self._finish(e)
         eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.stop_ids
         eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
         history = [_render_message(m) for m in e.messages]
@@ -238,7 +256,7 @@ class EpisodeRunner:
 
 
 def _stored_state(e: Episode) -> dict:
-    """The environment's state as the record stores it, taken on the episode's thread (a __getstate__
+    """The environment's state as the record stores it, taken where the episode's calls run (a __getstate__
     that reads a thread-bound resource made in reset works)."""
     return e.thread.run(lambda: envs.snapshot(e.env), {})
 
@@ -252,7 +270,12 @@ def _render_message(m: dict) -> dict:
     if m["role"] == "assistant":
         calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls", [])]
         return {"role": "assistant", "content": m["content"], "raw": m["text"], "tool_calls": calls}
-    return {"role": "tool", "name": m["name"], "content": m["content"]}
+    return {"role": "tool", "name": m["name"], "content": tool_content(m)}
+
+
+def tool_content(m: dict) -> Any:
+    """A tool message's content as TRL's message holds it: the list a tool returned, else the text."""
+    return exact.decode(m["value"]) if "value" in m else m["content"]
 
 
 def trl_completion(record: dict) -> list[dict]:
@@ -265,5 +288,5 @@ def trl_completion(record: dict) -> list[dict]:
             calls = [c for c in m.get("tool_calls", []) if c["function"]["name"] is not None]
             out.append({"role": "assistant", "content": m["content"], **({"tool_calls": calls} if calls else {})})
         elif not m.get("dropped"):
-            out.append({"role": "tool", "name": m["name"] or "unknown", "content": m["content"]})
+            out.append({"role": "tool", "name": m["name"] or "unknown", "content": tool_content(m)})
     return out

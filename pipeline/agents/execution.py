@@ -1,13 +1,16 @@
 """Where tool calls run, and the arguments they get: TRL 1.16's behaviour, plus a timeout TRL lacks.
 
-- Sync tools: an episode's own thread (EpisodeThread), made when the episode starts and closed when
-  it ends. The environment's instance is made and reset on it, every sync call of the episode
-  (environment methods and plain tools) runs on it, in order, and its state is stored from it:
-  a thread-bound resource made in `reset` (a sqlite connection, a thread-local client) works in
-  every call. TRL runs them all on its main thread; a separate thread per episode is what lets a
-  call be abandoned at its timeout while the other episodes go on, each on its own thread.
-  A resource a tool module makes at import is made on the rollout's main thread: make it in
-  `reset`, or lazily per thread (threading.local).
+- Sync tools: on the rollout's main thread, as TRL runs them (MainThreadCalls): the environment's
+  instance is made and reset there, every sync call (environment methods and plain tools) runs
+  there, in order, and its state is stored from there, so a tool may use `signal` (TRL's
+  `grpo_agent.py` times its query out with `signal.alarm`) and a thread-bound resource made in
+  `reset` (a sqlite connection) works in every call. The timeout is a watchdog thread that, at the
+  deadline, sends the main thread a signal of its own (TIMEOUT_SIGNAL, not SIGALRM, which tools use):
+  its handler raises Deadline inside the call, which unwinds it (its `finally` blocks run). A call
+  stuck in C code that never returns to Python cannot be interrupted: it holds the rollout until it
+  returns, as in TRL. Where the rollout does not run on the main thread (signal handlers can only
+  be set there), each episode gets a thread of its own instead (EpisodeThread): a call past its
+  timeout is abandoned on it, and `signal` inside a tool fails there as it would in TRL.
 - Async tools: one event loop per rollout process, on a daemon thread, reused by every call (as
   TRL's daemon loop): a client session (aiohttp, httpx) made in one call works in the next.
   A call past its timeout is cancelled. The caller waits on the call's future, not on the loop,
@@ -16,6 +19,10 @@
   (and half a second more), the loop is still blocked: it is retired (stopped once the blocking
   call returns) and a new one serves that call and the later ones; sessions bound to the old loop
   are lost with it. A loop that is not blocked (the call was awaiting) is kept, sessions and all.
+- Global randomness: an episode's tool calls of one turn run under `seeded(seed)` (Python's
+  `random` and numpy's global generator, when numpy is loaded, seeded from the episode's seed and
+  turn; the caller's state restored after), so a tool drawing from them (TRL's `grpo_2048.py`
+  places tiles with `random`) gives the same results on every rerun, resume and engine.
 - Arguments: as TRL 1.16 types them (transformers' parse_response with tools=): a string value of a
   parameter whose JSON-schema type is integer, number, boolean, null, array or object is cast to
   it, the declared types tried in order; other values are passed as they are. Where TRL passes a
@@ -30,20 +37,118 @@ import json
 import math
 import os
 import queue
+import random
+import signal
+import sys
 import threading
 from concurrent.futures import Future, wait
+from contextlib import contextmanager
 from typing import Any, Callable
 
 from pipeline.errors import GRPOError
 
 
-class Deadline(Exception):
-    """The call ran past its timeout (a TimeoutError the tool raises itself is its own error)."""
+class Deadline(BaseException):
+    """The call ran past its timeout (a TimeoutError the tool raises itself is its own error). A
+    BaseException: raised inside a sync call on the main thread, a tool's `except Exception` does
+    not swallow it."""
+
+
+@contextmanager
+def seeded(seed: int | None):
+    """Python's `random` and numpy's global generator (when numpy is loaded) seeded with `seed` inside,
+    the caller's states restored after (None: left alone)."""
+    if seed is None:
+        yield
+        return
+    saved = random.getstate()
+    np = sys.modules.get("numpy")
+    np_saved = np.random.get_state() if np is not None else None
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(saved)
+        if np is not None:
+            np.random.set_state(np_saved)
+
+
+TIMEOUT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + (2 if hasattr(signal, "SIGRTMIN") else 0)
+"""The signal the watchdog sends the main thread at a sync call's deadline: a real-time one nothing
+else here uses (tools use SIGALRM; vLLM and Ray use SIGUSR1, SIGTERM, SIGINT)."""
+
+
+class _Armed:
+    """One sync call on the main thread under a deadline."""
+
+    def __init__(self):
+        self.fired = False  # the deadline passed
+        self.over = False  # the call returned, or Deadline was raised in it: the handler does nothing
+
+
+_armed: list[_Armed | None] = [None]
+
+
+def _on_timeout_signal(signum, frame) -> None:
+    call = _armed[0]
+    if call is not None and call.fired and not call.over:
+        call.over = True  # once per call
+        raise Deadline
+
+
+class MainThreadCalls:
+    """An episode's sync calls on the calling thread, the main one (TRL's): see the module's docstring."""
+
+    _installed = False
+
+    def run(self, fn: Callable, kwargs: dict, timeout_s: float | None = None) -> Any:
+        """fn(**kwargs) here; Deadline when it runs past `timeout_s` (raised inside it by the watchdog's
+        signal, or after it, if it caught that and went on)."""
+        if timeout_s is None:
+            return fn(**kwargs)
+        if not MainThreadCalls._installed:  # kept for the process: a late signal finds it and does nothing
+            signal.signal(TIMEOUT_SIGNAL, _on_timeout_signal)
+            MainThreadCalls._installed = True
+        call = _armed[0] = _Armed()
+        main = threading.get_ident()
+
+        def fire() -> None:
+            call.fired = True
+            signal.pthread_kill(main, TIMEOUT_SIGNAL)
+
+        timer = threading.Timer(timeout_s, fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            try:
+                value = fn(**kwargs)
+            finally:
+                call.over = True
+        finally:
+            timer.cancel()
+            _armed[0] = None
+        if call.fired:  # the tool swallowed Deadline (a bare except) or returned just as it fired
+            raise Deadline
+        return value
+
+    def close(self) -> None:
+        pass
+
+
+def episode_calls(name: str) -> "MainThreadCalls | EpisodeThread":
+    """Where an episode's sync calls run: the main thread when the rollout runs on it (TRL's), else a
+    thread of the episode's own."""
+    if threading.current_thread() is threading.main_thread():
+        return MainThreadCalls()
+    return EpisodeThread(name)
 
 
 class EpisodeThread:
-    """One episode's thread for its sync calls: started at the first call, a daemon (a call stuck past
-    its timeout never holds the process), ended by close(). Calls run one at a time, in order."""
+    """One episode's thread for its sync calls, where the rollout is not on the main thread: started
+    at the first call, a daemon (a call stuck past its timeout never holds the process), ended by
+    close(). Calls run one at a time, in order."""
 
     def __init__(self, name: str = "grpo-episode"):
         self.name = name

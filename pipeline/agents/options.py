@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PYTHON_TOOL = "python"
 """The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
@@ -25,9 +25,11 @@ class AgentOptions(BaseModel):
     return an observation appended to the last user message (the whole prompt when the dataset has
     no prompt column); public methods are tools; reward functions get the instances as
     `environments`; a class's get_reward becomes a reward named after it (pipeline.agents.environment)."""
-    max_turns: int = Field(4, ge=1, le=256)
+    max_turns: int | None = Field(4, ge=1, le=256)
     """Model turns per episode at most (TRL's max_tool_calling_iterations + 1): calls made in the
-    last allowed turn are recorded but not run (ending max_turns)."""
+    last allowed turn are recorded but not run (ending max_turns). null: unlimited, TRL's default
+    (max_tool_calling_iterations None); the episode is then bounded by max_episode_tokens, which
+    must be set."""
     max_episode_tokens: int | None = Field(None, ge=1)
     """Tokens after the prompt per episode at most (model turns, tool results, template glue);
     None = max_turns x max_new_tokens. A turn is cut to what is left; a tool result that would not
@@ -48,6 +50,13 @@ class AgentOptions(BaseModel):
         if isinstance(v, dict) and (not v or not all(isinstance(k, str) and k for k in v)):
             raise ValueError("a mapping of environment names (the `environment` column's values) to classes, at least one")
         return v
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        if self.max_turns is None and self.max_episode_tokens is None:
+            raise ValueError("rollout.max_turns null (unlimited turns) needs rollout.max_episode_tokens to bound each episode, "
+                             "as TRL's max_completion_length does")
+        return self
 
     @property
     def agentic(self) -> bool:

@@ -187,6 +187,16 @@ def encode(value: Any, path: str, instance: bool = False) -> Any:
                         f"rebuilds it (or keep it out of the instance's attributes)") from None
 
 
+def encode_result(value: Any, tool: str) -> Any:
+    """A tool's list result (TRL keeps it a list in the tool message) in this encoding, for the episode
+    record; one line naming the tool when an item cannot be stored exactly."""
+    try:
+        return _encode(value, f"{tool}()")
+    except Unstorable as err:
+        raise GRPOError(f"tool {tool!r} returned a list holding a {_type_name(err.value)} at {err.path}, which the episode "
+                        "record cannot store exactly; return a string, or a list of plain values") from None
+
+
 def decode(data: Any) -> Any:
     if data is None or isinstance(data, (bool, int, float, str)):
         return data

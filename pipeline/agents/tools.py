@@ -7,12 +7,17 @@ with a wall-clock timeout whose outcome, whatever it is, becomes the text of a t
 
 User tools run in the rollout process, as TRL runs them: they can read and write what the
 rollout can. Where a call runs and the arguments it gets are pipeline.agents.execution's: a sync
-tool on its episode's thread, an async one on the process's event loop, arguments cast to the
-schema's types as TRL casts them. A call past its timeout is answered with a timeout error: a
-sync one is left running on its thread, which is given up (Python cannot stop a thread); an async
+tool on the main thread (so `signal.alarm` works in it, as in TRL), an async one on the process's
+event loop, arguments cast to the schema's types as TRL casts them. A call past its timeout is
+answered with a timeout error: a sync one is interrupted (Deadline raised inside it); an async
 one is cancelled. A tool that raises SystemExit fails the stage with one line; one that kills its
 process (os._exit, a signal) takes the stage with it, before its part is written, so a resume
 samples that part again.
+
+What a call answers is TRL's tool message content: a list result stays a list (TRL passes it on for
+content parts; `grpo_agent.py`'s reward checks `isinstance(result, list)`), anything else is str()
+of it; a failure is `str({"error": message})` with the message TRL's call would give (Python's own
+text for a wrong argument name: `f() got an unexpected keyword argument 'x'`).
 The built-in `python` tool runs the model's code in the reward sandbox (pipeline.rewards.sandbox:
 its own process, no network, memory/CPU/process limits) and answers with what it printed.
 """
@@ -25,7 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline.agents.execution import BadArgument, Deadline, EpisodeThread, cast_arguments, parameters, run_async
+from pipeline.agents.execution import BadArgument, Deadline, EpisodeThread, MainThreadCalls, cast_arguments, episode_calls, \
+    parameters, run_async
 from pipeline.agents.options import PYTHON_TOOL
 from pipeline.errors import GRPOError
 
@@ -95,10 +101,13 @@ def load_tools(targets: list[str], timeout_s: float = 10.0) -> list[Callable]:
 @dataclass
 class CallResult:
     content: str
-    """What the model sees in the tool message."""
+    """The tool message's text: the result, str() of it (of a list too), or TRL's error text."""
     error: str | None
     """None, or: unknown_tool | bad_arguments | raised | timeout | malformed."""
     seconds: float
+    value: list | None = None
+    """A list result as the tool returned it: TRL's tool message holds it so (what the template
+    renders, what reward functions get)."""
 
 
 def _error_text(message: str) -> str:
@@ -106,10 +115,10 @@ def _error_text(message: str) -> str:
 
 
 def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, timeout_s: float,
-              thread: EpisodeThread | None = None, properties: dict | None = None) -> CallResult:
+              thread: MainThreadCalls | EpisodeThread | None = None, properties: dict | None = None) -> CallResult:
     """Run one parsed call: its arguments cast to the schema's types (`properties`: the tool's
-    parameters, read from its schema when not given), a sync tool on the episode's `thread` (a
-    thread of its own when none is given), an async one on the process's event loop (see
+    parameters, read from its schema when not given), a sync tool on the episode's `thread` (the
+    main thread when none is given and this is it), an async one on the process's event loop (see
     pipeline.agents.execution). Every failure is an answer the model sees, never an exception, but
     for SystemExit / KeyboardInterrupt, which fail the stage (GRPOError)."""
     start = time.perf_counter()
@@ -123,41 +132,40 @@ def call_tool(tools: dict[str, Callable], name: str | None, arguments: Any, time
     if fn is None:
         return done(_error_text(f"Tool {name} not found."), "unknown_tool")
     if not isinstance(arguments, dict):
-        return done(_error_text(f"arguments of {name} must be a JSON object"), "bad_arguments")
+        try:
+            fn(**arguments)  # raises before the tool runs, with Python's text, as TRL's call does
+        except TypeError as err:
+            return done(_error_text(str(err)), "bad_arguments")
     try:
         inspect.signature(fn).bind(**arguments)
-    except TypeError as err:
-        return done(_error_text(f"{name}: {err}"), "bad_arguments")
+        mismatch = False
+    except TypeError:
+        mismatch = True  # the call raises Python's own text (a wrong or missing name) before the tool runs, as in TRL
     except ValueError:
-        pass  # no signature to check against: the call itself will say
-    try:
-        arguments = cast_arguments(tool_parameters(fn) if properties is None else properties, arguments)
-    except BadArgument as err:
-        return done(_error_text(f"{name}: {err}"), "bad_arguments")
+        mismatch = False  # no signature to check against: the call itself will say
+    if not mismatch:
+        try:
+            arguments = cast_arguments(tool_parameters(fn) if properties is None else properties, arguments)
+        except BadArgument as err:
+            return done(_error_text(f"{name}: {err}"), "bad_arguments")
+    calls = thread if thread is not None else episode_calls(f"grpo-tool-{name}")
     try:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             value = run_async(fn(**arguments), timeout_s)
-        elif thread is None:
-            value = _one_off(fn, arguments, timeout_s, name)
         else:
-            value = thread.run(fn, arguments, timeout_s)
+            value = calls.run(fn, arguments, timeout_s)
     except Deadline:
         return done(_error_text(f"{name} timed out after {timeout_s:g} s"), "timeout")
     except (SystemExit, KeyboardInterrupt) as err:
         raise GRPOError(f"tool {name!r} tried to end the process ({type(err).__name__} {err}); the stage stops, no part was written") from None
     except Exception as err:
-        return done(_error_text(str(err) or type(err).__name__), "raised")
-    content = value if isinstance(value, str) else str(value)
-    return done(content)
-
-
-def _one_off(fn: Callable, arguments: dict, timeout_s: float, name: str) -> Any:
-    """A call outside an episode, on a thread made for it."""
-    thread = EpisodeThread(f"grpo-tool-{name}")
-    try:
-        return thread.run(fn, arguments, timeout_s)
+        return done(_error_text(str(err)), "bad_arguments" if mismatch and isinstance(err, TypeError) else "raised")
     finally:
-        thread.close()
+        if thread is None:
+            calls.close()
+    if isinstance(value, list):  # kept a list, as TRL keeps it (the episode records it exactly: tuples stay tuples)
+        return CallResult(str(value), None, round(time.perf_counter() - start, 6), value)
+    return done(str(value))
 
 
 def tool_parameters(fn: Callable) -> dict:

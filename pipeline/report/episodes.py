@@ -3,12 +3,13 @@ episode shown as a conversation (`grpo inspect`).
 
 Metrics, over an iteration's episodes (none when it has none):
     episodes/turns_mean, episodes/turns_max        model turns per episode
-    episodes/ending/<answered|max_turns|max_episode_tokens|length|tool_timeout>   share of episodes
+    episodes/ending/<answered|malformed|max_turns|max_episode_tokens|length|tool_timeout>   share of episodes
     tools/call_frequency                           tool calls per episode (TRL's name)
     tools/used                                     share of episodes with at least one call
     tools/failure_frequency                        failed calls / calls (TRL's name)
     tools/calls/<tool>                             calls of each tool per episode
-    tools/errors/<malformed|unknown_tool|bad_arguments|raised|timeout>   count
+    tools/errors/<malformed|unknown_tool|bad_arguments|raised|timeout>   count (malformed: records written
+                                                   before a malformed call ended its episode)
     tools/dropped                                  results run but cut by the token budget
     tokens/model_share                             sampled tokens / all completion tokens
 """
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 from pipeline.store import stage_rel
 from pipeline.store.run import Run
 
-ENDINGS = ("answered", "max_turns", "max_episode_tokens", "length", "tool_timeout")
+ENDINGS = ("answered", "malformed", "max_turns", "max_episode_tokens", "length", "tool_timeout")
 ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout")
 
 
