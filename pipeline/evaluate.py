@@ -119,7 +119,7 @@ def run_eval(run: Run, k: int, engine=None) -> dict | None:
         nonlocal engine
         t = time.time()
         if engine is None:
-            engine = policy_engine(run, k)
+            engine = policy_engine(run, k, where=f"eval of policy {k}")
         table = eval_table(run, k, engine)
         stats["seconds"] = round(time.time() - t, 3)
         return table
