@@ -63,7 +63,7 @@ class HFEngine:
         computes them (pipeline.models.sampler_proof)."""
         torch = self.torch
         with torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()  # [P-1, V]
+            logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float().cpu()  # [P-1, V]
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,

@@ -223,7 +223,11 @@ class LoraPolicy(FullPolicy):
         return merged_dir(run, k), None
 
     def probe_model(self, run, k: int):
-        return self.load_old(run, k)  # the base with adapter k, fp32 on the CPU
+        from pipeline.models.lora import policy_model
+
+        # the base with adapter k, fp32 on the CPU (not the logprob pass's device: a GPU's memory is the engine's)
+        return policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora, trainable=False,
+                            seed=self.cfg.seed)
 
     def engine_lora_rank(self) -> int | None:
         from pipeline.models.lora import vllm_rank
