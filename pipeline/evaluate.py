@@ -185,7 +185,7 @@ def run_eval(run: Run, k: int, engine=None, recorded: list[pa.Table] | None = No
                 raise GRPOError(f"--replay: the recorded eval has {len(recorded)} parts, this config makes {len(parts)}")
             return eval_table(run, k, None, parts[p], recorded[p])
         if engine is None:
-            engine = policy_engine(run, k)
+            engine = policy_engine(run, k, where=f"eval of policy {k}")
         table = eval_table(run, k, engine, parts[p])
         stats["seconds"] = round(stats.get("seconds", 0.0) + time.time() - t, 3)
         return table

@@ -114,10 +114,12 @@ def policy_loss(
     `config.rollout_correction` (its detached weight multiplies the policy term; `pipeline.rollout_correction`);
     None: the old policy sampled, nothing to correct.
     Aggregation uses this micro-batch's B and tokens, except dapo whose `num_items` counts the
-    active tokens of the whole generation batch. The engine then averages: DeepSpeed divides each
-    micro-batch loss by its gradient_accumulation_steps and averages gradients over data-parallel
-    ranks, so pass num_items = generation-batch tokens / (grad_accum * world_size) for the update
-    to be sum(tokens) / generation-batch tokens. The other types need no such care.
+    active tokens of the mini-batch (one optimizer step; TRL's accumulation window since its PR
+    #6024), not of the whole generation batch. The trainer weighs each micro-batch's loss by its
+    share of the mini-batch (`LossType.micro_batch_share`: rows for grpo, dr_grpo and reinforce, 1
+    for dapo, 1 / micro-batches for bnpo), and DeepSpeed averages gradients over data-parallel
+    ranks, so it passes num_items = mini-batch tokens / world_size for the update to be
+    sum(tokens) / mini-batch tokens.
     Returns (loss, metrics) with detached float metrics under flat `section/name` keys.
     """
     _check_loss_args(

@@ -37,10 +37,10 @@ class InlineSampler:
         run = self.run
         with tracking.reporting(run, k, kind):
             if kind == "rollout" and not run.done(k, "rollout"):
-                run_rollout(run, k, engine=self.warm.rollout_engine(iteration_plan(run.cfg, k).behaviour))
+                run_rollout(run, k, engine=self.warm.rollout_engine(iteration_plan(run.cfg, k).behaviour, f"rollout iteration {k}"))
                 self.warm.idle_engine()
             elif kind == "eval" and not run.done(k, "eval"):
-                run_eval(run, k, self.warm.rollout_engine(k))
+                run_eval(run, k, self.warm.rollout_engine(k, f"eval of policy {k}"))
 
     def wait(self, kind: str, k: int) -> None:
         """Nothing to wait for: `ask` ran it."""

@@ -27,13 +27,14 @@ class WarmEngines:
         # before any engine or model loads
         self.plan = engine_plan(run, run.completed_iters(), shared=True)
 
-    def rollout_engine(self, k: int):
+    def rollout_engine(self, k: int, where: str | None = None):
         """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
-        weights where the trainer just published policy k (else it reads the stored policy)."""
+        weights where the trainer just published policy k (else it reads the stored policy).
+        `where` names the stage in the error of an engine that does not hold it."""
         weights = None
         if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
             weights = self.trainer.published_weights(self.run.policy_dir(k))
-        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights)
+        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights, where=where)
         return self.engine
 
     def idle_engine(self) -> None:

@@ -20,6 +20,7 @@ from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batch
 from pipeline.models.lora import AdapterOff
 from pipeline.models.packing import resolve as resolve_packing
 from pipeline.models.policy import LogprobModels
+from pipeline.models.sampler_proof import check_sampler_gap
 from pipeline.iteration_plan import iteration_plan
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
@@ -126,8 +127,11 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
         stats["load_s"] += time.time() - t
         rollout = read_part(run, k, "rollout", ROLLOUT, p)
         stats["tokens"] += int(sum(rollout.column("completion_length").to_pylist()))
-        return logprobs_table(rollout, old_model, ref_model, cfg.rollout.temperature, cfg.train.token_budget, k, precision,
-                              ref_is_old, cfg.train.packing)
+        table = logprobs_table(rollout, old_model, ref_model, cfg.rollout.temperature, cfg.train.token_budget, k, precision,
+                               ref_is_old, cfg.train.packing)
+        if old_model is not None:  # on policy, a gap over what the dtypes explain is an engine that held another policy
+            check_sampler_gap(cfg, k, table.column("sampler_gap_mean").to_pylist(), f"logprobs iteration {k} part {p}")
+        return table
 
     inputs = {
         "rollout": upstream(run, k, "rollout"),

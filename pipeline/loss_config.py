@@ -47,7 +47,7 @@ class LossConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "reinforce"] = "grpo"
-    """Loss aggregation: grpo (per-sequence mean), bnpo (per-token over the mini-batch), dr_grpo (fixed length normaliser), dapo (per-token over the generation batch), reinforce (plain policy gradient)."""
+    """Loss aggregation: grpo (per-sequence mean), bnpo (per-token over each micro-batch), dr_grpo (fixed length normaliser), dapo (per-token over the mini-batch), reinforce (plain policy gradient)."""
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
     """Lower clip range: the ratio is clipped below at 1 - clip_eps_low."""
     clip_eps_high: float = Field(0.2, ge=0.0)

@@ -17,7 +17,7 @@ class LossType:
     """Whether the surrogate uses the clipped importance ratio (reinforce: plain policy gradient)."""
     sums_micro_batches = False
     """True when each micro-batch's loss is already a share of the whole mini-batch's (dapo),
-    so micro-batch losses add up; otherwise they are averaged."""
+    so micro-batch losses add up; otherwise each is weighed by its share (`micro_batch_share`)."""
 
     def reduce(self, per_token: torch.Tensor, m: torch.Tensor, max_completion_length, num_items) -> torch.Tensor:
         """Reduce a per-token loss [B, T] over active tokens (m = float mask) to a scalar, as TRL defines it."""
@@ -27,9 +27,12 @@ class LossType:
     def check(self, max_completion_length, num_items) -> None:
         """Raise ValueError when an argument this type needs is missing."""
 
-    def micro_batch_scale(self, n_micro: int) -> float:
-        """Factor on a micro-batch's loss so the accumulated gradient is the mini-batch's."""
-        return 1.0 if self.sums_micro_batches else 1.0 / n_micro
+    def micro_batch_share(self, share_rows: float, share_tokens: float, n_micro: int) -> float:
+        """Factor on a micro-batch's loss so the accumulated gradient is the mini-batch's: the
+        micro-batch's share of what this type averages over (its rows of the mini-batch's for a
+        per-sequence mean), as for a piece. So any split of a mini-batch (a short last one cut
+        [6, 2]) gives the unsplit gradient; 1 / n_micro would weigh 6 rows as much as 2."""
+        return self.piece_share(share_rows, share_tokens)
 
     def rank_weight(self, world: int, rows: int, all_rows: int, tokens: int, all_tokens: int) -> float:
         """DeepSpeed averages the ranks' gradients: a rank's loss is weighed by its share of the
@@ -48,9 +51,14 @@ class LossType:
 
 
 class BNPOLoss(LossType):
-    """Each token of the micro-batch weighs the same."""
+    """Each token of the micro-batch weighs the same; micro-batches weigh the same (TRL's bnpo: each
+    accumulation step's token mean, divided by the steps). Its normaliser is the micro-batch's, so
+    a split changes the loss by definition: [6, 2] rows is not the 8 rows' token mean."""
 
     name = "bnpo"
+
+    def micro_batch_share(self, share_rows, share_tokens, n_micro):
+        return 1.0 / n_micro
 
     def reduce(self, per_token, m, max_completion_length, num_items):
         return (per_token * m).sum() / m.sum().clamp(min=1)
@@ -79,8 +87,10 @@ class DrGRPOLoss(LossType):
 
 
 class DAPOLoss(LossType):
-    """Each token of the whole generation batch weighs the same: `num_items` counts them, spread
-    over the ranks, so micro-batch and rank losses add up instead of averaging."""
+    """Each token of the mini-batch (one optimizer step's tokens) weighs the same: `num_items`
+    counts them, spread over the ranks, so micro-batch and rank losses add up instead of
+    averaging. TRL's after its PR #6024: the tokens of one accumulation window, not of the whole
+    generation batch when that spans several optimizer steps."""
 
     name = "dapo"
     sums_micro_batches = True
@@ -91,7 +101,7 @@ class DAPOLoss(LossType):
     def check(self, max_completion_length, num_items):
         if num_items is None or float(num_items) <= 0:
             raise ValueError(
-                "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the whole generation batch"
+                "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the mini-batch"
             )
 
     def rank_weight(self, world, rows, all_rows, tokens, all_tokens):

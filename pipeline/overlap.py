@@ -139,10 +139,10 @@ def serve(uri: str, conn, parent: int) -> None:
             try:
                 with tracking.reporting(run, k, kind):
                     if kind == "rollout" and not run.done(k, "rollout"):
-                        engine = policy_engine(run, iteration_plan(run.cfg, k).behaviour, engine, plan=plan)
+                        engine = policy_engine(run, iteration_plan(run.cfg, k).behaviour, engine, plan=plan, where=f"rollout iteration {k}")
                         run_rollout(run, k, engine=engine)
                     elif kind == "eval" and not run.done(k, "eval"):
-                        engine = policy_engine(run, k, engine, plan=plan)
+                        engine = policy_engine(run, k, engine, plan=plan, where=f"eval of policy {k}")
                         run_eval(run, k, engine)
                 conn.send(("done", kind, k, None))
             except GRPOError as err:

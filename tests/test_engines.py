@@ -51,17 +51,30 @@ def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
     # this process's environment, so a process started later does not inherit them
     assert dict(os.environ) == env
     want = fresh.generate(PROMPT, [11], n=4)
+    probe = list(range(3, 40))
+    fresh_probe = fresh.probe(probe)
     fresh.close()
     warm = VLLMEngine(a, cfg, 256, seed=0)
     before = warm.generate(PROMPT, [11], n=4)
+    before_probe = warm.probe(probe)
     warm.load(b)
     got = warm.generate(PROMPT, [11], n=4)
+    got_probe = warm.probe(probe)
     warm.close()
     assert [s.token_ids for s in got[0]] == [s.token_ids for s in want[0]]
     for g, w in zip(got[0], want[0]):
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
     # and the reload did change something (policy b is not policy a)
     assert [s.logprobs for s in before[0]] != [s.logprobs for s in got[0]]
+    # the probe (pipeline.models.sampler_proof): vLLM's prompt logprobs at temperature 1 are the
+    # trainer's for the policy it holds, within fp32's limit; before the reload they are policy a's
+    with torch.no_grad():
+        ref = torch.log_softmax(load_model(b).cpu()(input_ids=torch.tensor([probe])).logits[0, :-1].float(), -1)
+    ref = ref.gather(-1, torch.tensor(probe[1:])[:, None])[:, 0]
+    assert len(got_probe) == len(probe) - 1
+    for p in (fresh_probe, got_probe):
+        assert float((torch.tensor(p) - ref).abs().mean()) < 1e-4
+    assert float((torch.tensor(before_probe) - ref).abs().mean()) > 1e-2  # policy a: the check tells them apart
 
 
 def test_vllm_sampler_logprobs_match_the_trainer(two_policies):

@@ -131,7 +131,7 @@ class RolloutWorker:
             self.plans = {k: plan}
             t = time.time()
             plan_ = engine_plan(self.run, plan.policy_iter) if self.engine is None else None
-            self.engine = policy_engine(self.run, plan.policy_iter, self.engine, plan=plan_)
+            self.engine = policy_engine(self.run, plan.policy_iter, self.engine, plan=plan_, where=f"rollout iteration {k}")
             report["engine_s"] = time.time() - t
             table = generate_part(plan, self.engine, part)
             fault("rollout", k, part)

@@ -49,12 +49,22 @@ class HFEngine:
         """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs) equal to them."""
         from safetensors.torch import load_file
 
+        from pipeline.models.strict import load_strict
+
         state = dict(weights or [])
         for f in sorted(Path(model_dir).glob("*.safetensors")) if weights is None else []:
             state.update(load_file(f))
-        self.model.load_state_dict(state, strict=False)
+        load_strict(self.model, state, f"rollout engine: {model_dir}")  # every weight, or a one-line error
         self.model.tie_weights()
         self.model_dir = Path(model_dir)
+
+    def probe(self, ids: list[int]) -> list[float]:
+        """Logprobs of ids[1:] given the tokens before each, at temperature 1, as this engine
+        computes them (pipeline.models.sampler_proof)."""
+        torch = self.torch
+        with torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float().cpu()  # [P-1, V]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
                  max_tokens: list[int] | None = None, temperature: float | None = None) -> list[list[Sample]]:

@@ -107,6 +107,14 @@ class FullPolicy:
     def engine_lora_rank(self) -> int | None:
         return None
 
+    def probe_model(self, run, k: int):
+        """Policy k from its stored files, fp32 on the CPU: what an engine's probe is checked against
+        (pipeline.models.sampler_proof)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(run.policy_dir(k), dtype=torch.float32).eval()
+
     # -- replay and export ----------------------------------------------------------------
     def replay_model(self, src, k: int) -> Path:
         """A replay's model: SRC's policy K as whole weights."""
@@ -135,13 +143,15 @@ class FullPolicy:
         return load_model(run.policy_dir(k))
 
     def give_old(self, model, run, k: int) -> None:
-        """A loaded old model given policy k's weights in place."""
+        """A loaded old model given policy k's weights in place (every weight: `load_strict`)."""
         from safetensors.torch import load_file
+
+        from pipeline.models.strict import load_strict
 
         state = {}
         for f in sorted(run.policy_dir(k).glob("*.safetensors")):
             state.update(load_file(f))
-        model.load_state_dict(state, strict=False)
+        load_strict(model, state, f"logprobs: policy/iter-{k:04d}")
         model.tie_weights()
 
     def ref_of(self, run, old):
@@ -211,6 +221,13 @@ class LoraPolicy(FullPolicy):
         from pipeline.models.lora import merged_dir
 
         return merged_dir(run, k), None
+
+    def probe_model(self, run, k: int):
+        from pipeline.models.lora import policy_model
+
+        # the base with adapter k, fp32 on the CPU (not the logprob pass's device: a GPU's memory is the engine's)
+        return policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora, trainable=False,
+                            seed=self.cfg.seed)
 
     def engine_lora_rank(self) -> int | None:
         from pipeline.models.lora import vllm_rank

@@ -169,15 +169,8 @@ class VLLMEngine:
             )
             for i, s in enumerate(seeds)
         ]
-        lora = None
-        if self.adapter is not None:
-            from vllm.lora.request import LoRARequest
-
-            key = str(self.adapter)
-            lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
-            lora = LoRARequest(f"policy-{lora_id}", lora_id, key)
         self.wake()
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=lora)
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=self._lora())
         groups = []
         for out in outs:
             group = []
@@ -187,6 +180,27 @@ class VLLMEngine:
                 group.append(Sample(o.text, tids, lps[: len(tids)], "length" if o.finish_reason == "length" else "stop"))
             groups.append(group)
         return groups
+
+    def _lora(self):
+        """The LoRA request of the adapter this engine samples through (rollout.lora_mode vllm_lora), or None."""
+        if self.adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        key = str(self.adapter)
+        lora_id = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
+        return LoRARequest(f"policy-{lora_id}", lora_id, key)
+
+    @_env_kept
+    def probe(self, ids: list[int]) -> list[float]:
+        """Logprobs of ids[1:] given the tokens before each, at temperature 1, as this engine
+        computes them (its prompt logprobs: the raw logits' log-softmax; pipeline.models.sampler_proof)."""
+        from vllm import SamplingParams
+
+        self.wake()
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0, detokenize=False)
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self._lora())[0]
+        return [float(d[t].logprob) for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def close(self) -> None:
         import gc

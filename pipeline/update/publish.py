@@ -26,6 +26,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
+from pipeline.models.sampler_proof import check_sampler_gap
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
 from pipeline.store.retention import prune_policies
@@ -83,6 +84,8 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
             trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0))
         data = UpdateData(run, k, trainer.kl_ctl)
         rows = trainer.train_iteration(data, k)
+        if data.old_from_update:  # the sampler gap is measured here, from the update's own forward (every rank holds it)
+            check_sampler_gap(cfg, k, data.old_table().column("sampler_gap_mean").to_pylist(), f"update iteration {k}")
         if data.kl_stats is not None:
             trainer.kl_ctl.update(data.kl_stats, data.size)
         train_s = time.time() - t0

@@ -181,25 +181,13 @@ class Trainer:
 
     def _epoch(self, data: "UpdateData", k: int, epoch: int, bar) -> list[dict]:
         cfg, t = self.cfg, self.cfg.train
-        n, micro, rows = data.size, t.mini_batch_size // t.grad_accum, []
+        n, rows = data.size, []
         order = np.random.default_rng([cfg.seed, k, epoch]).permutation(n)
         for b, start in enumerate(range(0, n, t.mini_batch_size)):
             mb = order[start : start + t.mini_batch_size]
-            acc: dict[str, float] = {}
             tokens = int(data.mask_sum(mb))
-            micros = [mb[i : i + micro] for i in range(0, len(mb), micro)]
             lr = float(self.scheduler.get_last_lr()[0]) if self.scheduler else t.lr
-            for j, mi in enumerate(micros):
-                # the boundary is set by hand so a short last mini-batch still steps
-                self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
-                weight = self._rank_weight(data, mine, mi)
-                # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
-                metrics = self.micro_step(data, mine if len(mine) else mi[:1], len(micros), tokens, weight)
-                metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
-                for key, v in metrics.items():  # mini-batch value: mean over micro-batches (the loss as the type adds it up)
-                    w = cfg.loss.kind.micro_batch_scale(len(micros)) if key == "loss/policy" else 1.0 / len(micros)
-                    combine(acc, key, v, w)
+            acc = self.accumulate(data, mb)
             pre_norm = self._grad_norm()
             for key, v in (("loss/policy", acc.get("loss/policy", 0.0)), ("grad_norm", pre_norm or 0.0)):
                 if not math.isfinite(v):  # stepping would write non-finite weights into the next policy
@@ -221,6 +209,30 @@ class Trainer:
             bar.advance()
         return rows
 
+    def accumulate(self, data: "UpdateData", mb: np.ndarray) -> dict[str, float]:
+        """Forward and backward of mini-batch `mb` in micro-batches of `train.mini_batch_size //
+        train.grad_accum` rows (the last one short when `mb` is): its gradient accumulated, not
+        stepped. Returns its metrics."""
+        cfg, t = self.cfg, self.cfg.train
+        micro, acc = t.mini_batch_size // t.grad_accum, {}
+        tokens = int(data.mask_sum(mb))
+        micros = [mb[i : i + micro] for i in range(0, len(mb), micro)]
+        for j, mi in enumerate(micros):
+            # the boundary is set by hand so a short last mini-batch still steps
+            self.engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+            mine = mi[self.rank :: self.world]  # this rank's slice of the micro-batch
+            # the micro-batch's share of the mini-batch as the loss type weighs it (rows or tokens),
+            # so an uneven split (a short last mini-batch cut [6, 2]) gives the unsplit gradient
+            share_tokens = data.mask_sum(mi) / max(1, tokens)
+            share = cfg.loss.kind.micro_batch_share(len(mi) / len(mb), share_tokens, len(micros))
+            weight = self._rank_weight(data, mine, mi) * share
+            # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
+            metrics = self.micro_step(data, mine if len(mine) else mi[:1], tokens, weight)
+            metrics = self._across_ranks(metrics, len(mine), data.mask_sum(mine) if len(mine) else 0)
+            for key, v in metrics.items():  # mini-batch value: the loss as the type adds it up, token means over its tokens
+                combine(acc, key, v, share if key.startswith("loss/") else share_tokens)
+        return acc
+
     def _grad_norm(self) -> float | None:
         """Total gradient norm before clipping; ZeRO >= 1 optimizers report it themselves."""
         if self.cfg.train.zero_stage > 0:
@@ -236,9 +248,10 @@ class Trainer:
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
         return across_ranks(metrics, rows, tokens, self.cfg.loss.kind, self.world)
 
-    def micro_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float = 1.0) -> dict:
-        """Forward and backward of one micro-batch; the loss is scaled so that the
-        accumulated gradient is that of the mini-batch's loss.
+    def micro_step(self, data: "UpdateData", idx: np.ndarray, mb_tokens: int, weight: float = 1.0) -> dict:
+        """Forward and backward of one micro-batch, its loss times `weight` (its share of the
+        mini-batch's loss, and this rank's of the micro-batch's) so that the accumulated gradient
+        is that of the mini-batch's loss.
 
         A micro-batch over `train.update_token_budget` padded tokens (a prompt its rows share
         counted once) runs as several pieces, each
@@ -254,12 +267,12 @@ class Trainer:
             self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
             share_tokens = data.mask_sum(piece) / tokens
             loss_share = cfg.loss.kind.piece_share(len(piece) / rows, share_tokens)
-            metrics = self._piece_step(data, piece, n_micro, mb_tokens, weight * loss_share)
+            metrics = self._piece_step(data, piece, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
                 combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)
         return out
 
-    def _piece_step(self, data: "UpdateData", idx: np.ndarray, n_micro: int, mb_tokens: int, weight: float) -> dict:
+    def _piece_step(self, data: "UpdateData", idx: np.ndarray, mb_tokens: int, weight: float) -> dict:
         cfg = self.cfg
         dev = self.engine.device
         batch, old, ref, adv, sampler = data.batch(idx, share_prompts=self.share_prompts, packed=self.packed)
@@ -284,7 +297,7 @@ class Trainer:
         if cfg.loss.kl_coef == 0 and ref is not None:
             with torch.no_grad():
                 metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.loss_mask))
-        self.engine.backward(loss * cfg.loss.kind.micro_batch_scale(n_micro) * weight, scale_wrt_gas=False)
+        self.engine.backward(loss * weight, scale_wrt_gas=False)
         return metrics
 
 
