@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.models.device_plan import engine_dtype  # noqa: F401  (the engines import it from here)
+from pipeline.models.device_plan import engine_dtype, may_have_gpu  # noqa: F401  (engine_dtype: the engines import it from here)
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Sample:
 def cpu_env() -> None:
     """Environment the engines need on a CPU machine; set before vLLM/DeepSpeed import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if not _has_cuda():  # on a GPU DeepSpeed finds its CUDA accelerator itself
+    if not may_have_gpu():  # on a GPU DeepSpeed finds its CUDA accelerator itself (asked without torch)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU notes drown the demo table
@@ -31,12 +31,6 @@ def cpu_env() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a weight-loading bar per model load
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 @contextlib.contextmanager
