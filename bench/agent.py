@@ -171,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         result["total_s"] = time.time() - t0
         OUT.write_text(json.dumps(result, indent=1))
     result = json.loads(OUT.read_text())
-    results_json = ROOT / "results.json"
-    if results_json.exists():
-        (ROOT / "results.md").write_text(report.render(json.loads(results_json.read_text())))
+    report.rewrite_results_md()
     print("\n".join(section(result)))
     return 0
 

@@ -144,9 +144,7 @@ def main() -> None:
     OUT.write_text(json.dumps({**results(), w.name: result}, indent=1))
     from bench import report
 
-    results_json = ROOT / "results.json"
-    if results_json.exists():
-        (ROOT / "results.md").write_text(report.render(json.loads(results_json.read_text())))
+    report.rewrite_results_md()
     print("\n".join(workload_table(result)))
 
 

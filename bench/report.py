@@ -483,3 +483,10 @@ def render(results: dict) -> str:
             "the diagnostics it triggers. Checkpoints (optimizer state, the new policy's safetensors) are listed apart: vLLM "
             "loads the new weights from them.", ""]
     return "\n".join(out)
+
+
+def rewrite_results_md() -> None:
+    """bench/results.md redrawn from bench/results.json and the side benches' files, after a side bench wrote its own."""
+    here = Path(__file__).resolve().parent
+    if (here / "results.json").exists():
+        (here / "results.md").write_text(render(json.loads((here / "results.json").read_text())))
