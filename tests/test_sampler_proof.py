@@ -140,3 +140,26 @@ def test_a_sampler_that_never_loads_the_new_policy_stops_iterate(make_run, capsy
                                         r"sample policy/iter-0001$"):
         run_logprobs(r, 1)
     assert not r.done(1, "logprobs")
+
+
+def test_a_mixture_of_experts_reloads_in_place_through_the_checkpoint_conversion(tmp_path):
+    """transformers 5 fuses a MoE's per-expert weights as it loads them, while save_pretrained
+    writes them per expert: reading the files as they are matched no key of the loaded model (the
+    strict load refused Mixtral at the second iteration; the old non-strict one kept the old experts).
+    The reload now goes through from_pretrained's conversion and gives exactly the stored policy."""
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    from pipeline.models.strict import load_dir_strict
+
+    conf = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1)
+    torch.manual_seed(0)
+    MixtralForCausalLM(conf).save_pretrained(tmp_path / "a")
+    torch.manual_seed(1)
+    MixtralForCausalLM(conf).save_pretrained(tmp_path / "b")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a", dtype=torch.float32)
+    want = AutoModelForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float32).state_dict()
+    assert any(not torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    load_dir_strict(model, tmp_path / "b", "logprobs: policy/iter-0001")
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())

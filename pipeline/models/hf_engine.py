@@ -47,14 +47,12 @@ class HFEngine:
 
     def load(self, model_dir: Path, weights: list | None = None) -> None:
         """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs) equal to them."""
-        from safetensors.torch import load_file
+        from pipeline.models.strict import load_dir_strict, load_strict
 
-        from pipeline.models.strict import load_strict
-
-        state = dict(weights or [])
-        for f in sorted(Path(model_dir).glob("*.safetensors")) if weights is None else []:
-            state.update(load_file(f))
-        load_strict(self.model, state, f"rollout engine: {model_dir}")  # every weight, or a one-line error
+        if weights is None:  # every weight, or a one-line error
+            load_dir_strict(self.model, model_dir, f"rollout engine: {model_dir}")
+        else:
+            load_strict(self.model, dict(weights), f"rollout engine: {model_dir}")
         self.model.tie_weights()
         self.model_dir = Path(model_dir)
 

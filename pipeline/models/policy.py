@@ -143,15 +143,10 @@ class FullPolicy:
         return load_model(run.policy_dir(k))
 
     def give_old(self, model, run, k: int) -> None:
-        """A loaded old model given policy k's weights in place (every weight: `load_strict`)."""
-        from safetensors.torch import load_file
+        """A loaded old model given policy k's weights in place (every weight: `load_dir_strict`)."""
+        from pipeline.models.strict import load_dir_strict
 
-        from pipeline.models.strict import load_strict
-
-        state = {}
-        for f in sorted(run.policy_dir(k).glob("*.safetensors")):
-            state.update(load_file(f))
-        load_strict(model, state, f"logprobs: policy/iter-{k:04d}")
+        load_dir_strict(model, run.policy_dir(k), f"logprobs: policy/iter-{k:04d}")
         model.tie_weights()
 
     def ref_of(self, run, old):

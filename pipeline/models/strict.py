@@ -19,3 +19,31 @@ def load_strict(model, state: dict, where: str) -> None:
         what = "; ".join(f"{label} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
                          for label, keys in (("missing", missing), ("unexpected", result.unexpected_keys)) if keys)
         raise GRPOError(f"{where}: the weights do not match the model: {what}")
+
+
+def load_dir_strict(model, model_dir, where: str) -> None:
+    """A stored model directory's weights into `model`, strictly. Its safetensors files are read as
+    they are; where their names are not the model's (transformers 5 converts some checkpoints as it
+    loads them, e.g. a mixture of experts' per-expert weights into fused ones), the directory is
+    loaded through `from_pretrained`, which converts, and its weights are taken from there."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    state: dict = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(load_file(f))
+    if set(state) <= set(model.state_dict()):
+        load_strict(model, state, where)
+        return
+    dtype = next(model.parameters()).dtype
+    fresh, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, output_loading_info=True)
+    head = model.get_output_embeddings() if getattr(model.config, "tie_word_embeddings", False) else None
+    missing = [n for n in info.get("missing_keys", []) if not (head is not None and n.endswith("lm_head.weight"))]
+    unexpected = list(info.get("unexpected_keys", []))
+    if missing or unexpected:  # from_pretrained would fill a missing weight at random and drop an unknown one
+        what = "; ".join(f"{label} {', '.join(sorted(keys)[:3])}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
+                         for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+        raise GRPOError(f"{where}: the weights do not match the model: {what}")
+    load_strict(model, fresh.state_dict(), where)
