@@ -146,3 +146,31 @@ def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_
                     assert v == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (k, key)
                 else:
                     assert v == rb[key] or (isinstance(v, float) and math.isnan(rb[key])), (k, key)
+
+
+def _tiny(model_type: str, **kw):
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().eval()
+
+
+@pytest.mark.parametrize("model_type,kw,ran", [
+    # a hybrid: its linear-attention layer runs the packed row as one sequence (logprobs 2.8e-3 off before the check)
+    ("qwen3_5_text", dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=2,
+                          linear_key_head_dim=8, linear_value_head_dim=8, head_dim=8), 1),
+    # Falcon's own attention classes ignore the pieces: every row read the rows before it (9.6e-2 off)
+    ("falcon", dict(new_decoder_architecture=True, num_kv_heads=2), 0),
+])
+def test_a_model_that_mixes_tokens_outside_the_packed_attention_cannot_pack(model_type, kw, ran):
+    model = _tiny(model_type, **kw)
+    prompts, comps = _groups()
+    with pytest.raises(GRPOError, match=f"train.packing: {ran} of this model's 2 layers \\({model_type}\\) ran the packed attention"):
+        with torch.no_grad():
+            token_logprobs(model, Batch.build(prompts, comps, share_prompts=True, packed=True), 1.0)
+    if model_type == "qwen3_5_text":  # its layer types say so up front: auto pads, on is refused at init
+        assert not packing.resolve("auto", model)
+        with pytest.raises(GRPOError, match="cannot pack"):
+            packing.resolve("on", model)

@@ -43,6 +43,8 @@ class Pieces:
 
     runs: list[tuple[int, int, int, int]]
     _masks: dict = field(default_factory=dict, repr=False)
+    calls: int = 0
+    """Attention layers that ran these pieces (`packed_attention`): `packed_hidden` checks every layer did."""
 
     @classmethod
     def from_positions(cls, positions: list[int]) -> "Pieces":
@@ -156,12 +158,19 @@ def resolve(setting: str, model) -> bool:
     return supported(model)
 
 
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+"""`config.layer_types` entries that mix tokens only through the attention function; any other
+(linear attention, convolutions, SSMs: Qwen3.5, Qwen3-Next, LFM2) reads across packed sequences."""
+
+
 def supported(model) -> bool:
-    """Whether `model` can pack: SDPA attention, no sliding window, no logit soft-capping."""
+    """Whether `model` can pack: SDPA attention, no sliding window, no logit soft-capping, no
+    token mixer besides attention."""
     c = model.config
     windowed = getattr(c, "sliding_window", None) is not None and getattr(c, "use_sliding_window", True)
     capped = getattr(c, "attn_logit_softcapping", None) is not None
-    return c._attn_implementation in ("sdpa", ATTENTION) and not windowed and not capped
+    mixers = any(t not in ATTENTION_LAYERS for t in getattr(c, "layer_types", None) or ())
+    return c._attn_implementation in ("sdpa", ATTENTION) and not windowed and not capped and not mixers
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -174,6 +183,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise GRPOError("train.packing: this model's sliding-window attention cannot pack (set train.packing off)")
+    packed.calls += 1
     gqa = query.shape[1] != key.shape[1]
     outs = []
     for start, end, root, prefix in packed.runs:
@@ -198,4 +208,8 @@ def packed_hidden(decoder, packed: Packed, arithmetic) -> torch.Tensor:
     with arithmetic:
         hidden = decoder(input_ids=packed.input_ids, attention_mask=ones, position_ids=packed.position_ids,
                          use_cache=False, packed=pieces).last_hidden_state  # [1, N, H]
+    layers = decoder.config.num_hidden_layers
+    if pieces.calls != layers:  # a layer that ignored the pieces ran the whole batch as one sequence
+        raise GRPOError(f"train.packing: {pieces.calls} of this model's {layers} layers ({decoder.config.model_type}) ran "
+                        "the packed attention; the others read across rows (set train.packing off)")
     return hidden[0].index_select(0, packed.src)
