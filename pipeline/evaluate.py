@@ -78,9 +78,10 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
         for r, length in zip(rows, recorded.column("completion_length").to_pylist()):
             r["completion_length"] = length
     table = pa.Table.from_pylist(rows)
-    prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
-    log = RewardLog(len(completions))
     with judging(run, k, "eval") as ledger, run_code(run):  # a served reward's requests and answers; the run's reward code
+        # inside run_code: environments rebuilt from the run's copy, the classes get_reward resolves (as score)
+        prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
+        log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
                                  completion_masks=completion_masks(table))  # [N, F]
     names = [r.column for r in cfg.rewards]

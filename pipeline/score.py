@@ -86,9 +86,11 @@ def extra_column(values: list) -> pa.Array:
 def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, float] | None = None) -> pa.Table:
     cfg = run.cfg
     G = cfg.rollout.num_generations
-    prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
-    log = RewardLog(len(completions))
     with judging(run, k) as ledger, run_code(run):  # a judge's verdict cache and record; the run's reward code
+        # inside run_code: the environments rebuilt here are the classes get_reward resolves (the run's copy), or
+        # `type(e) is cls` fails for every row and each get_reward is None
+        prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
+        log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                                  trainer_state=trainer_state(run, k), log=log, completion_masks=completion_masks(rollout))  # [N, F]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)

@@ -120,6 +120,10 @@ def test_parse_hermes_calls():
     assert [(c.name, c.arguments) for c in calls] == [("m", {"a": 1})]
     _, calls = parse_hermes("<tool_call>{not json}</tool_call><tool_call>[1]</tool_call><tool_call>{\"name\": \"m\"")
     assert [c.name for c in calls] == [None, None, None]  # malformed, no name, unterminated
+    # a whole call never closed (the model stopped before </tool_call>): malformed, as TRL's Qwen response
+    # template reads no call there and the turn is plain text (was: run as a call)
+    content, calls = parse_hermes('Sure.\n<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}')
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [(None, '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}')]
     assert parse_hermes("no call here") == ("no call here", [])
 
 

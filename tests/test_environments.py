@@ -401,6 +401,64 @@ def test_pool_gives_one_instance_per_slot(trl_envs, tmp_path, monkeypatch):
     envs.release(again), envs.release(second)
 
 
+def test_tools_are_the_class_functions_as_trl_lists_them():
+    """An environment's tools are its class's public functions, as TRL 1.16 lists them (getmembers on
+    the class): a staticmethod is one; a classmethod, a property, a callable stored on the instance
+    are not, and no property runs (getmembers on the instance ran this one, which raises before reset)."""
+    from pipeline.agents import environment as envs
+
+    class Other:
+        def ping(self) -> str:
+            """Ping."""
+            return "pong"
+
+    class Env:
+        def __init__(self):
+            self.callback = Other().ping  # a bound method of another object, stored on the instance
+
+        def reset(self, **row):
+            self.board = [0, 0]
+
+        @property
+        def score(self):
+            return sum(self.board)  # AttributeError before reset; a side effect in general
+
+        @staticmethod
+        def rules() -> str:
+            """The rules."""
+            return "none"
+
+        @classmethod
+        def make(cls) -> "Env":
+            """A new one."""
+            return cls()
+
+        def move(self, d: str) -> str:
+            """Move.
+
+            Args:
+                d: The direction.
+            """
+            return d
+
+        def get_reward(self) -> float:
+            return 0.0
+
+    class Counted(Env):
+        reads = 0
+
+        @property
+        def score(self):
+            Counted.reads += 1
+            raise RuntimeError("no board yet")
+
+    for cls in (Env, Counted):
+        got = envs.methods(cls())
+        assert [m.__name__ for m in got] == ["move", "rules"], cls
+        assert got[0]("up") == "up" and got[1]() == "none"
+    assert Counted.reads == 0
+
+
 def test_reset_is_seeded_and_takes_content_parts(trl_envs):
     import random
 

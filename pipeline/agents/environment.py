@@ -18,7 +18,8 @@
   user message (TRL: content + observation); a dataset with no prompt column (environment-owned
   data) gives an empty user message, so the observation is the prompt, and reset gets no prompt
   argument (TRL passes the row as it is).
-- Its public methods (not `reset`, not `get_reward`, not `_private`) are tools, beside
+- Its public methods (not `reset`, not `get_reward`, not `_private`; the class's functions, as TRL
+  lists them: staticmethods too, not classmethods or callables stored on the instance) are tools, beside
   `rollout.tools`, with the same requirements (type hints, docstring); with a mapping, a row is
   offered its own environment's methods only.
 - Reward functions get `environments=[...]`, one per completion, as TRL passes them. A class
@@ -123,8 +124,10 @@ def release(instance: Any, drop: bool = False) -> None:
 
 
 def methods(instance: Any) -> list[Callable]:
-    """The instance's tools: its public bound methods but reset and get_reward (TRL's rule)."""
-    return [m for name, m in inspect.getmembers(instance, predicate=inspect.ismethod)
+    """The instance's tools, by TRL's rule: the functions of its class (staticmethods too; not
+    classmethods, properties, or callables stored on the instance), public, but reset and get_reward,
+    each as the instance gives it. Listed on the class: getmembers on the instance runs properties."""
+    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
             if name not in SKIPPED_METHODS and not name.startswith("_")]
 
 

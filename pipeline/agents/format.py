@@ -81,8 +81,11 @@ def read_call(raw: str) -> Call:
 
 
 def parse_hermes(text: str) -> tuple[str, list[Call]]:
-    """(content without the call blocks, calls) from `<tool_call>{json}</tool_call>` blocks."""
-    return _CALL.sub("", text).strip(), [read_call(m.group(1)) for m in _CALL.finditer(text)]
+    """(content without the call blocks, calls) from `<tool_call>{json}</tool_call>` blocks; a block
+    never closed is malformed, whole JSON or not (TRL's Qwen response template reads no call there)."""
+    calls = [read_call(m.group(1)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
+             for m in _CALL.finditer(text)]
+    return _CALL.sub("", text).strip(), calls
 
 
 _PYTHON_TAG = "<|python_tag|>"
