@@ -66,7 +66,12 @@ def _import_file(path: str) -> Any:
     file = file if file.is_absolute() else Path.cwd() / file
     if not file.is_file():
         raise GRPOError(f"no file {path} (looked for {file})")
-    name = f"_grpo_reward_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
+    # named by its content, not its path: the run's copy (RUN/code/) of one file is then the same
+    # module in every run directory and on every worker, so what a record names after it (an
+    # environment's class) is the same bytes whichever run directory it was imported from
+    name = f"_grpo_reward_{file.stem}_{hashlib.sha1(file.read_bytes()).hexdigest()[:8]}"
+    if name in sys.modules:  # the same code, already imported (from another copy of the file)
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it, so dataclasses and pickling inside it work
