@@ -130,7 +130,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
         table = logprobs_table(rollout, old_model, ref_model, cfg.rollout.temperature, cfg.train.token_budget, k, precision,
                                ref_is_old, cfg.train.packing)
         if old_model is not None:  # on policy, a gap over what the dtypes explain is an engine that held another policy
-            check_sampler_gap(cfg, k, table.column("sampler_gap_mean").to_pylist(), f"logprobs iteration {k} part {p}")
+            check_sampler_gap(cfg, k, table.column("sampler_gap_mean").to_pylist(), f"logprobs iteration {k} part {p}", run)
         return table
 
     inputs = {

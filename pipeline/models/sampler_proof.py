@@ -79,17 +79,20 @@ def check_engine(run, k: int, engine, policy, where: str) -> float:
     return gap
 
 
-def check_sampler_gap(cfg, k: int, row_gaps: list[float], where: str) -> None:
+def check_sampler_gap(cfg, k: int, row_gaps: list[float], where: str, run=None) -> None:
     """Raise a one-line GRPOError when on-policy iteration k's sampler gap (the mean over rows of each
     row's mean |old - sampler| over its model tokens) exceeds what the dtypes explain. Not checked
     where the gap has another cause: an older behaviour policy (train.max_staleness) or truncated
-    sampling (the engine's logprobs are renormalised over the kept tokens: docs/loss.md)."""
+    sampling (the engine's logprobs are renormalised over the kept tokens: docs/loss.md), or a
+    replayed rollout (`run` given: its completions were sampled by another run's policy)."""
     from pipeline.iteration_plan import iteration_plan
     from pipeline.models.engine_base import engine_dtype
     from pipeline.models.tokens import resolve_precision
 
     r = cfg.rollout
     if iteration_plan(cfg, k).behaviour != k or r.top_p < 1 or r.top_k > 0 or (r.min_p or 0) > 0 or not row_gaps:
+        return
+    if run is not None and run.manifest(k, "rollout").replayed_from is not None:
         return
     gap = float(np.mean(row_gaps))
     dtypes = (engine_dtype(r.dtype, cfg.train.precision), resolve_precision(cfg.train.precision))

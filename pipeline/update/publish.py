@@ -85,7 +85,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         data = UpdateData(run, k, trainer.kl_ctl)
         rows = trainer.train_iteration(data, k)
         if data.old_from_update:  # the sampler gap is measured here, from the update's own forward (every rank holds it)
-            check_sampler_gap(cfg, k, data.old_table().column("sampler_gap_mean").to_pylist(), f"update iteration {k}")
+            check_sampler_gap(cfg, k, data.old_table().column("sampler_gap_mean").to_pylist(), f"update iteration {k}", run)
         if data.kl_stats is not None:
             trainer.kl_ctl.update(data.kl_stats, data.size)
         train_s = time.time() - t0
