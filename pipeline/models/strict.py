@@ -12,12 +12,17 @@ def load_strict(model, state: dict, where: str) -> None:
     """`model.load_state_dict(state)` where every weight must be in `state` except a tied LM head
     (the embedding it shares), and nothing in `state` may be unknown to the model."""
     result = model.load_state_dict(state, strict=False)
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    head = model.get_output_embeddings() if tied else None
-    missing = [n for n in result.missing_keys if not (head is not None and n.endswith("lm_head.weight"))]
-    if missing or result.unexpected_keys:
+    _refuse_mismatch(model, result.missing_keys, result.unexpected_keys, where)
+
+
+def _refuse_mismatch(model, missing: list[str], unexpected: list[str], where: str) -> None:
+    """One line naming what is missing (a tied LM head aside) or unknown to the model, if anything is."""
+    head = model.get_output_embeddings() if getattr(model.config, "tie_word_embeddings", False) else None
+    missing = [n for n in missing if not (head is not None and n.endswith("lm_head.weight"))]
+    unexpected = list(unexpected)
+    if missing or unexpected:
         what = "; ".join(f"{label} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
-                         for label, keys in (("missing", missing), ("unexpected", result.unexpected_keys)) if keys)
+                         for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
         raise GRPOError(f"{where}: the weights do not match the model: {what}")
 
 
@@ -39,11 +44,6 @@ def load_dir_strict(model, model_dir, where: str) -> None:
         return
     dtype = next(model.parameters()).dtype
     fresh, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, output_loading_info=True)
-    head = model.get_output_embeddings() if getattr(model.config, "tie_word_embeddings", False) else None
-    missing = [n for n in info.get("missing_keys", []) if not (head is not None and n.endswith("lm_head.weight"))]
-    unexpected = list(info.get("unexpected_keys", []))
-    if missing or unexpected:  # from_pretrained would fill a missing weight at random and drop an unknown one
-        what = "; ".join(f"{label} {', '.join(sorted(keys)[:3])}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
-                         for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
-        raise GRPOError(f"{where}: the weights do not match the model: {what}")
+    # from_pretrained would fill a missing weight at random and drop an unknown one
+    _refuse_mismatch(model, sorted(info.get("missing_keys", [])), sorted(info.get("unexpected_keys", [])), where)
     load_strict(model, fresh.state_dict(), where)
