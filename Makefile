@@ -67,6 +67,7 @@ bench: $(STAMP)
 # asynchronous against synchronous iterate on the same work, cores shared and split (bench/overlap.py)
 bench-overlap: $(STAMP)
 	$(BIN)/python -m bench.overlap
+	$(BIN)/python -m bench.page
 
 # the agent workload (tool episodes) against TRL 1.16's GRPOTrainer with the same tool (bench/agent.py);
 # the first run trains its model with make demo-agent's settings into bench/work (about 7 minutes)
@@ -74,22 +75,25 @@ bench-agent: $(STAMP)
 	$(BIN)/pip install -q -e ".[real,bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench.agent
+	$(BIN)/python -m bench.page
 
 # one rollout actor against two on the same work, and the Ray executor's cost per iteration against
 # in-process iterate (bench/ray.py): a two-node Ray cluster on this machine, a core each
 bench-ray: $(STAMP)
 	$(BIN)/python -m bench.ray
+	$(BIN)/python -m bench.page
 
 # the logprobs pass and one update step at completion lengths 256..4096 and an uneven mix, packed and
 # padded, beside TRL 1.16's GRPOTrainer (bench/long.py); LENGTHS=256,1024 picks the sizes
 bench-long: $(STAMP)
 	$(BIN)/pip install -q -e ".[real,bench]"
 	$(BIN)/python -m bench.long $(if $(LENGTHS),--lengths $(LENGTHS))
+	$(BIN)/python -m bench.page
 
-# docs/config.md is generated from the config tree's docstrings (pipeline/config_doc.py); after
+# docs/config.md is generated from the config tree's docstrings (pipeline/config/doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.
 docs: $(STAMP)
-	$(BIN)/python -m pipeline.config_doc docs/config.md
+	$(BIN)/python -m pipeline.config.doc docs/config.md
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -1,7 +1,7 @@
 """`python -m bench [--quick]`: run every workload, write bench/results.md and bench/results.json.
 
 Per workload, one after the other on the same machine:
-    1. `grpo iterate` (pipeline.iterate, warm engines) with probes, the bare engines between
+    1. `grpo iterate` (pipeline.loop.iterate, warm engines) with probes, the bare engines between
        its iterations (bench/ours.py)
     2. the four separate commands for the next iteration(s), one process each (bench/commands.py)
     3. TRL's GRPOTrainer on the same work (bench/trl_run.py)
@@ -22,24 +22,10 @@ import time
 from pathlib import Path
 
 from bench import commands, report
+from bench.page import side_sections
 from bench.probes import loadavg, machine_info
-from bench.workloads import ROOT, WORK, build_assets, workloads
+from bench.workloads import ROOT, WORK, build_assets, worker_env, workloads
 from pipeline.store import code_version
-
-
-def worker_env(threads: int | None) -> dict:
-    env = dict(os.environ)
-    env.pop("MLFLOW_TRACKING_URI", None)  # each run logs to its own embedded store
-    env["GRPO_CACHE_DIR"] = str(WORK / "cache")
-    # DeepSpeed JIT-builds its shm op into ~/.cache/torch_extensions, shared by every Python
-    # environment of the user: two environments rebuild it in turn (60-170 s each time on a busy
-    # 2-core machine). A private directory builds it once per bench/work.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(WORK / "torch_extensions"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
 
 
 def run_worker(module: str, workload, out: Path, env: dict) -> dict:
@@ -78,7 +64,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     json_path = args.out.with_suffix(".json")
     if args.report:
-        args.out.write_text(report.render(json.loads(json_path.read_text())))
+        args.out.write_text(report.render(json.loads(json_path.read_text()), side_sections()))
         print(f"wrote {args.out}")
         return
 
@@ -156,7 +142,7 @@ def main() -> None:
     results["workloads"] = dict(sorted(results["workloads"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     results["loadavg_end"] = loadavg()
     json_path.write_text(json.dumps(results, indent=1, default=str))
-    args.out.write_text(report.render(results))
+    args.out.write_text(report.render(results, side_sections()))
     print(f"wrote {args.out} and {json_path} in {results['total_s'] / 60:.1f} min", flush=True)
 
 

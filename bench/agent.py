@@ -38,12 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.workloads import ROOT, WORK, Workload
+from bench.workloads import AGENT_MODEL_DIR, ROOT, WORK, Workload
 
 REPO = ROOT.parent
 OUT = ROOT / "agent.json"
 DEMO_DIR = WORK / "agent-demo"
-MODEL_DIR = WORK / "models" / "agent"
+MODEL_DIR = AGENT_MODEL_DIR
 DATA_DIR = WORK / "data-agent"
 DEMO_ITERS = 2
 
@@ -94,7 +94,7 @@ def ours_worker(w_json: str, out: str) -> None:
     from pipeline.models.engines import cpu_env
 
     cpu_env()
-    from pipeline.iterate import iterate
+    from pipeline.loop.iterate import iterate
     from pipeline.report.episodes import episode_metrics, episode_records
     from pipeline.store.run import init_run
 
@@ -139,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                          "else fp32; both: fp32 and bf16, the faster counts (a TRL fp32 cycle here takes over 15 minutes)")
     ap.add_argument("--reuse-ours", action="store_true", help="keep our side from the last run (bench/work/results/agent-ours.json)")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for both sides (as `make bench`; 0 leaves it unset)")
-    ap.add_argument("--report", action="store_true", help="only re-render bench/results.md from bench/agent.json")
+    ap.add_argument("--report", action="store_true", help="only print the section from bench/agent.json (python -m bench.page redraws bench/results.md)")
     args = ap.parse_args(argv)
-    from bench import report
-    from bench.__main__ import worker_env
+    from bench.workloads import worker_env
     from bench.probes import machine_info
 
     if not args.report:
@@ -171,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         result["total_s"] = time.time() - t0
         OUT.write_text(json.dumps(result, indent=1))
     result = json.loads(OUT.read_text())
-    report.rewrite_results_md()
     print("\n".join(section(result)))
     return 0
 

@@ -66,7 +66,7 @@ def vllm_generate(llm, cfg, k: int, data: dict) -> dict:
     """vLLM's `generate` alone: the rollout stage's prompts, seeds and sampling settings."""
     from vllm import SamplingParams
 
-    from pipeline.data import derive_seed
+    from pipeline.data.prompts import derive_seed
 
     r = cfg.rollout
     params = [

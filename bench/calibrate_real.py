@@ -12,7 +12,7 @@ one of our iterations; default: as many as the demo run did). Generation is HF `
 
 The clock runs from loading the model to the end of `train()`, as the demo's runs from
 `grpo iterate`'s start (engines included) to its end, less its held-out evals. TRL's final
-adapter is then merged and evaluated by the demo's own evaluation (`pipeline.evaluate`: the same
+adapter is then merged and evaluated by the demo's own evaluation (`pipeline.eval.run`: the same
 held-out problems, greedy, the same rewards), so both sides' held-out accuracy is one
 measurement. Prints both and the ratio of held-out accuracy gained per minute (points of
 accuracy per minute of training, held-out evals excluded on our side); writes
@@ -65,7 +65,7 @@ def points_per_min(first: dict, final: dict, seconds: float) -> float:
 
 def evaluate(cfg, model: Path, run_dir: Path) -> dict:
     """Held-out eval of MODEL with the demo's evaluation (a run whose policy 0 is MODEL)."""
-    from pipeline.evaluate import eval_summary, run_eval
+    from pipeline.eval.run import eval_summary, run_eval
     from pipeline.store.run import init_run
 
     run = init_run(str(run_dir), cfg.model_copy(update={"model": str(model)}))

@@ -4,7 +4,7 @@
 
 A LoRA adapter (PEFT) on a small random Qwen2, a batch of prompt+completion rows: the chunked
 per-token logprobs (`pipeline.models.tokens.token_logprobs`, the LM head a chunk at a time under
-activation checkpointing), the clipped-surrogate loss with KL (`pipeline.grpo.policy_loss`) and the
+activation checkpointing), the clipped-surrogate loss with KL (`pipeline.objective.loss.policy_loss`) and the
 adapter's gradient are computed on CUDA and on the CPU from the same weights, in fp32 and under bf16
 autocast (what `train.precision: auto` picks on a GPU). It needs torch, transformers and peft
 only, so it runs on a bare GPU image; vLLM and DeepSpeed are not exercised here.
@@ -20,8 +20,8 @@ def run(device: str, precision: str, seed: int = 0) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from pipeline import grpo
-    from pipeline.loss_config import LossConfig
+    from pipeline.objective import loss as grpo
+    from pipeline.config.loss import LossConfig
     from pipeline.models.tokens import Batch, token_logprobs
 
     torch.manual_seed(seed)

@@ -109,9 +109,9 @@ def ours(model_dir: str, spec: str, packed: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline import grpo
-    from pipeline.config import TrainConfig
-    from pipeline.loss_config import LossConfig
+    from pipeline.objective import loss as grpo
+    from pipeline.config.train import TrainConfig
+    from pipeline.config.loss import LossConfig
     from pipeline.models import fused
     from pipeline.models.tokens import Batch, shared_budget_batches, token_logprobs
 
@@ -282,9 +282,6 @@ def main() -> None:
     result["uptime_after"], result["loadavg_after"] = uptime(), loadavg()
     OUT.write_text(json.dumps(result, indent=1))
     plot(result)
-    from bench import report
-
-    report.rewrite_results_md()
     print("\n".join(section(result)))
 
 

@@ -1,4 +1,4 @@
-"""Worker: `grpo iterate` (pipeline.iterate, warm engines) on one workload, with probes, and the
+"""Worker: `grpo iterate` (pipeline.loop.iterate, warm engines) on one workload, with probes, and the
 bare engines run between iterations on the same warm engines.
 
     python -m bench.ours WORKLOAD_JSON OUT_JSON
@@ -28,7 +28,7 @@ def run_dir(name: str) -> Path:
 
 
 def main(workload_json: str, out: str) -> None:
-    from pipeline import iterate as iterate_mod
+    from pipeline.loop import iterate as iterate_mod
     from pipeline.models.engines import cpu_env
     from pipeline.store.run import init_run
 
@@ -82,10 +82,8 @@ def main(workload_json: str, out: str) -> None:
         warm.engine.sleep()  # as iterate left it: our next rollout pays the wake, as it would without this baseline
         old_model = warm.logprobs.old
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
-            from pipeline.models.policy import policy_kind
-
             # a LoRA policy k > 0 is an adapter: the base with it, as the logprobs stage would load it
-            old_model = policy_kind(cfg).load_old(run, k)
+            old_model = run.policy.load_old(run, k)
         row["bare"]["logprobs"] = bare.hf_forward(old_model, cfg, data)
         row["bare"]["logprobs"]["ours_made_no_old_pass"] = data["old_from_update"]
         del old_model

@@ -148,9 +148,6 @@ def main() -> None:
     result = {"workload": w.as_dict() | {"name": f"{args.size}-e1"}, "machine": machine_info(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": rows, "estimate": estimate(rows)}
     OUT.write_text(json.dumps(result, indent=1))
-    from bench import report
-
-    report.rewrite_results_md()
     print("\n".join(section(result)))
 
 

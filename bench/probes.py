@@ -188,7 +188,7 @@ def install_product_probes(probes: Probes) -> None:
 
     Each module is patched when it loads (or now, if it has), so a probed `grpo score` imports
     what a plain one does: importing them all here cost every cold command the imports of the
-    others (torch, the trainer, `pipeline.iterate`: ~1 s each for `score` and `logprobs`)."""
+    others (torch, the trainer, `pipeline.loop.iterate`: ~1 s each for `score` and `logprobs`)."""
     pf, pm = probes.patch_function, probes.patch_method
 
     def iterate(m):
@@ -198,7 +198,7 @@ def install_product_probes(probes: Probes) -> None:
 
     def rollout(m):
         pf(m, "run_rollout", phase="rollout")
-        pm(m.RolloutPlan, "__init__", "rollout_plan")
+        pm(m.RolloutInputs, "__init__", "rollout_plan")
 
     def score(m):
         pf(m, "run_score", phase="score")
@@ -248,7 +248,7 @@ def install_product_probes(probes: Probes) -> None:
         pf(m, "_warn_new", "diagnostics", absorb=True)
 
     for name, patch in {
-        "pipeline.iteration": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
+        "pipeline.loop.iteration": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
         "pipeline.models.policy": policy,
         "pipeline.update.publish": publish, "pipeline.models.vllm_engine": engines, "pipeline.update.trainer": trainer,
         "pipeline.update.data": lambda m: pm(m.UpdateData, "__init__", "update_data"),

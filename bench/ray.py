@@ -142,9 +142,6 @@ def main() -> None:
         cluster.shutdown()
     result = {"workload": w.as_dict(), "machine": machine_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": rows}
     OUT.write_text(json.dumps({**results(), w.name: result}, indent=1))
-    from bench import report
-
-    report.rewrite_results_md()
     print("\n".join(workload_table(result)))
 
 

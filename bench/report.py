@@ -269,7 +269,8 @@ def _why_bench(results: dict, mins: float) -> str:
             "workloads, or a machine with more than 2 cores.")
 
 
-def render(results: dict) -> str:
+def render(results: dict, sides: list[str] = ()) -> str:
+    """The main bench's page from bench/results.json, with `sides` (the side benches' sections) before its definitions."""
     m = results["machine"]
     sums = {name: summarize(e) for name, e in results["workloads"].items()}
     loads = [x for s in sums.values() for x in s["loadavg"] + s.get("trl", {}).get("loadavg", [])]
@@ -456,25 +457,7 @@ def render(results: dict) -> str:
         for name, prof in profiled:
             for key in ("tottime", "cumulative"):
                 out += [f"<details><summary>{name}: by {key}</summary>", "", "```", prof[key], "```", "", "</details>", ""]
-    overlap = ROOT / "overlap.json"  # `make bench-overlap` (bench/overlap.py)
-    if overlap.exists():
-        from bench.overlap import section
-
-        out += section(json.loads(overlap.read_text()))
-    from bench.ray import results as ray_results, section as ray_section  # `make bench-ray` (bench/ray.py)
-
-    if ray := ray_results():
-        out += ray_section(ray)
-    agent = ROOT / "agent.json"  # `make bench-agent` (bench/agent.py)
-    if agent.exists():
-        from bench.agent import section as agent_section
-
-        out += agent_section(json.loads(agent.read_text()))
-    long = ROOT / "long.json"  # `make bench-long` (bench/long.py)
-    if long.exists():
-        from bench.long import section as long_section
-
-        out += long_section(json.loads(long.read_text()))
+    out += list(sides)  # the side benches' sections (bench/page.py)
     out += ["## Definitions", "",
             "- tokens/s: completion tokens processed per second (update: once per epoch).",
             "- ratio: ours / bare over the same iterations; `engine call` is the product's call into the engine alone "
@@ -483,10 +466,3 @@ def render(results: dict) -> str:
             "the diagnostics it triggers. Checkpoints (optimizer state, the new policy's safetensors) are listed apart: vLLM "
             "loads the new weights from them.", ""]
     return "\n".join(out)
-
-
-def rewrite_results_md() -> None:
-    """bench/results.md redrawn from bench/results.json and the side benches' files, after a side bench wrote its own."""
-    here = Path(__file__).resolve().parent
-    if (here / "results.json").exists():
-        (here / "results.md").write_text(render(json.loads((here / "results.json").read_text())))

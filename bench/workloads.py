@@ -12,6 +12,7 @@ The loss has no KL term (TRL's beta 0): no reference model on either side.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent
 WORK = ROOT / "work"
+AGENT_MODEL_DIR = WORK / "models" / "agent"
+"""bench/agent.py's model: the demo-agent run's policy, exported (bench.agent.model_dir)."""
 DEMO_CONFIG = ROOT.parent / "demo" / "configs" / "demo.yaml"
 
 SFT_STEPS = {"tiny": 150, "small": 40}
@@ -108,9 +111,7 @@ def data_dir(size: str = "tiny") -> Path:
 
 def model_dir(size: str) -> Path:
     if size == "agent":
-        from bench.agent import MODEL_DIR
-
-        return MODEL_DIR
+        return AGENT_MODEL_DIR
     if size == "real":
         from bench.real import model_dir as real_model_dir
 
@@ -200,3 +201,18 @@ def load_workload(text: str) -> Workload:
     d = json.loads(text)
     d.pop("name", None)
     return Workload(**d)
+
+
+def worker_env(threads: int | None) -> dict:
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)  # each run logs to its own embedded store
+    env["GRPO_CACHE_DIR"] = str(WORK / "cache")
+    # DeepSpeed JIT-builds its shm op into ~/.cache/torch_extensions, shared by every Python
+    # environment of the user: two environments rebuild it in turn (60-170 s each time on a busy
+    # 2-core machine). A private directory builds it once per bench/work.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(WORK / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env

@@ -45,8 +45,8 @@ def demo(
     from demo.task import SYSTEM_PROMPT, write_demo_data
     from demo.tinymodel import make_model as build
     from pipeline import config as config_mod
-    from pipeline.evaluate import eval_summary
-    from pipeline.iterate import iterate
+    from pipeline.eval.run import eval_summary
+    from pipeline.loop.iterate import iterate
     from pipeline.store.run import init_run
     from stages.report import IterationTable
 

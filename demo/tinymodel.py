@@ -270,7 +270,7 @@ def evaluate_greedy(model_dir: str | Path, rows: list[dict], max_new_tokens: int
     Generates with the library's own engine (transformers generate, as `rollout.engine: hf`)."""
     if not rows:
         return 0.0
-    from pipeline.config import RolloutConfig
+    from pipeline.config.rollout import RolloutConfig
     from pipeline.models.hf_engine import HFEngine
 
     engine = HFEngine(Path(model_dir), RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)

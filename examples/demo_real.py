@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.errors import GRPOError
 
     cpu_env()  # before anything imports DeepSpeed (through transformers)
-    from pipeline.evaluate import eval_summary, run_eval
-    from pipeline.iterate import iterate
+    from pipeline.eval.run import eval_summary, run_eval
+    from pipeline.loop.iterate import iterate
     from pipeline.store.run import init_run
     from stages.report import IterationTable
 

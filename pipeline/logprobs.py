@@ -21,7 +21,7 @@ from pipeline.models.lora import AdapterOff
 from pipeline.models.packing import resolve as resolve_packing
 from pipeline.models.policy import LogprobModels
 from pipeline.models.sampler_proof import check_sampler_gap
-from pipeline.iteration_plan import iteration_plan
+from pipeline.schedule import iteration_plan
 from pipeline.store import stage_rel
 from pipeline.store.parts import Shard, read_part, run_parts, upstream
 from pipeline.store.run import Run
@@ -137,7 +137,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
         "rollout": upstream(run, k, "rollout"),
         "policy_hash": run.policy_hash(k),
         "ref": models.policy.ref_label if cfg.ref_model is None else cfg.ref_model,
-        "uses_ref": cfg.uses_ref,
+        "uses_ref": plan.reference,
         "precision": precision,
     }
     # which policy each column came from, and how many forward passes were made
@@ -146,7 +146,7 @@ def run_logprobs(run: Run, k: int, shard: Shard = Shard(), models: LogprobModels
         passes["old_logprobs"] = (f"none here: the update's forward of policy/iter-{k:04d}, detached (one optimizer step, "
                                   f"ratio 1), stored in {stage_rel(k, 'update')}/{OLD_LOGPROBS}")
         passes["forward_passes"] = 0
-    if cfg.uses_ref:
+    if plan.reference:
         passes["ref_logprobs"] = "= old_logprobs (policy/iter-0000 is the reference)" if ref_is_old else inputs["ref"]
         passes["forward_passes"] += 0 if ref_is_old else 1
     return run_parts(run, k, "logprobs", LOGPROBS, len(rollout_m.outputs), shard, inputs, make_part,

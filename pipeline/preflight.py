@@ -14,7 +14,7 @@ Here, with the dataset's header in hand:
   - with rollout.tools / rollout.environment (pipeline.agents.setup): every tool imports and has
     type hints and a docstring, the environment class has reset, and the model's chat template
     (or the Hermes fallback) can express a tool exchange;
-  - on a GPU machine, that vLLM and the trainer each fit on one GPU (pipeline.models.device_plan;
+  - on a GPU machine, that vLLM and the trainer each fit on one GPU (pipeline.models.device_budget;
     the split of one GPU between them in `iterate` is checked when it starts, before any engine
     loads, since separate stage commands never share it). A CPU machine cannot know the GPU.
 Each failure is one GRPOError line naming the key and the file.
@@ -26,10 +26,10 @@ import inspect
 from pathlib import Path
 
 from pipeline.config import Config
-from pipeline.data import dataset_columns, prompt_columns
+from pipeline.data.prompts import dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
 from pipeline.rewards.contract import TRL_ARGS, load_reward
-from pipeline.rewards.config import CustomReward
+from pipeline.config.rewards import CustomReward
 
 
 def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
@@ -96,7 +96,7 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
 
 def check_device(cfg: Config, device=None) -> None:
     """On a GPU (`device`, default this machine's): the engine alone and the trainer alone fit."""
-    from pipeline.models import device_plan as dp
+    from pipeline.models import device_budget as dp
 
     if device is None and not dp.may_have_gpu():  # no NVIDIA driver: no GPU, and no torch import at init
         return
@@ -108,7 +108,7 @@ def check_device(cfg: Config, device=None) -> None:
     from pipeline.rollout import engine_max_len
 
     if cfg.rollout.engine == "vllm":
-        dp.plan_engine(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
+        dp.engine_settings_for(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
     dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), cfg, device)[1], device)
 
 

@@ -1,5 +1,5 @@
 """Stage 1: sample G completions for each of iteration k's prompts from its behaviour policy
-b(k): policy k, or with train.max_staleness s the policy max(0, k - s) (pipeline/staleness.py).
+b(k): policy k, or with train.max_staleness s the policy max(0, k - s) (pipeline/schedule.py).
 
     prompts(data.train, seed, k) --policy/iter-b(k)--> iter-k/rollout/part-*.parquet + MANIFEST.json
 """
@@ -11,15 +11,14 @@ import time
 import pyarrow as pa
 
 from pipeline.errors import GRPOError
-from pipeline.data import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, prompt_made_up, raw_to_json
+from pipeline.data.prompts import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, prompt_made_up, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
-from pipeline.models.policy import policy_kind
 from pipeline.models.stop_tokens import stop_token_ids
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
 from pipeline.store import policy_rel
-from pipeline.iteration_plan import iteration_plan
+from pipeline.schedule import iteration_plan
 from schemas.artifacts import ROLLOUT
 
 
@@ -28,7 +27,7 @@ def engine_max_len(cfg, context: int) -> int:
     return cfg.rollout.max_model_len or min(context, 4096)
 
 
-class RolloutPlan:
+class RolloutInputs:
     """Iteration k's prompts, rendered and tokenized, how they split into parts, and the
     behaviour policy b(k) that samples them."""
 
@@ -94,17 +93,17 @@ class RolloutPlan:
         return derive_seed(self.run.cfg.seed, self.k, prompt_id)
 
 
-def engine_plan(run: Run, k: int, shared: bool = False):
-    """How a vLLM engine for policy k uses this machine (pipeline.models.device_plan), None for
+def engine_settings(run: Run, k: int, shared: bool = False):
+    """How a vLLM engine for policy k uses this machine (pipeline.models.device_budget), None for
     rollout.engine hf. `shared`: the trainer shares the GPU (`iterate`). Raises the one-line
     error of a GPU split that cannot fit: called before any engine loads."""
     cfg = run.cfg
     if cfg.rollout.engine != "vllm":
         return None
-    from pipeline.models.device_plan import plan_engine, this_device
+    from pipeline.models.device_budget import engine_settings_for, this_device
 
     plain = run.plain_dir(k)
-    return plan_engine(cfg.rollout, plain, engine_max_len(cfg, model_context(plain)), cfg.train.precision, this_device(),
+    return engine_settings_for(cfg.rollout, plain, engine_max_len(cfg, model_context(plain)), cfg.train.precision, this_device(),
                        shared_with=cfg if shared else None)
 
 
@@ -117,7 +116,7 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
     from pipeline.models.sampler_proof import check_engine
 
-    cfg, policy, weights_given = run.cfg, policy_kind(run.cfg), weights
+    cfg, policy, weights_given = run.cfg, run.policy, weights
     weights, adapter = policy.engine_weights(run, k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
     if engine is None:
@@ -132,13 +131,13 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     return engine
 
 
-def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
-    cfg = plan.run.cfg.rollout
-    groups = list(part_groups(part, len(plan.prompts), cfg.groups_per_part))
-    prompts = [plan.prompts[g] for g in groups]
-    if plan.episodes is not None:
-        return episode_part(plan, engine, groups, prompts)
-    samples = engine.generate([p.ids for p in prompts], [plan.group_seed(p.prompt_id) for p in prompts], cfg.num_generations)
+def generate_part(inputs: RolloutInputs, engine, part: int) -> pa.Table:
+    cfg = inputs.run.cfg.rollout
+    groups = list(part_groups(part, len(inputs.prompts), cfg.groups_per_part))
+    prompts = [inputs.prompts[g] for g in groups]
+    if inputs.episodes is not None:
+        return episode_part(inputs, engine, groups, prompts)
+    samples = engine.generate([p.ids for p in prompts], [inputs.group_seed(p.prompt_id) for p in prompts], cfg.num_generations)
     rows = []
     for g, p, group in zip(groups, prompts, samples):
         for j, s in enumerate(group):
@@ -156,7 +155,7 @@ def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
                     "finish_reason": s.finish_reason,
                     "truncated": s.finish_reason == "length",
                     "completion_length": len(s.token_ids),
-                    "policy_hash": plan.policy_hash,
+                    "policy_hash": inputs.policy_hash,
                     "completion_mask": None,  # every token sampled
                     "episode": None,
                     **p.columns,
@@ -165,14 +164,14 @@ def generate_part(plan: RolloutPlan, engine, part: int) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def episode_part(plan: RolloutPlan, engine, groups: list[int], prompts: list) -> pa.Table:
+def episode_part(inputs: RolloutInputs, engine, groups: list[int], prompts: list) -> pa.Table:
     """G multi-turn episodes per prompt, one row each (pipeline.agents.episode)."""
-    runner, G = plan.episodes, plan.run.cfg.rollout.num_generations
-    where = plan.run.cfg.data.train
-    episodes = [runner.start(p, g, j, plan.group_seed(p.prompt_id), f"{where} row {p.prompt_id}")
+    runner, G = inputs.episodes, inputs.run.cfg.rollout.num_generations
+    where = inputs.run.cfg.data.train
+    episodes = [runner.start(p, g, j, inputs.group_seed(p.prompt_id), f"{where} row {p.prompt_id}")
                 for g, p in zip(groups, prompts) for j in range(G)]
     runner.run(engine, episodes)
-    return pa.Table.from_pylist([runner.row(e, plan.policy_hash) for e in episodes])
+    return pa.Table.from_pylist([runner.row(e, inputs.policy_hash) for e in episodes])
 
 
 def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict | None:
@@ -182,28 +181,28 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     """
     if run.done(k, "rollout"):
         return run.manifest(k, "rollout")
-    plan = RolloutPlan(run, k)
-    device_plan = engine_plan(run, plan.policy_iter) if engine is None else None  # a split that cannot fit fails before any part
+    inputs = RolloutInputs(run, k)
+    settings = engine_settings(run, inputs.policy_iter) if engine is None else None  # a split that cannot fit fails before any part
     stats = {"engine_start_s": 0.0, "tokens": 0, "generate_s": 0.0}
     owned = {"engine": engine}
 
     def make_part(part: int) -> pa.Table:
         if owned["engine"] is None:
             t = time.time()
-            owned["engine"] = policy_engine(run, plan.policy_iter, plan=device_plan, where=f"rollout iteration {k}")
+            owned["engine"] = policy_engine(run, inputs.policy_iter, plan=settings, where=f"rollout iteration {k}")
             stats["engine_start_s"] += time.time() - t
         t = time.time()
-        table = generate_part(plan, owned["engine"], part)
+        table = generate_part(inputs, owned["engine"], part)
         stats["generate_s"] += time.time() - t
         stats["tokens"] += int(sum(table.column("completion_length").to_pylist()))
-        if plan.episodes is not None:
-            stats.update(tool_calls=plan.episodes.tool_calls, tool_s=round(plan.episodes.tool_s, 6))
+        if inputs.episodes is not None:
+            stats.update(tool_calls=inputs.episodes.tool_calls, tool_s=round(inputs.episodes.tool_s, 6))
         return table
 
     try:
         return run_parts(
-            run, k, "rollout", ROLLOUT, plan.num_parts, shard, plan.inputs(), make_part,
-            manifest_extra=lambda: plan.manifest_extra(stats),
+            run, k, "rollout", ROLLOUT, inputs.num_parts, shard, inputs.inputs(), make_part,
+            manifest_extra=lambda: inputs.manifest_extra(stats),
         )
     finally:
         if engine is None and owned["engine"] is not None:

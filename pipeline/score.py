@@ -2,7 +2,7 @@
 
     iter-k/rollout/part-p.parquet --rewards--> iter-k/score/part-p.parquet + MANIFEST.json
 
-Advantages are group-relative (`pipeline.advantages.group_advantages`), so a part (whole groups)
+Advantages are group-relative (`pipeline.objective.advantages.group_advantages`), so a part (whole groups)
 is scored on its own; `advantages.scale: batch` and `batch_renorm` need every group of the
 iteration and so are computed unsharded.
 """
@@ -16,8 +16,8 @@ import numbers
 import numpy as np
 import pyarrow as pa
 
-from pipeline import advantages
-from pipeline.data import as_messages, dataset_num_rows
+from pipeline.objective import advantages
+from pipeline.data.prompts import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, read_part, read_parts, run_parts, upstream
 from pipeline.rewards.calls import RewardLog, TrainerState, trainer_state_at
@@ -98,7 +98,7 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
     if not np.isfinite(total[~np.isnan(total)]).all():
         raise GRPOError(f"score iteration {k}: a total reward is infinite")
     a = cfg.advantages
-    adv = a.of(total, G)
+    adv = advantages.advantages_of(a, total, G)
     mean, std, zero = advantages.group_stats(total, G, std=a.std)  # [N/G]
     cols = {
         "prompt_id": rollout.column("prompt_id"),

@@ -186,7 +186,7 @@ masked. NaN where the run applies no correction."""
 
 STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip/ratio_region", "ratio/mean", "kl/mean", "entropy/mean",
                 *ROLLOUT_CORRECTION_METRICS)
-"""What `pipeline.grpo.policy_loss` reports per micro-batch and the update stores per optimizer step."""
+"""What `pipeline.objective.loss.policy_loss` reports per micro-batch and the update stores per optimizer step."""
 
 UPDATE_METRICS = ArtifactSchema(
     kind="update_metrics",

@@ -77,7 +77,7 @@ class PartsManifest(_Manifest):
     """rollout, eval: the policy the completions were sampled from."""
     staleness: int | None = Field(None, ge=0)
     """rollout with train.max_staleness > 0: k - b(k), the updates between the behaviour policy
-    that sampled (inputs.policy) and policy k that the update trains (pipeline/staleness.py)."""
+    that sampled (inputs.policy) and policy k that the update trains (pipeline/schedule.py)."""
     engine: str | None = None
     """rollout: the generation engine."""
     engine_dtype: str | None = None

@@ -28,7 +28,7 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
              config: ConfigOpt = None, set: SetOpt = None, compare: CompareOpt = None, replay: ReplayOpt = None) -> None:
     """Held-out accuracy, pass@k, maj@k and rewards of policy K (default: the newest policy), with intervals."""
     from pipeline.errors import GRPOError
-    from pipeline.evaluate import eval_figures, run_eval
+    from pipeline.eval.run import eval_figures, run_eval
     from pipeline.store.run import Run
     from pipeline.report.tracking import reporting
 
@@ -41,7 +41,7 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
     if model is not None:
         r, k = _record(run, model, data, config, set, iter), 0
     elif replay is not None:
-        from pipeline.eval.replay import replay_eval
+        from pipeline.loop.replay_eval import replay_eval
 
         r, _ = replay_eval(replay, iter, run, set)
         k = 0
@@ -65,7 +65,7 @@ def _record(run: str, model: str, data, config, sets, iter):
     """RECORD as a run of `config` whose policy 0 is `model` (made once; the same config reuses it)."""
     from pipeline import preflight
     from pipeline.errors import GRPOError
-    from pipeline.init_options import from_command_line
+    from pipeline.config.options import from_command_line
     from pipeline.store.run import init_run
 
     if config is None:

@@ -22,7 +22,6 @@ def export(
 ) -> None:
     """Copy policy K out of the run, verified against its manifest."""
     from pipeline.errors import GRPOError
-    from pipeline.models.policy import policy_kind
     from pipeline.store.run import Run
     from pipeline.store import hash_dir
 
@@ -34,4 +33,4 @@ def export(
             raise GRPOError(f"{r.store.display(f'policy/iter-{j:04d}')}: files do not match the policy manifest (run `grpo audit`)")
     if out.exists() and any(out.iterdir()):
         raise GRPOError(f"{out}: exists and is not empty; choose a new directory")
-    print(policy_kind(r.cfg).export(r, k, out, merged))
+    print(r.policy.export(r, k, out, merged))

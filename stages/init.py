@@ -1,8 +1,8 @@
 """`grpo init RUN [--config FILE] [--model M --data D --reward R ...] [--set k=v ...]`: create a run.
 
 Writes RUN/config.yaml (the resolved config) and RUN/policy/iter-0000 (the initial model), then
-prints the plan the config implies per iteration (pipeline/plan.py). The options set the
-common keys (pipeline/init_options.py); precedence: defaults < file < options < --set.
+prints the plan the config implies per iteration (pipeline/preview.py). The options set the
+common keys (pipeline/config/options.py); precedence: defaults < file < options < --set.
 Refuses to overwrite an existing run with a different config; checks the config, the data and
 the reward functions (pipeline/preflight.py) before it writes anything.
 """
@@ -67,8 +67,8 @@ def init(
 ) -> None:
     """Create a run directory from a config file, from options, or from both."""
     from pipeline import preflight
-    from pipeline.init_options import from_command_line
-    from pipeline.plan import machine_precision, plan
+    from pipeline.config.options import from_command_line
+    from pipeline.preview import machine_precision, preview
     from pipeline.store.run import init_run
 
     given = {
@@ -88,5 +88,5 @@ def init(
     r = init_run(run, cfg)
     print(f"run {r.store.display()} ready (config {r.cfg_hash[:12]})")
     print("plan:")
-    print("\n".join(plan(cfg, machine_precision(cfg.train.precision)).lines()))
+    print("\n".join(preview(cfg, machine_precision(cfg.train.precision)).lines()))
     print(f"next: grpo iterate {run} --iters N")

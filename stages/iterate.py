@@ -20,7 +20,7 @@ def iterate(
 ) -> None:
     """Run whole iterations with warm engines and print a table as they finish."""
     from pipeline.errors import GRPOError
-    from pipeline.iterate import iterate as run_iterate
+    from pipeline.loop.iterate import iterate as run_iterate
     from pipeline.store.run import Run
     from stages.report import IterationTable
 

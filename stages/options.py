@@ -12,7 +12,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a c
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file; optional when --model, --data and --reward are given.", dir_okay=False, show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
 
-# `grpo init`'s run settings: each sets one config key (pipeline/init_options.py OPTIONS)
+# `grpo init`'s run settings: each sets one config key (pipeline/config/options.py OPTIONS)
 _RUN = "Run settings (override --config; --set overrides them)"
 
 

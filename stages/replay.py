@@ -2,7 +2,7 @@
 
 SRC/policy/iter-K + SRC/iter-K/rollout (copied, linked by hash) -> NEW/policy/iter-0000 +
 NEW/iter-0000/rollout, then NEW/iter-0000/{score, logprobs, update} computed with NEW's settings.
-NEW's iteration 0 is SRC's iteration K (see pipeline/replay.py).
+NEW's iteration 0 is SRC's iteration K (see pipeline/loop/replay.py).
 """
 
 from typing import Annotated
@@ -18,7 +18,7 @@ UntilOpt = Annotated[str, typer.Option("--until", help="Last stage run in NEW: s
 
 def replay(src: RunArg, iter: ReplayIterOpt, to: ToOpt, set: SetOpt = None, until: UntilOpt = "update") -> None:
     """Re-run score/logprobs/update of a past iteration on its stored completions, with new settings."""
-    from pipeline.replay import UNTIL, replay as run_replay
+    from pipeline.loop.replay import UNTIL, replay as run_replay
 
     new = run_replay(src, iter, to, set, until)
     from pipeline.rewards.judge.record import summary_lines

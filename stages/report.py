@@ -25,7 +25,7 @@ class IterationTable:
 
     def _before(self, k: int) -> None:
         """The eval of the policy the first printed iteration starts from (iterate makes it)."""
-        from pipeline.evaluate import eval_summary
+        from pipeline.eval.run import eval_summary
 
         ev = eval_summary(self.run, k) or {}
         if ev:

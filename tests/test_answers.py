@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.rewards.answers import answers_match, fallback_match
 from pipeline.rewards.contract import compute_rewards
 

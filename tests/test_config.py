@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import pydantic
 import yaml
 
 from pipeline import config as config_mod
@@ -98,7 +99,7 @@ def test_every_field_has_a_docstring():
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
             ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, config_mod.BaseModel):
+            if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
                 walk(ann)
 
     walk(config_mod.Config)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import base_config
-from pipeline.data import dataset_columns, load_dataset
+from pipeline.data.prompts import dataset_columns, load_dataset
 from pipeline.errors import GRPOError
 
 ROWS = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}", "id": i} for i in range(10)]

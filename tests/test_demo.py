@@ -176,14 +176,14 @@ def test_saved_model_loads_back_and_generates(trained, tokenizer):
     questions = ["Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"]
     completion = greedy(trained["dir"], questions[0], 16)
     assert completion.startswith("<think>")
-    # Greedy accuracy is a fraction of the rows, computed through pipeline.answers.
+    # Greedy accuracy is a fraction of the rows, computed through pipeline.rewards.answers.
     acc = tinymodel.evaluate_greedy(trained["dir"], [{"prompt": questions[0], "answer": "#### 7"}], 16)
     assert acc == float(answers.answers_match(answers.extract_answer(completion), "7"))
 
 
 def greedy(model_dir, question: str, max_new_tokens: int) -> str:
     """The library's HF engine, greedy, on one demo question."""
-    from pipeline.config import RolloutConfig
+    from pipeline.config.rollout import RolloutConfig
     from pipeline.models.hf_engine import HFEngine
 
     engine = HFEngine(model_dir, RolloutConfig(engine="hf", max_new_tokens=max_new_tokens), 0, 0)

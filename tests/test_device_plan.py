@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from pipeline import config as config_mod
+from pipeline.config.train import LoraSpec
 from pipeline.errors import GRPOError
-from pipeline.models import device_plan as dp
-from pipeline.models.device_plan import Device, ModelShape
+from pipeline.models import device_budget as dp
+from pipeline.models.device_budget import Device, ModelShape
 
 GiB = 1 << 30
 CPU = Device("cpu")
@@ -159,17 +160,17 @@ def test_engine_minimum_is_weights_one_sequence_of_kv_and_the_overhead():
 def test_gpu_memory_utilization_is_derived_to_leave_the_trainer_room(tmp_path):
     m = model_dir(tmp_path, SMOLLM2)
     cfg = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
-    plan = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, GPU24, shared_with=cfg)
+    plan = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, GPU24, shared_with=cfg)
     # (24 GiB - 3,766,420,224 trainer - 1,288,490,188 margin (24 GiB / 20)) / 24 GiB = 0.80384...
     assert plan.gpu_memory_utilization == round((24 * GiB - 3_766_420_224 - 1_288_490_188) / (24 * GiB), 4) == 0.8038
     assert plan.enforce_eager is False and plan.sleep_level == 2 and plan.dtype == "bfloat16"
     assert plan.kv_cache_bytes is None  # on a GPU vLLM sizes the KV cache from the fraction
-    alone = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, GPU24)
+    alone = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, GPU24)
     assert alone.gpu_memory_utilization == 0.9  # vLLM's default, for a rollout command alone
-    small = dp.plan_engine(cfg.rollout, m, 2048, cfg.train.precision, H100, shared_with=cfg)
+    small = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, H100, shared_with=cfg)
     assert small.gpu_memory_utilization == 0.9  # never more than vLLM's own default
     given = make_cfg(rollout={"gpu_memory_utilization": 0.5, "kv_cache_gib": 2.0, "enforce_eager": True})
-    plan = dp.plan_engine(given.rollout, m, 2048, "auto", GPU24, shared_with=given)
+    plan = dp.engine_settings_for(given.rollout, m, 2048, "auto", GPU24, shared_with=given)
     assert (plan.gpu_memory_utilization, plan.kv_cache_bytes, plan.enforce_eager) == (0.5, 2 * GiB, True)
 
 
@@ -182,14 +183,14 @@ def test_a_7b_model_shares_an_h100_only_with_lora(tmp_path):
     assert shape.params == 7_615_487_488 == 7_615_616_512 - 129_024
     full = make_cfg(train={"mini_batch_size": 8})
     with pytest.raises(GRPOError) as err:
-        dp.plan_engine(full.rollout, m, 4096, "auto", H100, shared_with=full)
+        dp.engine_settings_for(full.rollout, m, 4096, "auto", H100, shared_with=full)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("GPU (80.0 GiB): the trainer needs ~") and "train.lora" in msg
     with pytest.raises(GRPOError):  # and so it does alone (checked at grpo init)
         dp.check_trainer(dp.trainer_bytes(shape, full, H100)[1], H100)
     lora = make_cfg(train={"lora": {"r": 16}, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
     resident = dp.trainer_bytes(shape, lora, H100)[0]
-    plan = dp.plan_engine(lora.rollout, m, 4096, "auto", H100, shared_with=lora)
+    plan = dp.engine_settings_for(lora.rollout, m, 4096, "auto", H100, shared_with=lora)
     assert 0.35 < plan.gpu_memory_utilization == round((80 * GiB - resident - 4 * GiB) / (80 * GiB), 4) < 0.45
     assert plan.gpu_memory_utilization * 80 * GiB > dp.engine_min_bytes(shape, "bfloat16", 4096)
 
@@ -206,14 +207,14 @@ def test_a_split_that_cannot_fit_is_one_line_naming_the_option(tmp_path):
     for util, pattern in cases.items():
         cfg = lora.model_copy(update={"rollout": lora.rollout.model_copy(update={"gpu_memory_utilization": util})})
         with pytest.raises(GRPOError, match=pattern) as err:
-            dp.plan_engine(cfg.rollout, m, 4096, "auto", H100, shared_with=cfg)
+            dp.engine_settings_for(cfg.rollout, m, 4096, "auto", H100, shared_with=cfg)
         assert "\n" not in str(err.value)
     # derived, on a 60 GiB GPU: the trainer's peak (~53.8 GiB) fits, but its ~44.2 GiB resident
     # and the 3 GiB margin leave vLLM ~12.8 GiB, less than its ~15.4 GiB minimum
     gpu60 = Device("cuda", 60 * GiB, True)
     with pytest.raises(GRPOError, match=r"^GPU \(60.0 GiB\): the trainer needs ~44.2 GiB beside the engine .* they cannot share it"):
-        dp.plan_engine(lora.rollout, m, 4096, "auto", gpu60, shared_with=lora)
-    dp.plan_engine(lora.rollout, m, 4096, "auto", gpu60)  # each alone fits: separate commands run
+        dp.engine_settings_for(lora.rollout, m, 4096, "auto", gpu60, shared_with=lora)
+    dp.engine_settings_for(lora.rollout, m, 4096, "auto", gpu60)  # each alone fits: separate commands run
     dp.check_trainer(dp.trainer_bytes(ModelShape.from_dir(m), lora, gpu60)[1], gpu60)
 
 
@@ -223,10 +224,10 @@ def test_the_cpu_plan_is_what_the_cpu_path_always_passed(tmp_path):
     m = model_dir(tmp_path, SMOLLM2)
     cfg = make_cfg(train={"mini_batch_size": 8, "precision": "fp32"})
     for shared in (None, cfg):
-        plan = dp.plan_engine(cfg.rollout, m, 2048, "fp32", CPU, shared_with=shared)
-        assert plan == dp.EnginePlan(True, None, 0.5, kv_cache_bytes(cfg.rollout, m, 2048, "float32"), "float32")
+        plan = dp.engine_settings_for(cfg.rollout, m, 2048, "fp32", CPU, shared_with=shared)
+        assert plan == dp.EngineSettings(True, None, 0.5, kv_cache_bytes(cfg.rollout, m, 2048, "float32"), "float32")
     # a CPU never refuses: it cannot know a GPU, and nothing here needs one
-    tiny = dp.plan_engine(cfg.rollout, model_dir(tmp_path, QWEN_7B), 4096, "fp32", CPU, shared_with=cfg)
+    tiny = dp.engine_settings_for(cfg.rollout, model_dir(tmp_path, QWEN_7B), 4096, "fp32", CPU, shared_with=cfg)
     assert tiny.sleep_level is None and tiny.enforce_eager
 
 
@@ -236,7 +237,7 @@ def test_init_checks_the_gpu_on_a_gpu_machine_and_nothing_on_a_cpu(tmp_path):
     m = model_dir(tmp_path, QWEN_7B)
     full = make_cfg(model=str(m), train={"mini_batch_size": 8})
     check_device(full, CPU)  # a CPU machine cannot know the GPU
-    check_device(full.model_copy(update={"train": full.train.model_copy(update={"lora": config_mod.LoraSpec()})}), H100)
+    check_device(full.model_copy(update={"train": full.train.model_copy(update={"lora": LoraSpec()})}), H100)
     with pytest.raises(GRPOError, match=r"^GPU \(80.0 GiB\): the trainer needs ~1\d\d.\d GiB at its peak"):
         check_device(full, H100)  # a full fine-tuning of 7 B (16 bytes a parameter) fits no H100
     given = make_cfg(model=str(m), rollout={"gpu_memory_utilization": 0.1}, train={"lora": {"r": 8}})

@@ -3,7 +3,7 @@ key they name, every relative link and repository path; and docs/config.md is wh
 generates now.
 
 Commands and options are read from the Typer app itself, config keys from the pydantic tree
-(`pipeline.config_doc.is_key`), so a renamed command, option or key fails here, naming the file.
+(`pipeline.config.doc.is_key`), so a renamed command, option or key fails here, naming the file.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import config_doc
-from pipeline.rewards.config import BUILTIN_MODELS
+from pipeline.config import doc as config_doc
+from pipeline.config.rewards import BUILTIN_MODELS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -227,7 +227,7 @@ def test_the_checks_catch_what_drifted():
     assert bad_commands(wrong, commands) == ["grpo iterate --iterations: no such option",
                                              "grpo sync: no such command", "grpo updat: no such command"]
 
-    links = ("[a](docs/loss.md#the-loss-loss-update-stage), [b](https://example.org/x), `pipeline/grpo.py`, "
+    links = ("[a](docs/loss.md#the-loss-loss-update-stage), [b](https://example.org/x), `pipeline/objective/loss.py`, "
              "`examples/rewards.py:check_answer`; [c](docs/nope.md), [d](docs/loss.md#no-such-heading), `pipeline/nothing.py`")
     assert bad_links(links, REPO) == ["link docs/nope.md", "link docs/loss.md#no-such-heading (no such heading)",
                                       "path pipeline/nothing.py"]

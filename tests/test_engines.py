@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline.config import RolloutConfig
+from pipeline.config.rollout import RolloutConfig
 from pipeline.logprobs import Batch, token_logprobs
 from pipeline.models.policy import load_model
 

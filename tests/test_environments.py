@@ -507,7 +507,7 @@ def test_get_reward_is_a_reward_source(trl_envs):
 
 
 def test_environment_owned_data_has_an_empty_prompt(tmp_path):
-    from pipeline.data import load_dataset
+    from pipeline.data.prompts import load_dataset
     from pipeline.errors import GRPOError
 
     (tmp_path / "routes.jsonl").write_text('{"environment": "guess"}\n{"environment": "echo"}\n')
@@ -579,7 +579,7 @@ def check_trl_iteration(run: Path, trl_envs: Path) -> None:
     import random
     from collections import Counter
 
-    from pipeline.data import derive_seed
+    from pipeline.data.prompts import derive_seed
 
     written = (run / "config.yaml").read_text()
     assert "name: IncrementEnv" in written and "pipeline.agents.environment:get_reward_async" in written

@@ -18,8 +18,8 @@ import torch
 from test_grpo import CONFIGS, naive_policy_loss
 
 from pipeline.errors import GRPOError
-from pipeline.grpo import kl_penalised_rewards, policy_loss
-from pipeline.loss_config import LossConfig
+from pipeline.objective.loss import kl_penalised_rewards, policy_loss
+from pipeline.config.loss import LossConfig
 from pipeline.logprobs import old_logprobs_table, sampler_gaps
 from pipeline.models.tokens import Batch
 
@@ -115,7 +115,7 @@ def test_an_episode_batch_is_its_model_tokens_alone(cfg):
 def test_garbage_on_masked_tokens_changes_nothing():
     """NaN, inf and huge values where the episode mask is 0 (in logprobs, old, ref, entropy, the
     sampler's) leave the loss, the metrics and the gradient exactly as they were."""
-    from pipeline.loss_config import RolloutCorrection
+    from pipeline.config.loss import RolloutCorrection
 
     logp, old, adv, mask = episode_batch()
     ref, ent, sampler = old - 0.1, torch.full_like(old, 0.7), old + 0.05
@@ -235,7 +235,7 @@ def test_stages_honour_an_episode_rollout(assets, make_run):
     from pipeline.logprobs import run_logprobs
     from pipeline.models.policy import load_model
     from pipeline.models.tokens import token_logprobs
-    from pipeline.rollout import RolloutPlan, run_rollout
+    from pipeline.rollout import RolloutInputs, run_rollout
     from pipeline.score import run_score
     from pipeline.store.parts import Shard, read_part, run_parts
     from pipeline.store.run import Run
@@ -256,7 +256,7 @@ def test_stages_honour_an_episode_rollout(assets, make_run):
             r["sampler_logprobs"] = [lp if m else 0.0 for lp, m in zip(r["sampler_logprobs"], mask)]
         return pa.Table.from_pylist(rows)
 
-    plan = RolloutPlan(episodes, 0)
+    plan = RolloutInputs(episodes, 0)
     extra = {f: getattr(src_m, f) for f in ("policy_hash", "engine", "engine_dtype", "stats", "trainer_state")}
     run_parts(episodes, 0, "rollout", ROLLOUT, plan.num_parts, Shard(), plan.inputs(), as_episodes, manifest_extra=lambda: extra)
     run_score(episodes, 0)

@@ -206,7 +206,7 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     import os
 
     from conftest import grpo
-    from pipeline.evaluate import eval_summary, run_eval
+    from pipeline.eval.run import eval_summary, run_eval
     from pipeline.rollout import policy_engine
     from pipeline.store.run import Run
 

@@ -52,7 +52,7 @@ def test_problems_are_seeded_split_and_correct(tmp_path):
 
 
 def _load(name):
-    from pipeline.config_errors import reward_spec
+    from pipeline.config.errors import reward_spec
     from pipeline.rewards.contract import load_reward
 
     return load_reward(reward_spec({"fn": f"examples/rewards.py:{name}"}))

@@ -7,16 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.advantages import combine_rewards, group_advantages, group_stats
-from pipeline.loss_config import LossConfig
-from pipeline.grpo import (
-    AdaptiveKLController,
-    FixedKLController,
-    kl_estimate,
-    kl_penalised_rewards,
-    make_kl_controller,
-    policy_loss,
-)
+from pipeline.objective.advantages import combine_rewards, group_advantages, group_stats
+from pipeline.config.loss import LossConfig
+from pipeline.objective.kl import AdaptiveKLController, FixedKLController, make_kl_controller
+from pipeline.objective.loss import kl_estimate, kl_penalised_rewards, policy_loss
 
 NAN = float("nan")
 

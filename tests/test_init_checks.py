@@ -117,5 +117,5 @@ def test_a_good_config_passes_and_trl_style_functions_are_accepted(tmp_path, dat
     cfg = config_mod.resolve({"model": "m", "data": {"train": str(data), "eval": str(data)}, "rewards": rewards})
     preflight.check(cfg)  # raises on any problem
     # the existing demo config stays valid
-    demo = yaml.safe_load((Path(config_mod.__file__).parent.parent / "demo" / "configs" / "demo.yaml").read_text())
+    demo = yaml.safe_load((Path(config_mod.__file__).parent.parent.parent / "demo" / "configs" / "demo.yaml").read_text())
     assert [r.fn for r in config_mod.resolve(demo).rewards] == ["correct", "format"]

@@ -16,9 +16,11 @@ import pytest
 import yaml
 from conftest import REPO, grpo, init_error_line
 
+import pydantic
+
 from pipeline import config as config_mod
-from pipeline.init_options import OPTIONS, from_command_line, reward_entry
-from pipeline.plan import machine_precision
+from pipeline.config.options import OPTIONS, from_command_line, reward_entry
+from pipeline.preview import machine_precision
 
 REWARDS_PY = "def accuracy(prompts, completions, answer, **kwargs):\n    return [float(answer in str(c)) for c in completions]\n"
 
@@ -206,7 +208,7 @@ def test_help_states_the_configs_defaults_and_choices():
         model, *path, name = [config_mod.Config, *key.split(".")]
         for part in path:
             annotation = model.model_fields[part].annotation
-            model = next(a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type) and issubclass(a, config_mod.BaseModel))
+            model = next(a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type) and issubclass(a, pydantic.BaseModel))
         fields[flag] = model.model_fields[name]
     checked = 0
     for flag, text in helps.items():

@@ -1,4 +1,4 @@
-"""One plan per iteration (pipeline/iteration_plan.py) and the policy object as the one place that
+"""One plan per iteration (pipeline/schedule.py) and the policy object as the one place that
 knows what a policy is: tools with train.max_staleness sample from the behaviour policy (their
 chat template and stop tokens come from it, not from a policy that does not exist yet), both
 iterate loops run the same code, and no module outside the policy object, the LoRA module and
@@ -20,7 +20,7 @@ from test_agents import tiny2k, tool_rows, tools_file  # noqa: F401 (fixtures)
 def test_plan_names_the_behaviour_policy_and_the_passes(assets):
     from conftest import base_config
     from pipeline import config as config_mod
-    from pipeline.iteration_plan import iteration_plan
+    from pipeline.schedule import iteration_plan
 
     cfg = config_mod.resolve(base_config(assets, train={"mini_batch_size": 8, "lr": 1e-4, "precision": "fp32", "max_staleness": 2}))
     plans = [iteration_plan(cfg, k) for k in range(4)]
@@ -33,7 +33,7 @@ def test_plan_names_the_behaviour_policy_and_the_passes(assets):
 def test_tools_with_staleness_plan_iteration_1_before_policy_1_exists(make_run, tiny2k, tools_file, tmp_path):  # noqa: F811
     """Issue 32 (1): the agents were loaded from policy k's directory, which the overlapped
     sampler asks for before update k-1 wrote it: `RUN/policy/iter-0001: policy missing`."""
-    from pipeline.rollout import RolloutPlan
+    from pipeline.rollout import RolloutInputs
     from pipeline.store.run import Run
 
     path = make_run("stale-tools", model=tiny2k, data={"train": tool_rows(tmp_path / "tools.jsonl"), "system_prompt": None},
@@ -41,12 +41,12 @@ def test_tools_with_staleness_plan_iteration_1_before_policy_1_exists(make_run, 
                     rewards=[{"fn": "correct"}], train={"mini_batch_size": 8, "lr": 1e-4, "precision": "fp32", "max_staleness": 1})
     run = Run(path)
     assert not (Path(path) / "policy" / "iter-0001").exists()
-    plan = RolloutPlan(run, 1)  # sampled from policy 0
+    plan = RolloutInputs(run, 1)  # sampled from policy 0
     assert plan.policy_iter == 0 and plan.episodes is not None and "multiply" in plan.episodes.a.tools
 
 
-ALLOWED = {"pipeline/models/policy.py", "pipeline/models/lora.py", "pipeline/config.py", "pipeline/config_errors.py",
-           "pipeline/rollout_config.py"}
+ALLOWED = {"pipeline/models/policy.py", "pipeline/models/lora.py", "pipeline/config/tree.py", "pipeline/config/errors.py",
+           "pipeline/config/rollout.py"}
 """The policy object, the LoRA module and the config tree: the only modules that may ask whether a run trains LoRA."""
 
 

@@ -19,7 +19,7 @@ from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE, MODEL, TOO_LONG, Judge, score
 from vllm_serve import vllm_serve
 
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards
@@ -208,7 +208,7 @@ def test_a_reasoning_judge_is_read_after_its_thinking_and_a_cut_off_answer_is_no
 
 
 def test_verdict_readers():
-    from pipeline.rewards.judge.options import VerdictOptions as V
+    from pipeline.config.judge import VerdictOptions as V
     from pipeline.rewards.judge.verdict import read_verdict
 
     assert read_verdict("<think>maybe 3</think>I give it 7/10", V()) == (7.0, None)
@@ -247,7 +247,7 @@ def test_verdict_readers():
 
 def test_verdicts_read_as_judges_write_them():
     """Answers as real judges write them, each misread before (review of issue 43's readers)."""
-    from pipeline.rewards.judge.options import VerdictOptions as V
+    from pipeline.config.judge import VerdictOptions as V
     from pipeline.rewards.judge.verdict import read_verdict
 
     assert read_verdict("Score: 7 (out of 10)", V()) == (7.0, None)  # was 10: the scale in brackets read as a number

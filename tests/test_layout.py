@@ -5,7 +5,9 @@
   hides until the call);
 - no module in pipeline/, stages/, schemas/ over 350 lines;
 - imports flow stages -> pipeline -> schemas: pipeline/ and schemas/ never import typer, schemas/
-  never imports pipeline or stages, pipeline/ never imports stages.
+  never imports pipeline or stages, pipeline/ never imports stages;
+- a folder per concept: at most ten modules flat in pipeline/, the config (pipeline/config/) imports
+  nothing of the pipeline above it, and its sections share the one base (pipeline/config/base.py).
 
 An arrow is an `import` / `from ... import` statement anywhere in a module, except under
 `if TYPE_CHECKING:` (never executed: annotations only). `from pipeline.store import RunStore` is an
@@ -19,7 +21,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pipeline", "stages", "schemas", "demo")
+PACKAGES = ("pipeline", "stages", "schemas", "demo", "bench")
 SIZED = ("pipeline", "stages", "schemas")
 MAX_LINES = 350
 
@@ -190,3 +192,26 @@ def test_imports_flow_stages_pipeline_schemas():
             if target.split(".")[0] in forbidden:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target.split('.')[0]}")
     assert not bad, "imports against stages -> pipeline -> schemas (pipeline and schemas never import typer): " + "; ".join(bad)
+
+
+def test_at_most_ten_modules_flat_in_pipeline():
+    flat = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    assert len(flat) <= 10, f"{len(flat)} modules flat in pipeline/ (group them by concept): {', '.join(flat)}"
+
+
+def test_config_imports_nothing_above_it():
+    """Reading a run's config never loads the pipeline's machinery (torch among it): the config
+    folder imports only itself and pipeline.errors, annotations included."""
+    mods, _ = _graph()
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+           for name, path in mods.items() if name.startswith("pipeline.config")
+           for target, line in _imports(name, path, type_checking=True)
+           if target.startswith("pipeline.") and not target.startswith(("pipeline.config", "pipeline.errors"))]
+    assert not bad, "the config imports above itself: " + "; ".join(bad)
+
+
+def test_one_base_section():
+    """Every config section derives from pipeline.config.base.Section: the pydantic settings
+    (extra keys refused, docstrings as docs, assignments validated) are written once."""
+    defined = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "pipeline").rglob("*.py")) if "ConfigDict(" in p.read_text()]
+    assert defined == ["pipeline/config/base.py"], f"a pydantic model_config written outside the base: {defined}"

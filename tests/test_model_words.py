@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.rewards.contract import compute_rewards
 
 TOOLS = '''
@@ -145,7 +145,7 @@ def tiny2k(assets, tmp_path_factory) -> str:
 def test_episode_rewards_and_lengths_through_rollout_score_and_eval(make_run, tiny2k, tmp_path):
     from transformers import AutoTokenizer
 
-    from pipeline.evaluate import eval_summary, run_eval
+    from pipeline.eval.run import eval_summary, run_eval
     from pipeline.report.inspect import stage_metrics
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
@@ -219,7 +219,7 @@ PROCESSORS = {
 def test_hf_engine_samples_softmax_of_logits_over_temperature_whatever_generation_config_says(assets, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.config import RolloutConfig
+    from pipeline.config.rollout import RolloutConfig
     from pipeline.models.hf_engine import HFEngine
 
     plain, loaded = tmp_path / "plain", tmp_path / "loaded"
@@ -258,7 +258,7 @@ def test_vllm_engine_samples_softmax_of_logits_over_temperature_whatever_generat
     from conftest import unlisted_end_of_turn
     from transformers import AutoTokenizer
 
-    from pipeline.config import RolloutConfig
+    from pipeline.config.rollout import RolloutConfig
     from pipeline.logprobs import Batch, token_logprobs
     from pipeline.models.policy import load_model
     from pipeline.models.vllm_engine import VLLMEngine

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import grpo
-from pipeline.loss_config import LossConfig
+from pipeline.objective import loss as grpo
+from pipeline.config.loss import LossConfig
 from pipeline.models import tokens
 from pipeline.models.tokens import Batch, token_logprobs
 
@@ -182,7 +182,7 @@ def test_token_budget_pieces_give_the_micro_batch_gradient(loss_type):
     tokens = sum(len(comps[i]) for i in rows)
     for piece in ([0], [1, 2]):
         loss, n = loss_of(split, piece)
-        (loss * cfg.kind.piece_share(len(piece) / 3, n / tokens)).backward()
+        (loss * grpo.loss_type(cfg).piece_share(len(piece) / 3, n / tokens)).backward()
     assert whole.model.embed_tokens.weight.grad.abs().sum() > 1e-3
     for (name, p0), p1 in zip(whole.named_parameters(), split.parameters()):
         assert torch.allclose(p0.grad, p1.grad, atol=1e-6, rtol=1e-4), name
@@ -432,7 +432,7 @@ def test_a_bf16_frozen_lora_base_computes_the_same_bits_under_autocast():
     logprobs, entropies and the adapter's gradients are those of the fp32-held base, exactly."""
     from peft import get_peft_model
 
-    from pipeline.config import LoraSpec
+    from pipeline.config.train import LoraSpec
     from pipeline.models import lora
 
     def lora_model(seed: int):

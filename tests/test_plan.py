@@ -1,4 +1,4 @@
-"""The plan `grpo init` prints (pipeline/plan.py): derived quantities against hand-computed values,
+"""The plan `grpo init` prints (pipeline/preview.py): derived quantities against hand-computed values,
 where the old logprobs come from in each case the update and the logprobs stage distinguish,
 and this machine's precision read without torch agreeing with torch's own answer."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline import config as config_mod
-from pipeline.iteration_plan import iteration_plan
-from pipeline.plan import machine_precision, plan, steps_per_iter
+from pipeline.schedule import iteration_plan
+from pipeline.preview import machine_precision, preview
+from pipeline.schedule import steps_per_iter
 
 BASE = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
 
@@ -21,7 +22,7 @@ def cfg_of(**sections):
 
 
 def test_the_defaults():
-    p = plan(cfg_of(), "fp32")
+    p = preview(cfg_of(), "fp32")
     assert p.completions == 128  # 16 prompts x 8 generations
     assert p.max_new_tokens == 8192  # 128 completions x 64 tokens
     assert p.steps == 4  # 1 epoch x ceil(128 / 32)
@@ -35,7 +36,7 @@ def test_the_defaults():
 def test_uneven_mini_batches_accumulation_and_processes():
     cfg = cfg_of(rollout={"prompts_per_iter": 6, "num_generations": 5, "max_new_tokens": 10},
                  train={"epochs": 2, "mini_batch_size": 8, "grad_accum": 4, "total_iters": 7})
-    p = plan(cfg, "fp32", world=2)
+    p = preview(cfg, "fp32", world=2)
     assert p.completions == 30  # 6 x 5
     assert p.max_new_tokens == 300  # 30 x 10
     assert p.steps == 8 == steps_per_iter(cfg)  # 2 epochs x ceil(30 / 8) = 2 x 4 (the last mini-batch holds 6)
@@ -46,15 +47,15 @@ def test_uneven_mini_batches_accumulation_and_processes():
 
 def test_old_logprobs_from_the_update_and_each_reason_for_a_pass():
     one_step = {"prompts_per_iter": 4, "num_generations": 4}  # 16 completions <= mini_batch_size 32: one step per epoch
-    p = plan(cfg_of(rollout=one_step), "fp32")
+    p = preview(cfg_of(rollout=one_step), "fp32")
     assert p.steps == 1 and p.old_logprobs == "the update's own forward (one optimizer step per epoch)"
     assert p.old_logprobs_iter0 is None and p.reference is None
-    p = plan(cfg_of(rollout=one_step, train={"old_logprobs": "pass"}), "fp32")
+    p = preview(cfg_of(rollout=one_step, train={"old_logprobs": "pass"}), "fp32")
     assert p.old_logprobs == "logprobs stage pass (train.old_logprobs pass)"
-    p = plan(cfg_of(rollout=one_step, train={"lora": {"r": 4, "dropout": 0.1}}), "fp32")
+    p = preview(cfg_of(rollout=one_step, train={"lora": {"r": 4, "dropout": 0.1}}), "fp32")
     assert p.old_logprobs == "logprobs stage pass (LoRA dropout)"
     assert p.training == "LoRA r=4 alpha=32 on all-linear (policies K >= 1 are adapters)"
-    p = plan(cfg_of(rollout=one_step, advantages={"kl_in_reward": {"coef": 0.1}}), "fp32")
+    p = preview(cfg_of(rollout=one_step, advantages={"kl_in_reward": {"coef": 0.1}}), "fp32")
     assert p.old_logprobs == "logprobs stage pass (KL in the reward)"
     assert p.reference == "every iteration, on policy/iter-0000 (advantages.kl_in_reward.coef 0.1)"
 
@@ -65,14 +66,14 @@ def test_a_reference_pass_doubles_as_iteration_0s_old_pass():
     zero, one = iteration_plan(cfg, 0), iteration_plan(cfg, 1)
     assert (zero.ref_is_old, zero.old_from_update, zero.old_pass, zero.ref_pass) == (True, False, True, False)
     assert (one.ref_is_old, one.old_from_update, one.old_pass, one.ref_pass) == (False, True, False, True)
-    p = plan(cfg, "fp32")
+    p = preview(cfg, "fp32")
     assert p.old_logprobs == "the update's own forward (one optimizer step per epoch)"
     assert p.old_logprobs_iter0 == "the reference pass (same weights as the old policy)"
     assert p.reference == "every iteration, on policy/iter-0000 (loss.kl_coef 0.04)"
-    lora = plan(cfg_of(loss={"kl_coef": 0.04}, train={"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}), "fp32")
+    lora = preview(cfg_of(loss={"kl_coef": 0.04}, train={"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}), "fp32")
     assert lora.reference == "every iteration, on the base with the adapter off (loss.kl_coef 0.04)"
     assert lora.training == "LoRA r=8 alpha=16 on q_proj, v_proj (policies K >= 1 are adapters)"
-    other = plan(cfg_of(ref_model="ref-dir", loss={"kl_coef": 0.04}), "fp32")
+    other = preview(cfg_of(ref_model="ref-dir", loss={"kl_coef": 0.04}), "fp32")
     assert other.reference == "every iteration, on ref-dir (loss.kl_coef 0.04)"
     assert other.old_logprobs_iter0 is None  # a separate reference: iteration 0 is like the others
 
@@ -80,7 +81,7 @@ def test_a_reference_pass_doubles_as_iteration_0s_old_pass():
 @pytest.mark.parametrize("dtype, precision, engine", [("auto", "bf16", "bfloat16"), ("auto", "fp32", "float32"),
                                                       ("float16", "bf16", "float16"), ("float32", "bf16", "float32")])
 def test_engine_dtype_follows_the_resolved_precision_unless_set(dtype, precision, engine):
-    assert plan(cfg_of(rollout={"dtype": dtype}), precision).engine_dtype == engine
+    assert preview(cfg_of(rollout={"dtype": dtype}), precision).engine_dtype == engine
 
 
 def test_machine_precision_agrees_with_torch():
@@ -94,7 +95,7 @@ def test_machine_precision_agrees_with_torch():
 def test_the_printed_lines():
     cfg = cfg_of(rollout={"prompts_per_iter": 6, "num_generations": 4, "max_new_tokens": 48, "engine": "hf"},
                  train={"mini_batch_size": 8, "total_iters": 20, "precision": "auto", "lora": {"r": 8}}, loss={"kl_coef": 0.02})
-    assert plan(cfg, "bf16").lines() == [
+    assert preview(cfg, "bf16").lines() == [
         "  completions      24 per iteration = 6 prompts x 4 generations (at most 1,152 new tokens)",
         "  optimizer steps  3 per iteration = 1 epoch x ceil(24 / 8); 60 over train.total_iters 20",
         "  micro-batch      8 completions per rank = 8 / grad_accum 1 / 1 process",

@@ -302,7 +302,7 @@ def test_an_unreachable_cluster_is_one_line_before_any_work(assets, dirs, tmp_pa
 
 
 def cluster_cfg(**kw):
-    from pipeline.cluster.config import ClusterConfig
+    from pipeline.config.cluster import ClusterConfig
 
     return ClusterConfig(executor="ray", **kw)
 

@@ -86,7 +86,7 @@ def test_loss_types_are_compared_on_identical_data(replays):
 
 
 def test_rescore_old_completions_with_another_reward(replays, tmp_path):
-    from pipeline.replay import replay
+    from pipeline.loop.replay import replay
 
     ref, *_ = replays
     new = tmp_path / "rescored"
@@ -105,7 +105,7 @@ def test_rescore_old_completions_with_another_reward(replays, tmp_path):
 
 
 def test_kl_in_a_replay_is_measured_against_the_source_reference(replays, tmp_path):
-    from pipeline.replay import replay
+    from pipeline.loop.replay import replay
     from pipeline.store.run import Run
 
     ref, *_ = replays
@@ -121,7 +121,7 @@ def test_kl_in_a_replay_is_measured_against_the_source_reference(replays, tmp_pa
 
 
 def test_audit_follows_the_link_while_the_source_exists(replays, tmp_path):
-    from pipeline.replay import replay
+    from pipeline.loop.replay import replay
 
     ref, *_ = replays
     src = copy_run(ref, tmp_path / "src")
@@ -153,7 +153,7 @@ def test_audit_follows_the_link_while_the_source_exists(replays, tmp_path):
 )
 def test_replay_refuses_with_one_line_and_writes_nothing(replays, tmp_path, k, sets, until, message):
     from pipeline.errors import GRPOError
-    from pipeline.replay import replay
+    from pipeline.loop.replay import replay
 
     ref, *_ = replays
     with pytest.raises(GRPOError) as err:
@@ -164,7 +164,7 @@ def test_replay_refuses_with_one_line_and_writes_nothing(replays, tmp_path, k, s
 
 def test_replay_never_overwrites(replays, tmp_path):
     from pipeline.errors import GRPOError
-    from pipeline.replay import replay
+    from pipeline.loop.replay import replay
 
     ref, plain, _ = replays
     with pytest.raises(GRPOError, match="the replay needs a new run directory, not the source run"):

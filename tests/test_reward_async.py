@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from judge_server import Judge
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog, TrainerState
 from pipeline.rewards.contract import compute_rewards

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import TrainerState
 from pipeline.rewards.contract import compute_rewards, extract_code, load_reward

@@ -16,10 +16,11 @@ import yaml
 from conftest import grpo
 
 from pipeline import config as config_mod
-from pipeline.grpo import policy_loss
-from pipeline.loss_config import LossConfig
-from pipeline.loss_config import RolloutCorrection
-from pipeline.rollout_correction import combine, correction_weights
+from pipeline.objective.loss import policy_loss
+from pipeline.config.loss import LossConfig
+from pipeline.config.loss import RolloutCorrection
+from pipeline.errors import GRPOError
+from pipeline.objective.correction import combine, correction_weights
 
 MINIMAL = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
 LN = math.log
@@ -176,7 +177,7 @@ def test_pitfall_truncated_sampling_biases_the_weight_so_init_refuses_it(tmp_pat
     close((p.log() - q.log())[kept], [LN(0.8)] * 2)
     # so the correction refuses truncated sampling, at `grpo init` with one line, before anything is written
     for key, value in (("top_p", 0.8), ("top_k", 20), ("min_p", 0.05)):
-        with pytest.raises(config_mod.GRPOError, match="needs untruncated sampling .*set loss.rollout_correction.mode none"):
+        with pytest.raises(GRPOError, match="needs untruncated sampling .*set loss.rollout_correction.mode none"):
             config_mod.resolve(MINIMAL, [f"rollout.{key}={value}"])
         cfg = config_mod.resolve(MINIMAL, [f"rollout.{key}={value}", "loss.rollout_correction.mode=none"])
         assert cfg.loss.rollout_correction.mode == "none"
@@ -326,7 +327,7 @@ def _rows(old, sampler, masks):
 
 
 def test_an_iteration_reports_the_log_weights_quantiles_and_the_share_the_loss_cuts():
-    from pipeline.rollout_correction import iteration_stats
+    from pipeline.objective.correction import iteration_stats
 
     # four completions of 3 model tokens, old - sampler per token:
     #   a (0.5, 0.5, 0.5): log W = 1.5 > ln 3 = 1.0986     b (0.1, -0.1, 0): 0
@@ -388,7 +389,7 @@ def test_the_default_leaves_bf16_rounding_alone_and_reweighs_a_perturbed_sampler
     does, docs/off-policy.md) cuts no completion and leaves every weight near 1; a perturbed one (its
     temperature 1.0, as a sampler that missed the change) has its completions reweighed and the
     far ones masked."""
-    from pipeline.rollout_correction import iteration_stats
+    from pipeline.objective.correction import iteration_stats
 
     g = torch.Generator().manual_seed(0)
     B, T, V = 512, 32, 64

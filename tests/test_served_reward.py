@@ -23,7 +23,7 @@ from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE_LOGITS, MODEL, Judge, classified_text, logits, score
 from vllm_serve import vllm_serve
 
-from pipeline.config_errors import reward_spec
+from pipeline.config.errors import reward_spec
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards

@@ -198,7 +198,7 @@ def test_init_refuses_staleness_it_cannot_correct(assets, tmp_path):
 
 def test_staleness_zero_keeps_the_config_hash_and_the_schedule(assets):
     from pipeline import config as config_mod
-    from pipeline.staleness import behaviour, staleness
+    from pipeline.schedule import behaviour, staleness
 
     plain = config_mod.resolve(base_config(assets))
     zero = config_mod.resolve(base_config(assets, train={"max_staleness": 0}))

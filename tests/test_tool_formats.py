@@ -254,9 +254,9 @@ def test_a_turn_ending_in_any_stop_token_goes_on(make_tokenizer, schemas, tmp_pa
     turn gets the same glue, less that token where the template renders it."""
     from pipeline.agents.episode import EpisodeRunner
     from pipeline.agents.setup import load_agents
-    from pipeline.config import DataConfig
-    from pipeline.data import Prompt
-    from pipeline.rollout_config import RolloutConfig
+    from pipeline.config.data import DataConfig
+    from pipeline.data.prompts import Prompt
+    from pipeline.config.rollout import RolloutConfig
 
     _, specs, tools_py = schemas
     tok = make_tokenizer(family, template)
@@ -346,7 +346,7 @@ def test_completions_end_at_the_templates_end_of_turn_and_the_manifest_records_i
     from conftest import unlisted_end_of_turn
     from transformers import AutoTokenizer
 
-    from pipeline.rollout import RolloutPlan, run_rollout
+    from pipeline.rollout import RolloutInputs, run_rollout
     from pipeline.store.parts import input_hash
     from pipeline.store.run import Run
 
@@ -364,4 +364,4 @@ def test_completions_end_at_the_templates_end_of_turn_and_the_manifest_records_i
         assert (ids[-1] == im_end) == (r["finish_reason"] == "stop") == (not r["truncated"])
         assert len(r["sampler_logprobs"]) == len(ids)  # the stop token's logprob too: the trainer scores what was sampled
     assert m.inputs["stop_token_ids"] == sorted({pad, im_end})
-    assert input_hash(again.cfg_hash, "rollout", 0, RolloutPlan(again, 0).inputs()) == m.input_hash
+    assert input_hash(again.cfg_hash, "rollout", 0, RolloutInputs(again, 0).inputs()) == m.input_hash

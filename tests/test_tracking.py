@@ -25,7 +25,7 @@ import pytest
 from conftest import base_config, grpo
 
 from pipeline.report import mlflow_run, tracking
-from pipeline.evaluate import eval_summary
+from pipeline.eval.run import eval_summary
 from pipeline.store.run import Run
 from pipeline.store import hash_file, stage_rel
 

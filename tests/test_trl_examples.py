@@ -532,7 +532,7 @@ def test_unlimited_turns_bounded_by_the_token_budget(make_run, tiny4k, examples,
 
 def test_reset_gets_no_prompt_where_the_data_has_none(make_run, tiny2k, examples, tmp_path):  # noqa: F811
     """TRL passes reset the data set's row: no `prompt` when the data set has no prompt column."""
-    from pipeline.rollout import RolloutPlan
+    from pipeline.rollout import RolloutInputs
     from pipeline.store.run import Run
 
     (tmp_path / "levels.jsonl").write_text("".join(json.dumps({"level": i}) + "\n" for i in range(8)))
@@ -541,7 +541,7 @@ def test_reset_gets_no_prompt_where_the_data_has_none(make_run, tiny2k, examples
     for name, data in (("no-prompt", "levels.jsonl"), ("prompt", "prompts.jsonl")):
         run = Run(make_run(name, model=tiny2k, data={"train": str(tmp_path / data), "eval": None, "system_prompt": None},
                            rollout={"environment": f"{examples}:ResetKwargs", "max_new_tokens": 12}, rewards=[]))
-        plan = RolloutPlan(run, 0)
+        plan = RolloutInputs(run, 0)
         e = plan.episodes.start(plan.prompts[0], 0, 0, 1, "test")
         got.append(e.env.got)
         plan.episodes.row(e, "h")
@@ -557,7 +557,7 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
 
     from pipeline.agents import environment as envs
     from pipeline.agents.episode import TOOL_SEED, trl_completion
-    from pipeline.data import derive_seed
+    from pipeline.data.prompts import derive_seed
 
     m = module(examples)
     _, plan = agent_plan(make_run, tiny4k, tmp_path, [f"{examples}:draw"], environment=f"{examples}:Game2048Env",

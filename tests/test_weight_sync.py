@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_memory_weight_sync_writes_what_a_disk_reload_writes(make_run):
     """Both runs in this process (one engine at a time), so that they differ only in where the
     warm engine's new weights come from."""
-    from pipeline.iterate import iterate
+    from pipeline.loop.iterate import iterate
     from pipeline.models.vllm_engine import VLLMEngine
     from pipeline.store.run import Run
 

@@ -9,7 +9,7 @@ Steps: the arithmetic check (bench.gpu_check); the assets (bench.gpu.assets); `g
 config again; `grpo audit` of each and `grpo audit --compare` of the two full runs; TRL 1.16's
 GRPOTrainer on the same model and work (bench.gpu.trl_gpu); `grpo status --format json` of each run.
 Each iterate runs in its own process, which records seconds per iteration and stage and torch's peak
-GPU memory beside device_plan's estimates. OUT gets gpu.json (every figure and each step's outcome)
+GPU memory beside device_budget's estimates. OUT gets gpu.json (every figure and each step's outcome)
 and runs.tar.gz (the runs' manifests and parts, not their policies), which `grpo audit` checks
 here too.
 """
@@ -53,8 +53,8 @@ def one_run(run: str, result: str, iters: int) -> None:
     """`grpo iterate RUN --iters N` in this process, so torch's peak GPU memory is this run's."""
     import torch
 
-    from pipeline.iterate import iterate
-    from pipeline.models.device_plan import ModelShape, this_device, trainer_bytes
+    from pipeline.loop.iterate import iterate
+    from pipeline.models.device_budget import ModelShape, this_device, trainer_bytes
     from pipeline.store.run import Run
 
     cuda = torch.cuda.is_available()

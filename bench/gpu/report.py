@@ -67,7 +67,7 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
              f"`bash bench/gpu/run.sh {result.get('size')}` (bench/gpu/proof.py). Random weights of Qwen2.5-0.5B's shape; "
              "HF engine (no vLLM on that machine); bf16; DeepSpeed ZeRO-2 on one GPU.", "",
              "| run | iterations | s / iteration | rollout | score | logprobs | update | peak allocated GiB | reserved GiB "
-             "| estimate (device_plan) GiB | sampler gap | cut share | audit there | audit here |",
+             "| estimate (device_budget) GiB | sampler gap | cut share | audit there | audit here |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in ("full", "lora", "full-again", "lora-again"):
         s = steps.get(name)

@@ -35,7 +35,7 @@ from pipeline.agents import state as exact
 from pipeline.agents.execution import EpisodeThread, MainThreadCalls, cast_arguments, episode_calls, parameters, seeded
 from pipeline.agents.format import ToolFormat
 from pipeline.agents.tools import call_tool, tool_schema
-from pipeline.data import Prompt, as_messages, derive_seed, raw_to_json
+from pipeline.data.prompts import Prompt, as_messages, derive_seed, raw_to_json
 from pipeline.errors import GRPOError
 
 EPISODE_VERSION = 1

@@ -69,7 +69,7 @@ def check(cfg) -> str | None:
 
 def check_routes(cfg, classes: dict) -> None:
     """Every row of data.train (and data.eval) names one of the mapping's environments in its `environment` column."""
-    from pipeline.data import load_dataset_frame
+    from pipeline.data.prompts import load_dataset_frame
 
     sets = [("data.eval" if s.name is None else f"data.eval.{s.name}", s.path) for s in cfg.eval_sets()]
     for key, path in (("data.train", cfg.data.train), *sets):

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from pipeline.agents.execution import BadArgument, Deadline, EpisodeThread, MainThreadCalls, cast_arguments, episode_calls, \
     parameters, run_async
-from pipeline.agents.options import PYTHON_TOOL
+from pipeline.config.agents import PYTHON_TOOL
 from pipeline.errors import GRPOError
 
 PYTHON_TOOL_MEMORY_MB = 512

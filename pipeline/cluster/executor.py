@@ -5,7 +5,7 @@
              manifest (once every part is in) <---  part files, written atomically through the store
     score:   one Ray task per part           ---->  score_part (reward functions, sandboxes, async rewards)
              manifest                        <---  part files
-    logprobs, eval: in the driver, with the warm models of local `iterate`: one loop, pipeline.iterate,
+    logprobs, eval: in the driver, with the warm models of local `iterate`: one loop, pipeline.loop.iterate,
              with this module's RaySampler as its sampler
     update:  in the driver (warm trainer), or with cluster.update_workers > 1 on that many
              Ray-placed `grpo update` processes (pipeline/cluster/update.py)
@@ -145,10 +145,10 @@ def row_figures(stage: str, record: dict | None) -> dict:
 
 
 def rollout(run: Run, k: int, pool) -> dict:
-    from pipeline.rollout import RolloutPlan
+    from pipeline.rollout import RolloutInputs
 
     t0 = time.time()
-    plan = RolloutPlan(run, k)
+    plan = RolloutInputs(run, k)
     inputs = plan.inputs()
     stamp = input_hash(run.cfg_hash, "rollout", k, inputs)
     sd = stage_rel(k, "rollout")
@@ -242,7 +242,7 @@ def driver_gpu(cc) -> tuple[object | None, str]:
 
 
 class RaySampler:
-    """The sampler of `pipeline.iterate`'s one loop on a Ray cluster (its interface: ask, wait, drain,
+    """The sampler of `pipeline.loop.iterate`'s one loop on a Ray cluster (its interface: ask, wait, drain,
     close): rollouts on the pool's warm actors, evals on the driver's warm engine, each done when
     asked. The loop also hands it the score (Ray tasks) and, with cluster.update_workers > 1, the
     update (Ray-placed processes); `figures(k)` is what iteration k's row gains (straggler, workers)."""
@@ -251,8 +251,6 @@ class RaySampler:
         from pipeline.cluster.pool import RolloutPool
 
         self.run, self.warm, self.cc = run, warm, run.cfg.cluster
-        if run.cfg.train.max_staleness:
-            raise GRPOError("cluster.executor ray: train.max_staleness needs the local executor (the ray one runs on-policy iterations)")
         self.pool, self.rows, self.closed, self.hold = None, {}, False, None
         where = connect(self.cc, address)
         try:
@@ -266,7 +264,7 @@ class RaySampler:
         log(f"cluster: {where}; {self.cc.rollout_workers} rollout workers on nodes {', '.join(self.pool.nodes())}")
 
     def ask(self, kind: str, k: int) -> None:
-        from pipeline.evaluate import run_eval
+        from pipeline.eval.run import run_eval
         from pipeline.report import tracking
 
         run = self.run

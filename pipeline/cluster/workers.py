@@ -107,7 +107,7 @@ class RolloutWorker:
         torch.set_num_threads(max(1, threads))
         self.run = Run(run_uri)
         self.engine = None
-        self.plans: dict = {}  # iteration -> RolloutPlan (prompts rendered once per iteration)
+        self.plans: dict = {}  # iteration -> RolloutInputs (prompts rendered once per iteration)
 
     def ready(self, probe: str, token: str, secrets: list[str]) -> dict:
         """Checks before any work: the run directory and model are visible here, the run's code imports
@@ -120,17 +120,17 @@ class RolloutWorker:
     def rollout_part(self, k: int, part: int, stamp: str) -> dict:
         """Write rollout part `part` of iteration k (skipped when an earlier attempt wrote it from the
         same inputs); returns its timings."""
-        from pipeline.rollout import RolloutPlan, engine_plan, generate_part, policy_engine
+        from pipeline.rollout import RolloutInputs, engine_settings, generate_part, policy_engine
         from schemas.artifacts import ROLLOUT
 
         t0 = time.time()
         rel = f"{stage_rel(k, 'rollout')}/{part_name(part)}"
         report = {"part": part, **where_am_i(), "tokens": 0, "engine_s": 0.0, "written": False}
         if self.run.store.table_meta(rel).get("input_hash") != stamp:
-            plan = self.plans.get(k) or RolloutPlan(self.run, k)
+            plan = self.plans.get(k) or RolloutInputs(self.run, k)
             self.plans = {k: plan}
             t = time.time()
-            plan_ = engine_plan(self.run, plan.policy_iter) if self.engine is None else None
+            plan_ = engine_settings(self.run, plan.policy_iter) if self.engine is None else None
             self.engine = policy_engine(self.run, plan.policy_iter, self.engine, plan=plan_, where=f"rollout iteration {k}")
             report["engine_s"] = time.time() - t
             table = generate_part(plan, self.engine, part)

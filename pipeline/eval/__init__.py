@@ -1,3 +1,5 @@
-"""Held-out evaluation: its config section (config.py), the estimators and intervals (stats.py), the
-figures of an eval record (metrics.py) and the paired comparison of two records (compare.py). The
-eval stage itself is pipeline/evaluate.py."""
+"""Held-out evaluation, one folder: the eval stage (run.py: k samples per prompt, scored, recorded as
+parts; the figures a run's status shows), the estimators and intervals (stats.py), the figures of
+an eval record (metrics.py) and the paired comparison of two records (compare.py). Its config
+section is pipeline/config/eval.py; replaying a recorded eval with other rewards is
+pipeline/loop/replay_eval.py."""

@@ -76,7 +76,7 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
 def _reward_notes(ca, cb, sets) -> list[str]:
     """A set whose accuracy the two sides count with different rewards (a --replay with another
     eval.reward): its accuracy, pass@k and maj@k differences are the graders' as much as the policies'."""
-    from pipeline.eval.config import eval_sets
+    from pipeline.config.eval import eval_sets
 
     ra = {s.name: s.reward for s in eval_sets(ca.data.eval, ca.eval)}
     rb = {s.name: s.reward for s in eval_sets(cb.data.eval, cb.eval)}

@@ -69,7 +69,7 @@ def groups(table) -> dict[tuple, list[dict]]:
 
 def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
     """Each prompt's value of every figure, keyed by (set, prompt_id)."""
-    from pipeline.eval.config import eval_sets
+    from pipeline.config.eval import eval_sets
 
     reward_of = {s.name: s.reward for s in eval_sets(cfg.data.eval, cfg.eval)}
     ks = cfg.eval.ks()
@@ -122,7 +122,7 @@ def figures(cfg, table) -> dict[str, tuple[float, float, float]]:
 
 
 def _set_order(cfg):
-    from pipeline.eval.config import eval_sets
+    from pipeline.config.eval import eval_sets
 
     return [s.name for s in eval_sets(cfg.data.eval, cfg.eval)]
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.models.device_plan import engine_dtype, may_have_gpu  # noqa: F401  (engine_dtype: the engines import it from here)
+from pipeline.models.device_budget import engine_dtype, may_have_gpu  # noqa: F401  (engine_dtype: the engines import it from here)
 
 
 @dataclass

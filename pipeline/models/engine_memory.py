@@ -1,7 +1,7 @@
 """Memory of a vLLM engine on the CPU: the KV cache's size, and giving the KV cache and the
 weights back to the OS while an idle engine sleeps beside the trainer (`iterate`).
 
-On a GPU vLLM's own sleep mode does this (pipeline.models.device_plan says which path runs);
+On a GPU vLLM's own sleep mode does this (pipeline.models.device_budget says which path runs);
 the functions here find no CPU storage there and release nothing. Those taking a `worker` run
 inside vLLM's worker through `collective_rpc`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import RolloutConfig
+from pipeline.config.rollout import RolloutConfig
 
 
 def worker_model(worker):

@@ -4,21 +4,21 @@
 Both take token ids and a per-group seed and return G completions per prompt with the sampled
 tokens' logprobs. A group is generated from its own seed, so a part's tokens do not depend on
 which worker or which other groups share the engine. How an engine uses the machine (eager or
-CUDA graphs, sleep mode, memory fraction) is decided in pipeline.models.device_plan.
+CUDA graphs, sleep mode, memory fraction) is decided in pipeline.models.device_budget.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import RolloutConfig
+from pipeline.config.rollout import RolloutConfig
 from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, environment_kept, model_context  # noqa: F401  (their home before)
 
 
 def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
                 precision: str = "fp32", plan=None):
     """`precision`: train.precision, which `rollout.dtype: auto` follows; `plan`: a vLLM engine's
-    `device_plan.EnginePlan` (default: an engine alone on this machine's device)."""
+    `device_budget.EngineSettings` (default: an engine alone on this machine's device)."""
     from pipeline.quiet import captured
 
     if cfg.engine == "vllm":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import RolloutConfig
+from pipeline.config.rollout import RolloutConfig
 from pipeline.models.engine_base import Sample, cpu_env, engine_dtype
 from pipeline.models.stop_tokens import stop_token_ids
 

@@ -3,7 +3,7 @@
 
 The stages ask this object instead of branching on `train.lora`: the model the trainer trains and
 what its state and a published policy hold (pipeline/update), the weights a rollout engine
-samples from (pipeline/rollout.py), the model a replay starts from (pipeline/replay.py), and the
+samples from (pipeline/rollout.py), the model a replay starts from (pipeline/loop/replay.py), and the
 logprob pass's models (`LogprobModels`, used cold by `grpo logprobs` and warm by `iterate`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.iteration_plan import iteration_plan
+from pipeline.schedule import iteration_plan
 
 
 def on_logprob_device(model):
@@ -61,7 +61,7 @@ class FullPolicy:
 
     def trainer_bytes(self, shape, bf16_linears: bool, world: int) -> tuple[int, int]:
         """(what the trainer keeps per rank: weights, gradients, optimizer state as ZeRO splits them
-        over `world` ranks; the fp32 models the logprob pass keeps), in bytes (pipeline.models.device_plan)."""
+        over `world` ranks; the fp32 models the logprob pass keeps), in bytes (pipeline.models.device_budget)."""
         t, P = self.cfg.train, shape.params
         weights, grads, optim = (2 * P, 2 * P, 16 * P) if t.bf16 else (4 * P, 4 * P, 8 * P)
         z = t.zero_stage
@@ -83,7 +83,7 @@ class FullPolicy:
 
         from transformers.utils import logging as hf_logging
 
-        from pipeline.store import MANIFEST
+        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
         module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
@@ -133,7 +133,7 @@ class FullPolicy:
         """Policy k copied to `out` (verified by the caller); what to say about loading it."""
         import shutil
 
-        from pipeline.store import MANIFEST
+        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
         shutil.copytree(run.policy_dir(k), out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST, ".complete"))
         return f"policy {k} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
@@ -287,14 +287,14 @@ def policy_kind(cfg) -> FullPolicy:
 
 
 class LogprobModels:
-    """The logprob pass's models, as `pipeline.iteration_plan` says iteration k needs them: loaded
+    """The logprob pass's models, as `pipeline.schedule` says iteration k needs them: loaded
     on first use and given policy k's weights in place after that. `grpo logprobs` makes one for
     its iteration (cold); `iterate` keeps one across iterations (warm): the same code either way.
     """
 
     def __init__(self, run):
         self.run = run
-        self.policy = policy_kind(run.cfg)
+        self.policy = run.policy
         self.old = self.ref = None
         self.old_k: int | None = None
 

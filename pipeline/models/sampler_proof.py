@@ -85,7 +85,7 @@ def check_sampler_gap(cfg, k: int, row_gaps: list[float], where: str, run=None) 
     where the gap has another cause: an older behaviour policy (train.max_staleness) or truncated
     sampling (the engine's logprobs are renormalised over the kept tokens: docs/loss.md), or a
     replayed rollout (`run` given: its completions were sampled by another run's policy)."""
-    from pipeline.iteration_plan import iteration_plan
+    from pipeline.schedule import iteration_plan
     from pipeline.models.engine_base import engine_dtype
     from pipeline.models.tokens import resolve_precision
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.models.device_plan import CHUNK_TOKENS  # the memory estimate and the computation share it
+from pipeline.models.device_budget import CHUNK_TOKENS  # the memory estimate and the computation share it
 from pipeline.models.packing import Packed, packed_hidden
 
 
@@ -111,10 +111,10 @@ works on at a time, in place, so a chunk costs one [tokens, V] buffer and not th
 
 def resolve_precision(precision: str, device=None) -> str:
     """`train.precision` on `device` (default: this machine's): auto -> bf16 where the hardware
-    computes in bf16 (pipeline.models.device_plan)."""
-    from pipeline.models import device_plan
+    computes in bf16 (pipeline.models.device_budget)."""
+    from pipeline.models import device_budget
 
-    return device_plan.resolve_precision(precision, device or device_plan.this_device())
+    return device_budget.resolve_precision(precision, device or device_budget.this_device())
 
 
 def autocast(precision: str):

@@ -3,7 +3,7 @@
 vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): engine start is 2-4 s instead of
 12-19 s on the CPU, and new weights are loaded in place with `reload_weights`, from the stored
 policy directory or (rollout.weight_sync memory) from the trainer's tensors. How it uses the
-device (eager or CUDA graphs, memory fraction, sleep mode) is a `device_plan.EnginePlan`.
+device (eager or CUDA graphs, memory fraction, sleep mode) is a `device_budget.EngineSettings`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from pipeline.config import RolloutConfig
+from pipeline.config.rollout import RolloutConfig
 from pipeline.errors import GRPOError
 from pipeline.models import engine_memory as mem
-from pipeline.models.device_plan import EnginePlan, plan_engine, this_device
+from pipeline.models.device_budget import EngineSettings, engine_settings_for, this_device
 from pipeline.models.engine_base import Sample, cpu_env, environment_kept
 from pipeline.models.stop_tokens import stop_token_ids
 
@@ -36,12 +36,12 @@ class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                 precision: str = "fp32", plan: EnginePlan | None = None):
+                 precision: str = "fp32", plan: EngineSettings | None = None):
         """`plan`: how the engine uses the device (default: an engine alone on this machine's)."""
         cpu_env()
         from transformers import AutoTokenizer
 
-        plan = plan or plan_engine(cfg, model_dir, max_model_len, precision, this_device())
+        plan = plan or engine_settings_for(cfg, model_dir, max_model_len, precision, this_device())
         # vLLM stops on the eos ids of the model's files; a template's end of turn they do not
         # list (pipeline/models/stop_tokens.py) it is given as stop_token_ids, with the rest
         self.stop_ids = stop_token_ids(model_dir, AutoTokenizer.from_pretrained(model_dir))

@@ -17,7 +17,7 @@ policy/iter-0001, ...):
 - iter-K/<stage> for rollout, score, logprobs, eval: the stage, iteration, schema_version and
   config_hash fields; `input_hash` recomputed from `inputs`; every listed part's sha256, size,
   row count, Parquet kind + schema version and the stamp inside it; no unlisted part. Links:
-  eval sampled from policy K, rollout from policy b(K) (pipeline/staleness.py); score and logprobs read exactly this rollout
+  eval sampled from policy K, rollout from policy b(K) (pipeline/schedule.py); score and logprobs read exactly this rollout
   (its manifest's sha256 and its outputs) and have its rows, part by part; logprobs used policy K.
 - iter-K/update: metrics.parquet (and old_logprobs.parquet when the update took the old logprobs
   from its own forward), its inputs (the three manifests and policy K) and the policy K+1 it wrote.

@@ -11,11 +11,11 @@ import io
 
 import pyarrow.parquet as pq
 
-from pipeline.staleness import check_sampled_from
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
 from pipeline.report.audit_verdicts import check_verdicts
 from pipeline.store import MANIFEST, RunStore, parts, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, SchemaError
+from pipeline.schedule import behaviour, staleness
 from schemas.manifests import FileEntry, ReplayLink
 
 
@@ -64,7 +64,7 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
 
     import pyarrow as pa
 
-    from pipeline.eval.metrics import figures
+    from pipeline.eval.metrics import figures  # lazy: the eval stage reports through this package
     from pipeline.store.parts import read_parts
     from schemas.artifacts import EVAL
 
@@ -142,3 +142,18 @@ def _check_replay(a: Auditor, mrel: str, stage: str, replayed: ReplayLink, outpu
     src_out = {n: o.sha256 for n, o in src.manifest(src_dir).outputs.items()}
     if src_out != {n: o.sha256 for n, o in outputs.items()}:
         a.audit.problem(mrel, f"outputs are not the parts of {src.display(src_dir)}")
+
+
+def check_sampled_from(auditor, k: int, m, mrel: str, stage: str) -> None:
+    """audit: a rollout (eval) of iteration k names its behaviour policy b(k) (policy k) by the
+    hash that policy's manifest records, and a rollout records its staleness k - b(k)."""
+    cfg = auditor.run.cfg
+    b = behaviour(cfg, k) if stage == "rollout" and m.replayed_from is None else k  # a replay's iteration 0 is policy 0's
+    policy = m.inputs.get("policy") or {}
+    want = auditor.committed_policy(b, mrel)
+    if want is not None and (policy.get("policy_hash") != want or (m.policy_hash or want) != want):
+        auditor.audit.problem(mrel, f"inputs.policy.policy_hash {(policy.get('policy_hash') or 'none')[:12]} "
+                                    f"does not match {policy_rel(b)} ({want[:12]})")
+    if stage == "rollout" and m.replayed_from is None and m.staleness != staleness(cfg, k):
+        auditor.audit.problem(mrel, f"staleness {m.staleness!r}, expected {staleness(cfg, k)!r} "
+                                    f"(train.max_staleness {cfg.train.max_staleness}: sampled from {policy_rel(b)})")

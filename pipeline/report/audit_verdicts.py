@@ -13,13 +13,14 @@ import math
 import pyarrow.parquet as pq
 
 from pipeline.report.audit_record import Auditor
+from pipeline.rewards.judge import asker_of
 from pipeline.rewards.judge.client import request_hash
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX
 
 
 def check_verdicts(a: Auditor, sd: str, m) -> None:
     """Every served reward of score or eval manifest `m` (in stage dir `sd`), every listed part."""
-    from pipeline.rewards.config import validate_reward
+    from pipeline.config.rewards import validate_reward
 
     judges = [spec for spec in map(validate_reward, m.rewards or []) if spec.served]
     if not judges:
@@ -55,7 +56,7 @@ def _check_judge(a: Auditor, rel: str, table, spec) -> None:
         if answer is None:  # a failed request (on_failure: none)
             value, why = None, reason if (reason or "").startswith("failed: ") else "no answer"
         else:
-            value, why = spec.kwargs.asker().read(answer, finished[i])
+            value, why = asker_of(spec.kwargs).read(answer, finished[i])
         stored = None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else reward
         if why != reason or (value is None) != (stored is None) or (value is not None and value != stored):
             a.audit.problem(rel, f"{where}: the stored answer reads as {value!r} ({why or 'readable'}), "

@@ -198,7 +198,7 @@ def _update(run: Run, k: int, m: dict) -> dict[str, float]:
 
 def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
     """`loss.rollout_correction` on iteration k's completions: the log-weight's quantiles, the share cut."""
-    from pipeline.rollout_correction import iteration_stats
+    from pipeline.objective.correction import iteration_stats
 
     rollout = read_columns(run, k, "rollout", ["prompt_id", "sample_idx", "sampler_logprobs", "completion_mask"])
     rows = old.select("prompt_id", "sample_idx", "old_logprobs").join(rollout, on=["prompt_id", "sample_idx"], how="inner",
@@ -207,7 +207,7 @@ def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
 
 
 def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
-    from pipeline.evaluate import eval_summary
+    from pipeline.eval.run import eval_summary  # lazy: the eval stage reports through this package
 
     return {
         **eval_summary(run, k),  # every figure with its interval (pipeline/eval/metrics.py)

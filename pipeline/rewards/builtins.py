@@ -1,6 +1,6 @@
 """The built-in reward functions, each in TRL's reward contract (see pipeline.rewards.contract).
 
-Their options are keyword-only arguments; the config validates them first (pipeline.rewards.config),
+Their options are keyword-only arguments; the config validates them first (pipeline.config.rewards),
 so a call here gets every option, typed, defaults filled in.
 
   correct       1 if the last <answer>...</answer> equals the gold answer (math-verify, pipeline.rewards.answers)
@@ -309,7 +309,7 @@ def code_tests(
     workers: int | None = None,
     **columns,
 ) -> list[Reward]:
-    """Fraction of the row's test cases the completion's code passes, run in pipeline.sandbox.
+    """Fraction of the row's test cases the completion's code passes, run in pipeline.rewards.sandbox.
 
     The code is extract_code of the final assistant message; the tests are the `tests_column` value: assert
     statements, each run after the code in the same namespace. None where the row has no tests.

@@ -24,7 +24,7 @@ init`, which copies it into the run: every stage then imports the run's copy, `r
       - {fn: contains, kwargs: {keyword: important}}
       - {fn: my_rewards.py:brevity, name: brevity}
 
-Built-ins live in pipeline.rewards.builtins; their options are typed in pipeline.rewards.config
+Built-ins live in pipeline.rewards.builtins; their options are typed in pipeline.config.rewards
 and checked when the config is validated. Custom functions are imported and their signatures
 checked at `grpo init` (pipeline.preflight).
 
@@ -52,7 +52,7 @@ import numpy as np
 from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog, TrainerState, call_sync, is_async, run_async
 from pipeline.rewards.builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code, final_text, model_text  # noqa: F401 (re-exported)
-from pipeline.rewards.config import CustomReward, RewardSpec
+from pipeline.config.rewards import CustomReward, RewardSpec
 
 TRL_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """What TRL 1.16 passes every reward function besides the dataset columns."""

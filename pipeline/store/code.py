@@ -34,8 +34,8 @@ def _is_file(where: str) -> bool:
 
 def targets(cfg) -> list[str]:
     """The `file.py:name` / `module:name` targets of a config's rewards, tools and environments."""
-    from pipeline.agents.options import PYTHON_TOOL
-    from pipeline.rewards.config import CustomReward
+    from pipeline.config.agents import PYTHON_TOOL
+    from pipeline.config.rewards import CustomReward
 
     out = [r.fn for r in cfg.rewards if isinstance(r, CustomReward)]
     out += [t for t in cfg.rollout.tools if t != PYTHON_TOOL]

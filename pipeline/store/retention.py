@@ -20,6 +20,7 @@ evaluation is due and not yet done.
 from __future__ import annotations
 
 from pipeline.errors import GRPOError
+from pipeline.schedule import behaviour, eval_due
 from pipeline.store import MANIFEST, TMP_MARK, policy_rel, stage_rel
 
 TOMBSTONE = "PRUNED.json"
@@ -59,12 +60,6 @@ def pruned_error(run, k: int, needed_by: str) -> GRPOError:
     )
 
 
-def _eval_due(run, k: int) -> bool:
-    cfg = run.cfg
-    every = cfg.eval.every
-    return bool(every and cfg.data.eval and k % every == 0 and not run.done(k, "eval"))
-
-
 def prune_policies(run, newest: int) -> list[int]:
     """Remove the files of committed policies outside the kept set; returns those pruned now.
 
@@ -74,10 +69,11 @@ def prune_policies(run, newest: int) -> list[int]:
     if rule.last is None:
         return []
     store = run.store
-    keep = kept(newest, rule.last, rule.every) | set(range(max(0, newest - run.cfg.train.max_staleness), newest + 1))
+    # the policies still to sample an iteration (b(j) for j > newest) and still to be evaluated
+    keep = kept(newest, rule.last, rule.every) | set(range(behaviour(run.cfg, newest), newest + 1))
     pruned = []
     for k in range(1, newest):
-        if k in keep or _eval_due(run, k):
+        if k in keep or (eval_due(run.cfg, k) and not run.done(k, "eval")):
             continue
         rel = policy_rel(k)
         if not store.exists(f"{rel}/{MANIFEST}"):

@@ -63,7 +63,8 @@ def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | 
 def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
     """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
     cached) and its conversion record returned; a directory is checked."""
-    from pipeline.models import gguf_import
+    from pipeline.models import gguf_import  # models build on the store; a run asks them lazily
+
     if gguf_import.is_gguf_path(path):
         folder, record = gguf_import.converted(path, what)
         return check_model_dir(folder, what), record
@@ -121,11 +122,17 @@ class Run:
             raise pruned_error(self, k, needed_by)
         return self.store.local_dir(policy_rel(k))
 
-    def plain_dir(self, k: int) -> Path:
-        """Policy k's tokenizer and config: its own directory, or a LoRA adapter's base."""
+    @cached_property
+    def policy(self):
+        """The run's kind of policy (whole weights, or LoRA adapters on policy 0), held once:
+        pipeline.models.policy, which builds on the store, so it is asked lazily."""
         from pipeline.models.policy import policy_kind
 
-        return policy_kind(self.cfg).plain_dir(self, k)
+        return policy_kind(self.cfg)
+
+    def plain_dir(self, k: int) -> Path:
+        """Policy k's tokenizer and config: its own directory, or a LoRA adapter's base."""
+        return self.policy.plain_dir(self, k)
 
     def ref_dir(self) -> Path:
         if self.cfg.ref_model is None:
@@ -182,7 +189,7 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
     model, conversion = model_source(cfg.model, "model")
     if cfg.ref_model:
         model_source(cfg.ref_model, "ref_model")
-    from pipeline.models.policy import policy_kind
+    from pipeline.models.policy import policy_kind  # the run does not exist yet to hold its policy
 
     policy_kind(cfg).check_model(model)
     run = Run(uri)

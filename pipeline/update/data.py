@@ -8,7 +8,8 @@ import polars as pl
 import pyarrow as pa
 import torch
 
-from pipeline import grpo
+from pipeline.objective import loss as grpo
+from pipeline.objective.advantages import advantages_of
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch
@@ -22,7 +23,7 @@ class UpdateData:
 
     def __init__(self, run: Run, k: int, kl_ctl=None):
         cfg = run.cfg
-        from pipeline.iteration_plan import iteration_plan
+        from pipeline.schedule import iteration_plan
 
         # one optimizer step per epoch: the old logprobs are the first epoch's forward, detached (recorded by `record_old`)
         self.old_from_update = iteration_plan(cfg, k).old_from_update
@@ -67,7 +68,7 @@ class UpdateData:
         ref = _pad(df["ref_logprobs"].to_list(), T)
         scores = torch.tensor(df["reward"].fill_null(float("nan")).to_numpy(), dtype=torch.float64)
         penalised = grpo.kl_penalised_rewards(scores, old, ref, batch.loss_mask, kl_ctl.coef)
-        adv = cfg.advantages.of(penalised.numpy(), G)
+        adv = advantages_of(cfg.advantages, penalised.numpy(), G)
         kl_seq = ((old - ref) * batch.loss_mask).sum(-1)  # [N] k1 summed over the model's tokens
         self.kl_stats = float(kl_seq.mean())
         return df.with_columns(pl.Series("advantage", adv.astype(np.float32)))

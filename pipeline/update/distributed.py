@@ -49,11 +49,11 @@ def _set_for_now(values: dict[str, str]):
 
 def init_distributed(device=None) -> tuple[int, int]:
     """Join the launcher's process group, or make a one-process group without one (the backend
-    as `device_plan.dist_backend` says for `device`, default this machine's). Returns (rank, world)."""
+    as `device_budget.dist_backend` says for `device`, default this machine's). Returns (rank, world)."""
     import deepspeed
     import torch
 
-    from pipeline.models.device_plan import dist_backend, this_device
+    from pipeline.models.device_budget import dist_backend, this_device
     from pipeline.quiet import captured
 
     device = device or this_device()

@@ -4,7 +4,7 @@
         policy/iter-(k+1) + iter-k/update/{metrics.parquet, state/, MANIFEST.json}
 
 `train.epochs` passes over the shuffled completions, `train.mini_batch_size` completions per
-optimizer step split into `train.grad_accum` micro-batches; the loss is `pipeline.grpo.policy_loss`.
+optimizer step split into `train.grad_accum` micro-batches; the loss is `pipeline.objective.loss.policy_loss`.
 The optimizer, scheduler, step count and KL controller carry over from iteration to iteration
 (as in one long TRL run) through `iter-k/update/state`. The update is deterministic on a given
 machine, so an update killed midway is simply redone from its start and gives the same weights.

@@ -6,12 +6,12 @@ import math
 
 import torch
 
-from pipeline.rollout_correction import EXTREMES
+from pipeline.objective.correction import EXTREMES
 
 
 def across_ranks(metrics: dict[str, float], rows: int, tokens: int, kind, world: int) -> dict[str, float]:
     """Token means weighted by each rank's tokens, the loss by the units its type (`kind`, a
-    `pipeline.loss_types.LossType`) averages over; a loss that is a share of the mini-batch's
+    `pipeline.objective.loss.LossType`) averages over; a loss that is a share of the mini-batch's
     (`sums_micro_batches`) adds up; the `EXTREMES` take the ranks' min / max, a rank without
     tokens (a zero-weight stand-in row) left out."""
     if world == 1:

@@ -3,7 +3,7 @@ kept alive across iterations by `iterate`; `pipeline.update.publish` drives it.
 
 `train.epochs` passes over the shuffled completions, `train.mini_batch_size` completions per
 optimizer step split into `train.grad_accum` micro-batches (and those into pieces of at most
-`train.update_token_budget` tokens); the loss is `pipeline.grpo.policy_loss`, aggregated as the
+`train.update_token_budget` tokens); the loss is `pipeline.objective.loss.policy_loss`, aggregated as the
 loss type's `LossType` object says. Single process here; under `deepspeed` / `torchrun` each rank
 takes its slice of every mini-batch (data parallel, same global batch).
 """
@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline import grpo
+from pipeline.objective import loss as grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models import packing
 from pipeline.models.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
-from pipeline.plan import steps_per_iter
+from pipeline.schedule import steps_per_iter
 from pipeline.progress import progress
 from pipeline.quiet import captured
-from pipeline.rollout_correction import combine
+from pipeline.objective.correction import combine
+from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
 from schemas.artifacts import STEP_METRICS
@@ -87,7 +88,7 @@ class Trainer:
         # a checkpointed layer cannot write the padded path's shared-prompt KV cache; a packed piece needs none
         self.share_prompts = self.packed or not cfg.train.gradient_checkpointing
         a = cfg.advantages.kl_in_reward
-        self.kl_ctl = grpo.make_kl_controller(a.coef, a.target, a.horizon)
+        self.kl_ctl = make_kl_controller(a.coef, a.target, a.horizon)
         if state_dir is not None:
             self.load_state(state_dir)
 
@@ -224,7 +225,7 @@ class Trainer:
             # the micro-batch's share of the mini-batch as the loss type weighs it (rows or tokens),
             # so an uneven split (a short last mini-batch cut [6, 2]) gives the unsplit gradient
             share_tokens = data.mask_sum(mi) / max(1, tokens)
-            share = cfg.loss.kind.micro_batch_share(len(mi) / len(mb), share_tokens, len(micros))
+            share = grpo.loss_type(cfg.loss).micro_batch_share(len(mi) / len(mb), share_tokens, len(micros))
             weight = self._rank_weight(data, mine, mi) * share
             # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
             metrics = self.micro_step(data, mine if len(mine) else mi[:1], tokens, weight)
@@ -243,10 +244,10 @@ class Trainer:
     def _rank_weight(self, data: "UpdateData", mine: np.ndarray, mi: np.ndarray) -> float:
         """This rank's weight on its micro-batch loss, so the ranks' average is the whole
         micro-batch's loss even when a short last mini-batch splits unevenly (the loss type says how)."""
-        return self.cfg.loss.kind.rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
+        return grpo.loss_type(self.cfg.loss).rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
 
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
-        return across_ranks(metrics, rows, tokens, self.cfg.loss.kind, self.world)
+        return across_ranks(metrics, rows, tokens, grpo.loss_type(self.cfg.loss), self.world)
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch, its loss times `weight` (its share of the
@@ -266,7 +267,7 @@ class Trainer:
         for j, piece in enumerate(pieces):
             self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
             share_tokens = data.mask_sum(piece) / tokens
-            loss_share = cfg.loss.kind.piece_share(len(piece) / rows, share_tokens)
+            loss_share = grpo.loss_type(cfg.loss).piece_share(len(piece) / rows, share_tokens)
             metrics = self._piece_step(data, piece, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
                 combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)

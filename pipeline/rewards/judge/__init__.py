@@ -26,10 +26,18 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.config.judge import JudgeOptions
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.chat import ChatJudge, completion_text, prompt_text, render  # noqa: F401 (the package's names)
 from pipeline.rewards.judge.client import REFUSED_ALL, JudgeFailure, ask, headers, request_hash, served_identity
 from pipeline.rewards.judge.record import FIELDS, Ledger, current
+from pipeline.rewards.judge.served_model import ServedClassifier
+
+
+def asker_of(options):
+    """How a served reward's requests are made and its answers read: a judge's options
+    (pipeline.config.judge.JudgeOptions) give a ChatJudge, a served reward model's a ServedClassifier."""
+    return ChatJudge(options) if isinstance(options, JudgeOptions) else ServedClassifier(options)
 
 
 def served_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
@@ -38,7 +46,7 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     completions; the records go to `log` as extra columns, the counts to the ledger (the stage's,
     or a fresh one)."""
     o = spec.kwargs
-    asker = o.asker()  # ChatJudge, or served_model.ServedClassifier
+    asker = asker_of(o)
     ledger = ledger or current()
     n = len(completions)
     bodies = asker.bodies(prompts, completions, columns, where)

@@ -11,7 +11,7 @@ from pipeline.rewards.judge.client import Answer, chat_answer, endpoint, request
 from pipeline.rewards.judge.verdict import read_verdict
 
 if TYPE_CHECKING:
-    from pipeline.rewards.judge.options import JudgeOptions
+    from pipeline.config.judge import JudgeOptions
 
 
 def prompt_text(prompt: Any) -> str:

@@ -13,7 +13,7 @@ import os
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import endpoint, headers
-from pipeline.rewards.judge.options import JudgeOptions
+from pipeline.config.judge import JudgeOptions
 
 REACH_TIMEOUT_S = 10.0
 SKIP = "; grpo init --no-judge-check skips this check"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
-    from pipeline.rewards.judge.options import JudgeOptions
+    from pipeline.config.judge import JudgeOptions
 
 BACKOFF_S = 0.5
 """The first retry waits about this long, each further one twice as long (at most MAX_BACKOFF_S), less up to 25 %

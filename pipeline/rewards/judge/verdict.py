@@ -30,7 +30,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
-    from pipeline.rewards.judge.options import VerdictOptions
+    from pipeline.config.judge import VerdictOptions
 
 _NUM = r"[-+\u2212]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # \u2212: the typeset minus sign
 # a score with its scale ("7/10", "7 out of 10", "7 (out of 10)", "**7**/10") is one match whose value is

@@ -1,9 +1,12 @@
-"""GRPO math as small pure torch functions (no I/O).
+"""The GRPO objective as small pure torch functions (no I/O), top to bottom: how each loss type
+reduces its per-token losses and how micro-batches, pieces and ranks add up under it (`LossType`,
+one subclass per `loss.type`; `loss_type(cfg.loss)` picks one, and the trainer and `policy_loss`
+ask it and never name a type), the KL estimators, and `policy_loss` for one micro-batch.
 
 The rewards' side (`combine_rewards`, `group_advantages`, `group_stats`) is NumPy, in
-pipeline/advantages.py, so that the score stage does not load torch. Here: the KL estimators,
-`kl_penalised_rewards` (its controllers in pipeline/kl_control.py), and the update's
-`policy_loss` per micro-batch (its sampler-mismatch weight in pipeline/rollout_correction.py).
+pipeline/objective/advantages.py, so that the score stage does not load torch. Here: the KL estimators,
+`kl_penalised_rewards` (its controllers in pipeline/objective/kl.py), and the update's
+`policy_loss` per micro-batch (its sampler-mismatch weight in pipeline/objective/correction.py).
 The formulas, one per loss type, are in docs/loss.md; every function here is checked against
 hand-derived numbers and a naive loop in tests/test_grpo.py:
 
@@ -16,12 +19,136 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from pipeline.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller  # noqa: F401  (their home before)
-from pipeline.loss_types import LOSS_TYPES, BNPOLoss, DAPOLoss, DrGRPOLoss, LossType, ReinforceLoss  # noqa: F401  (their home before)
-from pipeline.rollout_correction import correction_weights
+from pipeline.objective.correction import correction_weights
 
 if TYPE_CHECKING:
-    from pipeline.loss_config import LossConfig
+    from pipeline.config.loss import LossConfig
+
+
+# --------------------------------------------------------------------------- loss types
+
+class LossType:
+    """How one loss type reduces its per-token losses, and how micro-batches and ranks add up.
+
+    The default is grpo's: each sequence weighs the same, whatever its length. The trainer asks
+    these objects and never names a type, so a new type is one subclass here."""
+
+    name = "grpo"
+    clipped = True
+    """Whether the surrogate uses the clipped importance ratio (reinforce: plain policy gradient)."""
+    sums_micro_batches = False
+    """True when each micro-batch's loss is already a share of the whole mini-batch's (dapo),
+    so micro-batch losses add up; otherwise each is weighed by its share (`micro_batch_share`)."""
+
+    def reduce(self, per_token: torch.Tensor, m: torch.Tensor, max_completion_length, num_items) -> torch.Tensor:
+        """Reduce a per-token loss [B, T] over active tokens (m = float mask) to a scalar, as TRL defines it."""
+        token_sum = (per_token * m).sum(dim=1)  # [B]
+        return (token_sum / m.sum(dim=1).clamp(min=1)).mean()
+
+    def check(self, max_completion_length, num_items) -> None:
+        """Raise ValueError when an argument this type needs is missing."""
+
+    def micro_batch_share(self, share_rows: float, share_tokens: float, n_micro: int) -> float:
+        """Factor on a micro-batch's loss so the accumulated gradient is the mini-batch's: the
+        micro-batch's share of what this type averages over (its rows of the mini-batch's for a
+        per-sequence mean), as for a piece. So any split of a mini-batch (a short last one cut
+        [6, 2]) gives the unsplit gradient; 1 / n_micro would weigh 6 rows as much as 2."""
+        return self.piece_share(share_rows, share_tokens)
+
+    def rank_weight(self, world: int, rows: int, all_rows: int, tokens: int, all_tokens: int) -> float:
+        """DeepSpeed averages the ranks' gradients: a rank's loss is weighed by its share of the
+        micro-batch (in the units this type averages over) x world. 1.0 on one process."""
+        return world * rows / all_rows
+
+    def rank_units(self, rows: int, tokens: int) -> float:
+        """What a rank's loss metric counts for when the ranks' metrics are averaged."""
+        return float(rows)
+
+    def piece_share(self, share_rows: float, share_tokens: float) -> float:
+        """Weight of one piece's loss when a micro-batch is cut into pieces by a token budget, so
+        that the weighted pieces add up to the micro-batch's loss: the piece's share of what this
+        type averages over."""
+        return 1.0 if self.sums_micro_batches else share_rows
+
+
+class BNPOLoss(LossType):
+    """Each token of the micro-batch weighs the same; micro-batches weigh the same (TRL's bnpo: each
+    accumulation step's token mean, divided by the steps). Its normaliser is the micro-batch's, so
+    a split changes the loss by definition: [6, 2] rows is not the 8 rows' token mean."""
+
+    name = "bnpo"
+
+    def micro_batch_share(self, share_rows, share_tokens, n_micro):
+        return 1.0 / n_micro
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / m.sum().clamp(min=1)
+
+    def rank_weight(self, world, rows, all_rows, tokens, all_tokens):
+        return world * tokens / max(1, all_tokens)
+
+    def rank_units(self, rows, tokens):
+        return float(tokens)
+
+    def piece_share(self, share_rows, share_tokens):
+        return share_tokens
+
+
+class DrGRPOLoss(LossType):
+    """Constant normaliser (batch size x max completion length): no length bias."""
+
+    name = "dr_grpo"
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / (per_token.shape[0] * max_completion_length)
+
+    def check(self, max_completion_length, num_items):
+        if not max_completion_length:
+            raise ValueError("policy_loss: loss type dr_grpo needs max_completion_length (the rollout's max_new_tokens)")
+
+
+class DAPOLoss(LossType):
+    """Each token of the mini-batch (one optimizer step's tokens) weighs the same: `num_items`
+    counts them, spread over the ranks, so micro-batch and rank losses add up instead of
+    averaging. TRL's after its PR #6024: the tokens of one accumulation window, not of the whole
+    generation batch when that spans several optimizer steps."""
+
+    name = "dapo"
+    sums_micro_batches = True
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum() / num_items
+
+    def check(self, max_completion_length, num_items):
+        if num_items is None or float(num_items) <= 0:
+            raise ValueError(
+                "policy_loss: loss type dapo needs num_items > 0, the active completion tokens of the mini-batch"
+            )
+
+    def rank_weight(self, world, rows, all_rows, tokens, all_tokens):
+        return 1.0 if rows else 0.0
+
+    def rank_units(self, rows, tokens):
+        return min(float(rows), 1.0)
+
+
+class ReinforceLoss(LossType):
+    """Sequence log-prob times advantage, mean over sequences: no ratio, no clipping."""
+
+    name = "reinforce"
+    clipped = False
+
+    def reduce(self, per_token, m, max_completion_length, num_items):
+        return (per_token * m).sum(dim=1).mean()
+
+
+LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (LossType(), BNPOLoss(), DrGRPOLoss(), DAPOLoss(), ReinforceLoss())}
+
+
+def loss_type(loss: LossConfig) -> LossType:
+    """The `LossType` that owns `loss.type`'s arithmetic."""
+    return LOSS_TYPES[loss.type]
+
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -86,7 +213,7 @@ def _check_loss_args(
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}")
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"policy_loss: advantages must be [B] = [{logprobs.shape[0]}], got {tuple(advantages.shape)}")
-    config.kind.check(max_completion_length, num_items)
+    loss_type(config).check(max_completion_length, num_items)
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"policy_loss: kl_coef={config.kl_coef} > 0 needs ref_logprobs")
     if config.entropy_coef > 0 and entropy is None:
@@ -111,7 +238,7 @@ def policy_loss(
     advantages [B]. mask is 1 on the tokens the model sampled: 0 on padding and on what an
     episode's context put in the completion (tool results); positions where it is 0 count nowhere
     and may hold anything (0, -inf, NaN). sampler_logprobs [B, T]: the engine's, for
-    `config.rollout_correction` (its detached weight multiplies the policy term; `pipeline.rollout_correction`);
+    `config.rollout_correction` (its detached weight multiplies the policy term; `pipeline.objective.correction`);
     None: the old policy sampled, nothing to correct.
     Aggregation uses this micro-batch's B and tokens, except dapo whose `num_items` counts the
     active tokens of the mini-batch (one optimizer step; TRL's accumulation window since its PR
@@ -142,7 +269,7 @@ def policy_loss(
     capped = ratio.clamp(max=config.delta) if config.delta is not None else ratio  # [B, T]
     clipped = ratio.clamp(1 - config.clip_eps_low, 1 + config.clip_eps_high)  # [B, T]
 
-    if not config.kind.clipped:
+    if not loss_type(config).clipped:
         pg_loss = -logp * A  # [B, T] plain policy gradient: no ratio, no clipping
     else:
         pg_loss = -torch.minimum(capped * A, clipped * A)  # [B, T] pessimistic (clipped) surrogate
@@ -161,7 +288,7 @@ def policy_loss(
         per_token_loss = per_token_loss + config.kl_coef * kl  # stay near the reference policy
     if config.entropy_coef > 0:
         per_token_loss = per_token_loss - config.entropy_coef * ent  # entropy bonus keeps exploring
-    loss = config.kind.reduce(per_token_loss, m, max_completion_length, num_items)
+    loss = loss_type(config).reduce(per_token_loss, m, max_completion_length, num_items)
 
     with torch.no_grad():
         n_active = m.sum().clamp(min=1)
@@ -169,14 +296,14 @@ def policy_loss(
         def token_mean(x: torch.Tensor) -> float:
             return float((x * m).sum() / n_active)
 
-        if not config.kind.clipped:  # nothing is clipped
+        if not loss_type(config).clipped:  # nothing is clipped
             low = high = torch.zeros_like(active)
         else:
             low = (ratio < 1 - config.clip_eps_low) & (A < 0)  # [B, T] clipped term active below
             high = (ratio > 1 + config.clip_eps_high) & (A > 0)  # [B, T] clipped term active above
         metrics = {
             "loss/total": float(loss),
-            "loss/policy": float(config.kind.reduce(pg_loss, m, max_completion_length, num_items)),
+            "loss/policy": float(loss_type(config).reduce(pg_loss, m, max_completion_length, num_items)),
             "ratio/mean": token_mean(ratio),
             "clip/ratio_low": token_mean(low.to(m.dtype)),
             "clip/ratio_high": token_mean(high.to(m.dtype)),

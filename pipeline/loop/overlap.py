@@ -1,6 +1,6 @@
 """`iterate` with train.max_staleness s >= 1: the sampling overlapped with the training.
 
-`ProcessSampler`, the sampler of `pipeline.iterate`'s one loop for this schedule: a process,
+`ProcessSampler`, the sampler of `pipeline.loop.iterate`'s one loop for this schedule: a process,
 spawned once per `iterate` and holding its own warm engine (sized by the same memory plan as
 `iterate`'s own engine), runs rollouts and evals in the order they are asked for; the iterate
 process scores, computes logprobs and updates, and never starts an engine itself. At the start
@@ -10,7 +10,7 @@ waits for rollout k and trains on it while the sampler samples ahead. The eval o
 iteration k's row is printed, as `iterate` without staleness spends that time too.
 
 What is written never depends on this timing: which policy samples which iteration is fixed by
-the config (pipeline/staleness.py), every stage skips what is done and redoes what died, so a
+the config (pipeline/schedule.py), every stage skips what is done and redoes what died, so a
 rerun, the separate stage commands and a resume after SIGKILL give the same bytes. A SIGKILL of
 this process takes the sampler with it (PR_SET_PDEATHSIG); a sampler that dies ends this process
 with a one-line error; either way the same command then finishes the run.
@@ -26,14 +26,15 @@ from __future__ import annotations
 import os
 
 from pipeline.errors import GRPOError
+from pipeline.loop.iteration import LocalSampler
 from pipeline.store.run import Run
 
 SAMPLER_CPUS = "GRPO_SAMPLER_CPUS"
 
 
-class ProcessSampler:
+class ProcessSampler(LocalSampler):
     """The sampling process, started at the first request, and the requests made of it
-    (`pipeline.iterate`'s sampler interface: ask, wait, drain, close)."""
+    (`pipeline.loop.iterate`'s sampler interface: ask, wait, drain, close)."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -114,18 +115,18 @@ def serve(uri: str, conn, parent: int) -> None:
     cpus = os.environ.get(SAMPLER_CPUS)
     if cpus:  # before torch starts: its thread pool is sized from this mask
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-    from pipeline.evaluate import run_eval
+    from pipeline.eval.run import run_eval
     from pipeline.models.engines import cpu_env
     from pipeline.report import tracking
-    from pipeline.iteration_plan import iteration_plan
-    from pipeline.rollout import engine_plan, policy_engine, run_rollout
+    from pipeline.schedule import iteration_plan
+    from pipeline.rollout import engine_settings, policy_engine, run_rollout
 
     cpu_env()
     run = Run(uri)
     engine = None
     # the engine shares the machine with the trainer in the other process: sized as `iterate`
     # sizes its own (a GPU split that cannot fit is the one-line error, before any engine loads)
-    plan = engine_plan(run, run.completed_iters(), shared=True)
+    plan = engine_settings(run, run.completed_iters(), shared=True)
     try:
         while True:
             if engine is not None and hasattr(engine, "sleep") and not conn.poll():

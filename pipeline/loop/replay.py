@@ -46,12 +46,13 @@ from pathlib import Path
 
 from pipeline import config as config_mod
 from pipeline.config import Config
+from pipeline.config.errors import parse_overrides
 from pipeline.errors import GRPOError
 from pipeline.models.policy import policy_kind
 from pipeline.store.parts import input_hash
 from pipeline.store.retention import pruned_error
 from pipeline.rewards.contract import load_reward, run_code
-from pipeline.iteration_plan import iteration_plan
+from pipeline.schedule import iteration_plan
 from pipeline.store.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
@@ -63,13 +64,13 @@ UNTIL = ("score", "logprobs", "update")
 
 def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
     """SRC's config with `model` = SRC's policy K, the reference kept, and the overrides."""
-    for key, _ in config_mod.parse_overrides(sets):
+    for key, _ in parse_overrides(sets):
         if any(key == p or key.startswith(p + ".") for p in LOCKED):
             raise GRPOError(f"--set {key}: replay reuses the completions {src.store.display()} sampled with this setting; it cannot change")
     tree = src.cfg.model_dump(mode="json")
     tree["model"] = str(replay_model(src, k))
     cfg = config_mod.resolve(tree, sets, source="replay --set")
-    if cfg.uses_ref and cfg.ref_model is None and (ref := policy_kind(cfg).replay_reference(src)) is not None:
+    if iteration_plan(cfg, k).reference and cfg.ref_model is None and (ref := policy_kind(cfg).replay_reference(src)) is not None:
         tree["ref_model"] = str(ref)  # SRC's reference: its initial policy
         cfg = config_mod.resolve(tree, sets, source="replay --set")
     with run_code(src):  # a reward that cannot even load fails before NEW exists (SRC's copy of one it names)
@@ -80,13 +81,13 @@ def replay_config(src: Run, k: int, sets: list[str] | None) -> Config:
 
 def is_adapter_policy(src: Run, k: int) -> bool:
     """Whether SRC's policy K is a LoRA adapter (K >= 1 of a LoRA run) rather than full weights."""
-    return policy_kind(src.cfg).stored_as_adapter(k)
+    return src.policy.stored_as_adapter(k)
 
 
 def replay_model(src: Run, k: int) -> Path:
     """NEW's model: SRC's policy K; for an adapter, the adapter merged into SRC's base (built once
     per policy in the local cache), on which NEW trains a fresh adapter."""
-    return policy_kind(src.cfg).replay_model(src, k)
+    return src.policy.replay_model(src, k)
 
 
 def merged_origin(src: Run, k: int) -> dict | None:

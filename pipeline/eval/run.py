@@ -20,9 +20,9 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from pipeline import advantages
-from pipeline.data import dataset_num_rows, derive_seed, load_dataset, make_prompts, prompt_made_up
-from pipeline.eval.config import SetRef
+from pipeline.objective import advantages
+from pipeline.data.prompts import dataset_num_rows, derive_seed, load_dataset, make_prompts, prompt_made_up
+from pipeline.config.eval import SetRef
 from pipeline.eval.metrics import figures, flat
 from pipeline.models.engines import model_context
 from pipeline.errors import GRPOError
@@ -168,7 +168,7 @@ def _json(raw):
 
 def run_eval(run: Run, k: int, engine=None, recorded: list[pa.Table] | None = None, replayed_from: dict | None = None) -> dict | None:
     """Evaluate policy k (skipped when data.eval is unset); `engine` may be a warm one holding policy k.
-    `recorded`: another eval's parts, re-scored instead of sampled (pipeline/eval/replay.py)."""
+    `recorded`: another eval's parts, re-scored instead of sampled (pipeline/loop/replay_eval.py)."""
     cfg = run.cfg
     if cfg.data.eval is None:
         return None

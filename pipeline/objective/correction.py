@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.loss_config import RolloutCorrection
+from pipeline.config.loss import RolloutCorrection
 
 if TYPE_CHECKING:
     import polars as pl

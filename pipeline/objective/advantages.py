@@ -2,7 +2,7 @@
 
 Score stage: `combine_rewards` -> `group_advantages` (and `group_stats` for the stored group
 columns). The update's KL-in-reward path recomputes advantages with the same functions. They live
-apart from the torch loss math in pipeline/grpo.py because the score stage needs nothing else of
+apart from the torch loss math in pipeline/objective/loss.py because the score stage needs nothing else of
 torch: importing it cost `grpo score` about 1 s of its cold start. Every function here is checked
 against hand-derived numbers in tests/test_grpo.py.
 """
@@ -133,3 +133,10 @@ def group_advantages(
         renormed = (advantages - live.mean()) / (_nanstd(live, axis=0, std=std) + eps)
         advantages = np.where(signal, renormed, 0.0)
     return advantages.reshape(-1).astype(_out_dtype(rewards))
+
+
+def advantages_of(a, rewards: np.ndarray, num_generations: int) -> np.ndarray:
+    """The advantages of total rewards [N] (groups of `num_generations`) under the config's
+    `advantages:` section `a` (pipeline.config.advantages.AdvantageConfig)."""
+    return group_advantages(rewards, num_generations, scale=a.scale, std=a.std, eps=a.eps,
+                            std_floor=a.std_floor, batch_renorm=a.batch_renorm)

@@ -20,17 +20,15 @@ from __future__ import annotations
 import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.base import Section
 
 FIELDS = ("prompt", "completion")
 """What a rubric names besides dataset columns: the prompt text and the completion text."""
 
 
-class _Section(BaseModel):  # as pipeline.rewards.config's (which imports this module)
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class VerdictOptions(_Section):
+class VerdictOptions(Section):
     """How a judge's answer is read into a reward (pipeline/rewards/judge/verdict.py): after its reasoning (`</think>`), never from an answer cut off."""
 
     read: Literal["number", "choice", "boxed", "json"] = "number"
@@ -59,7 +57,7 @@ class VerdictOptions(_Section):
         return self
 
 
-class JudgeOptions(_Section):
+class JudgeOptions(Section):
     base_url: str = Field(min_length=1)
     """The OpenAI-compatible server, up to `/v1` (requests go to base_url + /chat/completions)."""
     model: str = Field(min_length=1)
@@ -99,12 +97,6 @@ class JudgeOptions(_Section):
     def served(self) -> bool:
         """A judge is always asked over HTTP, its answers recorded (pipeline.rewards.judge.served_rewards)."""
         return True
-
-    def asker(self):
-        """How its requests are made and its answers read."""
-        from pipeline.rewards.judge.chat import ChatJudge
-
-        return ChatJudge(self)
 
 
 def rubric_fields(template: str) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, resolve
-from pipeline.config_errors import parse_overrides, put_dotted, read_tree
+from pipeline.config.errors import parse_overrides, put_dotted, read_tree
 from pipeline.errors import GRPOError
 
 OPTIONS: dict[str, str] = {

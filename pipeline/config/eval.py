@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from pipeline.rollout_config import Section as _Section
+from pipeline.config.base import Section
 
 
-class EvalSet(_Section):
+class EvalSet(Section):
     """One named eval set of `data.eval`: its file and, optionally, its own accuracy reward."""
 
     path: str
@@ -27,7 +27,7 @@ class EvalSet(_Section):
     """The reward column that counts as this set's accuracy; None: `eval.reward`."""
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     """Periodic evaluation on data.eval."""
 
     every: int = Field(1, ge=0)
@@ -60,7 +60,7 @@ EVAL_NEUTRAL = {("eval", "samples"): 1, ("eval", "temperature"): None, ("eval", 
 
 RESERVED = {"accuracy", "reward", "rewards", "mean_length", "episodes", "tools", "judge", "pass_at", "maj_at"}
 """Names an eval set cannot take: metric names' first segments (an MLflow file store keeps a metric as a file)."""
-_TAKEN = re.compile(r"(accuracy|reward|mean_length|(pass|maj)_at_\d+)(_lo|_hi)?|\.+")
+TAKEN = re.compile(r"(accuracy|reward|mean_length|(pass|maj)_at_\d+)(_lo|_hi)?|\.+")
 """More of them: a figure over all sets (eval/pass_at_4, eval/accuracy_lo) and `.`/`..`, which MLflow refuses in a name."""
 
 
@@ -88,24 +88,3 @@ def eval_sets(data_eval, cfg: EvalConfig) -> list[SetRef]:
         s = EvalSet(path=s) if isinstance(s, str) else s
         out.append(SetRef(name, s.path, s.reward or cfg.reward))
     return out
-
-
-def refusal(data_eval, cfg: EvalConfig, rewards: list[str]) -> str | None:
-    """Why the eval settings cannot run (one line naming the key), or None."""
-    if cfg.samples > 1 and cfg.greedy:
-        return f"eval.samples {cfg.samples}: greedy decoding gives k copies of one completion; set eval.greedy: false"
-    if too := [k for k in cfg.pass_k if not 1 <= k <= cfg.samples]:
-        return f"eval.pass_k {too[0]}: each k must be between 1 and eval.samples ({cfg.samples})"
-    if isinstance(data_eval, dict):
-        if not data_eval:
-            return "data.eval: an empty mapping; name at least one eval set (or leave data.eval unset)"
-        for name in data_eval:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in RESERVED or _TAKEN.fullmatch(name):
-                return (f"data.eval.{name}: an eval set's name is a metric path segment: letters, digits, _ . - "
-                        f"and none of {', '.join(sorted(RESERVED))}, a figure's name (pass_at_4, accuracy_lo) or dots only")
-    if cfg.every > 0:
-        for s in eval_sets(data_eval, cfg):
-            if s.reward not in rewards:
-                key = "eval.reward" if s.name is None or s.reward == cfg.reward else f"data.eval.{s.name}.reward"
-                return f"{key} {s.reward!r}: no reward named so (rewards: {', '.join(rewards)})"
-    return None

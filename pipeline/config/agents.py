@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.base import Section
 
 PYTHON_TOOL = "python"
 """The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
 
 
-class AgentOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+class AgentOptions(Section):
 
     tools: list[str] = []
     """Tools the model may call, as TRL takes them: `path/file.py:function`, `module:function`

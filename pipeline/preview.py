@@ -5,8 +5,8 @@ as nanoGPT prints its tokens per iteration, so a user can check the arithmetic b
     optimizer steps  = epochs x ceil(completions / mini_batch_size)
     micro-batch      = mini_batch_size / grad_accum / processes (per rank)
 
-`iteration_plan` (what iteration k does: which policy samples it, where its old logprobs come
-from, whether a reference pass runs) and `steps_per_iter` are the ones the stages use, so the
+`iteration_plan` and `steps_per_iter` (pipeline/schedule.py: what iteration k does, which policy samples it, where its old logprobs come
+from, whether a reference pass runs) are the ones the stages use, so the
 plan cannot say something the run then does differently. Nothing here imports torch: `init` stays fast.
 """
 
@@ -17,13 +17,7 @@ import os
 from dataclasses import dataclass
 
 from pipeline.config import Config
-from pipeline.iteration_plan import iteration_plan
-
-
-def steps_per_iter(cfg: Config) -> int:
-    """Optimizer steps of one iteration: every epoch walks the completions in mini-batches."""
-    n = cfg.rollout.prompts_per_iter * cfg.rollout.num_generations
-    return cfg.train.epochs * math.ceil(n / cfg.train.mini_batch_size)
+from pipeline.schedule import iteration_plan, steps_per_iter
 
 
 def machine_precision(precision: str) -> str:
@@ -42,7 +36,7 @@ def machine_precision(precision: str) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Preview:
     """One iteration of a run, derived from its config."""
 
     prompts: int
@@ -87,7 +81,7 @@ class Plan:
         return [f"  {name:<{width}}  {value}" for name, value in rows]
 
 
-def plan(cfg: Config, precision: str, world: int = 1) -> Plan:
+def preview(cfg: Config, precision: str, world: int = 1) -> Preview:
     """The plan of `cfg` with `train.precision` resolved to `precision` (`machine_precision`)
     and the update on `world` processes."""
     # a light module: torch loads only to resolve an `auto` precision, which is resolved here
@@ -96,7 +90,7 @@ def plan(cfg: Config, precision: str, world: int = 1) -> Plan:
     r, t = cfg.rollout, cfg.train
     completions = r.prompts_per_iter * r.num_generations
     steps = steps_per_iter(cfg)
-    return Plan(
+    return Preview(
         prompts=r.prompts_per_iter, generations=r.num_generations, completions=completions,
         max_new_tokens=completions * r.max_new_tokens, epochs=t.epochs, mini_batch=t.mini_batch_size,
         steps=steps, total_steps=steps * t.total_iters, total_iters=t.total_iters, grad_accum=t.grad_accum,
@@ -133,7 +127,7 @@ def _iter0(cfg: Config) -> str | None:
 
 
 def _reference(cfg: Config) -> str | None:
-    if not cfg.uses_ref:
+    if not iteration_plan(cfg, 1).reference:
         return None
     why = [f"loss.kl_coef {cfg.loss.kl_coef:g}"] if cfg.loss.kl_coef > 0 else []
     if cfg.advantages.kl_in_reward.coef > 0:

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from pipeline.agents.options import AgentOptions
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+from pipeline.config.agents import AgentOptions
 
 
-class RolloutConfig(Section, AgentOptions):
+class RolloutConfig(AgentOptions):
     """Sampling of G completions per prompt (stage 1); with tools or an environment, G multi-turn
-    episodes (the options in pipeline.agents.options)."""
+    episodes (the options in pipeline.config.agents)."""
 
     engine: Literal["vllm", "hf"] = "vllm"
     """Generation engine: vllm (default) or hf (transformers generate, for machines without vLLM)."""
@@ -51,7 +47,7 @@ class RolloutConfig(Section, AgentOptions):
     """vLLM's fraction of the GPU's memory (GPU machines only). None = derived: in `iterate`, where
     the trainer shares the GPU, (total - the trainer's estimate - a margin) / total, at most 0.9;
     for a `grpo rollout` alone, vLLM's 0.9. A value given is used as it is; either way a split
-    that cannot fit is an error before any engine loads (pipeline/models/device_plan.py)."""
+    that cannot fit is an error before any engine loads (pipeline/models/device_budget.py)."""
     enforce_eager: bool | None = None
     """vLLM without CUDA graphs. None (default): CUDA graphs on a GPU, eager on a CPU (vLLM's CPU
     path here always runs eager); true: eager everywhere; false: CUDA graphs on a GPU."""

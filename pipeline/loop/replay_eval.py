@@ -1,6 +1,6 @@
 """`grpo eval NEW --replay SRC [--iter K] --set rewards=[...]`: SRC's eval of policy K scored anew.
 
-    SRC/policy/iter-K  --copy-->  NEW/policy/iter-0000       (as `grpo replay`: pipeline/replay.py)
+    SRC/policy/iter-K  --copy-->  NEW/policy/iter-0000       (as `grpo replay`: pipeline/loop/replay.py)
     SRC/iter-K/eval    --------->  NEW/iter-0000/eval        (the same completions, new reward columns,
                                                               `correct` and figures)
 
@@ -22,8 +22,8 @@ from pipeline.store.run import Run
 def replay_eval(src_uri: str, k: int | None, new_uri: str, sets: list[str] | None = None) -> tuple[Run, int]:
     """Create (or resume) NEW, its eval of policy 0 being SRC's eval of policy K re-scored; (NEW, K)."""
     from pipeline.eval.compare import record
-    from pipeline.evaluate import run_eval
-    from pipeline.replay import merged_origin, replay_config
+    from pipeline.eval.run import run_eval
+    from pipeline.loop.replay import merged_origin, replay_config
     from pipeline.store.parts import read_part
     from pipeline.store.run import init_run
     from schemas.artifacts import EVAL

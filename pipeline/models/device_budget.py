@@ -224,7 +224,7 @@ def check_trainer(peak: int, device: Device) -> None:
 
 
 @dataclass(frozen=True)
-class EnginePlan:
+class EngineSettings:
     """How one vLLM engine starts on this device."""
 
     enforce_eager: bool
@@ -234,15 +234,15 @@ class EnginePlan:
     dtype: str
 
 
-def engine_plan(rollout, device: Device, dtype: str, engine_min: int, kv_bytes: int | None,
-                trainer: tuple[int, int] | None = None) -> EnginePlan:
+def engine_settings(rollout, device: Device, dtype: str, engine_min: int, kv_bytes: int | None,
+                trainer: tuple[int, int] | None = None) -> EngineSettings:
     """The engine's settings on `device`. `trainer`: (resident, peak) bytes of a trainer sharing
     the GPU (`iterate`), None for an engine alone; `kv_bytes`: the CPU KV cache's size
     (engine_memory.kv_cache_bytes). Raises a one-line GRPOError for a split that cannot fit."""
     eager = enforce_eager(device, rollout.enforce_eager)
     level = sleep_level(device, rollout.lora_mode)
     if not device.cuda:
-        return EnginePlan(eager, level, rollout.gpu_memory_utilization or CPU_UTILIZATION, kv_bytes, dtype)
+        return EngineSettings(eager, level, rollout.gpu_memory_utilization or CPU_UTILIZATION, kv_bytes, dtype)
     total, margin = device.total_bytes, margin_bytes(device)
     given = rollout.gpu_memory_utilization
     kv = int(rollout.kv_cache_gib * GiB) if rollout.kv_cache_gib is not None else None
@@ -257,7 +257,7 @@ def engine_plan(rollout, device: Device, dtype: str, engine_min: int, kv_bytes: 
                 raise GRPOError(f"GPU ({device.gib()}): {what}, and vLLM at least {engine_min / GiB:.1f} GiB ({need}): "
                                 "they cannot share it; use train.lora, a lower rollout.max_model_len, a smaller model, "
                                 "or run grpo rollout and grpo update as separate commands")
-            return EnginePlan(eager, level, round(util, 4), kv, dtype)
+            return EngineSettings(eager, level, round(util, 4), kv, dtype)
         if given * total + resident + margin > total:
             raise GRPOError(f"rollout.gpu_memory_utilization {given} leaves {(1 - given) * total / GiB:.1f} GiB of the "
                             f"{device.gib()} GPU, and {what}; lower it or leave it unset to derive it")
@@ -265,11 +265,11 @@ def engine_plan(rollout, device: Device, dtype: str, engine_min: int, kv_bytes: 
     if util * total < engine_min:
         raise GRPOError(f"rollout.gpu_memory_utilization {util} gives vLLM {util * total / GiB:.1f} GiB of the "
                         f"{device.gib()} GPU, less than the {engine_min / GiB:.1f} GiB it needs ({need})")
-    return EnginePlan(eager, level, util, kv, dtype)
+    return EngineSettings(eager, level, util, kv, dtype)
 
 
-def plan_engine(rollout, model_dir: Path, max_model_len: int, precision: str, device: Device, shared_with=None) -> EnginePlan:
-    """`engine_plan` for the model in `model_dir`; `shared_with`: the run's Config when its
+def engine_settings_for(rollout, model_dir: Path, max_model_len: int, precision: str, device: Device, shared_with=None) -> EngineSettings:
+    """`engine_settings` for the model in `model_dir`; `shared_with`: the run's Config when its
     trainer shares the GPU (`iterate`), None for an engine alone."""
     from pipeline.models.engine_memory import kv_cache_bytes
 
@@ -277,5 +277,5 @@ def plan_engine(rollout, model_dir: Path, max_model_len: int, precision: str, de
     shape = ModelShape.from_dir(model_dir)
     kv = None if device.cuda else kv_cache_bytes(rollout, model_dir, max_model_len, dtype)
     trainer = trainer_bytes(shape, shared_with, device) if shared_with is not None else None
-    return engine_plan(rollout, device, dtype, engine_min_bytes(shape, dtype, max_model_len, rollout.tensor_parallel_size),
+    return engine_settings(rollout, device, dtype, engine_min_bytes(shape, dtype, max_model_len, rollout.tensor_parallel_size),
                        kv, trainer)

@@ -2,7 +2,7 @@
 overrides (dotted keys, list indices) and validation errors as `source: dotted.key: message`,
 with the close key for a typo and the options of a built-in reward.
 
-A floor below `pipeline.config` and above `pipeline.rewards.config`: the root model whose keys a
+A floor below `pipeline.config` and above `pipeline.config.rewards`: the root model whose keys a
 typo is matched against comes in as an argument (`root`), so nothing here imports the tree's root.
 """
 
@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.errors import GRPOError
-from pipeline.rewards.config import BUILTIN_MODELS, TAGS, unknown_fn_message, validate_reward
+from pipeline.config.rewards import BUILTIN_MODELS, TAGS, unknown_fn_message, validate_reward
 
 
 def set_dotted(tree: dict, dotted: str, raw: str) -> None:

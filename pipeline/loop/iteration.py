@@ -1,16 +1,16 @@
-"""One iteration's pieces, shared by the on-policy loop (pipeline/iterate.py) and the overlapped
-one (pipeline/overlap.py): the warm engines, the learning half of an iteration (score, logprobs,
-update), when an eval is due, and the row a person reads per iteration."""
+"""One iteration's pieces for the loop (pipeline/loop/iterate.py): the warm engines, what the loop
+asks of a sampler besides rollouts (`LocalSampler`), the learning half of an iteration (score,
+logprobs, update) and the row a person reads per iteration."""
 
 from __future__ import annotations
 
 import time
 
 from pipeline.report import tracking
-from pipeline.evaluate import eval_summary
+from pipeline.eval.run import eval_summary
 from pipeline.logprobs import run_logprobs
 from pipeline.models.policy import LogprobModels
-from pipeline.rollout import engine_plan, policy_engine
+from pipeline.rollout import engine_settings, policy_engine
 from pipeline.store.run import Run
 from pipeline.score import run_score
 from pipeline.update.publish import run_update
@@ -25,7 +25,7 @@ class WarmEngines:
         self.trainer = None
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
-        self.plan = engine_plan(run, run.completed_iters(), shared=True)
+        self.plan = engine_settings(run, run.completed_iters(), shared=True)
 
     def rollout_engine(self, k: int, where: str | None = None):
         """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
@@ -51,25 +51,39 @@ class WarmEngines:
             self.trainer.close()
 
 
-def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, cluster=None) -> None:
-    """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`.
-    `cluster` (a pipeline.cluster.executor.RaySampler) scores on the cluster and may take the update."""
+class LocalSampler:
+    """What the loop asks of a sampler besides its rollouts and evals (`ask`, `wait`, `drain`,
+    `close`): the score of iteration k, whether it also ran the update, and the figures iteration
+    k's row gains. Here (this process, or a sampler process beside it): the score in this process,
+    the update left to the loop's warm trainer, no figures. pipeline.cluster.executor.RaySampler
+    answers the same questions on a Ray cluster."""
+
+    run: Run
+
+    def score(self, k: int) -> None:
+        run_score(self.run, k)
+
+    def update(self, k: int) -> bool:
+        """Whether the sampler ran iteration k's update itself (False: the loop's trainer does)."""
+        return False
+
+    def figures(self, k: int) -> dict:
+        return {}
+
+
+def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler) -> None:
+    """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`;
+    the sampler scores (and may take the update: a Ray cluster's placed ranks)."""
     with tracking.reporting(run, k, "score"):
-        cluster.score(k) if cluster else run_score(run, k)
+        sampler.score(k)
     timings["score"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "logprobs"):
         run_logprobs(run, k, models=warm.logprobs)
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
-        if not (cluster and cluster.update(k)):
+        if not sampler.update(k):
             _, warm.trainer = run_update(run, k, warm.trainer)
     timings["update"] = time.time() - t0 - sum(timings.values())
-
-
-def eval_due(run: Run, k: int) -> bool:
-    """Whether policy k (k >= 1, written by update k-1) is evaluated: every eval.every policies."""
-    every = run.cfg.eval.every
-    return bool(every and run.cfg.data.eval and k % every == 0)
 
 
 def finish_row(run: Run, k: int, t0: float, timings: dict, on_iteration) -> dict:

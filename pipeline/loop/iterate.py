@@ -8,10 +8,10 @@ The artifacts are the ones the four separate commands write (the tests compare h
 
 One loop serves every schedule and executor. A sampler runs the rollouts and evals it is asked
 for: `InlineSampler` here, on the warm engine, at once (train.max_staleness 0),
-`pipeline.overlap.ProcessSampler`, in a second process ahead of the training (max_staleness
+`pipeline.loop.overlap.ProcessSampler`, in a second process ahead of the training (max_staleness
 >= 1), or `pipeline.cluster.executor.RaySampler`, on a Ray cluster's actors (cluster.executor ray),
 which also takes the score and, with cluster.update_workers > 1, the update. At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
-`pipeline.iteration_plan`) and that is not done is asked for; with s = 0 that is rollout k alone.
+`pipeline.schedule`) and that is not done is asked for; with s = 0 that is rollout k alone.
 """
 
 from __future__ import annotations
@@ -19,15 +19,17 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from pipeline.config.rules import refusal
+from pipeline.errors import GRPOError
 from pipeline.report import tracking
-from pipeline.evaluate import run_eval
-from pipeline.iteration import WarmEngines, eval_due, finish_row, learn
-from pipeline.iteration_plan import iteration_plan
+from pipeline.eval.run import run_eval
+from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn
+from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
 from pipeline.store.run import Run
 
 
-class InlineSampler:
+class InlineSampler(LocalSampler):
     """Rollouts and evals in this process, on the warm engine, run when asked."""
 
     def __init__(self, run: Run, warm: WarmEngines):
@@ -56,19 +58,21 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             address: str | None = None) -> list[dict]:
     """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
     With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
-    (pipeline/overlap.py); with `executor` (default cluster.executor) ray, on a Ray cluster at
+    (pipeline/loop/overlap.py); with `executor` (default cluster.executor) ray, on a Ray cluster at
     `address` (default cluster.address). The artifacts do not depend on which."""
     cfg = run.cfg
+    if executor and executor != cfg.cluster.executor and (why := refusal(cfg.model_copy(
+            update={"cluster": cfg.cluster.model_copy(update={"executor": executor})}))):
+        raise GRPOError(f"--executor {executor}: {why}")  # the rules a config with this executor would break
     start = run.completed_iters()
     warm = WarmEngines(run)
-    cluster = None
     try:
         if (executor or cfg.cluster.executor) == "ray":
             from pipeline.cluster.executor import RaySampler
 
-            sampler = cluster = RaySampler(run, warm, address)
+            sampler = RaySampler(run, warm, address)
         elif cfg.train.max_staleness:
-            from pipeline.overlap import ProcessSampler
+            from pipeline.loop.overlap import ProcessSampler
 
             sampler = ProcessSampler(run)
         else:
@@ -78,7 +82,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
         raise
     rows = []
     try:
-        if cfg.eval.every and cfg.data.eval and not run.done(0, "eval"):
+        if eval_due(cfg, 0) and not run.done(0, "eval"):
             sampler.ask("eval", 0)
         for k in range(start, iters):
             t0 = time.time()
@@ -87,12 +91,12 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
                     sampler.ask("rollout", j)
             sampler.wait("rollout", k)
             timings = {"rollout": time.time() - t0}  # overlapped: the wait, what the overlap did not hide
-            learn(run, warm, k, t0, timings, cluster)
-            if eval_due(run, k + 1) and not run.done(k + 1, "eval"):
+            learn(run, warm, k, t0, timings, sampler)
+            if eval_due(cfg, k + 1) and not run.done(k + 1, "eval"):
                 sampler.ask("eval", k + 1)  # overlapped: behind rollout k+1 (running), ahead of rollout k+2
                 sampler.wait("eval", k + 1)
                 timings["eval"] = time.time() - t0 - sum(timings.values())
-            extra = cluster.figures(k) if cluster else {}
+            extra = sampler.figures(k)
             rows.append(finish_row(run, k, t0, timings, lambda row, extra=extra: (row.update(extra), on_iteration and on_iteration(row))))
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there

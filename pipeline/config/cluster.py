@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from pipeline.rollout_config import Section
+from pipeline.config.base import Section
 
 
 class ClusterConfig(Section):

@@ -22,14 +22,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, create_model, field_validator,
                       model_validator)
 
-from pipeline.rewards.judge.options import JudgeOptions
+from pipeline.config.base import Section
+from pipeline.config.judge import JudgeOptions
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class _Options(_Section):
+class _Options(Section):
     """Options of a built-in reward; `columns()` names the dataset columns it reads."""
 
     def columns(self) -> list[str]:
@@ -126,12 +123,6 @@ class RewardModelOptions(_Options):
         """Asked over HTTP, its answers recorded (pipeline.rewards.judge.served_rewards), or run in-process."""
         return self.base_url is not None
 
-    def asker(self):
-        """How a served model's requests are made and its logits read."""
-        from pipeline.rewards.judge.served_model import ServedClassifier
-
-        return ServedClassifier(self)
-
 
 class CodeTestsOptions(_Options):
     tests_column: str = "tests"
@@ -147,7 +138,7 @@ class CodeTestsOptions(_Options):
         return [self.tests_column]
 
 
-class _Reward(_Section):
+class _Reward(Section):
     weight: float = 1.0
     """Weight in the total reward (weighted sum over the functions that apply, as TRL)."""
     name: str | None = None
@@ -246,7 +237,7 @@ _ADAPTER = TypeAdapter(RewardSpec)
 
 def validate_reward(tree: dict | Any) -> Any:
     """One `rewards:` entry validated alone; pydantic's ValidationError on failure
-    (`pipeline.config_errors.reward_spec` turns it into the one line naming the key)."""
+    (`pipeline.config.errors.reward_spec` turns it into the one line naming the key)."""
     if isinstance(tree, _Reward):
         return tree
     return _ADAPTER.validate_python(tree)

@@ -1,17 +1,17 @@
-"""The loss section of the config, apart from the torch math in pipeline/grpo.py, so that reading a
+"""The loss section of the config, apart from the torch math in pipeline/objective/loss.py, so that reading a
 run's config (status, inspect, audit, --help) does not import torch."""
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from pipeline.config.base import Section
 
 
-class RolloutCorrection(BaseModel):
+class RolloutCorrection(Section):
     """Importance weight w = pi_old / pi_sampler on the policy term, for the gap between the engine
     that sampled (vLLM, or an older policy when iterations run ahead) and the trainer's old policy;
     TRL's vllm_importance_sampling_* options. Formulas in docs/loss.md."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "sequence_mask"
     """none, or a weight per token / one per completion (`sequence_log_ratio` of its model tokens'
@@ -25,26 +25,13 @@ class RolloutCorrection(BaseModel):
     """sequence_* modes: sum (the completion's likelihood ratio, as TRL 1.16) or mean (its geometric
     mean per token, TRL PR #5815's proposal: no length dependence, but not an importance weight)."""
 
-    def refusal(self, top_p: float, top_k: int, min_p: float) -> str | None:
-        """Why the correction cannot run with these sampling settings, or None. The engine reports
-        logprobs of the distribution it sampled (vLLM processed_logprobs: truncated by top_p, top_k,
-        min_p and renormalised), the trainer of the whole one: log w would then carry log(kept mass)
-        on every token, a bias and not the engines' gap (TRL issue #6789)."""
-        if self.mode == "none" or (top_p == 1.0 and top_k == 0 and min_p == 0.0):
-            return None
-        return (f"loss.rollout_correction.mode {self.mode} needs untruncated sampling (rollout.top_p 1, top_k 0, min_p 0; "
-                f"got {top_p}, {top_k}, {min_p}): the sampler's logprobs are then renormalised over the kept tokens "
-                "and the weight would measure the truncation; set loss.rollout_correction.mode none")
-
 
 NEUTRAL_ROLLOUT_CORRECTION = RolloutCorrection(mode="none").model_dump(mode="json")
 """What runs did before `loss.rollout_correction` existed: no correction."""
 
 
-class LossConfig(BaseModel):
+class LossConfig(Section):
     """Which surrogate loss the update optimises, and its coefficients."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "reinforce"] = "grpo"
     """Loss aggregation: grpo (per-sequence mean), bnpo (per-token over each micro-batch), dr_grpo (fixed length normaliser), dapo (per-token over the mini-batch), reinforce (plain policy gradient)."""
@@ -64,10 +51,3 @@ class LossConfig(BaseModel):
     """Entropy bonus weight: the loss subtracts entropy_coef * mean token entropy."""
     rollout_correction: RolloutCorrection = RolloutCorrection()
     """Sampler-mismatch correction: importance weight old / sampler on the policy term (TRL's vllm_importance_sampling_*)."""
-
-    @property
-    def kind(self):
-        """The `pipeline.loss_types.LossType` that owns this type's arithmetic (torch loads here)."""
-        from pipeline.loss_types import LOSS_TYPES
-
-        return LOSS_TYPES[self.type]

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline import data_sources
-from pipeline.config import DataConfig
+from pipeline.data import sources as data_sources
+from pipeline.config.data import DataConfig
 from pipeline.errors import GRPOError
 
 
 def load_dataset_frame(path: str) -> pl.DataFrame:
     """Every row of a dataset (a file, Parquet shards or a save_to_disk directory; see
-    pipeline.data_sources); a one-line error for a missing, empty or unreadable one."""
+    pipeline.data.sources); a one-line error for a missing, empty or unreadable one."""
     df = data_sources.read(path)
     if df.height == 0:
         raise GRPOError(f"{path}: dataset is empty")

@@ -1,0 +1,47 @@
+"""bench/results.md, the page: the main bench's tables (bench/report.py) and each side bench's
+section, drawn from the JSON files the benches wrote. No bench imports this module: each
+measures and writes its JSON, and every `make bench*` target runs `python -m bench.page` after it.
+
+    python -m bench.page          # redraw bench/results.md from bench/*.json
+"""
+
+from __future__ import annotations
+
+import json
+
+from bench.workloads import ROOT
+
+GPU = "## On a GPU (bench/gpu)"
+"""The GPU proof's section, kept as it stands (bench/gpu/report.py writes it)."""
+
+
+def side_sections() -> list[str]:
+    """The side benches' sections, in page order, for those that have written their JSON."""
+    from bench import agent, long, overlap, ray
+
+    out: list[str] = []
+    if (ROOT / "overlap.json").exists():  # `make bench-overlap`
+        out += overlap.section(json.loads((ROOT / "overlap.json").read_text()))
+    if by_workload := ray.results():  # `make bench-ray`
+        out += ray.section(by_workload)
+    if (ROOT / "agent.json").exists():  # `make bench-agent`
+        out += agent.section(json.loads((ROOT / "agent.json").read_text()))
+    if (ROOT / "long.json").exists():  # `make bench-long`
+        out += long.section(json.loads((ROOT / "long.json").read_text()))
+    return out
+
+
+def write() -> None:
+    """bench/results.md redrawn from bench/results.json and the side benches' files."""
+    from bench import report
+
+    page = ROOT / "results.md"
+    if (ROOT / "results.json").exists():
+        old = page.read_text() if page.exists() else ""
+        gpu = old[old.index(GPU):] if GPU in old else ""  # written by `python -m bench.gpu report`, from no JSON here
+        page.write_text(report.render(json.loads((ROOT / "results.json").read_text()), side_sections())
+                        + ("\n" + gpu if gpu else ""))
+
+
+if __name__ == "__main__":
+    write()

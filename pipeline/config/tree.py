@@ -1,0 +1,170 @@
+"""The run's configuration: one pydantic model tree, loaded from YAML, overridden by `--set`.
+
+Precedence: field defaults < the YAML file < `--set dotted.key=value` overrides. The tree is
+validated once; the resolved config is written into the run as `config.yaml` and its sha256
+(over a canonical JSON form) names the run's settings in every manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from pipeline.config.advantages import AdvantageConfig
+from pipeline.config.agents import AGENT_NEUTRAL
+from pipeline.config.base import Section
+from pipeline.config.cluster import ClusterConfig
+from pipeline.config.data import DataConfig
+from pipeline.config.errors import format_error, parse_overrides, read_tree, set_dotted
+from pipeline.config.eval import EVAL_NEUTRAL, EvalConfig, SetRef, eval_sets
+from pipeline.config.loss import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
+from pipeline.config.rewards import RewardSpec
+from pipeline.config.rollout import RolloutConfig
+from pipeline.config.rules import refusal
+from pipeline.config.train import TrainConfig
+from pipeline.errors import GRPOError
+
+
+class TrackingConfig(Section):
+    """MLflow tracking."""
+
+    mlflow: bool = True
+    """Log to MLflow."""
+    mlflow_uri: str | None = None
+    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory."""
+    experiment: str = "grpo"
+    """MLflow experiment name."""
+    sample_completions: int = Field(16, ge=0)
+    """Completions logged per iteration as an MLflow table."""
+    plots_every: int = Field(10, ge=0)
+    """Redraw the PNG plots and diagnostics.json every N iterations (0: only when `grpo iterate`
+    ends); drawing them reads the whole history, so it is not done per stage."""
+
+
+class Config(Section):
+    """A grpo run's settings."""
+
+    model: str
+    """The initial policy: a Hugging Face model directory (causal LM + tokenizer)."""
+    ref_model: str | None = None
+    """Reference model for the KL term; None = the initial `model`."""
+    data: DataConfig
+    """Prompts."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Stage 1: sampling."""
+    rewards: list[RewardSpec] = []
+    """Stage 2: reward functions (at least one, unless a rollout.environment class defines
+    get_reward: `grpo init` then adds it, as TRL does, see pipeline/agents/environment.py)."""
+    advantages: AdvantageConfig = AdvantageConfig()
+    """Stage 2: advantages."""
+    loss: LossConfig = LossConfig()
+    """Stage 4: loss."""
+    train: TrainConfig = TrainConfig()
+    """Stage 4: optimisation."""
+    eval: EvalConfig = EvalConfig()
+    """Periodic evaluation."""
+    seed: int = Field(0, ge=0)
+    """The one seed: prompt order, sampling and update shuffles derive from it."""
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Where `grpo iterate` runs the stages (this process, or a Ray cluster); not part of the config hash."""
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "Config":
+        if (why := refusal(self)) is not None:
+            raise ValueError(why)
+        return self
+
+    @property
+    def ref_model_path(self) -> str:
+        return self.ref_model or self.model
+
+    def eval_sets(self) -> list[SetRef]:
+        """data.eval as the sets the eval runs (pipeline/config/eval.py)."""
+        return eval_sets(self.data.eval, self.eval)
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.loss.kl_coef > 0 or self.advantages.kl_in_reward.coef > 0
+
+    @property
+    def old_from_update(self) -> bool:
+        """Whether the update takes the old logprobs from its own forward (`train.old_logprobs`)."""
+        t = self.train
+        one_step = self.rollout.prompts_per_iter * self.rollout.num_generations <= t.mini_batch_size  # per epoch
+        no_dropout = t.lora is None or t.lora.dropout == 0
+        return t.old_logprobs == "auto" and one_step and no_dropout and self.advantages.kl_in_reward.coef == 0
+
+
+def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None) -> Config:
+    """Validate a raw config tree with overrides applied; one-line GRPOError on failure, from
+    `source` (or the `sources` entry of the key at fault, see `format_error`)."""
+    tree = json.loads(json.dumps(tree))  # deep copy, plain types only
+    for key, raw in parse_overrides(sets):
+        set_dotted(tree, key, raw)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise GRPOError(format_error(err, source, Config, sources=sources)) from None
+
+
+def load(path: str | Path, sets: list[str] | None = None) -> Config:
+    """Load a YAML config file, apply `--set` overrides, validate once."""
+    return resolve(read_tree(path), sets, source=str(path))
+
+
+ADDED_OPTIONS: dict[tuple[str, ...], object] = {
+    ("train", "gradient_checkpointing"): False,
+    ("train", "packing"): "off",  # right-padded batches, as before
+    ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
+    **AGENT_NEUTRAL,
+    ("train", "max_staleness"): 0,
+    ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
+    ("rollout", "weight_sync"): "disk",
+    **EVAL_NEUTRAL,
+    ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
+}
+"""Options added after runs already existed, with the value that does what runs did before them:
+left out of the canonical form at that value, so the config hash of a run made before the option
+(its config.yaml lacks it) stays the one its manifests were written with; and a stored config.yaml
+that lacks one is read with that value (`from_yaml_text`), even where a new run's default differs."""
+
+
+def canonical(cfg: Config) -> str:
+    """Canonical JSON of the resolved config: sorted keys, defaults filled in (but for
+    `ADDED_OPTIONS` at their earlier behaviour)."""
+    tree = cfg.model_dump(mode="json")
+    tree.pop("cluster", None)  # where the stages run, not what they compute: a Ray run writes a local run's bytes
+    for (*path, key), neutral in ADDED_OPTIONS.items():
+        section = tree
+        for part in path:
+            section = section.get(part) or {}
+        if key in section and section[key] == neutral:
+            del section[key]
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"))
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(canonical(cfg).encode()).hexdigest()
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def from_yaml_text(text: str, source: str) -> Config:
+    """A run's stored config.yaml: an option it lacks was added after the run was made, and gets
+    the value that keeps the run's behaviour (`ADDED_OPTIONS`), not a new run's default."""
+    tree = yaml.safe_load(text) or {}
+    for (*path, key), neutral in ADDED_OPTIONS.items():
+        section = tree
+        for part in path:
+            section = section.setdefault(part, {}) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key not in section:
+            section[key] = json.loads(json.dumps(neutral))
+    return resolve(tree, None, source=source)
