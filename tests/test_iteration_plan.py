@@ -45,7 +45,8 @@ def test_tools_with_staleness_plan_iteration_1_before_policy_1_exists(make_run, 
     assert plan.policy_iter == 0 and plan.episodes is not None and "multiply" in plan.episodes.a.tools
 
 
-ALLOWED = {"pipeline/models/policy.py", "pipeline/models/lora.py", "pipeline/config/tree.py", "pipeline/config/errors.py",
+ALLOWED = {"pipeline/models/policy.py", "pipeline/models/lora.py", "pipeline/config/tree.py", "pipeline/config/rules.py",
+           "pipeline/config/errors.py",
            "pipeline/config/rollout.py"}
 """The policy object, the LoRA module and the config tree: the only modules that may ask whether a run trains LoRA."""
 
