@@ -308,9 +308,9 @@ def goals(result: dict) -> list[str]:
         out.append(f"- 2k tokens, update peak MB above the model ours packed <= TRL: **{a}** against **{b}** {'met' if a <= b else 'missed'}.")
     mix = result["runs"].get("mix", {})
     if "padded_share" in mix.get("packed", {}):
-        out.append(f"- mix, padded-token share < 10 %: packed **{100 * mix['packed']['padded_share']:.1f} %** (padded: "
-                   f"{100 * mix.get('padded', {}).get('padded_share', float('nan')):.1f} %, TRL: "
-                   f"{100 * mix.get('trl', {}).get('padded_share', float('nan')):.1f} %) {'met' if mix['packed']['padded_share'] < 0.1 else 'missed'}.")
+        others = ", ".join(f"{i}: {100 * mix[i]['padded_share']:.1f} %" for i in ("padded", "trl") if "padded_share" in mix.get(i, {}))
+        out.append(f"- mix, padded-token share < 10 %: packed **{100 * mix['packed']['padded_share']:.1f} %**"
+                   f"{f' ({others})' if others else ''} {'met' if mix['packed']['padded_share'] < 0.1 else 'missed'}.")
     return out
 
 
@@ -325,7 +325,8 @@ def section(result: dict) -> list[str]:
            "(transformers `generate`, the 8 rows as one batch to the longest row). CPU seconds (all threads) are the "
            "figure to compare on a shared machine; `load` is the 1-minute load average when the cell started. "
            f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, OMP threads per process: {result.get('threads', 'default')}; `uptime` before: {result['uptime_before']}; "
-           f"after: {result['uptime_after']} (other workers share this machine).", "", *goals(result), "",
+           f"after: {result['uptime_after']} (other workers share this machine).", "", *goals(result),
+           *[f"- {n}" for n in result.get("notes", [])], "",
            "| completion tokens | impl | logprobs s (CPU s) | logprobs MB | update s (CPU s) | update MB | padded share | update CPU s / TRL | load |",
            "|---|---|---|---|---|---|---|---|---|"]
     load = lambda r: f"{r['loadavg'][0]:.1f}" if "loadavg" in r else "-"
@@ -353,6 +354,10 @@ def section(result: dict) -> list[str]:
             g = r["rollout"]
             out.append(f"| {spec} | {impl} | {r['start']['s']:.1f} | {g['s']:.1f} ({g['cpu_s']:.1f}) | {g['peak_mb']} | "
                        f"{sum(r['tokens'])} / {r['real_tokens']} | {kv} | {load(r)} |")
+    if result.get("fit"):
+        pts = ", ".join(f"{n} tokens {f['backward']['above_mb']} MB ({f['backward']['cpu_s']:.0f} CPU s)" for n, f in sorted(result["fit"].items(), key=lambda x: int(x[0])))
+        out += ["", f"Activation fit (`python -m bench.long --one fit N`, one packed row's forward and backward, peak RSS above the model, "
+                f"gradients included): {pts}; `device_plan.ACTIVATION_BYTES` and `ACTIVATION_FIXED` are its two terms."]
     out += ["", f"![seconds and memory against completion length]({PLOT.name})", ""]
     return out
 
