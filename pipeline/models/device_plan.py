@@ -41,9 +41,12 @@ row runs forward and backward (`python -m bench.long --one fit N`: SmolLM2-135M,
 fresh process per size). Less the gradients (513 MiB, in `resident`) and the head's chunk:
 983 MiB at 512 tokens, 2391 at 1536, 4779 at 3072; least squares gives 90.3 bytes x 576 x 30
 per token over 177 MiB, within 3 % of each point."""
-ACTIVATION_FIXED = 224 * (1 << 20)
-"""The part of the update's peak that does not grow with tokens (allocator, oneDNN scratch): at a
-slope of 90 bytes, 224 MiB puts the estimate at or above all three measured points."""
+ACTIVATION_FIXED = 320 * (1 << 20)
+"""The part of the update's peak that does not grow with tokens (allocator, oneDNN scratch): at 90
+bytes a token, 224 MiB covers the three one-row points; a whole update (`make bench-long`, 8 rows of
+2108 tokens, packed, one row a piece, then AdamW's step) peaked at 5356 MiB above the model = 513
+gradients + 1026 moments (both in `resident`) + 3127 (90 bytes x 2108 tokens) + 384 head chunk +
+306 left over, so 320 MiB, and the estimate is at or above every measured peak."""
 CHUNK_TOKENS = 1024
 """Completion tokens per pass through the LM head (pipeline.models.tokens): the [tokens, V] logits
 of one chunk are the largest tensor a logprob computation holds, whatever the batch (1024 x 49k
