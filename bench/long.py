@@ -397,7 +397,19 @@ def plot(result: dict) -> None:
         panels = zip(axes[:2], ("cpu_s", "above_mb")) if phase == "update" else [(axes[2], "cpu_s")]
         for ax, key in panels:
             ax.plot(xs, [cell(str(x))[phase][key] for x in xs], marker="o", label=impl)
-    for ax, label in zip(axes, ("update CPU seconds (one step, 8 rows)", "update peak MB above the model", "rollout CPU seconds (8 rows)")):
+    rolled = any(ph == "rollout" and r.get(i, {}).get(ph) for r in result["runs"].values() for i, ph in series)
+    if not rolled and result.get("fit"):  # no rollout measured: the third panel shows the activation fit and the estimate
+        from pipeline.models import device_plan as dp
+
+        ns = sorted(int(n) for n in result["fit"])
+        head = lambda n: 2 * 4 * min(n, dp.CHUNK_TOKENS) * 49152 / 2**20
+        est = [result["fit"][str(ns[0])]["grad_mb"] + (dp.ACTIVATION_BYTES * 576 * 30 * n + dp.ACTIVATION_FIXED) / 2**20 + head(n)
+               for n in ns]
+        axes[2].plot(ns, [result["fit"][str(n)]["backward"]["above_mb"] for n in ns], marker="o", label="measured (one packed row)")
+        axes[2].plot(ns, est, linestyle="--", label="device_plan estimate + gradients")
+    labels = ("update CPU seconds (one step, 8 rows)", "update peak MB above the model",
+              "rollout CPU seconds (8 rows)" if rolled or not result.get("fit") else "backward peak MB above the model")
+    for ax, label in zip(axes, labels):
         ax.set_xlabel("completion tokens per row")
         ax.set_ylabel(label)
         ax.set_xscale("log", base=2)
