@@ -1,7 +1,7 @@
 """`make bench-long`: the logprobs pass and one update step as completions grow, ours (packed
 and right-padded) beside TRL 1.16's GRPOTrainer (its fused LM head on) on identical work.
 
-    python -m bench.long [--lengths 256,1024,2048,4096,mix] [--impls packed,padded,trl]
+    python -m bench.long [--lengths 256,1024,2048,4096,mix] [--impls packed,padded,trl,trl-1,vllm,hf-generate] [--report]
 
 The work: SmolLM2-135M-Instruct (fp32), 2 chat-rendered word problems x G=4 = 8 rows, each with a
 made-up completion (seeded random tokens, a replayed rollout: no generation is timed) of the
