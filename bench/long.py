@@ -4,7 +4,7 @@ and right-padded) beside TRL 1.16's GRPOTrainer (its fused LM head on) on identi
     python -m bench.long [--lengths 256,1024,2048,4096,mix] [--impls packed,padded,trl,trl-1,vllm,hf-generate] [--report]
 
 The work: SmolLM2-135M-Instruct (fp32), 2 chat-rendered word problems x G=4 = 8 rows, each with a
-made-up completion (seeded random tokens, a replayed rollout: no generation is timed) of the
+made-up completion (seeded random tokens, a replayed rollout: the trainer cells time no generation; the vllm and hf-generate cells time the rollout apart) of the
 forced length, or the uneven `mix` (most short, one long: an agent episode's tail, shuffled so
 the long row does not sit with its like). Per length and implementation, in a fresh process:
 seconds and peak RSS above the loaded model of (a) the logprobs pass (no grad, over the batch)
