@@ -110,10 +110,12 @@ def test_trainer_estimates_full_bf16_and_lora():
     a = make_cfg(rollout={"prompts_per_iter": 4, "num_generations": 4}, train={"mini_batch_size": 16})
     resident, peak = dp.trainer_bytes(shape, a, H100)
     assert resident == 16 * P == 2_152_240_128
-    # activations 88 x 576 x 30 x 1024 tokens = 1,557,135,360; head 2 x 4 x 1024 x 49152 = 402,653,184
-    assert peak == 2_152_240_128 + 1_557_135_360 + 402_653_184
+    # activations 90 x 576 x 30 x 1024 tokens = 1,592,524,800 + fixed 320 MiB = 335,544,320 (the two-term fit,
+    # bench/long.py --one fit); head 2 x 4 x 1024 x 49152 = 402,653,184
+    assert peak == 2_152_240_128 + 1_592_524_800 + 335_544_320 + 402_653_184
     b = a.model_copy(update={"train": a.train.model_copy(update={"gradient_checkpointing": True})})
-    assert dp.trainer_bytes(shape, b, H100)[1] == 2_152_240_128 + 155_713_536 + 402_653_184  # a tenth of the activations
+    # a tenth of the per-token activations, 159,252,480; the fixed part stays
+    assert dp.trainer_bytes(shape, b, H100)[1] == 2_152_240_128 + 159_252_480 + 335_544_320 + 402_653_184
     # train.bf16 (2 + 2 + 4 master + 4 accumulator + 8 moments = 20) with KL and a logprobs pass: ref and old kept, 4 + 4
     c = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
     assert dp.trainer_bytes(shape, c, H100)[0] == 28 * P == 3_766_420_224
@@ -136,11 +138,13 @@ def test_a_long_completion_is_one_piece_and_a_length_that_cannot_fit_is_refused(
     short = make_cfg(rollout={"max_new_tokens": 512})
     assert dp.piece_tokens(short) == 1024  # 256 (prompt allowance) + 512 fits the budget
     resident, peak = dp.trainer_bytes(shape, short, H100)
-    assert peak - resident == dp.ACTIVATION_BYTES * 576 * 30 * 1024 + 2 * 4 * 1024 * 49152
+    # 90 x 576 x 30 x 1024 = 1,592,524,800 + 320 MiB fixed + one head chunk 2 x 4 x 1024 x 49152
+    assert peak - resident == 1_592_524_800 + 335_544_320 + 402_653_184
     long = make_cfg(rollout={"max_new_tokens": 16384})
     assert dp.piece_tokens(long) == 256 + 16384
     resident, peak = dp.trainer_bytes(shape, long, H100)
-    assert peak - resident == dp.ACTIVATION_BYTES * 576 * 30 * 16640 + 2 * 4 * 1024 * 49152  # linear in tokens
+    # linear in tokens: 90 x 576 x 30 x 16640 = 25,878,528,000; the fixed part and the head chunk do not grow
+    assert peak - resident == 25_878_528_000 + 335_544_320 + 402_653_184
     dp.check_trainer(peak, H100)  # 16k tokens of SmolLM2 fit 80 GiB
     longer = make_cfg(rollout={"max_new_tokens": 65536})
     with pytest.raises(GRPOError, match=r"^GPU \(80.0 GiB\): the trainer needs ~\d+.\d GiB .*rollout.max_new_tokens") as err:

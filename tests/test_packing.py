@@ -170,7 +170,20 @@ def test_a_model_that_mixes_tokens_outside_the_packed_attention_cannot_pack(mode
     with pytest.raises(GRPOError, match=f"train.packing: {ran} of this model's 2 layers \\({model_type}\\) ran the packed attention"):
         with torch.no_grad():
             token_logprobs(model, Batch.build(prompts, comps, share_prompts=True, packed=True), 1.0)
-    if model_type == "qwen3_5_text":  # its layer types say so up front: auto pads, on is refused at init
-        assert not packing.resolve("auto", model)
-        with pytest.raises(GRPOError, match="cannot pack"):
-            packing.resolve("on", model)
+    # both say so up front (its layer types; Falcon's modeling module has no attention interface): auto pads, on is refused
+    assert not packing.resolve("auto", model)
+    with pytest.raises(GRPOError, match="cannot pack"):
+        packing.resolve("on", model)
+
+
+def test_auto_packing_pads_a_falcon_instead_of_failing_its_first_forward():
+    """The bug: `auto` resolved Falcon (SDPA, but its own attention classes) to packed, and the first forward
+    raised "0 of this model's 2 layers ran the packed attention"; now auto pads it and the forward runs."""
+    model = _tiny("falcon", new_decoder_architecture=True, num_kv_heads=2)
+    prompts, comps = _groups()
+    packed = packing.resolve("auto", model)
+    assert packed is False
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, Batch.build(prompts, comps, share_prompts=True, packed=packed), 1.0)  # [B, T]
+    assert logp.shape == (len(comps), max(map(len, comps))) and torch.isfinite(logp).all()
+    assert packing.resolve("auto", _tiny("qwen2"))  # a model that can pack still packs under auto

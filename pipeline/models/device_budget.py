@@ -33,13 +33,20 @@ CPU_UTILIZATION = 0.5
 `kv_cache_memory_bytes` instead)."""
 ENGINE_OVERHEAD = 1 * GiB
 """vLLM beyond weights and KV cache: CUDA context, its profiling forward, CUDA graphs' pool."""
-ACTIVATION_BYTES = 88
-"""Bytes kept for the backward per token, per layer and per unit of hidden size. Measured on the
-CPU (SmolLM2-135M, hidden 576, 30 layers, fp32, lean forwards, one packed row; peak RSS above
-the model in the backward): 1767 MiB at 552 tokens, 2730 MiB at 2088, a slope of 31 bytes once
-the head's chunk is taken out, over ~1.25 GiB that does not grow with tokens (allocator, oneDNN
-scratch). 88 is kept: above the measured peak from ~1.5k tokens on (3.4 against 2.7 GiB at 2088),
-so a length is refused early rather than late; a two-term fit awaits a GPU measurement."""
+ACTIVATION_BYTES = 90
+"""Bytes the update keeps per token of a piece, per layer and per unit of hidden size: the slope
+of a two-term fit (with `ACTIVATION_FIXED`) to the peak RSS above the loaded model while one packed
+row runs forward and backward (`python -m bench.long --one fit N`: SmolLM2-135M, hidden 576,
+30 layers, fp32, lean forwards, the chunked head with its entropy, the GRPO loss, one thread, a
+fresh process per size). Less the gradients (513 MiB, in `resident`) and the head's chunk:
+983 MiB at 512 tokens, 2391 at 1536, 4779 at 3072; least squares gives 90.3 bytes x 576 x 30
+per token over 177 MiB, within 3 % of each point."""
+ACTIVATION_FIXED = 320 * (1 << 20)
+"""The part of the update's peak that does not grow with tokens (allocator, oneDNN scratch): at 90
+bytes a token, 224 MiB covers the three one-row points; a whole update (`make bench-long`, 8 rows of
+2108 tokens, packed, one row a piece, then AdamW's step) peaked at 5356 MiB above the model = 513
+gradients + 1026 moments (both in `resident`) + 3127 (90 bytes x 2108 tokens) + 384 head chunk +
+306 left over, so 320 MiB, and the estimate is at or above every measured peak."""
 CHUNK_TOKENS = 1024
 """Completion tokens per pass through the LM head (pipeline.models.tokens): the [tokens, V] logits
 of one chunk are the largest tensor a logprob computation holds, whatever the batch (1024 x 49k
@@ -174,7 +181,7 @@ def _bytes(dtype: str) -> int:
 def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tuple[int, int]:
     """(resident, peak) GPU bytes of `iterate`'s side beside the engine: the trainer's weights,
     gradients and AdamW states, and the logprob models `iterate` keeps; the peak adds the
-    update's activations for one piece (`piece_tokens`) and the LM head's fp32 logits and their
+    update's activations for one piece (`piece_tokens`, plus `ACTIVATION_FIXED`) and the LM head's fp32 logits and their
     gradient for one chunk of at most `CHUNK_TOKENS` tokens.
 
     Full fine-tuning: fp32 weights, gradients, two moments = 16 bytes per parameter; with
@@ -188,7 +195,7 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     resident, kept = policy_kind(cfg).trainer_bytes(shape, resolve_precision(t.precision, device) == "bf16", world)
     tokens = piece_tokens(cfg)
     act = ACTIVATION_BYTES * shape.hidden * shape.layers * tokens
-    act = int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act
+    act = (int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act) + ACTIVATION_FIXED
     head = 2 * 4 * min(tokens, CHUNK_TOKENS) * shape.vocab  # one chunk's [tokens, V] fp32 logits and their gradient
     return resident + kept, resident + kept + act + head
 

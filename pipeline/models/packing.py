@@ -164,13 +164,18 @@ ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
 
 def supported(model) -> bool:
-    """Whether `model` can pack: SDPA attention, no sliding window, no logit soft-capping, no
+    """Whether `model` can pack: SDPA attention reached through transformers' attention interface
+    (Falcon's own attention classes never call it), no sliding window, no logit soft-capping, no
     token mixer besides attention."""
+    import sys
+
     c = model.config
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: its base's modeling module
+    interface = hasattr(sys.modules.get(type(base).__module__), "ALL_ATTENTION_FUNCTIONS")
     windowed = getattr(c, "sliding_window", None) is not None and getattr(c, "use_sliding_window", True)
     capped = getattr(c, "attn_logit_softcapping", None) is not None
     mixers = any(t not in ATTENTION_LAYERS for t in getattr(c, "layer_types", None) or ())
-    return c._attn_implementation in ("sdpa", ATTENTION) and not windowed and not capped and not mixers
+    return c._attn_implementation in ("sdpa", ATTENTION) and interface and not windowed and not capped and not mixers
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
