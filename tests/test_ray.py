@@ -220,6 +220,9 @@ def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, dirs, ra
     before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in run.glob("iter-*/*/part-*.parquet")}
     assert any("iter-0001/rollout" in str(p) for p in before)
     assert not [p for p in run.rglob(".tmp-*")]  # nothing half-written is visible
+    status = grpo("status", str(run))  # its in-flight record stayed behind: the driver it names is gone
+    assert f"Ray: the driver of this run (pid " in status.stdout and ") is gone; nothing is in flight" in status.stdout
+    assert "in flight: node" not in status.stdout
 
     again = grpo(*iterate_args(run, ray_cluster), env=THREADS, cwd=dirs["elsewhere"])
     assert "rollout iteration 1:" in again.stderr
@@ -287,6 +290,46 @@ def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets
     assert max(float((w_ref[n] - w[0][n]).abs().max()) for n in w_ref) > 10 * WEIGHT_ATOL  # the update moved them
     audit = grpo("audit", str(run), check=False)
     assert audit.returncode == 0, audit.stdout
+
+
+HOLDER = """import sys, time
+from pipeline.cluster.executor import IN_FLIGHT, driver_record
+from pipeline.store.run import Run
+Run(sys.argv[1]).store.write_json(IN_FLIGHT, {"stage": "rollout", "iteration": 0, "in_flight": {"1": "abcd1234"}, "queued": 2,
+                                              "driver": driver_record()})
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+def test_status_knows_a_dead_driver(assets, dirs, tmp_path):
+    """A Ray driver's in-flight record names its pid, host and start time: while that process runs,
+    `grpo status` shows the parts in flight; once it is SIGKILLed (the record stays behind), it says
+    the driver is gone and shows nothing in flight; a driver on another host is said to be unknown."""
+    run = new_run(tmp_path, assets, dirs)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert holder.stdout.readline().strip() == "written"
+        alive = grpo("status", str(run))
+        assert "Ray: rollout iteration 0, in flight: node abcd1234 parts 1; 2 queued" in alive.stdout and "gone" not in alive.stdout
+        record = json.loads(grpo("status", str(run), "--format", "json").stdout)["cluster"]["driver"]
+        assert record["pid"] == holder.pid and record["alive"] is True
+    finally:
+        holder.kill()
+        holder.wait()
+    dead = grpo("status", str(run))
+    assert (f"Ray: the driver of this run (pid {holder.pid} on {record['host']}) is gone; nothing is in flight (last seen: "
+            "rollout iteration 0); the same `grpo iterate` command resumes the run") in dead.stdout
+    assert "in flight: node" not in dead.stdout
+    assert json.loads(grpo("status", str(run), "--format", "json").stdout)["cluster"]["driver"]["alive"] is False
+    in_flight = run / ".cluster" / "in_flight.json"
+    body = json.loads(in_flight.read_text())
+    in_flight.write_text(json.dumps({**body, "driver": {**body["driver"], "pid": os.getpid()}}))  # a live pid, not the driver's start
+    assert "is gone" in grpo("status", str(run)).stdout
+    in_flight.write_text(json.dumps({**body, "driver": {**body["driver"], "host": "node-elsewhere"}}))
+    other = grpo("status", str(run))
+    assert "Ray: the driver runs on another host (node-elsewhere, pid " in other.stdout and "is unknown here" in other.stdout
+    assert "in flight: node abcd1234 parts 1" in other.stdout
 
 
 def test_an_unreachable_cluster_is_one_line_before_any_work(assets, dirs, tmp_path):
