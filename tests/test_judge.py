@@ -268,6 +268,12 @@ def test_verdicts_read_as_judges_write_them():
     for finish in ("abort", "error", "repetition", "content_filter"):  # vLLM v1's and OpenAI's: stopped unfinished
         assert read_verdict("Score: 7", V(), finish_reason=finish) == (None, "unfinished")  # was 7.0
     assert read_verdict("Score: 7", V(), finish_reason="eos_token") == (7.0, None)  # TGI's end: an answer
+    # an explanation after a labelled verdict: the label's number is the verdict (was 2, the explanation's last)
+    assert read_verdict("Score: 8. It gets 2 of 3 steps right.", V()) == (8.0, None)
+    assert read_verdict("**Final score:** 9 (it misses 1 of 4 cases)", V()) == (9.0, None)
+    assert read_verdict("Rating = 4; 3 x 4 = 12 as asked", V()) == (4.0, None)
+    assert read_verdict("Score: 3, then on review Score: 5 since 2 of 3 hold", V()) == (5.0, None)  # the last label
+    assert read_verdict("Underscore: 3, so 4", V()) == (4.0, None)  # a label is a whole word
 
 
 def test_an_answer_the_server_aborted_is_asked_again(judge):
