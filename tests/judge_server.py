@@ -99,6 +99,8 @@ class Judge:
 
             def do_GET(self):
                 url = urlparse(self.path)
+                if url.path.endswith("/v1/models") and url.path.startswith(("/nolist/", "/listfails/")):  # chats as "ok"
+                    return self.answer(404 if url.path.startswith("/nolist/") else 500, "no model list")
                 if url.path.endswith("/v1/models"):
                     entry = {"id": MODEL, "object": "model", "created": time.time(), "owned_by": "vllm", "root": judge.root,
                              "parent": None, "max_model_len": judge.context}

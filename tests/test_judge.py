@@ -143,6 +143,23 @@ def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cau
     assert not ledger.known  # a failure is not cached: a re-score asks again
 
 
+def test_a_model_list_that_fails_stops_the_scoring_and_a_server_without_one_is_recorded(judge):
+    """What the server serves (its /models entry) is part of each verdict's record and cache key: a
+    list that fails (was: read as "serves nothing", so a resumed scoring whose list answered asked
+    again and could write other parts) stops the scoring before any request, whatever on_failure
+    says; a server with no model list (404) is recorded as reporting nothing."""
+    for on_failure in ("error", "none"):
+        with pytest.raises(GRPOError) as info:
+            judged(judge_entry(judge.url, "listfails", retries=1, kwargs={"on_failure": on_failure}), TEXTS[:2])
+        assert str(info.value) == (f"reward 'judge' (iteration 0): judge {MODEL} at {judge.url}/listfails/v1: its model list "
+                                   "(GET /models) failed (HTTP 500 (2 attempts)); what the server serves is part of each "
+                                   "verdict's record, so nothing was asked")
+    assert judge.chats == {}
+    entry = judge_entry(judge.url, "nolist")
+    values, log, _ = judged(entry, TEXTS[:2])
+    assert values.tolist() == expected(entry, TEXTS[:2]) and log.extra["judge_server"] == [None, None]
+
+
 @pytest.mark.parametrize("mode, retried", [
     ("fail-408", True), ("fail-409", True), ("fail-502", True),
     ("fail-400-retry", True),  # x-should-retry: true makes any status retried ...
