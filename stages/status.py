@@ -56,7 +56,15 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
     if report["mlflow"]:
         m = report["mlflow"]
         console.print(f"MLflow: run {m['run_id']} (experiment {m['experiment_id']}) at {escape(m['tracking_uri'])}", soft_wrap=True)
-    if c := report.get("cluster"):  # a Ray driver is running: its rollout parts in flight, by node
+    d = (report.get("cluster") or {}).get("driver") or {}
+    if d.get("alive") is False:  # SIGKILLed (or lost): its record stayed behind, nothing is in flight
+        console.print(f"Ray: the driver of this run (pid {d['pid']} on {escape(d['host'])}) is gone; nothing is in flight "
+                      f"(last seen: {report['cluster']['stage']} iteration {report['cluster']['iteration']}); the same "
+                      "`grpo iterate` command resumes the run", soft_wrap=True)
+    elif c := report.get("cluster"):  # a Ray driver is running: its rollout parts in flight, by node
+        if d.get("alive") is None and d:
+            console.print(f"Ray: the driver runs on another host ({escape(d['host'])}, pid {d['pid']}): whether it is still "
+                          "alive is unknown here", soft_wrap=True)
         nodes: dict[str, list[str]] = {}
         for part, node in sorted(c["in_flight"].items(), key=lambda item: int(item[0])):
             nodes.setdefault(node, []).append(part)

@@ -22,6 +22,8 @@ MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute 
     abort     vLLM v1 dropping the request (a pause, a shutdown): the first `failures` requests of each body
               answer "Score: 1" (the partial text) with finish_reason abort, then the verdict
     refused   401 whose message quotes the API key it was sent (as some gateways do)
+    nolist    answers as ok; GET /nolist/v1/models is a 404 (a server with no model list)
+    listfails answers as ok; GET /listfails/v1/models is a 500 (a model list that fails)
 and a served classifier, POST /<mode>/classify as vLLM's pooling server answers it (beside /v1,
 not under it), whose logits for a text (its `input`, or its messages' contents newline-joined) are
 `logits(text)`, with the same modes; as vLLM it applies softmax unless the request says
@@ -99,6 +101,8 @@ class Judge:
 
             def do_GET(self):
                 url = urlparse(self.path)
+                if url.path.endswith("/v1/models") and url.path.startswith(("/nolist/", "/listfails/")):  # chats as "ok"
+                    return self.answer(404 if url.path.startswith("/nolist/") else 500, "no model list")
                 if url.path.endswith("/v1/models"):
                     entry = {"id": MODEL, "object": "model", "created": time.time(), "owned_by": "vllm", "root": judge.root,
                              "parent": None, "max_model_len": judge.context}

@@ -143,6 +143,23 @@ def test_a_server_that_fails_stops_the_stage_or_gives_none(judge, mode, top, cau
     assert not ledger.known  # a failure is not cached: a re-score asks again
 
 
+def test_a_model_list_that_fails_stops_the_scoring_and_a_server_without_one_is_recorded(judge):
+    """What the server serves (its /models entry) is part of each verdict's record and cache key: a
+    list that fails (was: read as "serves nothing", so a resumed scoring whose list answered asked
+    again and could write other parts) stops the scoring before any request, whatever on_failure
+    says; a server with no model list (404) is recorded as reporting nothing."""
+    for on_failure in ("error", "none"):
+        with pytest.raises(GRPOError) as info:
+            judged(judge_entry(judge.url, "listfails", retries=1, kwargs={"on_failure": on_failure}), TEXTS[:2])
+        assert str(info.value) == (f"reward 'judge' (iteration 0): judge {MODEL} at {judge.url}/listfails/v1: its model list "
+                                   "(GET /models) failed (HTTP 500 (2 attempts)); what the server serves is part of each "
+                                   "verdict's record, so nothing was asked")
+    assert judge.chats == {}
+    entry = judge_entry(judge.url, "nolist")
+    values, log, _ = judged(entry, TEXTS[:2])
+    assert values.tolist() == expected(entry, TEXTS[:2]) and log.extra["judge_server"] == [None, None]
+
+
 @pytest.mark.parametrize("mode, retried", [
     ("fail-408", True), ("fail-409", True), ("fail-502", True),
     ("fail-400-retry", True),  # x-should-retry: true makes any status retried ...
@@ -268,6 +285,12 @@ def test_verdicts_read_as_judges_write_them():
     for finish in ("abort", "error", "repetition", "content_filter"):  # vLLM v1's and OpenAI's: stopped unfinished
         assert read_verdict("Score: 7", V(), finish_reason=finish) == (None, "unfinished")  # was 7.0
     assert read_verdict("Score: 7", V(), finish_reason="eos_token") == (7.0, None)  # TGI's end: an answer
+    # an explanation after a labelled verdict: the label's number is the verdict (was 2, the explanation's last)
+    assert read_verdict("Score: 8. It gets 2 of 3 steps right.", V()) == (8.0, None)
+    assert read_verdict("**Final score:** 9 (it misses 1 of 4 cases)", V()) == (9.0, None)
+    assert read_verdict("Rating = 4; 3 x 4 = 12 as asked", V()) == (4.0, None)
+    assert read_verdict("Score: 3, then on review Score: 5 since 2 of 3 hold", V()) == (5.0, None)  # the last label
+    assert read_verdict("Underscore: 3, so 4", V()) == (4.0, None)  # a label is a whole word
 
 
 def test_an_answer_the_server_aborted_is_asked_again(judge):

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 
+from pipeline.cluster.workers import stall
 from pipeline.errors import GRPOError
 from pipeline.store import part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
@@ -30,6 +31,15 @@ from pipeline.store.run import Run
 
 
 IN_FLIGHT = ".cluster/in_flight.json"  # what `grpo status` shows while a Ray driver runs
+
+
+def driver_record() -> dict:
+    """Who drives the run (kept in IN_FLIGHT): pid, host and the process's start time, so that
+    `grpo status` can tell a driver that died (SIGKILL leaves the file behind) from one that runs,
+    and a pid reused by another process from the driver."""
+    import psutil  # a dependency of Ray
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": psutil.Process().create_time()}
 
 
 def log(line: str) -> None:
@@ -257,7 +267,10 @@ class RaySampler:
             self.hold, node = driver_gpu(self.cc)
             probe, token = preflight(run, self.cc, node if self.hold else None)
             self.uri = shared_uri(run)
-            self.pool = RolloutPool(self.uri, self.cc, probe, token, log, status=lambda body: run.store.write_json(IN_FLIGHT, body))
+            driver = driver_record()
+            show = lambda body: run.store.write_json(IN_FLIGHT, {**body, "driver": driver})
+            show({"stage": "start", "iteration": run.completed_iters(), "in_flight": {}, "queued": 0})
+            self.pool = RolloutPool(self.uri, self.cc, probe, token, log, status=show)
         except BaseException:
             self.close()
             raise
@@ -270,6 +283,7 @@ class RaySampler:
         run = self.run
         with tracking.reporting(run, k, kind):
             if kind == "rollout" and not run.done(k, "rollout"):
+                stall("driver-rollout", k, -1)
                 self.rows.setdefault(k, {}).update(rollout(run, k, self.pool))
             elif kind == "eval" and not run.done(k, "eval"):
                 run_eval(run, k, self.warm.rollout_engine(k))
@@ -281,6 +295,7 @@ class RaySampler:
         """Nothing is still running."""
 
     def score(self, k: int) -> None:
+        stall("driver-score", k, -1)
         self.rows.setdefault(k, {}).update(score(self.run, k, self.cc, self.uri, self.pool))
 
     def update(self, k: int) -> bool:
@@ -288,6 +303,7 @@ class RaySampler:
         the loop's warm trainer does it."""
         from pipeline.cluster.update import update_on_cluster
 
+        stall("driver-update", k, -1)
         if self.cc.update_workers == 1:
             return False
         if not self.run.done(k, "update"):

@@ -35,16 +35,22 @@ def fault(where: str, k: int, part: int) -> None:
 
 
 def stall(where: str, k: int, part: int) -> None:
-    """Test hook for the lost-node test: `GRPO_CLUSTER_STALL=<rollout|score>:<iteration>` holds each
-    such part, before it is written, until the file `GRPO_CLUSTER_STALL_RELEASE` exists, having
-    written `<that file>.held-<pid>-<part>` (so the test knows which workers hold a part)."""
-    if os.environ.get("GRPO_CLUSTER_STALL") != f"{where}:{k}":
+    """Test hook for the lost-node tests: `GRPO_CLUSTER_STALL=<point>:<iteration>[,...]` holds each
+    part (or the driver, part -1) reaching that point until the file `GRPO_CLUSTER_STALL_RELEASE`.<n>
+    exists (n: the spec's place in the list), having written `<that file>.held-<pid>-<part>` (so the
+    test knows who holds one). Points: `rollout`, `score` (a worker, its part made, not written),
+    `driver-rollout`, `driver-score`, `driver-update` (the driver, before it starts that stage)."""
+    specs = os.environ.get("GRPO_CLUSTER_STALL", "")
+    if not specs:
         return
-    release = Path(os.environ["GRPO_CLUSTER_STALL_RELEASE"])
-    Path(f"{release}.held-{os.getpid()}-{part}").touch()
-    deadline = time.time() + 600
-    while not release.exists() and time.time() < deadline:
-        time.sleep(0.1)
+    for n, spec in enumerate(specs.split(",")):
+        if spec != f"{where}:{k}":
+            continue
+        release = Path(f"{os.environ['GRPO_CLUSTER_STALL_RELEASE']}.{n}")
+        Path(f"{release}.held-{os.getpid()}-{part}").touch()
+        deadline = time.time() + 600
+        while not release.exists() and time.time() < deadline:
+            time.sleep(0.1)
 
 
 def where_am_i() -> dict:
@@ -161,6 +167,7 @@ def score_part(run_uri: str, k: int, part: int, stamp: str) -> dict:
     if run.store.table_meta(rel).get("input_hash") != stamp:
         table = score_table(run, k, read_part(run, k, "rollout", ROLLOUT, part))
         fault("score", k, part)
+        stall("score", k, part)
         write_part(run.store, rel, table, SCORE, stamp, part)
         written = True
     return {"part": part, **where_am_i(), "seconds": time.time() - t0, "written": written}

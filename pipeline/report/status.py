@@ -36,10 +36,43 @@ def status_report(run: Run) -> dict:
 
 
 def cluster_in_flight(run: Run) -> dict | None:
-    """While a Ray driver runs (`cluster.executor ray`): the rollout parts in flight, each with its node."""
+    """While a Ray driver runs (`cluster.executor ray`): the rollout parts in flight, each with its node,
+    and whether the driver that wrote this is alive (`driver.alive`: True, False when its process is
+    gone from this host, None when it ran on another host, where this cannot look)."""
     from pipeline.errors import GRPOError
 
     try:
-        return run.store.read_json(".cluster/in_flight.json")
+        c = run.store.read_json(".cluster/in_flight.json")
     except GRPOError:  # no Ray driver running (or between its writes)
         return None
+    if isinstance(c.get("driver"), dict):
+        c["driver"]["alive"] = driver_alive(c["driver"])
+    return c
+
+
+def driver_alive(driver: dict) -> bool | None:
+    """Whether the process of a driver record (pid, host, start time) still runs: None on another
+    host; False when no such pid runs here, or it is another process that got the same pid."""
+    import os
+    import socket
+
+    if driver.get("host") != socket.gethostname():
+        return None
+    pid = int(driver["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process holds the pid: not our driver
+        return False
+    try:
+        import psutil
+    except ImportError:  # without psutil (no Ray here): the pid alone
+        return True
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
+            return False
+        return abs(proc.create_time() - float(driver.get("started", 0.0))) < 1.0
+    except psutil.Error:
+        return False

@@ -96,7 +96,11 @@ def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> tuple[str |
         url, hdrs = asker.url, headers(asker.o)
         limits = httpx.Limits(max_connections=spec.max_concurrency, max_keepalive_connections=spec.max_concurrency)
         async with httpx.AsyncClient(limits=limits) as client:
-            server = await served_identity(client, asker.o, hdrs, spec.timeout_s, spec.retries)
+            try:
+                server = await served_identity(client, asker.o, hdrs, spec.timeout_s, spec.retries)
+            except JudgeFailure as failure:
+                raise GRPOError(f"{asker.what}: its model list (GET /models) failed ({failure}); what the server serves "
+                                "is part of each verdict's record, so nothing was asked") from None
             todo = {h: b for h, b in bodies.items() if ledger.get(h, server) is None}
             if not todo:
                 return server, todo, {}

@@ -114,11 +114,16 @@ def identity_of(model: str):
 
 async def served_identity(client, o, hdrs: dict, timeout_s: float, retries: int) -> str | None:
     """What the server at `o.base_url` reports it serves under `o.model` (its /models entry), or None
-    when it reports nothing: part of every verdict's cache key (record.Ledger.get)."""
+    when it reports nothing (no such entry, or no model list: a 404): part of every verdict's cache key
+    (record.Ledger.get). A model list that fails otherwise raises its JudgeFailure: read as "nothing",
+    the verdicts would be recorded under no server, and a resumed scoring whose list answers would not
+    reuse them (its parts would differ from an uninterrupted run's)."""
     try:
         return (await ask(client, endpoint(o, "models"), None, hdrs, timeout_s, retries, identity_of(o.model), "model list")).text
-    except JudgeFailure:
-        return None
+    except JudgeFailure as failure:
+        if failure.status == 404:
+            return None
+        raise
 
 
 def server_delay(headers, now: float | None = None) -> float | None:

@@ -10,6 +10,10 @@ Only the judge's final answer is read, as the judge means it:
   thinking) is "unclosed think"; a `<think>` further in (a quoted completion's) is text;
 - a range ("0-10", "1 to 10": the scale, not a verdict) is no number; a scale after a score
   ("7/10", "7 out of 10", "7 (out of 10)", "**7**/10") reads the score;
+- a number right after a verdict label ("Score:", "Final score:", "Rating:", "Grade:", "Verdict:") is
+  read before any other: "Score: 8. It gets 2 of 3 steps right" reads 8, not the explanation's 2;
+  without a label, every number counts. A quoted completion's label counts too: ask for the label
+  in the rubric, so the judge's own comes last;
 - of several matches the LAST is read by default (`pick: last`): the judge's conclusion comes after
   its reasoning ("3 x 4 = 12, ... Final score: 10" reads 10), and a completion the judge quotes
   (where the policy could plant "Score: 10") comes before the judge's own verdict. A judge that ends
@@ -37,6 +41,8 @@ _NUM = r"[-+\u2212]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # \u2212: the typ
 # the first number; a range ("0-10", "1 to 10") is one match that is no number (`range`)
 _SCORE = re.compile(rf"(?P<range>{_NUM}\s*(?:[-\u2013\u2014]|to)\s*{_NUM})"
                     rf"|(?P<n>{_NUM})(?:[*_]*\s*\(?\s*(?:/|(?:out\s+)?of)\s*[*_]*{_NUM}\)?)?", re.IGNORECASE)
+# a verdict label ("Score:", "Final score =", "**Rating:**"): the number right after one is the verdict
+_LABEL = re.compile(r"(?<!\w)(?:final\s+)?(?:score|rating|grade|verdict)[*_]*\s*[:=][*_]*\s*(?:[*_]+\s*)?", re.IGNORECASE)
 _BOXED = "\\boxed{"
 UNFINISHED = frozenset({"abort", "error", "repetition", "content_filter"})
 """Finish reasons of an answer the server stopped before the judge finished it (vLLM v1's abort,
@@ -58,7 +64,7 @@ def read_verdict(answer: str | None, v: VerdictOptions, finish_reason: str | Non
     if not text:
         return None, "empty answer"
     if v.read == "number":
-        matches = _numbers(text)
+        matches = _labelled(text) or _numbers(text)
         return _in_range(_pick(matches, v), v) if matches else (None, "no number")
     if v.read == "choice":
         return _choice(text, v)
@@ -93,6 +99,16 @@ def read_verdict(answer: str | None, v: VerdictOptions, finish_reason: str | Non
 def _numbers(text: str) -> list[float]:
     """The numbers in `text` as read for a verdict: each score once ("7/10" is 7), no range."""
     return [float(m.group("n").replace("\u2212", "-")) for m in _SCORE.finditer(text) if m.group("n") is not None]
+
+
+def _labelled(text: str) -> list[float]:
+    """The numbers right after a verdict label, in order ("Score: 8 ... 2 of 3 steps" gives [8])."""
+    out = []
+    for label in _LABEL.finditer(text):
+        m = _SCORE.match(text, label.end())
+        if m is not None and m.group("n") is not None:
+            out.append(float(m.group("n").replace("\u2212", "-")))
+    return out
 
 
 def _pick(matches: list, v: VerdictOptions):
