@@ -156,6 +156,31 @@ def test_eval_episode_figures():
     assert f["tools/used"][1:] == pytest.approx(wilson(1, 4))
 
 
+def test_tracking_doc_names_every_eval_figure():
+    """Every name MLflow gets from an eval (k samples, two named sets, episodes) is in docs/tracking.md's
+    Evaluation section: each figure, per set as eval/<set>/<figure>, each with _lo and _hi."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "tracking.md").read_text().split("## Evaluation", 1)[1]
+    cfg = cfg_of(samples=2, greedy=False, pass_k=[1, 2], data={"easy": "a.jsonl", "hard": "b.jsonl"})
+    t = _record([(i, j, A(str(j)), j) for i in range(2) for j in range(2)], sets=["easy", "easy", "hard", "hard"])
+    episode = {"messages": [{"role": "assistant", "content": "7"}], "turns": 1, "ending": "answered",
+               "model_tokens": 2, "context_tokens": 0}
+    t = t.append_column("episode", pa.array([json.dumps(episode)] * 4))
+    names = set(flat(figures(cfg, t)))
+    assert {"eval/hard/pass_at_2_hi", "eval/easy/tools/used", "eval/maj_at_1_lo"} <= names  # what is generalised below
+    for part in ("`eval/<figure>`", "`eval/<set>/<figure>`", "`<name>_lo`", "`<name>_hi`"):
+        assert part in doc
+
+    def generic(name: str) -> str:  # eval/hard/pass_at_2_hi -> pass_at_<k>, as the doc writes a figure
+        name = re.sub(r"^eval/((easy|hard)/)?", "", re.sub(r"_(lo|hi)$", "", name))
+        return re.sub(r"^rewards/.+", "rewards/<name>", re.sub(r"_at_\d+$", "_at_<k>", name))
+
+    said = {g for g in map(generic, names) if f"`{g}`" in doc or g.startswith("episodes/ending/") and "`episodes/ending/*`" in doc}
+    missing = sorted(set(map(generic, names)) - said)
+    assert not missing, f"docs/tracking.md does not name {missing}"
+
+
 @pytest.mark.parametrize("eval_, message", [
     ({"samples": 4}, "eval.samples 4: greedy decoding gives k copies of one completion; set eval.greedy: false"),
     ({"samples": 4, "greedy": False, "pass_k": [1, 8]}, "eval.pass_k 8: each k must be between 1 and eval.samples (4)"),
@@ -250,6 +275,21 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     manifest.write_text(json.dumps(body))
     problems = audit_run(Run(path)).problems
     assert len(problems) == 1 and "eval/MANIFEST.json: metrics.gsm/accuracy" in problems[0], problems
+
+    # a part rewritten with a sample fewer and the manifest's hashes and rows to match: every part checks out,
+    # but pass@4 of a prompt with 3 samples cannot be computed; audit says so instead of skipping the figures
+    import hashlib
+
+    last = ev / "part-00003.parquet"  # fmt prompt 2, its 4 samples
+    pq.write_table(pq.read_table(last).slice(0, 3), last)
+    data = last.read_bytes()
+    body = json.loads(manifest.read_text())
+    body["outputs"]["part-00003.parquet"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), rows=3)
+    body["rows"] -= 1
+    manifest.write_text(json.dumps(body))
+    problems = audit_run(Run(path)).problems
+    assert problems == [f"iter-0000/eval/MANIFEST.json: metrics: cannot be recomputed from its parts "
+                        f"(ValueError: eval.pass_k 4: prompt 2 has only 3 samples)"], problems
 
 
 @pytest.mark.slow

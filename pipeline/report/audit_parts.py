@@ -70,7 +70,11 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
 
     try:
         figs = figures(a.run.cfg, pa.concat_tables(read_parts(a.run, k, "eval", EVAL), promote_options="default"))
-    except Exception:  # a part that does not read is reported by _check_part
+    except Exception as err:
+        sd = mrel.rsplit("/", 1)[0]
+        if not any(p.startswith(f"{sd}/part-") for p in a.audit.problems):  # else _check_part named the part
+            why = (str(err).splitlines() or [""])[0]
+            a.audit.problem(mrel, f"metrics: cannot be recomputed from its parts ({type(err).__name__}: {why})")
         return
     for name, rec in sorted(m.metrics.items()):
         got = figs.get(name)
