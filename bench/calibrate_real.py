@@ -13,7 +13,7 @@ one of our iterations; default: as many as the demo run did). Generation is HF `
 The clock runs from loading the model to the end of `train()`, as the demo's runs from
 `grpo iterate`'s start (engines included) to its end, less its held-out evals. TRL's final
 adapter is then merged and evaluated by the demo's own evaluation (`pipeline.eval.run`: the same
-held-out problems, greedy, the same rewards), so both sides' held-out accuracy is one
+held-out problems and `eval:` settings, the same rewards), so both sides' held-out accuracy is one
 measurement. Prints both and the ratio of held-out accuracy gained per minute (points of
 accuracy per minute of training, held-out evals excluded on our side); writes
 DIR/calibration.json.
