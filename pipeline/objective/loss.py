@@ -252,6 +252,7 @@ def policy_loss(
     _check_loss_args(
         logprobs, old_logprobs, advantages, mask, config, ref_logprobs, max_completion_length, num_items, entropy, sampler_logprobs
     )
+    kind = loss_type(config)
     active = mask.bool()  # [B, T]
     # At least float32: bf16 cannot even count tokens past 256 exactly.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
@@ -269,7 +270,7 @@ def policy_loss(
     capped = ratio.clamp(max=config.delta) if config.delta is not None else ratio  # [B, T]
     clipped = ratio.clamp(1 - config.clip_eps_low, 1 + config.clip_eps_high)  # [B, T]
 
-    if not loss_type(config).clipped:
+    if not kind.clipped:
         pg_loss = -logp * A  # [B, T] plain policy gradient: no ratio, no clipping
     else:
         pg_loss = -torch.minimum(capped * A, clipped * A)  # [B, T] pessimistic (clipped) surrogate
@@ -288,7 +289,7 @@ def policy_loss(
         per_token_loss = per_token_loss + config.kl_coef * kl  # stay near the reference policy
     if config.entropy_coef > 0:
         per_token_loss = per_token_loss - config.entropy_coef * ent  # entropy bonus keeps exploring
-    loss = loss_type(config).reduce(per_token_loss, m, max_completion_length, num_items)
+    loss = kind.reduce(per_token_loss, m, max_completion_length, num_items)
 
     with torch.no_grad():
         n_active = m.sum().clamp(min=1)
@@ -296,14 +297,14 @@ def policy_loss(
         def token_mean(x: torch.Tensor) -> float:
             return float((x * m).sum() / n_active)
 
-        if not loss_type(config).clipped:  # nothing is clipped
+        if not kind.clipped:  # nothing is clipped
             low = high = torch.zeros_like(active)
         else:
             low = (ratio < 1 - config.clip_eps_low) & (A < 0)  # [B, T] clipped term active below
             high = (ratio > 1 + config.clip_eps_high) & (A > 0)  # [B, T] clipped term active above
         metrics = {
             "loss/total": float(loss),
-            "loss/policy": float(loss_type(config).reduce(pg_loss, m, max_completion_length, num_items)),
+            "loss/policy": float(kind.reduce(pg_loss, m, max_completion_length, num_items)),
             "ratio/mean": token_mean(ratio),
             "clip/ratio_low": token_mean(low.to(m.dtype)),
             "clip/ratio_high": token_mean(high.to(m.dtype)),

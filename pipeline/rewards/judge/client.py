@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
+if TYPE_CHECKING:  # annotations only
     from pipeline.config.judge import JudgeOptions
 
 BACKOFF_S = 0.5

@@ -33,7 +33,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: options.py picks its asker from these modules
+if TYPE_CHECKING:  # annotations only
     from pipeline.config.judge import VerdictOptions
 
 _NUM = r"[-+\u2212]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # \u2212: the typeset minus sign
