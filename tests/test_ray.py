@@ -359,7 +359,8 @@ def test_a_judged_ray_run_writes_the_local_runs_score_parts(assets, dirs, ray_cl
 
 
 HOLDER = """import sys, time
-from pipeline.cluster.executor import IN_FLIGHT, driver_record
+from pipeline.cluster.executor import driver_record
+from pipeline.store import IN_FLIGHT
 from pipeline.store.run import Run
 Run(sys.argv[1]).store.write_json(IN_FLIGHT, {"stage": "rollout", "iteration": 0, "in_flight": {"1": "abcd1234"}, "queued": 2,
                                               "driver": driver_record()})

@@ -25,12 +25,9 @@ import uuid
 
 from pipeline.cluster.workers import stall
 from pipeline.errors import GRPOError
-from pipeline.store import part_name, stage_rel
+from pipeline.store import IN_FLIGHT, part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
 from pipeline.store.run import Run
-
-
-IN_FLIGHT = ".cluster/in_flight.json"  # what `grpo status` shows while a Ray driver runs
 
 
 def driver_record() -> dict:

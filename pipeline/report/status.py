@@ -9,7 +9,7 @@ from __future__ import annotations
 from pipeline.report.diagnostics import diagnose
 from pipeline.report.inspect import history
 from pipeline.store.run import Run
-from pipeline.store import STAGES
+from pipeline.store import IN_FLIGHT, STAGES
 
 
 def status_report(run: Run) -> dict:
@@ -42,7 +42,7 @@ def cluster_in_flight(run: Run) -> dict | None:
     from pipeline.errors import GRPOError
 
     try:
-        c = run.store.read_json(".cluster/in_flight.json")
+        c = run.store.read_json(IN_FLIGHT)
     except GRPOError:  # no Ray driver running (or between its writes)
         return None
     if isinstance(c.get("driver"), dict):

@@ -37,6 +37,7 @@ from schemas.manifests import Manifest, ManifestError, dump_manifest, parse_mani
 STAGES = ("rollout", "score", "logprobs", "update")
 MANIFEST = "MANIFEST.json"
 TMP_MARK = ".tmp-"
+IN_FLIGHT = ".cluster/in_flight.json"  # what a Ray driver has in flight: written by it, read by `grpo status`
 
 
 def iter_name(k: int) -> str:

@@ -71,6 +71,7 @@ class Trainer:
 
         cpu_env()
         self.cfg = cfg
+        self.loss_kind = grpo.loss_type(cfg.loss)  # how the loss type weighs rows and tokens, asked once
         self.policy = policy_kind(cfg)
         self.precision = resolve_precision(cfg.train.precision)
         self.rank, self.world = init_distributed()
@@ -225,7 +226,7 @@ class Trainer:
             # the micro-batch's share of the mini-batch as the loss type weighs it (rows or tokens),
             # so an uneven split (a short last mini-batch cut [6, 2]) gives the unsplit gradient
             share_tokens = data.mask_sum(mi) / max(1, tokens)
-            share = grpo.loss_type(cfg.loss).micro_batch_share(len(mi) / len(mb), share_tokens, len(micros))
+            share = self.loss_kind.micro_batch_share(len(mi) / len(mb), share_tokens, len(micros))
             weight = self._rank_weight(data, mine, mi) * share
             # a rank with no rows (short last mini-batch) joins the all-reduces with a zero-weight row
             metrics = self.micro_step(data, mine if len(mine) else mi[:1], tokens, weight)
@@ -244,10 +245,10 @@ class Trainer:
     def _rank_weight(self, data: "UpdateData", mine: np.ndarray, mi: np.ndarray) -> float:
         """This rank's weight on its micro-batch loss, so the ranks' average is the whole
         micro-batch's loss even when a short last mini-batch splits unevenly (the loss type says how)."""
-        return grpo.loss_type(self.cfg.loss).rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
+        return self.loss_kind.rank_weight(self.world, len(mine), len(mi), data.mask_sum(mine), data.mask_sum(mi))
 
     def _across_ranks(self, metrics: dict[str, float], rows: int, tokens: int) -> dict[str, float]:
-        return across_ranks(metrics, rows, tokens, grpo.loss_type(self.cfg.loss), self.world)
+        return across_ranks(metrics, rows, tokens, self.loss_kind, self.world)
 
     def micro_step(self, data: "UpdateData", idx: np.ndarray, mb_tokens: int, weight: float = 1.0) -> dict:
         """Forward and backward of one micro-batch, its loss times `weight` (its share of the
@@ -267,7 +268,7 @@ class Trainer:
         for j, piece in enumerate(pieces):
             self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
             share_tokens = data.mask_sum(piece) / tokens
-            loss_share = grpo.loss_type(cfg.loss).piece_share(len(piece) / rows, share_tokens)
+            loss_share = self.loss_kind.piece_share(len(piece) / rows, share_tokens)
             metrics = self._piece_step(data, piece, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
                 combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)
