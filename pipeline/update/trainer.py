@@ -71,7 +71,6 @@ class Trainer:
 
         cpu_env()
         self.cfg = cfg
-        self.loss_kind = grpo.loss_type(cfg.loss)  # how the loss type weighs rows and tokens, asked once
         self.policy = policy_kind(cfg)
         self.precision = resolve_precision(cfg.train.precision)
         self.rank, self.world = init_distributed()
@@ -210,6 +209,11 @@ class Trainer:
             )
             bar.advance()
         return rows
+
+    @property
+    def loss_kind(self) -> grpo.LossType:
+        """How the loss type weighs rows and tokens (of `self.cfg`, which a caller may swap)."""
+        return grpo.loss_type(self.cfg.loss)
 
     def accumulate(self, data: "UpdateData", mb: np.ndarray) -> dict[str, float]:
         """Forward and backward of mini-batch `mb` in micro-batches of `train.mini_batch_size //
