@@ -53,11 +53,8 @@ calibrate-real: $(STAMP)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench.calibrate_real --ours $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) $(if $(TRL_BF16),--bf16) $(if $(TRL_ITERS),--iters $(TRL_ITERS))
 
-# The suite on TEST_WORKERS pytest-xdist workers, each taking whole test files (their module
-# fixtures built once); TEST_WORKERS=0 runs it in this one process.
-TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -23,14 +23,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the trainer has DeepSpeed skip its JIT-built shm comm op; should any other op be built, each
 # venv keeps its own cache (one shared between venvs rebuilds back and forth, 100-200 s each)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-# Under pytest-xdist (`make test`: one worker a core) every process of a worker computes on one
-# thread, and vLLM binds its one thread to the worker's own core: two engines each spinning two
-# OpenMP threads over the same two cores slow each other down many times over. Tests compare
-# runs made under the same settings, so the thread count only changes the speed.
-if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
-    _worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_worker % (os.cpu_count() or 1)))
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # bench/ (not an installed package) describes the machine
