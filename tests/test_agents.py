@@ -1,8 +1,8 @@
 """Multi-turn episodes with tools and environments (pipeline/agents): call parsing, tool outcomes,
 the token record (sampled tokens kept, glue and results under mask 0), endings, environments
 as TRL's environment_factory, bad input at `grpo init`, and on SmolLM2 (whose template has no
-tool support: the Hermes fallback) real tool calls: determinism across shards, scoring on the
-conversation, replay without calling any tool, audit of a tampered tool result."""
+tool support: the Hermes fallback) real tool calls through `grpo iterate` with a LoRA adapter.
+SmolLM2 with Qwen3's template, across shards, replay and audit: tests/test_trl_examples.py."""
 
 from __future__ import annotations
 
@@ -402,87 +402,6 @@ def rollout_manifest(run: Path) -> dict:
     return json.loads((run / "iter-0000/rollout/MANIFEST.json").read_text())
 
 
-@pytest.mark.slow
-def test_smollm2_tool_episodes_across_shards_replay_and_audit(assets, smollm2, tools_file, tmp_path):
-    """SmolLM2's template has no tool section: the Hermes fallback. With two worked calls in the
-    conversation it calls the tool in some samples (6 of 16 measured at temperature 0.7)."""
-    (tmp_path / "rw.py").write_text(REWARD)
-    cfg = base_config(assets, model=smollm2["dir"], data={"train": tool_rows(tmp_path / "tools.jsonl", 4), "system_prompt": None},
-                      rollout={"num_generations": 8, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 40,
-                               "temperature": 0.7, "tools": [f"{tools_file}:multiply"], "max_turns": 2, "max_episode_tokens": 160},
-                      rewards=[{"fn": f"{tmp_path / 'rw.py'}:used_tool"}])
-    write_config(tmp_path / "cfg.yaml", cfg)
-    log_a, log_b = tmp_path / "calls_a.log", tmp_path / "calls_b.log"
-    a, b = tmp_path / "a", tmp_path / "b"
-    init = grpo("init", str(a), "--config", str(tmp_path / "cfg.yaml"))
-    assert "using the Hermes fallback" in init.stdout
-    grpo("rollout", str(a), "--iter", "0", env={"CALC_LOG": str(log_a)})
-    grpo("init", str(b), "--config", str(tmp_path / "cfg.yaml"))
-    # each worker its own process, in the other order; the one holding the calls is SIGKILLed by
-    # its tool mid-part (no part left behind), then resumed
-    calls_in = {p.name for p in (a / "iter-0000/rollout").glob("part-*.parquet")
-                if any(json.loads(e)["turns"] > 1 for e in pq.read_table(p).column("episode").to_pylist())}
-    assert calls_in, "no sample called the tool"
-    first = sorted(calls_in)[0]
-    shard_of = {"part-00000.parquet": "0/2", "part-00001.parquet": "1/2"}
-    other = next(s for n, s in shard_of.items() if n != first)
-    grpo("rollout", str(b), "--iter", "0", "--shard", other, env={"CALC_LOG": str(log_b)})
-    killed = grpo("rollout", str(b), "--iter", "0", "--shard", shard_of[first], check=False,
-                  env={"CALC_LOG": str(log_b), "KILL_ONCE": str(tmp_path / "killed")})
-    assert killed.returncode == -9 and not (b / "iter-0000/rollout" / first).exists()
-    grpo("rollout", str(b), "--iter", "0", "--shard", shard_of[first], env={"CALC_LOG": str(log_b)})
-    assert rollout_manifest(a)["outputs"] == rollout_manifest(b)["outputs"]  # same bytes, part by part
-    assert sorted(log_a.read_text().splitlines()) == sorted(log_b.read_text().splitlines())
-
-    rows = [r for p in sorted((a / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
-    records = [json.loads(r["episode"]) for r in rows]
-    assert rollout_manifest(a)["stats"]["tool_calls"] == sum(m["role"] == "tool" for rec in records for m in rec["messages"])
-    ran = [m for rec in records for m in rec["messages"] if m["role"] == "tool" and m["error"] is None and not m.get("dropped")]
-    assert ran, "no sample called the tool"
-    assert len(log_a.read_text().splitlines()) == len([m for rec in records for m in rec["messages"] if m["role"] == "tool"
-                                                        and m["name"] == "multiply" and m["error"] is None])
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(smollm2["dir"])
-    for r, rec in zip(rows, records):
-        ids, mask = r["completion_ids"], r["completion_mask"]
-        assert len(mask) == len(ids) == len(r["sampler_logprobs"])
-        if rec["turns"] == 1:
-            assert mask == [1] * len(ids)
-            continue
-        n0 = rec["messages"][0]["tokens"]
-        zeros = [i for i, m in enumerate(mask) if m == 0]
-        assert zeros == list(range(n0, n0 + rec["context_tokens"]))  # one block: glue + result, after turn 1
-        glue = tok.decode(ids[n0:n0 + rec["context_tokens"]])
-        assert f"<tool_response>\n{rec['messages'][1]['content']}\n</tool_response>" in glue
-        assert all(x == 0.0 for x, m in zip(r["sampler_logprobs"], mask) if m == 0)
-
-    grpo("score", str(a), "--iter", "0")
-    score = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for p in sorted((a / "iter-0000/score").glob("part-*.parquet")) for s in pq.read_table(p).to_pylist()}
-    for r, rec in zip(rows, records):
-        right = r["answer"].split("#### ")[-1]
-        assert score[(r["prompt_id"], r["sample_idx"])] == float(any(m["role"] == "tool" and not m.get("dropped")
-                                                                     and m["content"] == right for m in rec["messages"]))
-    calls = log_a.read_text()
-    grpo("replay", str(a), "--iter", "0", "--to", str(tmp_path / "c"), "--until", "score", env={"CALC_LOG": str(log_a)})
-    assert log_a.read_text() == calls  # re-scored from the record: no tool ran again
-    replayed = {(s["prompt_id"], s["sample_idx"]): s["reward_used_tool"] for p in sorted((tmp_path / "c/iter-0000/score").glob("part-*.parquet")) for s in pq.read_table(p).to_pylist()}
-    assert replayed == score
-
-    assert grpo("audit", str(a), check=False).returncode == 0
-    part = next(p for p in sorted((a / "iter-0000/rollout").glob("part-*.parquet"))
-                if any(json.loads(e)["turns"] > 1 for e in pq.read_table(p).column("episode").to_pylist()))
-    table = pq.read_table(part)
-    eps = table.column("episode").to_pylist()
-    i = next(j for j, e in enumerate(eps) if json.loads(e)["turns"] > 1)
-    rec = json.loads(eps[i])
-    rec["messages"][1]["content"] = "999999"  # a forged tool result
-    eps[i] = json.dumps(rec, ensure_ascii=False, sort_keys=True)
-    import pyarrow as pa
-
-    pq.write_table(table.set_column(table.schema.get_field_index("episode"), "episode", pa.array(eps, pa.string())), part)
-    proc = grpo("audit", str(a), check=False)
-    assert proc.returncode == 1 and part.name in proc.stdout + proc.stderr
-
-
 QWEN_LIKE = (  # the shape of Qwen 2.5's tool template: tools in the system turn, calls as <tool_call> JSON
     "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}Be helpful."
     "{% endif %}\n\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
@@ -631,9 +550,11 @@ def test_smollm2_gguf_lora_tool_episodes_through_iterate(assets, smollm2, tools_
                       rewards=[{"fn": f"{tmp_path / 'rw.py'}:used_tool"}],
                       train={"mini_batch_size": 16, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}})
     run = tmp_path / "run"
-    grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    init = grpo("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg)))
+    assert "has no tool support; using the Hermes fallback" in init.stdout
     grpo("iterate", str(run), "--iters", "2", env={"CALC_LOG": str(tmp_path / "calls.log")})
     assert (tmp_path / "calls.log").read_text().strip(), "no sample called the tool"
+    assert rollout_manifest(run)["inputs"]["chat_template"]["tool_format"] == "hermes"
     for k in (0, 1):
         episodes = [json.loads(e) for p in sorted((run / f"iter-{k:04d}/rollout").glob("part-*.parquet"))
                     for e in pq.read_table(p, columns=["episode"]).column("episode").to_pylist()]

@@ -6,21 +6,25 @@ define them; biogrid's database, which the example builds from a Hub data set, i
 file of the same table. The reference is TRL's `_tool_call_loop`, restated in `trl_tool_results`:
 `sync_tools[name](**arguments)` on the main thread, `{"error": str(e)}` for any exception, a list
 result kept, anything else str(). Also TRL's malformed calls (its test_train_with_malformed_tool_calls
-completions), unlimited turns, and reset without a prompt where the data set has none."""
+completions), unlimited turns, and reset without a prompt where the data set has none. On a real
+engine: SmolLM2 with Qwen3's original template runs both examples through `grpo iterate` on vLLM,
+rerun byte-identical, every tool result and reward TRL's loop and reward functions re-executed."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import sqlite3
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import base_config, grpo, write_config
-from test_agents import agent_plan, call_text, forced, tiny2k  # noqa: F401 (tiny2k: a fixture)
+from test_agents import agent_plan, call_text, forced, tiny2k, tools_file  # noqa: F401 (tiny2k, tools_file: fixtures)
 
 # ------------------------------------------------------------- TRL's examples, as the files define them
 TRL_EXAMPLES = '''
@@ -592,3 +596,216 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
     assert [msg for msg in completion if msg["role"] == "tool"] == want
     rebuilt = envs.rebuild(type(env), a["environment"])  # what the score stage gives reward_score
     assert rebuilt.board == env.board and m["reward_score"]([rebuilt]) == [env.score] and env.score > 0
+
+
+# ------------------------------------------------- the examples on a real engine, with Qwen3's template
+SQL = "SELECT * FROM interactions WHERE Alt_IDs_Interactor_A LIKE '%JNKK%'"
+EXAMPLE_REWARDS = ("reward_score", "query_reward", "correctness_reward", "structure_reward")  # the two examples'
+BOARD = ["score=0.0\n  0   0   0   0\n  0   2   0   0\n  0   0   0   0\n  2   0   0   0\ndone=False",
+         "score=4.0\n  0   0   0   0\n  0   0   0   0\n  0   0   2   0\n  4   2   0   0\ndone=False"]
+
+
+def trl_rows(gene: str) -> list[tuple]:
+    """What query_biogrid answers for SQL on `gene`: the stand-in table's rows of that interactor."""
+    return [row for row in INTERACTIONS if gene in row[0]]
+
+
+def example_rows(path: Path, n: int = 6) -> str:
+    """Chat prompts holding worked episodes in Qwen3's (Hermes) call format, the environment's board
+    after the last question: a database query then a 2048 move, asked again; or two products, then
+    another. SmolLM2 writes the calls of the last worked episode in some samples."""
+    def result(x: str) -> dict:
+        return {"role": "user", "content": f"<tool_response>\n{x}\n</tool_response>"}
+
+    def product(a: int, b: int) -> list[dict]:
+        return [{"role": "user", "content": f"What is {a} * {b}?\n" + BOARD[0]},
+                {"role": "assistant", "content": call_text("multiply", {"a": a, "b": b})}, result(str(a * b)),
+                {"role": "assistant", "content": str(a * b)}]
+    def query(gene: str, partner: str) -> list[dict]:
+        return [{"role": "user", "content": f"Does {gene} interact with {partner}? Then make a 2048 move.\n" + BOARD[0]},
+                {"role": "assistant", "content": call_text("query_biogrid", {"sql_command": SQL.replace("JNKK", gene)})},
+                result(str(trl_rows(gene))), {"role": "assistant", "content": call_text("move", {"direction": "down"})},
+                result(BOARD[1]), {"role": "assistant", "content": "*yes*"}]
+    rows = []
+    for i in range(n):
+        a, b = 11 + 7 * i, 23 + 3 * i
+        rows.append({"prompt": query("JNKK", "MAP2K4")[:3] + [{"role": "assistant", "content": "*yes*"}] + product(12, 13) + product(41, 27)
+                     + [{"role": "user", "content": f"What is {a} * {b}?\n"}], "answer": str(a * b)} if i % 2 == 0 else
+                    {"prompt": query("JNKK", "MAP2K4") + query("TP53", "MDM2")
+                     + [{"role": "user", "content": "Does JNKK interact with MAP2K4? Then make a 2048 move.\n"}], "answer": "yes"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def trl_episode(m: dict, tools: dict, rec: dict, seed: int, sample: int):
+    """TRL's loop re-executed for a recorded episode on the live classes, under the seeds it ran with:
+    a new Game2048Env reset under the group seed, each turn's calls (where the record ran them) under
+    that turn's seed. Returns the environment and the completion TRL hands its reward functions."""
+    import numpy as np
+
+    from pipeline.agents.episode import TOOL_SEED
+    from pipeline.data.prompts import derive_seed
+
+    env = m["Game2048Env"]()
+    random.seed(seed)
+    env.reset()
+    live, msgs, out, turn = {**tools, "move": env.move}, rec["messages"], [], 0
+    for i, msg in enumerate(msgs):
+        if msg["role"] != "assistant":
+            continue
+        turn += 1
+        out.append({"role": "assistant", "content": msg["content"], **({"tool_calls": msg["tool_calls"]} if "tool_calls" in msg else {})})
+        ran = []
+        for t in msgs[i + 1:]:
+            if t["role"] != "tool":
+                break
+            ran.append(t)
+        if not ran:  # none of the turn's calls ran: the episode ended on it (max_turns, or cut)
+            continue
+        random.seed(derive_seed(seed, sample, turn, TOOL_SEED)), np.random.seed(derive_seed(seed, sample, turn, TOOL_SEED))
+        results = trl_tool_results(live, msg["tool_calls"])
+        out += [r for r, t in zip(results, ran) if not t.get("dropped")]  # a result past the token budget: left out, as TRL does
+    return env, out
+
+
+def trl_semantics_hold(run: Path, examples: Path, rows: list[dict], records: list[dict], tools: dict) -> None:
+    """Every recorded episode of iteration 0 is TRL's: its tool messages are what TRL's loop gives on
+    the live classes under the episode's seeds (the group seed: seed 0, iteration 0, its prompt), the
+    completion handed to the rewards is TRL's, the environment rebuilt for the rewards is the live one,
+    and every reward in the score parts is the example's reward function on TRL's side."""
+    from pipeline.agents import environment as envs
+    from pipeline.agents.episode import tool_content, trl_completion
+    from pipeline.data.prompts import derive_seed
+
+    trl = module(examples)
+    names = EXAMPLE_REWARDS
+    score = {(s["prompt_id"], s["sample_idx"]): s for p in sorted((run / "iter-0000/score").glob("part-*.parquet"))
+             for s in pq.read_table(p).to_pylist()}
+    for r, rec in zip(rows, records):
+        env, completion = trl_episode(trl, {"query_biogrid": trl["query_biogrid"], **tools}, rec,
+                                      derive_seed(0, 0, r["prompt_id"]), r["sample_idx"])
+        recorded = [t for t in rec["messages"] if t["role"] == "tool" and not t.get("dropped")]
+        assert [t["content"] for t in completion if t["role"] == "tool"] == [tool_content(t) for t in recorded]
+        assert trl_completion(rec) == completion
+        rebuilt = envs.rebuild(type(env), rec["environment"])  # what the score stage hands reward_score
+        assert (rebuilt.board, rebuilt.score, rebuilt.done) == (env.board, env.score, env.done)
+        want = [trl["reward_score"]([env])[0], trl["query_reward"]([completion], [r["answer"]])[0],
+                trl["correctness_reward"]([completion], [r["answer"]])[0], trl["structure_reward"]([completion])[0]]
+        assert [score[(r["prompt_id"], r["sample_idx"])][f"reward_{n}"] for n in names] == want, rec
+
+
+
+@pytest.mark.slow
+def test_qwen3_template_trl_examples_on_smollm2_through_iterate(assets, smollm2, examples, tools_file, tmp_path, monkeypatch):  # noqa: F811
+    """SmolLM2 (ChatML, as Qwen3) with Qwen3's original template, TRL's Game2048Env as the environment
+    and its query_biogrid beside our multiply as tools, on vLLM: `grpo iterate` samples, scores and
+    trains with the training template TRL swaps in (named in the manifest); a second run, each shard
+    its own process, one SIGKILLed by its tool mid-part and resumed, writes the same bytes; every tool
+    result and reward is TRL's loop and TRL's reward functions re-executed on the live classes under
+    the same seeds; replay re-scores without running a tool; audit is clean, and catches a forged result."""
+    from pipeline.agents.tools import load_tools
+    from test_agents import rollout_manifest
+    from test_vendor_templates import trl_templates
+
+    model = tmp_path / "smollm2-qwen3"
+    shutil.copytree(smollm2["dir"], model)
+    (model / "chat_template.jinja").write_text(trl_templates()["qwen3"])
+    ex, names = str(examples), EXAMPLE_REWARDS
+    cfg = base_config(assets, model=str(model), data={"train": example_rows(tmp_path / "rows.jsonl"), "eval": None, "system_prompt": None},
+                      rollout={"num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 100,
+                               "temperature": 0.7, "tools": [f"{ex}:query_biogrid", f"{tools_file}:multiply"],
+                               "environment": f"{ex}:Game2048Env", "max_turns": 3, "max_episode_tokens": 400},
+                      rewards=[{"fn": f"{ex}:{n}"} for n in names])
+    write_config(tmp_path / "cfg.yaml", cfg)
+    log_a, log_b = tmp_path / "calls_a.log", tmp_path / "calls_b.log"
+    a, b = tmp_path / "a", tmp_path / "b"
+
+    def cli(*args, **kw):  # in the examples' folder: query_biogrid opens biogrid.db from the working directory
+        return grpo(*args, cwd=examples.parent, **kw)
+
+    assert "Hermes fallback" not in cli("init", str(a), "--config", str(tmp_path / "cfg.yaml")).stdout
+    cli("iterate", str(a), "--iters", "1", env={"CALC_LOG": str(log_a)}, timeout=1200)  # ~1,100-token prompts: a long update on a loaded machine
+    assert rollout_manifest(a)["inputs"]["chat_template"] == {
+        "name": "qwen3_training", "sha256": rollout_manifest(a)["inputs"]["chat_template"]["sha256"], "tool_format": "template", "parser": "hermes"}
+    rows = [r for p in sorted((a / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    records = [json.loads(r["episode"]) for r in rows]
+    called = {m["name"] for rec in records for m in rec["messages"] if m["role"] == "tool" and m["error"] is None}
+    assert all(rec["tools"] == ["query_biogrid", "multiply", "move"] for rec in records)  # the tools, then the environment's
+    assert {"multiply", "move"} <= called, called  # SmolLM2 starts query_biogrid calls but did not finish one in 100 tokens here
+    assert rollout_manifest(a)["stats"]["tool_calls"] == sum(m["role"] == "tool" for rec in records for m in rec["messages"])
+    assert len(log_a.read_text().splitlines()) == sum(m["role"] == "tool" and m["name"] == "multiply" and m["error"] is None
+                                                      for rec in records for m in rec["messages"])
+
+    # the rerun: each worker its own process, in the other order; the one holding the first multiply
+    # call is SIGKILLed by that tool mid-part (no part left behind), then resumed
+    cli("init", str(b), "--config", str(tmp_path / "cfg.yaml"))
+    with_multiply = sorted({p.name for p in (a / "iter-0000/rollout").glob("part-*.parquet")
+                            if any(m["role"] == "tool" and m["name"] == "multiply" and m["error"] is None for e in pq.read_table(p).column("episode").to_pylist()
+                                   for m in json.loads(e)["messages"])})
+    shard_of = {"part-00000.parquet": "0/2", "part-00001.parquet": "1/2"}
+    first = with_multiply[0]
+    other = next(s for n, s in shard_of.items() if n != first)
+    cli("rollout", str(b), "--iter", "0", "--shard", other, env={"CALC_LOG": str(log_b)})
+    killed = cli("rollout", str(b), "--iter", "0", "--shard", shard_of[first], check=False,
+                 env={"CALC_LOG": str(log_b), "KILL_ONCE": str(tmp_path / "killed")})
+    assert killed.returncode == -9 and not (b / "iter-0000/rollout" / first).exists()
+    cli("rollout", str(b), "--iter", "0", "--shard", shard_of[first], env={"CALC_LOG": str(log_b)})
+    assert rollout_manifest(a)["outputs"] == rollout_manifest(b)["outputs"]  # same bytes, part by part
+    assert sorted(log_a.read_text().splitlines()) == sorted(log_b.read_text().splitlines())
+    cli("score", str(b), "--iter", "0")
+    score_manifest = lambda run: json.loads((run / "iter-0000/score/MANIFEST.json").read_text())["outputs"]  # noqa: E731
+    score_rows = lambda run: [s for p in sorted((run / "iter-0000/score").glob("part-*.parquet")) for s in pq.read_table(p).to_pylist()]  # noqa: E731
+    assert score_manifest(a) == score_manifest(b)
+
+    # the tokens: each turn as sampled (mask 1), then the template's glue with the results (mask 0)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(model)
+    for r, rec in zip(rows, records):
+        ids, mask = r["completion_ids"], r["completion_mask"]
+        assert len(mask) == len(ids) == len(r["sampler_logprobs"]) and sum(mask) == rec["model_tokens"]
+        pos, msgs = 0, rec["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            assert mask[pos:pos + m["tokens"]] == [1] * m["tokens"]
+            pos += m["tokens"]
+            results = [t for t in msgs[i + 1:i + 1 + len(m.get("tool_calls", []))] if t["role"] == "tool" and not t.get("dropped")]
+            if results:
+                glue = pos
+                while glue < len(mask) and mask[glue] == 0:
+                    glue += 1
+                text = tok.decode(ids[pos:glue])
+                assert text.count("<tool_response>\n") == len(results)
+                assert all(t["content"] in text for t in results if "value" not in t)  # a list renders as Qwen3's template renders it
+                pos = glue
+        assert pos == len(ids)
+        assert all(x == 0.0 for x, m in zip(r["sampler_logprobs"], mask) if m == 0)
+
+    # TRL's loop and reward functions on the live classes, under the episodes' seeds
+    monkeypatch.chdir(examples.parent)  # where query_biogrid finds its database
+    multiply = load_tools([f"{tools_file}:multiply"])[0]
+    trl_semantics_hold(a, examples, rows, records, {"multiply": multiply})
+
+    # it trained: the update ran on the model's own tokens, and the run audits clean
+    metrics = pq.read_table(a / "iter-0000/update/metrics.parquet").to_pylist()
+    assert sum(x["tokens"] for x in metrics) == sum(rec["model_tokens"] for rec in records)
+    assert (a / "policy/iter-0001").is_dir()
+    assert ": ok, 1 iteration(s)" in cli("audit", str(a)).stdout
+
+    calls = log_a.read_text()
+    cli("replay", str(a), "--iter", "0", "--to", str(tmp_path / "c"), "--until", "score", env={"CALC_LOG": str(log_a)})
+    assert log_a.read_text() == calls  # re-scored from the record: no tool ran again
+    assert score_rows(tmp_path / "c") == score_rows(a)
+
+    part = next(p for p in sorted((a / "iter-0000/rollout").glob("part-*.parquet"))
+                if any(json.loads(e)["turns"] > 1 for e in pq.read_table(p).column("episode").to_pylist()))
+    table = pq.read_table(part)
+    eps = table.column("episode").to_pylist()
+    i = next(j for j, e in enumerate(eps) if json.loads(e)["turns"] > 1)
+    rec = json.loads(eps[i])
+    rec["messages"][1]["content"] = "999999"  # a forged tool result
+    eps[i] = json.dumps(rec, ensure_ascii=False, sort_keys=True)
+    import pyarrow as pa
+
+    pq.write_table(table.set_column(table.schema.get_field_index("episode"), "episode", pa.array(eps, pa.string())), part)
+    proc = cli("audit", str(a), check=False)
+    assert proc.returncode == 1 and part.name in proc.stdout + proc.stderr
