@@ -33,7 +33,9 @@ BREV = ("def brev(completions, **kwargs):  # the user's reward, in the directory
         "    return [1.0 / (1 + len(c[0]['content'] if isinstance(c, list) else c)) for c in completions]\n")
 DECOY = "def brev(completions, **kwargs):  # an old copy where the driver and workers run\n    return [0.0 for c in completions]\n"
 THREADS = {"OMP_NUM_THREADS": "1"}  # every process samples on one thread, so they agree bit for bit
-VOLATILE = {"created", "code_version", "timings", "stats", "workers"}  # when, by which commit, on which worker; stats are compared by token count
+# when, by which commit, on which worker; stats are compared by token count; the judge's record says
+# how its verdicts were got (latency, calls, cache hits: a re-run part reads its verdicts from the cache)
+VOLATILE = {"created", "code_version", "timings", "stats", "workers", "judge"}
 
 
 def ray_config(assets: dict, judge: str | None = None, **cluster) -> dict:
