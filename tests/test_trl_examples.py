@@ -560,8 +560,7 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
     import numpy as np
 
     from pipeline.agents import environment as envs
-    from pipeline.agents.episode import TOOL_SEED, trl_completion
-    from pipeline.data.prompts import derive_seed
+    from pipeline.agents.episode import trl_completion
 
     m = module(examples)
     _, plan = agent_plan(make_run, tiny4k, tmp_path, [f"{examples}:draw"], environment=f"{examples}:Game2048Env",
@@ -584,16 +583,8 @@ def test_global_randomness_in_tools_is_seeded_per_turn(make_run, tiny4k, example
     tools = lambda rec: [m_["content"] for m_ in rec["messages"] if m_["role"] == "tool"]  # noqa: E731
     assert tools(a) == tools(b) and tools(a) != tools(other)
     # TRL's loop on the live class: reset under the group seed, each turn's calls under its seed
-    env = m["Game2048Env"]()
-    random.seed(7)
-    env.reset()
-    completion = trl_completion(a)
-    assistant = [msg for msg in completion if msg["role"] == "assistant" and msg.get("tool_calls")]
-    want = []
-    for t, msg in enumerate(assistant, start=1):
-        random.seed(derive_seed(7, 0, t, TOOL_SEED)), np.random.seed(derive_seed(7, 0, t, TOOL_SEED))
-        want += trl_tool_results({"move": env.move, "draw": m["draw"]}, msg["tool_calls"])
-    assert [msg for msg in completion if msg["role"] == "tool"] == want
+    env, want = trl_episode(m, {"draw": m["draw"]}, a, 7, 0)
+    assert [msg for msg in trl_completion(a) if msg["role"] == "tool"] == [msg for msg in want if msg["role"] == "tool"]
     rebuilt = envs.rebuild(type(env), a["environment"])  # what the score stage gives reward_score
     assert rebuilt.board == env.board and m["reward_score"]([rebuilt]) == [env.score] and env.score > 0
 
@@ -692,7 +683,6 @@ def trl_semantics_hold(run: Path, examples: Path, rows: list[dict], records: lis
         want = [trl["reward_score"]([env])[0], trl["query_reward"]([completion], [r["answer"]])[0],
                 trl["correctness_reward"]([completion], [r["answer"]])[0], trl["structure_reward"]([completion])[0]]
         assert [score[(r["prompt_id"], r["sample_idx"])][f"reward_{n}"] for n in names] == want, rec
-
 
 
 @pytest.mark.slow
