@@ -36,7 +36,7 @@ def dry_run() -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"OUT": str(out), "PY": str(py), "GRPO_GPU_SITE": str(site), "GRPO_GPU_WORK": str(out / "work"),
             "PATH": f"{py.parent}:{env.get('PATH', '')}"}
-    rc = subprocess.run(["bash", "bench/gpu/run.sh", "small", "2400", "full,lora,trl,full-again"], cwd=ROOT, env=env).returncode
+    rc = subprocess.run(["bash", "bench/gpu/run.sh", "small", "2400", "full,full-again,lora,trl"], cwd=ROOT, env=env).returncode
     result = json.loads((out / "gpu.json").read_text()) if (out / "gpu.json").is_file() else {"steps": {}}
     bad = {k: v for k, v in result["steps"].items() if not v.get("ok") and k != "gpu_check"}  # no CUDA here
     # the record that comes back audits here too, with this checkout's own install

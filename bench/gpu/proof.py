@@ -1,7 +1,7 @@
 """The GPU proof: every step of docs/gpu.md's "What ran on a GPU", in one command, each step timed and
 recorded even when an earlier one failed, inside a time budget.
 
-    python -m bench.gpu.proof OUT --size real|small [--budget-s 420] [--steps gpu_check,full,lora,trl,full-again]
+    python -m bench.gpu.proof OUT --size real|small [--budget-s 420] [--steps gpu_check,full,full-again,lora,trl]
     python -m bench.gpu.proof one-run RUN RESULT_JSON --iters N      (a step's own process)
 
 Steps: the arithmetic check (bench.gpu_check); the assets (bench.gpu.assets); `grpo init` and
@@ -196,7 +196,7 @@ class Proof:
         self.step("environment", self.environment, 0)
         if not self.step("assets", self.assets, 20):
             return 1
-        for name in self.only or ["gpu_check", "full", "lora", "trl", "full-again"]:
+        for name in self.only or ["gpu_check", "full", "full-again", "lora", "trl"]:  # the rerun first: reproducibility is the claim
             self.step(name, *steps[name])
             if name.endswith("-again") and (self.work / "runs" / name).is_dir():
                 self.step(f"compare-{name[:-6]}", lambda: self.compare(name[:-6], name), 10)

@@ -5,7 +5,7 @@
 set -uo pipefail
 SIZE=${1:-real}
 BUDGET=${2:-420}
-STEPS=${3:-gpu_check,full,lora,trl,full-again}
+STEPS=${3:-gpu_check,full,full-again,lora,trl}
 OUT=${OUT:-/tmp/grpo-gpu-out}
 PY=${PY:-python3}
 mkdir -p "$OUT"

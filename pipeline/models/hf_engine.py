@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.models.engine_base import Sample, cpu_env, engine_dtype
+from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, same_kernels_every_run
 from pipeline.models.stop_tokens import stop_token_ids
 
 
@@ -24,6 +24,7 @@ class HFEngine:
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
                  precision: str = "fp32"):
         cpu_env()
+        same_kernels_every_run()  # the same tokens from the same seed on a GPU
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 

@@ -67,9 +67,11 @@ class Trainer:
         import deepspeed
 
         from pipeline.models import fused
+        from pipeline.models.engine_base import same_kernels_every_run
         from pipeline.models.engines import cpu_env
 
         cpu_env()
+        same_kernels_every_run()  # bit-identical updates on a GPU too
         self.cfg = cfg
         self.policy = policy_kind(cfg)
         self.precision = resolve_precision(cfg.train.precision)
