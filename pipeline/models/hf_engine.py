@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, same_kernels_every_run
+from pipeline.models.engine_base import Sample, cpu_env, engine_dtype
+from pipeline.models.kernels import same_kernels_every_run
 from pipeline.models.stop_tokens import stop_token_ids
 
 

@@ -20,7 +20,7 @@ def on_logprob_device(model):
     62 s against 4 s, in the first GPU proof)."""
     import torch
 
-    from pipeline.models.engine_base import same_kernels_every_run
+    from pipeline.models.kernels import same_kernels_every_run
 
     same_kernels_every_run()
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()

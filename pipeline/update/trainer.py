@@ -67,7 +67,7 @@ class Trainer:
         import deepspeed
 
         from pipeline.models import fused
-        from pipeline.models.engine_base import same_kernels_every_run
+        from pipeline.models.kernels import same_kernels_every_run
         from pipeline.models.engines import cpu_env
 
         cpu_env()
