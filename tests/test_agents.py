@@ -360,6 +360,22 @@ def test_endings_max_turns_and_budget(make_run, tiny2k, tools_file, tmp_path, mo
 
     assert [m["role"] for m in trl_completion(json.loads(row["episode"]))] == ["assistant"]
 
+    # the edge, as TRL's _tool_call_loop draws it: results are dropped when the completion with them would
+    # pass max_completion_length (len > budget), kept when it lands on it exactly (was: dropped there too,
+    # for want of room for one more token); the episode then ends, as TRL's next turn is cut to nothing
+    roomy = plan2.episodes.start(plan2.prompts[0], 0, 0, 1, "test")
+    plan2.episodes.budget = 10**4  # measure what the turn and its results take
+    assert plan2.episodes._after_turn(roomy, forced(plan2.tokenizer, text), 12)
+    n = len(roomy.ids)
+    for budget, kept in ((n, True), (n - 1, False)):
+        _, plan3 = agent_plan(make_run, tiny2k, tmp_path, [f"{tools_file}:multiply"], name=f"edge{budget}", max_episode_tokens=budget)
+        e = plan3.episodes.start(plan3.prompts[0], 0, 0, 1, "test")
+        assert not plan3.episodes._after_turn(e, forced(plan3.tokenizer, text), 12)
+        assert e.ending == "max_episode_tokens" and e.messages[1].get("dropped", False) is not kept
+        assert e.ids == (roomy.ids if kept else roomy.ids[:len(e.ids)]) and len(e.ids) <= budget
+        roles = [m["role"] for m in trl_completion(json.loads(plan3.episodes.row(e, "h")["episode"]))]
+        assert roles == (["assistant", "tool"] if kept else ["assistant"])
+
 
 @pytest.mark.slow
 def test_environment_as_trl_factory(make_run, tiny2k, tools_file, tmp_path):
