@@ -127,6 +127,25 @@ def test_parse_hermes_calls():
     assert parse_hermes("no call here") == ("no call here", [])
 
 
+def test_hermes_call_arguments_are_read_as_trls_qwen_parser_reads_them():
+    """TRL 1.16 reads a Qwen/Hermes call with its qwen3 response template: the arguments are the
+    "arguments" key, none when it is missing or null (its _validate_tool_calls), so a call written with
+    Llama's "parameters" key is a call with no arguments (answered with Python's missing-argument
+    text). Was: "parameters" read as the arguments, and the tool ran."""
+    from transformers.utils.chat_parsing.response_parser import parse_response
+    from trl.chat_template_utils import _validate_tool_calls, qwen3_template
+
+    from pipeline.agents.format import parse_hermes
+
+    for body in ({"name": "multiply", "parameters": {"a": 2, "b": 3}}, {"name": "multiply", "arguments": {"a": 2}},
+                 {"name": "multiply"}, {"name": "multiply", "arguments": None}):
+        text = "<tool_call>\n" + json.dumps(body) + "\n</tool_call>"
+        trl = parse_response(text + "<|im_end|>", qwen3_template, prefix="<|im_start|>assistant\n")
+        _validate_tool_calls(trl["tool_calls"])
+        assert [(c.name, c.arguments) for c in parse_hermes(text)[1]] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in trl["tool_calls"]], body
+
+
 def test_tool_call_outcomes(tools_file, tmp_path, monkeypatch):
     from pipeline.agents.tools import call_tool, load_tools
     from pipeline.errors import GRPOError

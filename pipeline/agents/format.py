@@ -63,16 +63,17 @@ class Call:
     arguments: object  # a dict for a well-formed call; the raw text for a malformed one
 
 
-def read_call(raw: str) -> Call:
-    """One call written as JSON, {"name": ..., "arguments" or "parameters": {...} or its JSON
-    text}; malformed (name None, the raw text kept) when it does not parse or has no name."""
+def read_call(raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> Call:
+    """One call written as JSON, {"name": ..., KEY: {...} or its JSON text}, KEY the first of `keys`
+    it has (none: no arguments); malformed (name None, the raw text kept) when it does not parse or
+    has no name."""
     try:
         obj = json.loads(raw)
     except ValueError:
         return Call(None, raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return Call(None, raw)
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = next((obj[k] for k in keys if k in obj), {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -89,7 +90,8 @@ def parse_hermes(text: str, strip_thinking: bool = False) -> tuple[str, list[Cal
     template's own format, where TRL's parser puts it in `reasoning_content`): it is not content
     either; the Hermes fallback keeps it in the content, as the model wrote it."""
     outside = _THINK.sub(lambda m: "" if strip_thinking else "\0" * len(m.group(0)), text)
-    calls = [read_call(m.group(1)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
+    # "arguments" only, as TRL's Qwen template reads it: a call with "parameters" is a call with none
+    calls = [read_call(m.group(1), ("arguments",)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
              for m in _CALL.finditer(outside)]
     if strip_thinking:
         return _CALL.sub("", outside).strip(), calls
