@@ -127,6 +127,25 @@ def test_parse_hermes_calls():
     assert parse_hermes("no call here") == ("no call here", [])
 
 
+def test_hermes_call_arguments_are_read_as_trls_qwen_parser_reads_them():
+    """TRL 1.16 reads a Qwen/Hermes call with its qwen3 response template: the arguments are the
+    "arguments" key, none when it is missing or null (its _validate_tool_calls), so a call written with
+    Llama's "parameters" key is a call with no arguments (answered with Python's missing-argument
+    text). Was: "parameters" read as the arguments, and the tool ran."""
+    from transformers.utils.chat_parsing.response_parser import parse_response
+    from trl.chat_template_utils import _validate_tool_calls, qwen3_template
+
+    from pipeline.agents.format import parse_hermes
+
+    for body in ({"name": "multiply", "parameters": {"a": 2, "b": 3}}, {"name": "multiply", "arguments": {"a": 2}},
+                 {"name": "multiply"}, {"name": "multiply", "arguments": None}):
+        text = "<tool_call>\n" + json.dumps(body) + "\n</tool_call>"
+        trl = parse_response(text + "<|im_end|>", qwen3_template, prefix="<|im_start|>assistant\n")
+        _validate_tool_calls(trl["tool_calls"])
+        assert [(c.name, c.arguments) for c in parse_hermes(text)[1]] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in trl["tool_calls"]], body
+
+
 def test_tool_call_outcomes(tools_file, tmp_path, monkeypatch):
     from pipeline.agents.tools import call_tool, load_tools
     from pipeline.errors import GRPOError
@@ -359,6 +378,22 @@ def test_endings_max_turns_and_budget(make_run, tiny2k, tools_file, tmp_path, mo
     from pipeline.agents.episode import trl_completion
 
     assert [m["role"] for m in trl_completion(json.loads(row["episode"]))] == ["assistant"]
+
+    # the edge, as TRL's _tool_call_loop draws it: results are dropped when the completion with them would
+    # pass max_completion_length (len > budget), kept when it lands on it exactly (was: dropped there too,
+    # for want of room for one more token); the episode then ends, as TRL's next turn is cut to nothing
+    roomy = plan2.episodes.start(plan2.prompts[0], 0, 0, 1, "test")
+    plan2.episodes.budget = 10**4  # measure what the turn and its results take
+    assert plan2.episodes._after_turn(roomy, forced(plan2.tokenizer, text), 12)
+    n = len(roomy.ids)
+    for budget, kept in ((n, True), (n - 1, False)):
+        _, plan3 = agent_plan(make_run, tiny2k, tmp_path, [f"{tools_file}:multiply"], name=f"edge{budget}", max_episode_tokens=budget)
+        e = plan3.episodes.start(plan3.prompts[0], 0, 0, 1, "test")
+        assert not plan3.episodes._after_turn(e, forced(plan3.tokenizer, text), 12)
+        assert e.ending == "max_episode_tokens" and e.messages[1].get("dropped", False) is not kept
+        assert e.ids == (roomy.ids if kept else roomy.ids[:len(e.ids)]) and len(e.ids) <= budget
+        roles = [m["role"] for m in trl_completion(json.loads(plan3.episodes.row(e, "h")["episode"]))]
+        assert roles == (["assistant", "tool"] if kept else ["assistant"])
 
 
 @pytest.mark.slow

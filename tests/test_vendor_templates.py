@@ -189,3 +189,31 @@ def test_harmony_and_python_list_calls_parse_from_sampled_tokens(assets):
         assert [(c.name, c.arguments) for c in calls] == want, name
         cut = tok(text[: text.index("7") + 1], add_special_tokens=False)["input_ids"]
         assert [c.name for c in fmt.parse_turn(cut, [], set())[1]] == [None], name
+
+
+def test_a_call_inside_qwen3_thinking_is_not_a_call_as_trls_parser_reads_it(assets):
+    """TRL 1.16 parses a Qwen3 turn with its qwen3 response template: a <think> block (to </think>, or
+    the end when never closed) is reasoning_content, a <tool_call> written inside it is no call, and the
+    content is what is left. Was: the call inside the thinking ran, and the content kept the block.
+    The Hermes fallback (no TRL parser) keeps the thinking in the content, and runs no call in it either."""
+    from transformers.utils.chat_parsing.response_parser import parse_response
+    from trl.chat_template_utils import qwen3_template
+
+    from pipeline.agents.probe import choose
+
+    fmt, _ = choose(with_template(Path(assets["model"]), trl_templates()["qwen3"]), "auto", "qwen3-model")
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    prefix = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
+    for text in (f"<think>Maybe {call}</think>\n\n*yes*", f"<think>\nhmm\n</think>\n\n{call}",
+                 f"<think>never closed {call}", f"<think>a</think>{call}<think>b {call}</think>done"):
+        trl = parse_response(text + "<|im_end|>", qwen3_template, prefix=prefix)
+        content, calls = fmt.parse(text, prefix)
+        assert [(c.name, c.arguments) for c in calls] == [(c["function"]["name"], c["function"]["arguments"])
+                                                          for c in trl.get("tool_calls", [])], text
+        assert content == (trl.get("content") or ""), text
+    fallback, _ = choose(with_template(Path(assets["model"]), "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+                         "auto", "plain-model")
+    assert fallback.kind == "hermes"
+    assert fallback.parse(f"<think>Maybe {call}</think>*yes*", "") == (f"<think>Maybe {call}</think>*yes*", [])
+    content, calls = fallback.parse(f"<think>ok</think>{call}", "")
+    assert content == "<think>ok</think>" and [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 6, "b": 7})]

@@ -216,12 +216,15 @@ class EpisodeRunner:
         glue = self.a.format.glue_text(_prompt_messages(e, self.data) + history,
                                        len(calls), e.schemas, eot, eot_sampled)
         glue_ids = self.tok(glue, add_special_tokens=False, verbose=False)["input_ids"]
-        if len(e.ids) + len(glue_ids) + 1 > self.budget:  # no room for one more sampled token
+        if len(e.ids) + len(glue_ids) > self.budget:  # TRL's test: the results would pass the budget
             for m in e.messages[-len(calls):]:
                 m["dropped"] = True  # ran, but its result did not fit: not part of the tokens
             e.ending = "max_episode_tokens"
             return self._finish(e)
         e.extend(list(glue_ids), None, glue)
+        if len(e.ids) == self.budget:  # they fit exactly: kept, as TRL keeps them, and no room for another turn
+            e.ending = "max_episode_tokens"  # (TRL samples one and cuts it to nothing)
+            return self._finish(e)
         return True
 
     def row(self, e: Episode, policy_hash: str) -> dict:

@@ -52,6 +52,7 @@ HERMES_SYSTEM = (
     '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_THINK = re.compile(r"<think>.*?(?:</think>\s*|$)", re.S)
 THINKING = ("reasoning_content", "thinking")  # where templates read a turn's thinking (Qwen3, GLM, Nemotron; gpt-oss, LFM2.5)
 SENTINELS = ("tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", "tool_content_c4f9a8e2")
 
@@ -62,16 +63,17 @@ class Call:
     arguments: object  # a dict for a well-formed call; the raw text for a malformed one
 
 
-def read_call(raw: str) -> Call:
-    """One call written as JSON, {"name": ..., "arguments" or "parameters": {...} or its JSON
-    text}; malformed (name None, the raw text kept) when it does not parse or has no name."""
+def read_call(raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> Call:
+    """One call written as JSON, {"name": ..., KEY: {...} or its JSON text}, KEY the first of `keys`
+    it has (none: no arguments); malformed (name None, the raw text kept) when it does not parse or
+    has no name."""
     try:
         obj = json.loads(raw)
     except ValueError:
         return Call(None, raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return Call(None, raw)
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = next((obj[k] for k in keys if k in obj), {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -80,12 +82,21 @@ def read_call(raw: str) -> Call:
     return Call(obj["name"], {} if args is None else args)
 
 
-def parse_hermes(text: str) -> tuple[str, list[Call]]:
+def parse_hermes(text: str, strip_thinking: bool = False) -> tuple[str, list[Call]]:
     """(content without the call blocks, calls) from `<tool_call>{json}</tool_call>` blocks; a block
-    never closed is malformed, whole JSON or not (TRL's Qwen response template reads no call there)."""
-    calls = [read_call(m.group(1)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
-             for m in _CALL.finditer(text)]
-    return _CALL.sub("", text).strip(), calls
+    never closed is malformed, whole JSON or not (TRL's Qwen response template reads no call there).
+    A `<think>` block (to its `</think>`, or to the end when never closed) is reasoning, as TRL's Qwen
+    response template reads it: a call written inside it is not a call. `strip_thinking` (the
+    template's own format, where TRL's parser puts it in `reasoning_content`): it is not content
+    either; the Hermes fallback keeps it in the content, as the model wrote it."""
+    outside = _THINK.sub(lambda m: "" if strip_thinking else "\0" * len(m.group(0)), text)
+    # "arguments" only, as TRL's Qwen template reads it: a call with "parameters" is a call with none
+    calls = [read_call(m.group(1), ("arguments",)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
+             for m in _CALL.finditer(outside)]
+    if strip_thinking:
+        return _CALL.sub("", outside).strip(), calls
+    kept = [(m.start(), m.end()) for m in _CALL.finditer(outside)]  # the call blocks, cut from the text as written
+    return "".join(text[a:b] for a, b in zip([0] + [e for _, e in kept], [s for s, _ in kept] + [len(text)])).strip(), calls
 
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -191,7 +202,7 @@ class ToolFormat:
         if self.parser == "pythonic":
             content, calls = call_formats.parse_pythonic(text)
             return content, [Call(n, a) for n, a in calls]
-        return parse_hermes(text)
+        return parse_hermes(text, strip_thinking=self.kind == "template")
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:

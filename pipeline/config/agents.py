@@ -33,8 +33,9 @@ class AgentOptions(Section):
     must be set."""
     max_episode_tokens: int | None = Field(None, ge=1)
     """Tokens after the prompt per episode at most (model turns, tool results, template glue);
-    None = max_turns x max_new_tokens. A turn is cut to what is left; a tool result that would not
-    leave room for one more token ends the episode (ending max_episode_tokens), as TRL drops it."""
+    None = max_turns x max_new_tokens. A turn is cut to what is left; tool results that would pass it
+    are left out and end the episode (ending max_episode_tokens), as TRL drops them; results that
+    fill it exactly are kept and end it too."""
     tool_timeout_s: float = Field(10.0, gt=0.0)
     """Wall-clock seconds per tool call; a call past it is answered with a timeout error the model sees."""
     tool_format: Literal["auto", "hermes"] = "auto"
