@@ -944,6 +944,20 @@ def test_gptoss_template_trl_examples_on_the_hf_engine(assets, examples, gptoss_
     called = {m["name"] for rec in records for m in rec["messages"] if m["role"] == "tool" and m["error"] is None}
     assert {"query_biogrid", "move"} <= called, called
     trl_semantics_hold(a, examples, rows, records, {})
+    # the tokens are gpt-oss's template rendering TRL's conversation: the prompt with the board reset
+    # gave, the sampled calls, each result as the template writes it (the biogrid list as its JSON), the answer
+    from transformers import AutoTokenizer
+
+    from pipeline.agents.episode import trl_completion
+
+    tok, trl = AutoTokenizer.from_pretrained(gptoss_model), module(examples)
+    answered = [(r, rec) for r, rec in zip(rows, records) if rec["ending"] == "answered" and rec["turns"] == 2]
+    assert len(answered) >= 2, [rec["ending"] for rec in records]
+    for r, rec in answered:
+        text, arg = tasks[r["prompt_id"]]
+        conversation = [{"role": "user", "content": text.format(arg) + rec["observation"]}] + trl_completion(rec)
+        assert tok.decode(r["prompt_ids"] + r["completion_ids"]) == \
+            tok.apply_chat_template(conversation, tools=[trl["query_biogrid"], trl["Game2048Env"]().move], tokenize=False)
     metrics = pq.read_table(a / "iter-0000/update/metrics.parquet").to_pylist()
     assert sum(x["tokens"] for x in metrics) == sum(rec["model_tokens"] for rec in records)
     assert ": ok, 1 iteration(s)" in grpo("audit", str(a)).stdout
