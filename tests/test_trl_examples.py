@@ -8,7 +8,9 @@ file of the same table. The reference is TRL's `_tool_call_loop`, restated in `t
 result kept, anything else str(). Also TRL's malformed calls (its test_train_with_malformed_tool_calls
 completions), unlimited turns, and reset without a prompt where the data set has none. On a real
 engine: SmolLM2 with Qwen3's original template runs both examples through `grpo iterate` on vLLM,
-rerun byte-identical, every tool result and reward TRL's loop and reward functions re-executed."""
+rerun byte-identical, every tool result and reward TRL's loop and reward functions re-executed;
+and gpt-oss's original template on a tiny model of its special tokens, the same through `grpo iterate`
+on the HF engine."""
 
 from __future__ import annotations
 
