@@ -8,7 +8,9 @@ file of the same table. The reference is TRL's `_tool_call_loop`, restated in `t
 result kept, anything else str(). Also TRL's malformed calls (its test_train_with_malformed_tool_calls
 completions), unlimited turns, and reset without a prompt where the data set has none. On a real
 engine: SmolLM2 with Qwen3's original template runs both examples through `grpo iterate` on vLLM,
-rerun byte-identical, every tool result and reward TRL's loop and reward functions re-executed."""
+rerun byte-identical, every tool result and reward TRL's loop and reward functions re-executed;
+and gpt-oss's original template on a tiny model of its special tokens, the same through `grpo iterate`
+on the HF engine."""
 
 from __future__ import annotations
 
@@ -799,3 +801,165 @@ def test_qwen3_template_trl_examples_on_smollm2_through_iterate(assets, smollm2,
     pq.write_table(table.set_column(table.schema.get_field_index("episode"), "episode", pa.array(eps, pa.string())), part)
     proc = cli("audit", str(a), check=False)
     assert proc.returncode == 1 and part.name in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------ gpt-oss's template on a tiny model of its tokens, on the HF engine
+HARMONY_TASKS = [("Make the 2048 move {}.\n", d) for d in ("left", "right", "up", "down")] + \
+                [("Query {} in the database.\n", g) for g in ("JNKK", "TP53", "BRCA1")]
+
+
+def harmony_conversation(trl: dict, task: tuple[str, str], seed: int) -> list[dict]:
+    """One tool episode as gpt-oss's template gets it: the task with the board reset gave (appended
+    to the user message, as TRL does), the call it asks for, its live result, and a final answer."""
+    text, arg = task
+    env = trl["Game2048Env"]()
+    random.seed(seed)
+    board = env.reset()
+    if arg in ("left", "right", "up", "down"):
+        name, args, result, final = "move", {"direction": arg}, env.move(arg), "done"
+    else:
+        name, args = "query_biogrid", {"sql_command": SQL.replace("JNKK", arg)}
+        result = trl["query_biogrid"](args["sql_command"])
+        final = "*yes*" if result else "*no*"
+    return [{"role": "user", "content": text.format(arg) + board},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]},
+            {"role": "tool", "name": name, "content": result}, {"role": "assistant", "content": final}]
+
+
+GPTOSS_SIZE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+GPTOSS_LR = 3e-3
+
+
+def gptoss_tokenizer(texts: list[str]):
+    """demo.tinymodel's byte-level BPE trained on `texts`, with gpt-oss's special tokens and its
+    template as TRL ships it; `<|return|>` (the end of its final message) is the eos."""
+    from demo.tinymodel import build_tokenizer
+    from test_vendor_templates import SPECIAL, trl_templates
+
+    template = trl_templates()["gptoss"]
+    tok = build_tokenizer(texts, 1024)
+    tok.add_special_tokens({"additional_special_tokens": sorted(set(SPECIAL.findall(template)))}, replace_extra_special_tokens=False)
+    tok.chat_template, tok.eos_token = template, "<|return|>"
+    return tok
+
+
+def gptoss_tiny(out: Path, examples: Path, steps: int, seed: int = 0) -> tuple[Path, list[float]]:
+    """A tiny Qwen2 (demo.tinymodel's) whose tokenizer carries gpt-oss's special tokens and its
+    template, with gpt-oss's stop tokens (<|return|> the eos, <|call|> beside it in
+    generation_config.json, as gpt-oss's files list them), warm-started on harmony tool episodes of
+    TRL's 2048 environment and biogrid tool: the model's part of each (after `<|start|>assistant`, to
+    <|call|> or <|return|>) is what it learns to write. Run from the examples' folder (biogrid.db).
+    Returns the model directory and the loss of every step."""
+    import re
+
+    import torch
+    from transformers import GenerationConfig
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from demo.tinymodel import _pad, torch_threads
+    from pipeline.agents.tools import tool_schema
+
+    trl = module(examples)
+    schemas = [tool_schema(trl["query_biogrid"], "t"), tool_schema(trl["Game2048Env"]().move, "t")]
+    convs = [harmony_conversation(trl, task, seed=s) for s in range(8) for task in HARMONY_TASKS]
+    draft = gptoss_tokenizer([json.dumps(c, default=str) for c in convs])  # renders the texts the real one is trained on
+    texts = [draft.apply_chat_template(c, tools=schemas, tokenize=False) for c in convs]
+    tok = gptoss_tokenizer(texts)
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=None,
+                                         eos_token_id=stops[0], pad_token_id=tok.pad_token_id, dtype="float32", **GPTOSS_SIZE))
+    model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    encoded = []
+    for text in texts:  # the model's spans are labelled; the rest (prompt, glue, results) is context
+        ids, labels = [], []
+        for j, piece in enumerate(re.split(r"(?<=<\|start\|>assistant)(.*?(?:<\|call\|>|<\|return\|>|<\|end\|>))", text, flags=re.S)):
+            part = tok(piece, add_special_tokens=False)["input_ids"]
+            ids += part
+            labels += part if j % 2 else [-100] * len(part)
+        encoded.append((ids, labels))
+    opt = torch.optim.AdamW(model.parameters(), lr=GPTOSS_LR, betas=(0.9, 0.95), weight_decay=0.0)
+    order, losses = random.Random(seed), []
+    model.train()
+    with torch_threads(1):
+        for _ in range(steps):
+            batch = order.sample(encoded, 8)
+            input_ids = torch.tensor(_pad([b[0] for b in batch], tok.pad_token_id))  # [B, L]
+            labels = torch.tensor(_pad([b[1] for b in batch], -100))  # [B, L]
+            mask = torch.tensor(_pad([[1] * len(b[0]) for b in batch], 0))  # [B, L]
+            loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+    model.eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out, losses
+
+
+GPTOSS_WARM_STEPS = 60  # measured: the fewest of 20, 40, 60, ... whose samples hold well-formed calls of both tools (loss 6.8 -> 0.11)
+
+
+@pytest.fixture(scope="module")
+def gptoss_model(examples, tmp_path_factory) -> Path:
+    """gptoss_tiny's model, built once for the module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(examples.parent)  # where query_biogrid finds its database
+        model, _ = gptoss_tiny(tmp_path_factory.mktemp("gptoss") / "model", examples, GPTOSS_WARM_STEPS)
+    return model
+
+
+@pytest.mark.slow
+def test_gptoss_template_trl_examples_on_the_hf_engine(assets, examples, gptoss_model, tmp_path, monkeypatch):
+    """gpt-oss's original template on a tiny model whose tokenizer carries its special tokens,
+    warm-started on harmony tool episodes: with TRL's Game2048Env and query_biogrid and
+    `rollout.engine: hf`, `grpo iterate` samples calls in gpt-oss's own format (harmony, no
+    training template), scores and trains; a second run writes the same bytes, stage by stage;
+    every tool result and reward is TRL's loop and reward functions on the live classes; audit is clean."""
+    monkeypatch.chdir(examples.parent)  # where query_biogrid finds its database, for the tests' calls and the CLI's
+    rows_file = tmp_path / "rows.jsonl"
+    tasks = [HARMONY_TASKS[0], HARMONY_TASKS[4]]  # a 2048 move, a database query
+    rows_file.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": text.format(arg)}], "answer": "yes"}) + "\n"
+                                 for text, arg in tasks))
+    ex = str(examples)
+    cfg = base_config(assets, model=str(gptoss_model), data={"train": str(rows_file), "eval": None, "system_prompt": None},
+                      rollout={"engine": "hf", "num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 32,
+                               "temperature": 1.0, "tools": [f"{ex}:query_biogrid"], "environment": f"{ex}:Game2048Env",
+                               "max_turns": 2, "max_episode_tokens": 160},
+                      rewards=[{"fn": f"{ex}:{n}"} for n in EXAMPLE_REWARDS])
+    write_config(tmp_path / "cfg.yaml", cfg)
+    for run in ("a", "b"):  # gpt-oss's template writes today's date into the prompt: both runs render it on the same day
+        grpo("init", str(tmp_path / run), "--config", str(tmp_path / "cfg.yaml"), cwd=examples.parent)
+        grpo("iterate", str(tmp_path / run), "--iters", "1", cwd=examples.parent)
+    a, b = tmp_path / "a", tmp_path / "b"
+    manifest = lambda run, stage: json.loads((run / f"iter-0000/{stage}/MANIFEST.json").read_text())  # noqa: E731
+    template = manifest(a, "rollout")["inputs"]["chat_template"]
+    assert {k: template[k] for k in ("name", "tool_format", "parser")} == {"name": "model", "tool_format": "template", "parser": "harmony"}
+    for stage in ("rollout", "score", "logprobs"):
+        assert manifest(a, stage)["outputs"] == manifest(b, stage)["outputs"], stage  # same bytes, part by part
+    assert manifest(a, "update")["policy_hash"] == manifest(b, "update")["policy_hash"]
+    rows = [r for p in sorted((a / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    records = [json.loads(r["episode"]) for r in rows]
+    called = {m["name"] for rec in records for m in rec["messages"] if m["role"] == "tool" and m["error"] is None}
+    assert {"query_biogrid", "move"} <= called, called
+    trl_semantics_hold(a, examples, rows, records, {})
+    # the tokens are gpt-oss's template rendering TRL's conversation: the prompt with the board reset
+    # gave, the sampled calls, each result as the template writes it (the biogrid list as its JSON), the answer
+    from transformers import AutoTokenizer
+
+    from pipeline.agents.episode import trl_completion
+
+    tok, trl = AutoTokenizer.from_pretrained(gptoss_model), module(examples)
+    answered = [(r, rec) for r, rec in zip(rows, records) if rec["ending"] == "answered" and rec["turns"] == 2]
+    assert len(answered) >= 2, [rec["ending"] for rec in records]
+    for r, rec in answered:
+        text, arg = tasks[r["prompt_id"]]
+        conversation = [{"role": "user", "content": text.format(arg) + rec["observation"]}] + trl_completion(rec)
+        assert tok.decode(r["prompt_ids"] + r["completion_ids"]) == \
+            tok.apply_chat_template(conversation, tools=[trl["query_biogrid"], trl["Game2048Env"]().move], tokenize=False)
+    metrics = pq.read_table(a / "iter-0000/update/metrics.parquet").to_pylist()
+    assert sum(x["tokens"] for x in metrics) == sum(rec["model_tokens"] for rec in records)
+    assert ": ok, 1 iteration(s)" in grpo("audit", str(a)).stdout
