@@ -645,20 +645,3 @@ def test_trl_environments_routed_pooled_and_self_rewarded_through_iterate(assets
         grpo("iterate", str(run), "--iters", "1", env=env, timeout=1800)
     check_trl_iteration(runs[0], trl_envs)
     assert record(runs[0], iters=1) == record(runs[1], iters=1)
-
-
-@pytest.mark.slow
-def test_trl_environments_on_smollm2_gguf_with_lora(assets, smollm2, trl_envs, tmp_path):
-    """The same four TRL environment classes, unchanged, on SmolLM2-135M-Instruct given as its GGUF
-    file and trained as a LoRA adapter (the chat template renders each row's own tool): the same
-    routing, get_reward, pooling, token counting and audit hold, and the new policy is an adapter."""
-    cfg, _ = trl_config(assets, smollm2["gguf"], trl_envs, tmp_path,
-                        rollout={"max_new_tokens": 40, "temperature": 0.7, "max_episode_tokens": 700},
-                        train={"mini_batch_size": 8, "lr": 1e-4, "lora": {"r": 8, "alpha": 16}})
-    run = tmp_path / "run"
-    env = {"ENV_INIT_LOG": str(run) + ".born"}
-    grpo("init", str(run), "--config", str(cfg), env=env, timeout=1800)
-    grpo("iterate", str(run), "--iters", "1", env=env, timeout=1800)
-    check_trl_iteration(run, trl_envs)
-    assert (run / "policy/iter-0001/adapter_config.json").exists()
-    assert not list((run / "policy/iter-0001").glob("model*.safetensors"))
