@@ -93,14 +93,15 @@ def test_audit_names_a_rollout_linked_to_the_wrong_policy(stale_run, tmp_path):
 @pytest.mark.slow
 def test_separate_stage_commands_write_what_iterate_writes(stale_run, assets, tmp_path):
     """The four commands, one iteration after another in fresh processes: each rollout samples
-    from policy k - 1 with no sampler process around, and every byte is iterate's."""
-    run = tmp_path / "run"
+    from policy k - 1 with no sampler process around, and every byte is iterate's. Two iterations:
+    rollout 1 is the first whose k - 1 (policy 0) and k (policy 1) differ; a third adds no case."""
+    run, iters = tmp_path / "run", 2
     grpo("init", str(run), "--config", str(write_config(tmp_path / "config.yaml", stale_config(assets))))
-    for k in range(ITERS):
+    for k in range(iters):
         for stage in ("rollout", "score", "logprobs", "update"):
             grpo(stage, str(run), "--iter", str(k))
-    assert record(run, ITERS) == record(stale_run, ITERS), first_difference(run, stale_run, ITERS)
-    for k in range(ITERS):
+    assert record(run, iters) == record(stale_run, iters), first_difference(run, stale_run, iters)
+    for k in range(iters):
         for part in sorted((stale_run / f"iter-{k:04d}/rollout").glob("part-*.parquet")):
             assert part.read_bytes() == (run / part.relative_to(stale_run)).read_bytes(), part
 
