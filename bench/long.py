@@ -221,7 +221,7 @@ def rollout(model_dir: str, spec: str, impl: str) -> dict:
     if impl == "vllm":
         from vllm import SamplingParams
 
-        from pipeline.config import RolloutConfig
+        from pipeline.config.rollout import RolloutConfig
         from pipeline.models.engines import make_engine
 
         with Peak() as start:
