@@ -853,9 +853,7 @@ def gptoss_tiny(out: Path, examples: Path, steps: int, seed: int = 0) -> tuple[P
     import re
 
     import torch
-    from transformers import GenerationConfig
-
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     from demo.tinymodel import _pad, torch_threads
     from pipeline.agents.tools import tool_schema

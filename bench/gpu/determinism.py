@@ -37,7 +37,7 @@ def child(model: str, mode: str, out: str) -> None:
     tok = eng.tokenizer
     prompts = [json.loads(l)["prompt"] for l in (Path(model).parent / "det-prompts.jsonl").read_text().splitlines()]
     ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
-    ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in ids]  # a BatchEncoding or a list
     got = []
     for rep in range(2):
         t = time.time()

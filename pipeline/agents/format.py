@@ -90,13 +90,14 @@ def parse_hermes(text: str, strip_thinking: bool = False) -> tuple[str, list[Cal
     template's own format, where TRL's parser puts it in `reasoning_content`): it is not content
     either; the Hermes fallback keeps it in the content, as the model wrote it."""
     outside = _THINK.sub(lambda m: "" if strip_thinking else "\0" * len(m.group(0)), text)
+    blocks = list(_CALL.finditer(outside))
     # "arguments" only, as TRL's Qwen template reads it: a call with "parameters" is a call with none
     calls = [read_call(m.group(1), ("arguments",)) if m.group(0).rstrip().endswith("</tool_call>") else Call(None, m.group(0))
-             for m in _CALL.finditer(outside)]
-    if strip_thinking:
-        return _CALL.sub("", outside).strip(), calls
-    kept = [(m.start(), m.end()) for m in _CALL.finditer(outside)]  # the call blocks, cut from the text as written
-    return "".join(text[a:b] for a, b in zip([0] + [e for _, e in kept], [s for s, _ in kept] + [len(text)])).strip(), calls
+             for m in blocks]
+    # the call blocks cut from the text: without its thinking, or as written (the masked copy keeps its offsets)
+    src = outside if strip_thinking else text
+    starts, ends = [m.start() for m in blocks] + [len(src)], [0] + [m.end() for m in blocks]
+    return "".join(src[a:b] for a, b in zip(ends, starts)).strip(), calls
 
 
 _PYTHON_TAG = "<|python_tag|>"

@@ -67,8 +67,8 @@ class Trainer:
         import deepspeed
 
         from pipeline.models import fused
-        from pipeline.models.kernels import same_kernels_every_run
         from pipeline.models.engines import cpu_env
+        from pipeline.models.kernels import same_kernels_every_run
 
         cpu_env()
         same_kernels_every_run()  # bit-identical updates on a GPU too
