@@ -53,11 +53,16 @@ calibrate-real: $(STAMP)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench.calibrate_real --ours $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-real) $(if $(TRL_BF16),--bf16) $(if $(TRL_ITERS),--iters $(TRL_ITERS))
 
+# Two pytest workers (pytest-xdist), a test module to a worker (its module fixtures built once),
+# every process on one thread (tests/conftest.py): the tiny models' kernels gain little from a
+# second thread, so two workers on two cores finish the suite far sooner. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 $(XDIST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"

@@ -20,6 +20,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest-xdist workers, a module to a worker: each worker and every process
+    # it starts computes on one thread, and vLLM leaves the threads' placement to the OS, so the two
+    # share the two cores (the tiny models' kernels gain little from a second thread). A test's two
+    # sides always run under the same setting; bench/ measures speed, the tests never do.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 # the trainer has DeepSpeed skip its JIT-built shm comm op; should any other op be built, each
 # venv keeps its own cache (one shared between venvs rebuilds back and forth, 100-200 s each)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
@@ -194,12 +201,25 @@ def logprob_rows(run: Path, k: int) -> dict[tuple[int, int], dict]:
     return rows
 
 
+HEAVY_FIRST = ("test_trl_examples", "test_staleness", "test_agents", "test_lora", "test_ray", "test_e2e", "test_resume",
+               "test_environments", "test_judge", "test_tracking", "test_shards")
+"""The modules with the longest real-engine runs (a serial run's profile), handed out first: with
+a module to a worker, the longest ones go while the other worker works through the rest."""
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module keeps its order
+
+
 def pytest_terminal_summary(terminalreporter):
     """One line on the machine, so that a failure seen only on another machine (a CI runner)
     can be tied to its CPU: the reproducibility tests compare bits, which depend on it."""
     from bench.probes import machine_info  # the bench's description of the machine
 
     m = machine_info()
+    workers = getattr(terminalreporter.config.option, "numprocesses", None)
     terminalreporter.write_line(f"machine: {m['cpu']}; {m['cores']} logical CPUs, {m['physical_cores']} cores per socket; "
                                 f"{' '.join(m['isa']) or 'no avx2'}; MKL_CBWR={os.environ.get('MKL_CBWR')} "
-                                f"OMP_NUM_THREADS={m['omp_num_threads']}")
+                                f"OMP_NUM_THREADS={m['omp_num_threads']}"
+                                f"{'; xdist workers: %s, one thread each' % workers if workers else ''}")
