@@ -14,6 +14,7 @@ from pipeline.errors import GRPOError
 from pipeline.data.prompts import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, prompt_made_up, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.models.stop_tokens import stop_token_ids
+from pipeline.models.template_date import dated
 from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.store.run import Run
@@ -40,7 +41,7 @@ class RolloutInputs:
         self.policy_iter = b = self.iteration.behaviour
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
         self.policy_hash = run.policy_hash(b)
-        self.tokenizer = AutoTokenizer.from_pretrained(run.plain_dir(b))
+        self.tokenizer = dated(AutoTokenizer.from_pretrained(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
         self.n_rows = df.height

@@ -217,3 +217,50 @@ def test_a_call_inside_qwen3_thinking_is_not_a_call_as_trls_parser_reads_it(asse
     assert fallback.parse(f"<think>Maybe {call}</think>*yes*", "") == (f"<think>Maybe {call}</think>*yes*", [])
     content, calls = fallback.parse(f"<think>ok</think>{call}", "")
     assert content == "<think>ok</think>" and [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 6, "b": 7})]
+
+
+def test_a_template_that_writes_todays_date_renders_the_day_init_recorded(assets, tmp_path, monkeypatch):
+    """gpt-oss's and Llama 3.2's templates write today's date into every prompt (`strftime_now`):
+    `grpo init` records the day it ran (data.template_date), a stage on a later day renders that
+    day, and a re-init of the same config on a later day is the same run; a template that reads
+    no date records none, so the config hashes of such runs stay what they were."""
+    from pipeline import config as config_mod
+    from pipeline.errors import GRPOError
+    from pipeline.models import template_date
+    from pipeline.rollout import RolloutInputs
+    from pipeline.store.run import Run, init_run
+
+    vendors = trl_templates()
+    for name, reads in [("gptoss", True), ("llama3_2", True), ("qwen3", False), ("llama3_1", False)]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "chat_template.jinja").write_text(vendors[name])
+        assert template_date.reads_date(folder) is reads, name
+
+    model = tmp_path / "dated-model"  # the tiny model's ChatML template, with Llama 3.2's date line before it
+    shutil.copytree(assets["model"], model)
+    chatml = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").write_text("{{- 'Today Date: ' + strftime_now('%d %b %Y') + '\\n' }}" + chatml)
+    cfg = config_mod.resolve(base_config(assets, model=str(model)))
+    run = tmp_path / "run"
+
+    monkeypatch.setattr(template_date, "today", lambda: "2026-01-02")
+    init_run(str(run), cfg)
+    assert Run(str(run)).cfg.data.template_date == "2026-01-02"
+    monkeypatch.setattr(template_date, "today", lambda: "2026-03-04")  # a later day: the same run, its day kept
+    init_run(str(run), cfg)
+    assert Run(str(run)).cfg.data.template_date == "2026-01-02"
+    prompts = RolloutInputs(Run(str(run)), 0).prompts  # rendered today, by the clock: the recorded day
+    assert all(p.text.startswith("Today Date: 02 Jan 2026\n") for p in prompts), prompts[0].text[:60]
+
+    later = tmp_path / "later"  # a new run of the same config on the later day records that day
+    init_run(str(later), cfg)
+    assert RolloutInputs(Run(str(later)), 0).prompts[0].text.startswith("Today Date: 04 Mar 2026\n")
+
+    plain = config_mod.resolve(base_config(assets))  # the tiny model's own template reads no date
+    init_run(str(tmp_path / "plain"), plain)
+    assert Run(str(tmp_path / "plain")).cfg.data.template_date is None
+    assert "template_date" not in config_mod.canonical(plain)
+    assert config_mod.resolve(base_config(assets, data={**base_config(assets)["data"], "template_date": "2026-11-27"})).data.template_date == "2026-11-27"
+    with pytest.raises(GRPOError, match=r"data.template_date.*YYYY-MM-DD"):
+        config_mod.resolve(base_config(assets, data={**base_config(assets)["data"], "template_date": "27/11/2026"}))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+
+from pydantic import field_validator
+
 from pipeline.config.base import Section
 from pipeline.config.eval import EvalSet
 
@@ -22,3 +26,21 @@ class DataConfig(Section):
     """System message prepended to every prompt when the chat template is applied."""
     chat_template: bool = True
     """Render prompts with the tokenizer's chat template; false feeds plain text prompts as they are."""
+    template_date: str | None = None
+    """The day (YYYY-MM-DD) a chat template that writes today's date reads (transformers' `strftime_now`:
+    gpt-oss's "Current date", Llama 3.x's "Today Date"). Unset, `grpo init` records the day it runs when the
+    model's template reads the date, so every stage, resume, replay and rerun of the run's config renders
+    the same prompt bytes on any later day; a template that does not read it leaves this unset."""
+
+    @field_validator("template_date", mode="before")
+    @classmethod
+    def _day(cls, v):
+        if isinstance(v, datetime.date) and not isinstance(v, datetime.datetime):  # YAML reads 2026-11-27 as a date
+            return v.isoformat()
+        if v is not None:
+            try:
+                if not (isinstance(v, str) and len(v) == 10 and datetime.date.fromisoformat(v)):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"a day as YYYY-MM-DD, not {v!r}") from None
+        return v

@@ -126,6 +126,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "max_staleness"): 0,
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
+    ("data", "template_date"): None,  # a template that reads no date: nothing pinned
     **EVAL_NEUTRAL,
     ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
 }

@@ -25,6 +25,7 @@ from pipeline.data.prompts import dataset_num_rows, derive_seed, load_dataset, m
 from pipeline.config.eval import SetRef
 from pipeline.eval.metrics import figures, flat
 from pipeline.models.engines import model_context
+from pipeline.models.template_date import dated
 from pipeline.errors import GRPOError
 from pipeline.store.parts import Shard, read_parts, run_parts
 from pipeline.rewards.calls import RewardLog
@@ -53,7 +54,7 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
     from transformers import AutoTokenizer
 
     s, ids = part
-    tok = AutoTokenizer.from_pretrained(run.plain_dir(k))
+    tok = dated(AutoTokenizer.from_pretrained(run.plain_dir(k)), cfg.data.template_date)
     df = load_dataset(s.path, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
     context = model_context(run.plain_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, s.path, context - cfg.rollout.max_new_tokens)

@@ -178,15 +178,19 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
     `code_from`: a run whose copies of the reward code are taken for the targets it has (a replay)."""
     from pipeline.store import code
 
+    from pipeline.models.template_date import with_template_date
+
     store = RunStore(uri)
-    new_yaml = config_mod.to_yaml(cfg)
+    old = None
     if store.exists(CONFIG):
         old = config_mod.from_yaml_text(store.read_bytes(CONFIG).decode(), source=store.display(CONFIG))
-        if config_mod.config_hash(old) != config_mod.config_hash(cfg):
-            raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     elif store.exists("") and store.listdir(""):
         raise GRPOError(f"{store.display()}: directory exists and is not empty; choose a new run directory")
     model, conversion = model_source(cfg.model, "model")
+    cfg = with_template_date(cfg, model, old)  # the day a template's date reads: recorded once, kept by a re-init
+    if old is not None and config_mod.config_hash(old) != config_mod.config_hash(cfg):
+        raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
+    new_yaml = config_mod.to_yaml(cfg)
     if cfg.ref_model:
         model_source(cfg.ref_model, "ref_model")
     from pipeline.models.policy import policy_kind  # the run does not exist yet to hold its policy
