@@ -225,7 +225,8 @@ def rollout(model_dir: str, spec: str, impl: str) -> dict:
         from pipeline.models.engines import make_engine
 
         with Peak() as start:
-            eng = make_engine(Path(model_dir), RolloutConfig(max_new_tokens=max(lengths)), max(map(len, prompts)) + max(lengths), SEED)
+            work = RolloutConfig(max_new_tokens=max(lengths), num_generations=G, prompts_per_iter=ROWS // G, groups_per_part=ROWS // G)
+            eng = make_engine(Path(model_dir), work, max(map(len, prompts)) + max(lengths), SEED)  # its KV cache planned for these rows
         params = [SamplingParams(n=1, temperature=1.0, min_tokens=n, max_tokens=n, seed=SEED + i, logprobs=0, detokenize=False)
                   for i, n in enumerate(lengths)]
         with Peak() as gen:
@@ -433,9 +434,10 @@ def main() -> None:
     if args.report:
         return report_only()
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    kept = json.loads(OUT.read_text())["runs"] if OUT.exists() and not args.fresh else {}
-    result = {"machine": machine_info(), "uptime_before": uptime(), "loadavg_before": loadavg(), "runs": kept,
-              "threads": os.environ.get("OMP_NUM_THREADS", "default")}
+    before = json.loads(OUT.read_text()) if OUT.exists() and not args.fresh else {}
+    kept = {k: v for k, v in before.items() if k in ("notes", "fit")}  # written by hand and by the fit: a partial run keeps them
+    result = {"machine": machine_info(), "uptime_before": uptime(), "loadavg_before": loadavg(), "runs": before.get("runs", {}),
+              "threads": os.environ.get("OMP_NUM_THREADS", "default"), **kept}
     tmp = ROOT / ".long.tmp.json"
     for spec in args.lengths.split(","):
         for impl in args.impls.split(","):
