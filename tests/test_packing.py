@@ -151,8 +151,8 @@ def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_
 def _tiny(model_type: str, **kw):
     import transformers
 
-    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw)
+    cfg = transformers.AutoConfig.for_model(model_type, **{**dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128), **kw})
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().eval()
 
@@ -187,3 +187,27 @@ def test_auto_packing_pads_a_falcon_instead_of_failing_its_first_forward():
         logp, _ = token_logprobs(model, Batch.build(prompts, comps, share_prompts=True, packed=packed), 1.0)  # [B, T]
     assert logp.shape == (len(comps), max(map(len, comps))) and torch.isfinite(logp).all()
     assert packing.resolve("auto", _tiny("qwen2"))  # a model that can pack still packs under auto
+
+
+def test_a_model_whose_rope_follows_the_batch_length_pads():
+    """The bug: `auto` packed a dynamic-NTK llama. Its rope frequencies follow the forward's largest
+    position id: the padded batch's is the longest row's last token, the packed one's a token less
+    (a completion's last token is not run), so past max_position_embeddings the two forwards rotate
+    by other frequencies (logprobs 8.6e-6, gradients 1.5e-4 apart on this model, 20x and 75x the
+    rounding bounds above). Longrope (Phi-3) switches factors on the same number. Auto pads them; on is refused."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 300, (n,), generator=g).tolist() for n in (10, 10, 12)]
+    prompts[1] = prompts[0]
+    comps = [torch.randint(1, 300, (n,), generator=g).tolist() for n in (10, 4, 8)]  # longest row 20 > 16
+    make = lambda seed: _tiny("llama", max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    outs, _ = _outputs_and_grads([lambda m, b=b: token_logprobs(m, b, 0.7, with_entropy=True) for b in
+                                  (Batch.build(prompts, comps), Batch.build(prompts, comps, share_prompts=True, packed=True))],
+                                 seed=0, make_model=make)
+    assert (outs[0][0] - outs[1][0]).abs().max() > 5 * LOGP_ATOL  # what packing it would cost
+    for rope in ({"rope_type": "dynamic", "factor": 2.0},
+                 {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}):
+        model = _tiny("llama", max_position_embeddings=32, rope_scaling=rope)
+        assert not packing.resolve("auto", model), rope
+        with pytest.raises(GRPOError, match="cannot pack"):
+            packing.resolve("on", model)
+    assert packing.resolve("auto", _tiny("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}))

@@ -154,7 +154,8 @@ def resolve(setting: str, model) -> bool:
         return False
     if setting == "on" and not supported(model):
         raise GRPOError(f"train.packing on: this model ({model.config.model_type}, {model.config._attn_implementation!r} "
-                        "attention) cannot pack: it needs SDPA attention without a sliding window (set train.packing auto or off)")
+                        "attention) cannot pack: it needs SDPA attention without a sliding window or a length-dependent rope "
+                        "(set train.packing auto or off)")
     return supported(model)
 
 
@@ -166,7 +167,7 @@ ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 def supported(model) -> bool:
     """Whether `model` can pack: SDPA attention reached through transformers' attention interface
     (Falcon's own attention classes never call it), no sliding window, no logit soft-capping, no
-    token mixer besides attention."""
+    token mixer besides attention, no rope that follows the batch's length."""
     import sys
 
     c = model.config
@@ -175,7 +176,17 @@ def supported(model) -> bool:
     windowed = getattr(c, "sliding_window", None) is not None and getattr(c, "use_sliding_window", True)
     capped = getattr(c, "attn_logit_softcapping", None) is not None
     mixers = any(t not in ATTENTION_LAYERS for t in getattr(c, "layer_types", None) or ())
-    return c._attn_implementation in ("sdpa", ATTENTION) and interface and not windowed and not capped and not mixers
+    return (c._attn_implementation in ("sdpa", ATTENTION) and interface and not windowed and not capped and not mixers
+            and not _rope_follows_length(c))
+
+
+def _rope_follows_length(config) -> bool:
+    """Whether the rope frequencies follow the forward's largest position id (transformers'
+    `dynamic_rope_update`: dynamic NTK, longrope). A packed forward's is a token short of the padded
+    one's (a completion's last token is not run), so the two would rotate by other frequencies."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = [rope] + [v for v in rope.values() if isinstance(v, dict)]  # per layer type: {"full_attention": {...}, ...}
+    return any("dynamic" in str(k.get("rope_type", k.get("type", ""))) or k.get("rope_type") == "longrope" for k in kinds)
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
