@@ -119,3 +119,33 @@ def test_a_good_config_passes_and_trl_style_functions_are_accepted(tmp_path, dat
     # the existing demo config stays valid
     demo = yaml.safe_load((Path(config_mod.__file__).parent.parent.parent / "demo" / "configs" / "demo.yaml").read_text())
     assert [r.fn for r in config_mod.resolve(demo).rewards] == ["correct", "format"]
+
+
+def _model_config(tmp_path, name: str, model_type: str, **kw) -> Path:
+    """A model directory whose config.json is all `grpo init` reads of it (a placeholder tokenizer
+    and weights file pass its file checks; nothing loads them)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, **kw)
+    cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    cfg.save_pretrained(tmp_path / name)
+    (tmp_path / name / "tokenizer_config.json").write_text("{}")
+    (tmp_path / name / "model.safetensors").write_bytes(b"")
+    return tmp_path / name
+
+
+def test_packing_on_for_a_model_that_cannot_pack_is_refused_at_init(init, tmp_path, data):
+    """The bug: `train.packing: on` with a Falcon (its own attention classes) or a dynamic-rope model
+    passed init and failed at the logprobs stage's first forward; now init reads the model's (and
+    the reference model's) config.json and names the key. A model that packs passes the check.
+    Builds the models on the meta device: imports transformers' modeling modules, no weights."""
+    falcon = _model_config(tmp_path, "falcon", "falcon", new_decoder_architecture=True, num_kv_heads=2)
+    assert init(model=str(falcon), train={"packing": "on"}) == (
+        f"model {falcon}: train.packing on: this model (falcon, 'sdpa' attention) cannot pack: it needs SDPA attention "
+        "without a sliding window or a length-dependent rope (set train.packing auto or off)")
+    dynamic = _model_config(tmp_path, "dynamic", "llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    llama = _model_config(tmp_path, "llama", "llama")  # packs: the error is the reference model's
+    assert init(model=str(llama), ref_model=str(dynamic), train={"packing": "on"}).startswith(
+        f"ref_model {dynamic}: train.packing on: this model (llama, 'sdpa' attention) cannot pack")

@@ -81,7 +81,7 @@ class TrainConfig(Section):
     packing: Literal["auto", "on", "off"] = "off"
     """Padding-free batches in the logprobs stage and the update (docs/performance.md): auto packs
     where the model's attention allows (SDPA through transformers' attention interface, no sliding
-    window), on requires it, off (default: the update's token-budget pieces already leave little
+    window, no dynamic or longrope rope), on requires it (checked at `grpo init`), off (default: the update's token-budget pieces already leave little
     padding, 8.5 % on the bench's uneven mix, none at equal lengths) pads rows."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (HF's

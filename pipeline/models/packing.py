@@ -159,6 +159,20 @@ def resolve(setting: str, model) -> bool:
     return supported(model)
 
 
+def check_dir(model_dir, what: str = "model") -> None:
+    """`grpo init` with train.packing on: the model in `model_dir` can pack, judged from its
+    config.json (the model is built on the meta device: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    try:
+        resolve("on", model)
+    except GRPOError as e:
+        raise GRPOError(f"{what} {model_dir}: {e}") from None
+
+
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 """`config.layer_types` entries that mix tokens only through the attention function; any other
 (linear attention, convolutions, SSMs: Qwen3.5, Qwen3-Next, LFM2) reads across packed sequences."""

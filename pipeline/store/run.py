@@ -191,11 +191,16 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
     if old is not None and config_mod.config_hash(old) != config_mod.config_hash(cfg):
         raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     new_yaml = config_mod.to_yaml(cfg)
-    if cfg.ref_model:
-        model_source(cfg.ref_model, "ref_model")
+    ref = model_source(cfg.ref_model, "ref_model")[0] if cfg.ref_model else None
     from pipeline.models.policy import policy_kind  # the run does not exist yet to hold its policy
 
     policy_kind(cfg).check_model(model)
+    if cfg.train.packing == "on":  # refused here, not at the logprobs stage's first forward
+        from pipeline.models.packing import check_dir
+
+        for what, d in (("model", model), ("ref_model", ref)):
+            if d is not None:
+                check_dir(d, what)
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
