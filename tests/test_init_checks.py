@@ -124,11 +124,10 @@ def test_a_good_config_passes_and_trl_style_functions_are_accepted(tmp_path, dat
 def _model_config(tmp_path, name: str, model_type: str, **kw) -> Path:
     """A model directory whose config.json is all `grpo init` reads of it (a placeholder tokenizer
     and weights file pass its file checks; nothing loads them)."""
-    import transformers
+    from test_packing import tiny_config
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, **kw)
+    cfg = tiny_config(model_type, **kw)
     cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     cfg.save_pretrained(tmp_path / name)
     (tmp_path / name / "tokenizer_config.json").write_text("{}")

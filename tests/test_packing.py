@@ -148,13 +148,19 @@ def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_
                     assert v == rb[key] or (isinstance(v, float) and math.isnan(rb[key])), (k, key)
 
 
+def tiny_config(model_type: str, **kw):
+    """A two-layer config of `model_type` (kw override the sizes)."""
+    import transformers
+
+    return transformers.AutoConfig.for_model(model_type, **{**dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128), **kw})
+
+
 def _tiny(model_type: str, **kw):
     import transformers
 
-    cfg = transformers.AutoConfig.for_model(model_type, **{**dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128), **kw})
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().eval()
+    return transformers.AutoModelForCausalLM.from_config(tiny_config(model_type, **kw), attn_implementation="sdpa").float().eval()
 
 
 @pytest.mark.parametrize("model_type,kw,ran", [
