@@ -316,8 +316,11 @@ def goals(result: dict) -> list[str]:
     out, at = [], result["runs"].get("2048", {})
     ours_s, trl_s = iteration_s(at, ("packed", "vllm")), iteration_s(at, ("trl", "hf-generate"))
     if ours_s and trl_s:
+        loads = [at[i].get("loadavg", [None])[0] for i in ("packed", "vllm", "trl", "hf-generate")]
+        even = None not in loads and max(loads) <= 2 * max(min(loads), 1.0)  # CPU seconds inflate on a crowded machine
+        verdict = ("met" if ours_s <= 0.5 * trl_s else "missed") if even else "not judged: its cells ran under uneven or unrecorded load (see the notes)"
         out.append(f"- 2k tokens, CPU seconds per iteration (rollout + logprobs + update) ours packed / TRL <= 0.5: "
-                   f"**{ours_s / trl_s:.2f}** ({ours_s:.0f} s against {trl_s:.0f} s) {'met' if ours_s <= 0.5 * trl_s else 'missed'}.")
+                   f"**{ours_s / trl_s:.2f}** ({ours_s:.0f} s against {trl_s:.0f} s) {verdict}.")
     if ours_s is None and "update" in at.get("packed", {}) and trl_row(at):
         a, b = (sum(r[ph]["cpu_s"] for ph in ("logprobs", "update")) for r in (at["packed"], trl_row(at)))
         out.append(f"- 2k tokens, CPU seconds of logprobs + update (the rollout not measured) ours packed / TRL: **{a / b:.2f}** "
