@@ -232,7 +232,7 @@ def rollout(model_dir: str, spec: str, impl: str) -> dict:
         with Peak() as gen:
             outs = eng.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         made = [len(o.outputs[0].token_ids) for o in outs]
-        kv = eng.plan.kv_cache_bytes
+        kv = eng.settings.kv_cache_bytes
         eng.close()
     else:
         from transformers import AutoModelForCausalLM

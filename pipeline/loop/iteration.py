@@ -25,7 +25,7 @@ class WarmEngines:
         self.trainer = None
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
-        self.plan = engine_settings(run, run.completed_iters(), shared=True)
+        self.settings = engine_settings(run, run.completed_iters(), shared=True)
 
     def rollout_engine(self, k: int, where: str | None = None):
         """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
@@ -34,7 +34,7 @@ class WarmEngines:
         weights = None
         if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
             weights = self.trainer.published_weights(self.run.policy_dir(k))
-        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights, where=where)
+        self.engine = policy_engine(self.run, k, self.engine, settings=self.settings, weights=weights, where=where)
         return self.engine
 
     def idle_engine(self) -> None:
