@@ -9,7 +9,7 @@
 - a folder per concept: at most ten modules flat in pipeline/, the config (pipeline/config/) imports
   nothing of the pipeline above it, and its sections share the one base (pipeline/config/base.py);
 - every import of the project's own code, inside functions too, names a module or a name it defines;
-- every module under bench/ imports (one process, all of them).
+- every module under bench/ imports (one process, all of them), and the loop's samplers declare the one Sampler.
 
 An arrow is an `import` / `from ... import` statement anywhere in a module, except under
 `if TYPE_CHECKING:` (never executed: annotations only). `from pipeline.store import RunStore` is an
@@ -270,3 +270,15 @@ def test_every_bench_module_imports():
         except Exception as err:  # noqa: BLE001 - every failure is reported, not only the first
             failed.append(f"{name}: {type(err).__name__}: {err}")
     assert not failed, "bench modules that do not import: " + "; ".join(failed)
+
+
+def test_every_sampler_declares_the_one_interface():
+    """The loop's three samplers declare pipeline.loop.sampler.Sampler and define all of it (abstract methods
+    left out would make them impossible to build), so the interface is written in one place."""
+    from pipeline.cluster.executor import RaySampler
+    from pipeline.loop.iterate import InlineSampler
+    from pipeline.loop.overlap import ProcessSampler
+    from pipeline.loop.sampler import Sampler
+
+    for cls in (InlineSampler, ProcessSampler, RaySampler):
+        assert Sampler in cls.__mro__ and not cls.__abstractmethods__, (cls.__name__, sorted(cls.__abstractmethods__))

@@ -25,6 +25,7 @@ import uuid
 
 from pipeline.cluster.workers import stall
 from pipeline.errors import GRPOError
+from pipeline.loop.sampler import Sampler
 from pipeline.store import IN_FLIGHT, part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
 from pipeline.store.run import Run
@@ -248,7 +249,7 @@ def driver_gpu(cc) -> tuple[object | None, str]:
     return hold, node
 
 
-class RaySampler:
+class RaySampler(Sampler):
     """The sampler of `pipeline.loop.iterate`'s one loop on a Ray cluster (its interface: ask, wait, drain,
     close): rollouts on the pool's warm actors, evals on the driver's warm engine, each done when
     asked. The loop also hands it the score (Ray tasks) and, with cluster.update_workers > 1, the

@@ -9,6 +9,7 @@ import time
 from pipeline.report import tracking
 from pipeline.eval.run import eval_summary
 from pipeline.logprobs import run_logprobs
+from pipeline.loop.sampler import Sampler
 from pipeline.models.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
 from pipeline.store.run import Run
@@ -51,12 +52,10 @@ class WarmEngines:
             self.trainer.close()
 
 
-class LocalSampler:
-    """What the loop asks of a sampler besides its rollouts and evals (`ask`, `wait`, `drain`,
-    `close`): the score of iteration k, whether it also ran the update, and the figures iteration
-    k's row gains. Here (this process, or a sampler process beside it): the score in this process,
-    the update left to the loop's warm trainer, no figures. pipeline.cluster.executor.RaySampler
-    answers the same questions on a Ray cluster."""
+class LocalSampler(Sampler):
+    """The `Sampler` answers shared by the samplers on this machine (this process, or a sampler
+    process beside it): the score in this process, the update left to the loop's warm trainer, no
+    figures. Their rollouts and evals (`ask`, `wait`, `drain`, `close`) are each one's own."""
 
     run: Run
 
@@ -71,7 +70,7 @@ class LocalSampler:
         return {}
 
 
-def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler) -> None:
+def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler: Sampler) -> None:
     """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`;
     the sampler scores (and may take the update: a Ray cluster's placed ranks)."""
     with tracking.reporting(run, k, "score"):

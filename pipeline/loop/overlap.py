@@ -34,7 +34,7 @@ SAMPLER_CPUS = "GRPO_SAMPLER_CPUS"
 
 class ProcessSampler(LocalSampler):
     """The sampling process, started at the first request, and the requests made of it
-    (`pipeline.loop.iterate`'s sampler interface: ask, wait, drain, close)."""
+    (`pipeline.loop.sampler.Sampler`'s ask, wait, drain, close)."""
 
     def __init__(self, run: Run):
         self.run = run
