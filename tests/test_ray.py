@@ -418,16 +418,62 @@ def test_placement_is_checked_per_node_not_on_the_clusters_totals():
     assert "fits on no node" in spread_problem(gpu, cluster_cfg(rollout_workers=2, rollout_gpus=1.0))
 
 
-def test_a_lost_node_makes_the_score_stage_stop_an_idle_actor_instead_of_waiting_for_ever():
+def test_a_lost_node_makes_the_score_and_update_stages_stop_idle_actors_instead_of_waiting_for_ever():
     """The head's one CPU held by its warm actor (rollout_cpus 1), the other node gone: the actor on
-    the head is stopped so that a score task fits; with room left, nothing is stopped."""
-    from pipeline.cluster.placement import node_to_free
+    the head is stopped so that a score task fits; with room left, nothing is stopped; two update
+    processes of 0.5 CPU stop both 0.5-CPU actors of a one-CPU node; work no node can hold even
+    with every actor stopped is None (the stage then waits cluster.place_timeout_s, and stops)."""
+    from pipeline.cluster.placement import actors_to_stop
 
-    head = "h" * 16
+    head, other = "h" * 16, "o" * 16
     cc = cluster_cfg(rollout_workers=2, rollout_cpus=1.0, score_cpus=1.0)
-    assert node_to_free({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, cc) == head
-    assert node_to_free({head: {"CPU": 2.0, "GPU": 0.0}}, {head: 1}, cc) is None
-    assert node_to_free({head: {"CPU": 0.5, "GPU": 0.0}}, {head: 1}, cc) is None  # no node could take one: nothing to free
+    task = [{"CPU": 1.0}]
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, cc, task) == [head]
+    assert actors_to_stop({head: {"CPU": 2.0, "GPU": 0.0}}, {head: 1}, cc, task) == []
+    assert actors_to_stop({head: {"CPU": 0.5, "GPU": 0.0}}, {head: 1}, cc, task) is None  # no node could take one
+    half = cluster_cfg(rollout_workers=2, rollout_cpus=0.5, update_workers=2, update_cpus=0.5)
+    update = [{"CPU": 0.5}] * 2
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 2}, half, update) == [head, head]
+    # the freed room goes where most is left: one actor stopped on the node with 0.5 CPU free already
+    nodes = {head: {"CPU": 1.0, "GPU": 0.0}, other: {"CPU": 1.5, "GPU": 0.0}}
+    assert actors_to_stop(nodes, {head: 2, other: 2}, half, update) == [other]
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, half, [{"CPU": 0.5}] * 3) is None
+
+
+def test_work_that_fits_nowhere_stops_the_run_within_place_timeout_s(tmp_path):
+    """pool.Room: the first look that finds no room says so in the log and in `grpo status`'s record;
+    once cluster.place_timeout_s has passed with still no room, one line says what cannot be placed
+    and how to resume; room found again clears the record. (The pool is a stand-in here: what it
+    would find on a cluster is actors_to_stop's, tested above.)"""
+    from pipeline.cluster.pool import Room
+    from pipeline.errors import GRPOError
+
+    class Pool:
+        cc = cluster_cfg(place_timeout_s=0.2)
+        problem: str | None = "score iteration 3: 1 x 1 CPU fit on no node alive (node hhhhhhhh 0.5 CPU), even with every idle rollout worker stopped"
+        lines: list = []
+
+        def make_room(self, bundles, what):
+            return self.problem
+
+        def log(self, line):
+            self.lines.append(line)
+
+    shown = []
+    pool = Pool()
+    room = Room(pool, [{"CPU": 1.0}], "score iteration 3", shown.append)
+    room.check()
+    assert shown == [pool.problem] and pool.lines == [pool.problem + "; waiting up to 0.2 s (cluster.place_timeout_s) for a node with room"]
+    pool.problem = None
+    room.check()
+    assert shown[-1] is None and room.since is None
+    pool.problem = shown[0]
+    room.check()
+    time.sleep(0.25)
+    with pytest.raises(GRPOError) as err:
+        room.check()
+    assert str(err.value) == (shown[0] + " for 0.2 s (cluster.place_timeout_s); add a node with room: the same `grpo iterate` "
+                              "command resumes the run from the parts written")
 
 
 def test_each_start_and_each_part_has_its_own_deadline():
