@@ -314,6 +314,46 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
     assert_same_as(run, local_run)
 
 
+# where the second node goes for good (issue 54 case 2): a GRPO_CLUSTER_STALL point. One rollout actor of
+# the whole CPU of a node, score tasks of one CPU: whichever node holds the actor, the head alone then has no
+# room for a score task beside it. "logprobs" is the point after iteration 0's logprobs, before its update
+# (both in the driver: what the node's loss there can touch is the idle actor).
+LOST = {"rollout": "rollout:0", "score": "score:0", "logprobs": "driver-update:0"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+@pytest.mark.parametrize("stage", sorted(LOST))
+def test_a_node_lost_for_good_at_each_stage_ends_with_the_local_runs_bytes(stage, assets, dirs, ray_cluster, local_run, tmp_path):
+    """Two one-CPU nodes; the worker node is killed (not gracefully) while the run is at `stage` of
+    iteration 0 and never comes back: the run finishes on the head alone, an idle actor stopped to
+    make room for the score tasks and started again for the next rollout, and writes the local run's
+    bytes (issue 54: iteration 2's score stage waited in silence)."""
+    run = new_run(tmp_path, assets, dirs, rollout_workers=1, rollout_cpus=1.0, score_cpus=1.0, place_timeout_s=60)
+    release = tmp_path / "release"
+    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": LOST[stage], "GRPO_CLUSTER_STALL_RELEASE": str(release)}
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=dirs["elsewhere"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 600
+        while not list(tmp_path.glob("release.0.held-*")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and list(tmp_path.glob("release.0.held-*")), proc.communicate()[1][-3000:]
+        ray_cluster.remove_node(worker_node(ray_cluster), allow_graceful=False)
+        Path(f"{release}.0").touch()
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if len(ray_cluster.list_all_nodes()) < 2:  # the next test's second node
+            with starting_nodes():
+                add_worker_node(ray_cluster)
+    assert "is stopped to make room" in err, err[-3000:]
+    assert_same_as(run, local_run)
+
+
 @pytest.mark.slow
 @pytest.mark.ray_cluster
 def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets, dirs, ray_cluster, local_run, tmp_path):
@@ -347,7 +387,7 @@ from pipeline.cluster.executor import driver_record
 from pipeline.store import IN_FLIGHT
 from pipeline.store.run import Run
 Run(sys.argv[1]).store.write_json(IN_FLIGHT, {"stage": "rollout", "iteration": 0, "in_flight": {"1": "abcd1234"}, "queued": 2,
-                                              "driver": driver_record()})
+                                              "waiting": "score iteration 0: 1 x 1 CPU fit on no node alive", "driver": driver_record()})
 print("written", flush=True)
 time.sleep(600)
 """
@@ -362,7 +402,8 @@ def test_status_knows_a_dead_driver(assets, dirs, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "written"
         alive = grpo("status", str(run))
-        assert "Ray: rollout iteration 0, in flight: node abcd1234 parts 1; 2 queued" in alive.stdout and "gone" not in alive.stdout
+        assert ("Ray: rollout iteration 0, in flight: node abcd1234 parts 1; 2 queued; waiting: score iteration 0: 1 x 1 CPU fit on "
+                "no node alive") in alive.stdout and "gone" not in alive.stdout
         record = json.loads(grpo("status", str(run), "--format", "json").stdout)["cluster"]["driver"]
         assert record["pid"] == holder.pid and record["alive"] is True
     finally:
