@@ -22,7 +22,7 @@ import pytest
 from conftest import base_config, grpo, write_config
 from judge_server import Judge
 from test_judge import RUBRIC, judge_entry
-from pipeline.cluster.local import add_worker_node, starting_nodes, two_nodes
+from pipeline.cluster.local import add_worker_node, lose_node, starting_nodes, two_nodes
 from pipeline.store import part_name
 
 ITERS = 2
@@ -325,7 +325,7 @@ LOST = {"rollout": "rollout:0", "score": "score:0", "logprobs": "driver-update:0
 @pytest.mark.ray_cluster
 @pytest.mark.parametrize("stage", sorted(LOST))
 def test_a_node_lost_for_good_at_each_stage_ends_with_the_local_runs_bytes(stage, assets, dirs, ray_cluster, local_run, tmp_path):
-    """Two one-CPU nodes; the worker node is killed (not gracefully) while the run is at `stage` of
+    """Two one-CPU nodes; the worker node is killed (its daemons and workers) while the run is at `stage` of
     iteration 0 and never comes back: the run finishes on the head alone, an idle actor stopped to
     make room for the score tasks and started again for the next rollout, and writes the local run's
     bytes (issue 54: iteration 2's score stage waited in silence)."""
@@ -339,7 +339,7 @@ def test_a_node_lost_for_good_at_each_stage_ends_with_the_local_runs_bytes(stage
         while not list(tmp_path.glob("release.0.held-*")) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None and list(tmp_path.glob("release.0.held-*")), proc.communicate()[1][-3000:]
-        ray_cluster.remove_node(worker_node(ray_cluster), allow_graceful=False)
+        lose_node(ray_cluster, worker_node(ray_cluster))
         Path(f"{release}.0").touch()
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
