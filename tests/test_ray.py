@@ -251,6 +251,33 @@ def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, dirs, ra
     assert_same_as(run, local_run, resumed=True)
 
 
+def stalled_iterate(run: Path, cluster, dirs: dict, specs: list[str], release: Path) -> subprocess.Popen:
+    """`grpo iterate` on the cluster, held at each GRPO_CLUSTER_STALL point of `specs` until released."""
+    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": ",".join(specs), "GRPO_CLUSTER_STALL_RELEASE": str(release)}
+    return subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, cluster)], cwd=dirs["elsewhere"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def held_at(proc: subprocess.Popen, release: Path, n: int, holding: int, what: str) -> None:
+    """Wait until `holding` processes hold at stall point n (the run still running)."""
+    held = lambda: len(list(release.parent.glob(f"{release.name}.{n}.held-*")))
+    deadline = time.time() + 600
+    while held() < holding and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, (what, proc.communicate()[1][-3000:])
+    assert held() >= holding, what
+
+
+def end_run(proc: subprocess.Popen, cluster) -> None:
+    """A run still going is killed; the cluster gets its second node back for the next test."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if len(cluster.list_all_nodes()) < 2:
+        with starting_nodes():
+            add_worker_node(cluster)
+
+
 # where the second node is removed in one run (a spec of the GRPO_CLUSTER_STALL hook, how many hold there
 # before it goes): during rollout 0 (both actors hold a part), during score 0 (two tasks hold theirs: the
 # head has room for one, so one is on the second node), after the update of 0 (before rollout 1), after
@@ -284,16 +311,10 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
     assert not list(run.glob("iter-*/*/part-*.parquet")) and "Traceback" not in out.stderr
 
     release = tmp_path / "release"
-    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": ",".join(spec for spec, _ in REMOVALS), "GRPO_CLUSTER_STALL_RELEASE": str(release)}
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=dirs["elsewhere"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = stalled_iterate(run, ray_cluster, dirs, [spec for spec, _ in REMOVALS], release)
     try:
         for n, (spec, holding) in enumerate(REMOVALS):
-            deadline = time.time() + 600
-            while len(list(tmp_path.glob(f"release.{n}.held-*"))) < holding and proc.poll() is None and time.time() < deadline:
-                time.sleep(0.2)
-            assert proc.poll() is None, (spec, proc.communicate()[1][-3000:])
-            assert len(list(tmp_path.glob(f"release.{n}.held-*"))) >= holding, spec
+            held_at(proc, release, n, holding, spec)
             if spec == "rollout:0":
                 assert not list(run.glob("iter-0000/rollout/part-*.parquet"))
             ray_cluster.remove_node(worker_node(ray_cluster))
@@ -304,12 +325,7 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if len(ray_cluster.list_all_nodes()) < 2:
-            with starting_nodes():
-                add_worker_node(ray_cluster)
+        end_run(proc, ray_cluster)
     assert "rollout iteration 0 part" in err and "died" in err and "the part is re-run" in err
     assert_same_as(run, local_run)
 
@@ -331,25 +347,15 @@ def test_a_node_lost_for_good_at_each_stage_ends_with_the_local_runs_bytes(stage
     bytes (issue 54: iteration 2's score stage waited in silence)."""
     run = new_run(tmp_path, assets, dirs, rollout_workers=1, rollout_cpus=1.0, score_cpus=1.0, place_timeout_s=60)
     release = tmp_path / "release"
-    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": LOST[stage], "GRPO_CLUSTER_STALL_RELEASE": str(release)}
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=dirs["elsewhere"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = stalled_iterate(run, ray_cluster, dirs, [LOST[stage]], release)
     try:
-        deadline = time.time() + 600
-        while not list(tmp_path.glob("release.0.held-*")) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None and list(tmp_path.glob("release.0.held-*")), proc.communicate()[1][-3000:]
+        held_at(proc, release, 0, 1, LOST[stage])
         lose_node(ray_cluster, worker_node(ray_cluster))
         Path(f"{release}.0").touch()
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if len(ray_cluster.list_all_nodes()) < 2:  # the next test's second node
-            with starting_nodes():
-                add_worker_node(ray_cluster)
+        end_run(proc, ray_cluster)
     assert "is stopped to make room" in err, err[-3000:]
     assert_same_as(run, local_run)
 
