@@ -70,7 +70,7 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
             nodes.setdefault(node, []).append(part)
         console.print(f"Ray: {c['stage']} iteration {c['iteration']}, in flight: "
                       + ("; ".join(f"node {n} parts {', '.join(ps)}" for n, ps in sorted(nodes.items())) or "none")
-                      + f"; {c['queued']} queued", soft_wrap=True)
+                      + f"; {c['queued']} queued" + (f"; waiting: {escape(c['waiting'])}" if c.get("waiting") else ""), soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"[yellow]warning[/yellow] {escape(w['text'])}", soft_wrap=True)
 

@@ -22,7 +22,7 @@ import pytest
 from conftest import base_config, grpo, write_config
 from judge_server import Judge
 from test_judge import RUBRIC, judge_entry
-from pipeline.cluster.local import add_worker_node, starting_nodes, two_nodes
+from pipeline.cluster.local import add_worker_node, lose_node, starting_nodes, two_nodes
 from pipeline.store import part_name
 
 ITERS = 2
@@ -251,6 +251,33 @@ def test_driver_killed_then_rerun_resumes_writing_no_part_twice(assets, dirs, ra
     assert_same_as(run, local_run, resumed=True)
 
 
+def stalled_iterate(run: Path, cluster, dirs: dict, specs: list[str], release: Path) -> subprocess.Popen:
+    """`grpo iterate` on the cluster, held at each GRPO_CLUSTER_STALL point of `specs` until released."""
+    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": ",".join(specs), "GRPO_CLUSTER_STALL_RELEASE": str(release)}
+    return subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, cluster)], cwd=dirs["elsewhere"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def held_at(proc: subprocess.Popen, release: Path, n: int, holding: int, what: str) -> None:
+    """Wait until `holding` processes hold at stall point n (the run still running)."""
+    held = lambda: len(list(release.parent.glob(f"{release.name}.{n}.held-*")))
+    deadline = time.time() + 600
+    while held() < holding and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, (what, proc.communicate()[1][-3000:])
+    assert held() >= holding, what
+
+
+def end_run(proc: subprocess.Popen, cluster) -> None:
+    """A run still going is killed; the cluster gets its second node back for the next test."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if len(cluster.list_all_nodes()) < 2:
+        with starting_nodes():
+            add_worker_node(cluster)
+
+
 # where the second node is removed in one run (a spec of the GRPO_CLUSTER_STALL hook, how many hold there
 # before it goes): during rollout 0 (both actors hold a part), during score 0 (two tasks hold theirs: the
 # head has room for one, so one is on the second node), after the update of 0 (before rollout 1), after
@@ -284,16 +311,10 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
     assert not list(run.glob("iter-*/*/part-*.parquet")) and "Traceback" not in out.stderr
 
     release = tmp_path / "release"
-    env = {**os.environ, **THREADS, "GRPO_CLUSTER_STALL": ",".join(spec for spec, _ in REMOVALS), "GRPO_CLUSTER_STALL_RELEASE": str(release)}
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", *iterate_args(run, ray_cluster)], cwd=dirs["elsewhere"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = stalled_iterate(run, ray_cluster, dirs, [spec for spec, _ in REMOVALS], release)
     try:
         for n, (spec, holding) in enumerate(REMOVALS):
-            deadline = time.time() + 600
-            while len(list(tmp_path.glob(f"release.{n}.held-*"))) < holding and proc.poll() is None and time.time() < deadline:
-                time.sleep(0.2)
-            assert proc.poll() is None, (spec, proc.communicate()[1][-3000:])
-            assert len(list(tmp_path.glob(f"release.{n}.held-*"))) >= holding, spec
+            held_at(proc, release, n, holding, spec)
             if spec == "rollout:0":
                 assert not list(run.glob("iter-0000/rollout/part-*.parquet"))
             ray_cluster.remove_node(worker_node(ray_cluster))
@@ -304,13 +325,38 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if len(ray_cluster.list_all_nodes()) < 2:
-            with starting_nodes():
-                add_worker_node(ray_cluster)
+        end_run(proc, ray_cluster)
     assert "rollout iteration 0 part" in err and "died" in err and "the part is re-run" in err
+    assert_same_as(run, local_run)
+
+
+# where the second node goes for good (issue 54 case 2): a GRPO_CLUSTER_STALL point. One rollout actor of
+# the whole CPU of a node, score tasks of one CPU: whichever node holds the actor, the head alone then has no
+# room for a score task beside it. "logprobs" is the point after iteration 0's logprobs, before its update
+# (both in the driver: what the node's loss there can touch is the idle actor).
+LOST = {"rollout": "rollout:0", "score": "score:0", "logprobs": "driver-update:0"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+@pytest.mark.parametrize("stage", sorted(LOST))
+def test_a_node_lost_for_good_at_each_stage_ends_with_the_local_runs_bytes(stage, assets, dirs, ray_cluster, local_run, tmp_path):
+    """Two one-CPU nodes; the worker node is killed (its daemons and workers) while the run is at `stage` of
+    iteration 0 and never comes back: the run finishes on the head alone, an idle actor stopped to
+    make room for the score tasks and started again for the next rollout, and writes the local run's
+    bytes (issue 54: iteration 2's score stage waited in silence)."""
+    run = new_run(tmp_path, assets, dirs, rollout_workers=1, rollout_cpus=1.0, score_cpus=1.0, place_timeout_s=60)
+    release = tmp_path / "release"
+    proc = stalled_iterate(run, ray_cluster, dirs, [LOST[stage]], release)
+    try:
+        held_at(proc, release, 0, 1, LOST[stage])
+        lose_node(ray_cluster, worker_node(ray_cluster))
+        Path(f"{release}.0").touch()
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        end_run(proc, ray_cluster)
+    assert "is stopped to make room" in err, err[-3000:]
     assert_same_as(run, local_run)
 
 
@@ -347,7 +393,7 @@ from pipeline.cluster.executor import driver_record
 from pipeline.store import IN_FLIGHT
 from pipeline.store.run import Run
 Run(sys.argv[1]).store.write_json(IN_FLIGHT, {"stage": "rollout", "iteration": 0, "in_flight": {"1": "abcd1234"}, "queued": 2,
-                                              "driver": driver_record()})
+                                              "waiting": "score iteration 0: 1 x 1 CPU fit on no node alive", "driver": driver_record()})
 print("written", flush=True)
 time.sleep(600)
 """
@@ -362,7 +408,8 @@ def test_status_knows_a_dead_driver(assets, dirs, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "written"
         alive = grpo("status", str(run))
-        assert "Ray: rollout iteration 0, in flight: node abcd1234 parts 1; 2 queued" in alive.stdout and "gone" not in alive.stdout
+        assert ("Ray: rollout iteration 0, in flight: node abcd1234 parts 1; 2 queued; waiting: score iteration 0: 1 x 1 CPU fit on "
+                "no node alive") in alive.stdout and "gone" not in alive.stdout
         record = json.loads(grpo("status", str(run), "--format", "json").stdout)["cluster"]["driver"]
         assert record["pid"] == holder.pid and record["alive"] is True
     finally:
@@ -418,16 +465,62 @@ def test_placement_is_checked_per_node_not_on_the_clusters_totals():
     assert "fits on no node" in spread_problem(gpu, cluster_cfg(rollout_workers=2, rollout_gpus=1.0))
 
 
-def test_a_lost_node_makes_the_score_stage_stop_an_idle_actor_instead_of_waiting_for_ever():
+def test_a_lost_node_makes_the_score_and_update_stages_stop_idle_actors_instead_of_waiting_for_ever():
     """The head's one CPU held by its warm actor (rollout_cpus 1), the other node gone: the actor on
-    the head is stopped so that a score task fits; with room left, nothing is stopped."""
-    from pipeline.cluster.placement import node_to_free
+    the head is stopped so that a score task fits; with room left, nothing is stopped; two update
+    processes of 0.5 CPU stop both 0.5-CPU actors of a one-CPU node; work no node can hold even
+    with every actor stopped is None (the stage then waits cluster.place_timeout_s, and stops)."""
+    from pipeline.cluster.placement import actors_to_stop
 
-    head = "h" * 16
+    head, other = "h" * 16, "o" * 16
     cc = cluster_cfg(rollout_workers=2, rollout_cpus=1.0, score_cpus=1.0)
-    assert node_to_free({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, cc) == head
-    assert node_to_free({head: {"CPU": 2.0, "GPU": 0.0}}, {head: 1}, cc) is None
-    assert node_to_free({head: {"CPU": 0.5, "GPU": 0.0}}, {head: 1}, cc) is None  # no node could take one: nothing to free
+    task = [{"CPU": 1.0}]
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, cc, task) == [head]
+    assert actors_to_stop({head: {"CPU": 2.0, "GPU": 0.0}}, {head: 1}, cc, task) == []
+    assert actors_to_stop({head: {"CPU": 0.5, "GPU": 0.0}}, {head: 1}, cc, task) is None  # no node could take one
+    half = cluster_cfg(rollout_workers=2, rollout_cpus=0.5, update_workers=2, update_cpus=0.5)
+    update = [{"CPU": 0.5}] * 2
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 2}, half, update) == [head, head]
+    # the freed room goes where most is left: one actor stopped on the node with 0.5 CPU free already
+    nodes = {head: {"CPU": 1.0, "GPU": 0.0}, other: {"CPU": 1.5, "GPU": 0.0}}
+    assert actors_to_stop(nodes, {head: 2, other: 2}, half, update) == [other]
+    assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, half, [{"CPU": 0.5}] * 3) is None
+
+
+def test_work_that_fits_nowhere_stops_the_run_within_place_timeout_s(tmp_path):
+    """pool.Room: the first look that finds no room says so in the log and in `grpo status`'s record;
+    once cluster.place_timeout_s has passed with still no room, one line says what cannot be placed
+    and how to resume; room found again clears the record. (The pool is a stand-in here: what it
+    would find on a cluster is actors_to_stop's, tested above.)"""
+    from pipeline.cluster.pool import Room
+    from pipeline.errors import GRPOError
+
+    class Pool:
+        cc = cluster_cfg(place_timeout_s=0.2)
+        problem: str | None = "score iteration 3: 1 x 1 CPU fit on no node alive (node hhhhhhhh 0.5 CPU), even with every idle rollout worker stopped"
+        lines: list = []
+
+        def make_room(self, bundles, what):
+            return self.problem
+
+        def log(self, line):
+            self.lines.append(line)
+
+    shown = []
+    pool = Pool()
+    room = Room(pool, [{"CPU": 1.0}], "score iteration 3", shown.append)
+    room.check()
+    assert shown == [pool.problem] and pool.lines == [pool.problem + "; waiting up to 0.2 s (cluster.place_timeout_s) for a node with room"]
+    pool.problem = None
+    room.check()
+    assert shown[-1] is None and room.since is None
+    pool.problem = shown[0]
+    room.check()
+    time.sleep(0.25)
+    with pytest.raises(GRPOError) as err:
+        room.check()
+    assert str(err.value) == (shown[0] + " for 0.2 s (cluster.place_timeout_s); add a node with room: the same `grpo iterate` "
+                              "command resumes the run from the parts written")
 
 
 def test_each_start_and_each_part_has_its_own_deadline():

@@ -171,13 +171,13 @@ def rollout(run: Run, k: int, pool) -> dict:
     return row_figures("rollout", record)
 
 
-def score(run: Run, k: int, cc, uri: str, pool=None) -> dict:
+def score(run: Run, k: int, cc, uri: str, pool) -> dict:
     """Score tasks over the parts; the driver then writes the manifest through `run_score` (every
     part in place, it writes only the manifest). Batch-scaled advantages need the whole iteration:
-    scored here in one piece."""
+    scored here in one piece. While tasks wait, the pool makes room for them (`pool.Room`)."""
     import ray
 
-    from pipeline.cluster.pool import raise_task_error
+    from pipeline.cluster.pool import POLL_S, RESUME, Room, raise_task_error
     from pipeline.cluster.workers import score_part
     from pipeline.score import run_score
     from pipeline.store.parts import upstream
@@ -189,8 +189,9 @@ def score(run: Run, k: int, cc, uri: str, pool=None) -> dict:
     t0 = time.time()
     num_parts = len(run.require(k, "score", "rollout").outputs)
     stamp = input_hash(run.cfg_hash, "score", k, {"rollout": upstream(run, k, "rollout")})
-    if pool is not None:
-        pool.make_room()
+    pending: list = []
+    room = Room(pool, [{"CPU": cc.score_cpus}], f"score iteration {k}", lambda line: pool.show(k, len(pending), "score", line))
+    room.check()
     task = ray.remote(score_part).options(num_cpus=cc.score_cpus, max_retries=3)
     refs = {task.remote(uri, k, p, stamp): p for p in missing(run, k, "score", num_parts, stamp)}
     reports = []
@@ -198,14 +199,19 @@ def score(run: Run, k: int, cc, uri: str, pool=None) -> dict:
     limit = cc.start_timeout_s + cc.part_timeout_s
     deadline = time.monotonic() + limit
     pending = list(refs)
+    pool.show(k, len(pending), "score")
     while pending:
-        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
         if not done:
+            if time.monotonic() < deadline:
+                room.check()
+                continue
             from pipeline.cluster.placement import alive_nodes, describe
 
             parts = ", ".join(str(refs[r]) for r in pending)
             raise GRPOError(f"score iteration {k}: parts {parts} not placed and written in {limit:g} s (cluster.start_timeout_s "
-                            f"+ part_timeout_s); {describe(alive_nodes(ray.nodes()))}, a score task wants {cc.score_cpus:g} CPUs")
+                            f"+ part_timeout_s); {describe(alive_nodes(ray.nodes()))}, a score task wants {cc.score_cpus:g} CPUs; "
+                            f"{RESUME}")
         ref = done[0]
         try:
             reports.append(ray.get(ref))
@@ -213,6 +219,7 @@ def score(run: Run, k: int, cc, uri: str, pool=None) -> dict:
             raise_task_error(err, f"score iteration {k} part {refs[ref]}")
         except ray.exceptions.RayError as err:
             raise GRPOError(f"score iteration {k} part {refs[ref]}: its worker died 4 times ({type(err).__name__})") from None
+        pool.show(k, len(pending), "score")
     record = worker_record("score", k, reports, time.time() - t0)
     run_score(run, k, workers=record, started=t0)
     return row_figures("score", record)
@@ -305,7 +312,7 @@ class RaySampler(Sampler):
         if self.cc.update_workers == 1:
             return False
         if not self.run.done(k, "update"):
-            self.rows.setdefault(k, {}).update(update_on_cluster(self.run, k, self.cc, self.uri, log))
+            self.rows.setdefault(k, {}).update(update_on_cluster(self.run, k, self.cc, self.uri, log, self.pool))
         return True
 
     def figures(self, k: int) -> dict:

@@ -18,6 +18,21 @@ def add_worker_node(cluster) -> None:
     cluster.wait_for_nodes()
 
 
+def lose_node(cluster, node) -> None:
+    """A node gone as a machine goes: its raylet and other daemons killed (not gracefully) and every
+    worker process it started with them; `Cluster.remove_node` leaves those to notice on their own,
+    and one can still hand in the work it holds meanwhile (its results go to the driver directly)."""
+    import psutil
+    from ray._private import ray_constants
+
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    workers = psutil.Process(raylet).children(recursive=True)
+    cluster.remove_node(node, allow_graceful=False)
+    for proc in workers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
 def _two_nodes():
     from ray.cluster_utils import Cluster
 

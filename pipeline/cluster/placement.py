@@ -52,24 +52,48 @@ def spread_problem(nodes: dict[str, dict[str, float]], cc) -> str | None:
     return None
 
 
-def node_to_free(nodes: dict[str, dict[str, float]], actors: dict[str, int], cc) -> str | None:
-    """Before the score tasks: None when a node has room for one beside the warm actors (`actors`:
-    node id -> how many it holds), else the node whose idle actor to stop so that one fits (the one
-    with most room once freed). A lost node leaves the survivors' CPUs held by their actors: without
-    this, no score task can ever be placed and the stage waits for ever."""
-    task = {"CPU": cc.score_cpus, "GPU": 0.0}
-    free = {}
+def _placeable(free: dict[str, dict[str, float]], bundles: list[dict[str, float]]) -> bool:
+    """Whether every bundle fits somewhere (largest first, each on the first node with room)."""
+    free = {n: dict(r) for n, r in free.items()}
+    for b in sorted(bundles, key=lambda b: (-b.get("GPU", 0.0), -b.get("CPU", 0.0))):
+        n = next((n for n in sorted(free) if _fits(free[n], b)), None)
+        if n is None:
+            return False
+        _take(free[n], b)
+    return True
+
+
+def actors_to_stop(nodes: dict[str, dict[str, float]], actors: dict[str, int], cc,
+                   bundles: list[dict[str, float]]) -> list[str] | None:
+    """Room for a stage's work (`bundles`: a score task, or the update's processes) beside the warm
+    rollout actors (`actors`: node id -> idle actors it holds). [] when it fits now; else the nodes
+    whose idle actors to stop (one entry per actor, the node with most room once freed first) until it
+    fits; None when it fits nowhere even with every idle actor stopped. A lost node leaves the
+    survivors' CPUs held by their actors: without this, such work is never placed and the stage
+    waits for ever."""
+    each = {"CPU": cc.rollout_cpus, "GPU": cc.rollout_gpus}
+    free, held = {}, {}
     for n, r in nodes.items():
-        left = dict(r)
-        for _ in range(actors.get(n, 0)):
-            _take(left, {"CPU": cc.rollout_cpus, "GPU": cc.rollout_gpus})
-        free[n] = left
-    if any(_fits(r, task) for r in free.values()):
-        return None
-    held = [n for n in free if actors.get(n)]
-    freed = {n: {**free[n], "CPU": free[n]["CPU"] + cc.rollout_cpus} for n in held}
-    fitting = [n for n in sorted(freed) if _fits(freed[n], task)]
-    return max(fitting, key=lambda n: freed[n]["CPU"]) if fitting else None
+        free[n] = dict(r)
+        held[n] = actors.get(n, 0)
+        for _ in range(held[n]):
+            _take(free[n], each)
+    stop: list[str] = []
+    while not _placeable(free, bundles):
+        candidates = [n for n in sorted(held) if held[n]]
+        if not candidates:
+            return None
+        n = max(candidates, key=lambda n: free[n]["CPU"] + each["CPU"])
+        held[n] -= 1
+        free[n] = {u: free[n][u] + each[u] for u in UNITS}
+        stop.append(n)
+    return stop
+
+
+def bundles_line(bundles: list[dict[str, float]]) -> str:
+    """`2 x 0.5 CPU`, `1 x 1 CPU 1 GPU`: what a stage's work asks for."""
+    b = bundles[0]
+    return f"{len(bundles)} x {b.get('CPU', 0.0):g} CPU" + (f" {b['GPU']:g} GPU" if b.get("GPU") else "")
 
 
 class Deadlines:

@@ -4,12 +4,13 @@ free, writing the same bytes."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable
 
 from pipeline.errors import GRPOError
 from pipeline.store.faults import fault_point
-from pipeline.cluster.placement import Deadlines, alive_nodes, describe, node_to_free
+from pipeline.cluster.placement import Deadlines, actors_to_stop, alive_nodes, bundles_line, describe
 from pipeline.cluster.secrets import secrets_left_out
 from pipeline.cluster.workers import RolloutWorker
 
@@ -23,6 +24,8 @@ def raise_task_error(err, what: str):
 
 
 CLOSE_S = 30.0
+POLL_S = 2.0  # how often a stage waiting on Ray looks again at the nodes alive (make_room, Room)
+RESUME = "the same `grpo iterate` command resumes the run from the parts written"
 
 
 class RolloutPool:
@@ -63,10 +66,11 @@ class RolloutPool:
         if self.alive() < self.cc.rollout_workers and ray.available_resources().get("CPU", 0) >= need:
             self._start()
 
-    def make_room(self) -> None:
-        """Before the score tasks: where no node has room for one beside the warm actors (a node was
-        lost, its actor's room with it), stop an idle actor so that one fits; the next rollout starts
-        one again where there is room. Never a score stage waiting for ever."""
+    def make_room(self, bundles: list[dict[str, float]], what: str) -> str | None:
+        """Before a stage's work (a score task, the update's processes): where it fits on no node beside
+        the warm actors (a node was lost, its room with it), stop idle actors until it fits; the next
+        rollout starts them again where there is room. None when it fits; else the line that says what
+        cannot be placed (it fits on no node even with every idle actor stopped)."""
         import ray
 
         nodes = alive_nodes(ray.nodes())
@@ -76,22 +80,27 @@ class RolloutPool:
             node = full.get(self.where.get(actor, {}).get("node", ""))
             if node:
                 actors[node] = actors.get(node, 0) + 1
-        node = node_to_free(nodes, actors, self.cc)
-        if node is None:
-            return
-        actor = next(a for a in self.idle if self.where.get(a, {}).get("node") == node[:8])
-        self.log(f"cluster: no node has room for a score task ({describe(nodes)}; {self.cc.rollout_cpus:g} CPUs held by each "
-                 f"warm rollout worker): the rollout worker on node {node[:8]} is stopped to make room")
-        self.idle.remove(actor)
-        self.where.pop(actor, None)
-        ray.kill(actor, no_restart=True)
+        stop = actors_to_stop(nodes, actors, self.cc, bundles)
+        if stop is None:
+            return (f"{what}: {bundles_line(bundles)} fit on no node alive ({describe(nodes) or 'none'}), even with every "
+                    f"idle rollout worker stopped")
+        for node in stop:
+            actor = next(a for a in self.idle if self.where.get(a, {}).get("node") == node[:8])
+            self.log(f"cluster: {what}: {bundles_line(bundles)} fit on no node beside the warm rollout workers ({describe(nodes)}; "
+                     f"{self.cc.rollout_cpus:g} CPUs held by each): the rollout worker on node {node[:8]} is stopped to make room")
+            self.idle.remove(actor)
+            self.where.pop(actor, None)
+            ray.kill(actor, no_restart=True)
+        return None
 
     def _wait_one(self):
         import ray
 
         waiting = list(self.inflight) + list(self.starting)
         if not waiting:
-            raise GRPOError("cluster: no rollout worker is left (every actor died and the cluster has no room for a new one)")
+            raise GRPOError(f"cluster: no rollout worker is left (every actor died and no node alive has room for a new one: "
+                            f"{describe(alive_nodes(ray.nodes())) or 'none'}, a rollout worker wants {self.cc.rollout_cpus:g} CPUs); "
+                            f"add a node: {RESUME}")
         done, _ = ray.wait(waiting, num_returns=1, timeout=self.deadlines.wait_s())
         if not done:
             late = self.deadlines.overdue()
@@ -113,6 +122,7 @@ class RolloutPool:
                 raise_task_error(err, "rollout worker start")
             except ray.exceptions.RayError as err:  # died while starting: its node went away
                 self.log(f"cluster: a rollout worker died while starting ({type(err).__name__})")
+                self._top_up()
             return None
         return ref
 
@@ -154,11 +164,12 @@ class RolloutPool:
             self.deadlines.done(ref)
         return reports
 
-    def show(self, k: int, queued: int) -> None:
-        """What `grpo status` shows while the driver runs: the parts in flight and the node of each."""
+    def show(self, k: int, queued: int, stage: str = "rollout", waiting: str | None = None) -> None:
+        """What `grpo status` shows while the driver runs: the stage, its rollout parts in flight and the
+        node of each, how many wait, and what cannot be placed (`waiting`)."""
         if self.status is not None:
             parts = {str(p): self.where.get(a, {}).get("node", "?") for a, p in self.inflight.values()}
-            self.status({"stage": "rollout", "iteration": k, "in_flight": parts, "queued": queued})
+            self.status({"stage": stage, "iteration": k, "in_flight": parts, "queued": queued, **({"waiting": waiting} if waiting else {})})
 
     def nodes(self) -> list[str]:
         return sorted({w["node"] for w in self.where.values()})
@@ -176,3 +187,30 @@ class RolloutPool:
                 pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
+
+
+class Room:
+    """A stage's work (`bundles`) waiting to be placed, looked at every POLL_S: the pool makes room
+    again each time (Ray declares a lost node dead only after its health checks; until then its CPUs
+    look free, and work sent there comes back unplaced), and work that fits on no node alive for
+    cluster.place_timeout_s stops the run with one line. `show(line or None)`: what `grpo status` says."""
+
+    def __init__(self, pool: RolloutPool, bundles: list[dict[str, float]], what: str, show: Callable[[str | None], None]):
+        self.pool, self.bundles, self.what, self.show = pool, bundles, what, show
+        self.since: float | None = None
+
+    def check(self) -> None:
+        problem = self.pool.make_room(self.bundles, self.what)
+        limit = self.pool.cc.place_timeout_s
+        if problem is None:
+            if self.since is not None:
+                self.since = None
+                self.show(None)
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.pool.log(f"{problem}; waiting up to {limit:g} s (cluster.place_timeout_s) for a node with room")
+            self.show(problem)
+        if now - self.since >= limit:
+            raise GRPOError(f"{problem} for {limit:g} s (cluster.place_timeout_s); add a node with room: {RESUME}")

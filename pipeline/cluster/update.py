@@ -62,31 +62,41 @@ class UpdateRank:
                 "error": errors[-1] if errors else (proc.stderr.strip().splitlines() or [""])[-1]}
 
 
-def update_on_cluster(run: Run, k: int, cc, uri: str, log) -> dict:
-    """Iteration k's update on `cc.update_workers` Ray-placed processes; returns the row's figures."""
+def update_on_cluster(run: Run, k: int, cc, uri: str, log, pool) -> dict:
+    """Iteration k's update on `cc.update_workers` Ray-placed processes; returns the row's figures.
+    While the processes wait to be placed, the rollout pool makes room for them (`pool.Room`)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from pipeline.cluster.pool import POLL_S, RESUME, Room
+
     n, t0 = cc.update_workers, time.time()
+    bundles = [{"CPU": cc.update_cpus, **({"GPU": cc.update_gpus} if cc.update_gpus else {})}] * n
+    room = Room(pool, bundles, f"update iteration {k}", lambda line: pool.show(k, 0, "update", line))
     for attempt in range(1, ATTEMPTS + 1):
-        pg = placement_group([{"CPU": cc.update_cpus, **({"GPU": cc.update_gpus} if cc.update_gpus else {})}] * n,
-                             strategy="PACK")
+        room.check()
+        pg = placement_group(bundles, strategy="PACK")
         actors = []
         try:
-            if not pg.wait(timeout_seconds=cc.start_timeout_s):
-                raise GRPOError(f"cluster: no room for {n} update workers of {cc.update_cpus:g} CPUs and {cc.update_gpus:g} "
-                                f"GPUs in {cc.start_timeout_s:.0f} s (cluster.update_workers, update_cpus, update_gpus)")
+            placed_by = time.monotonic() + cc.start_timeout_s
+            while not pg.wait(timeout_seconds=POLL_S):
+                if time.monotonic() >= placed_by:
+                    raise GRPOError(f"cluster: no room for {n} update workers of {cc.update_cpus:g} CPUs and {cc.update_gpus:g} "
+                                    f"GPUs in {cc.start_timeout_s:.0f} s (cluster.update_workers, update_cpus, update_gpus); {RESUME}")
+                room.check()
             cls = ray.remote(UpdateRank)
             actors = [cls.options(num_cpus=cc.update_cpus, num_gpus=cc.update_gpus, max_restarts=0,
                                   scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)).remote()
                       for i in range(n)]
-            master = ray.get(actors[0].where.remote())
+            master = ray.get(actors[0].where.remote(), timeout=cc.start_timeout_s)
             threads = max(1, int(cc.update_cpus))
             pending = [a.update.remote(uri, k, rank, n, master, threads) for rank, a in enumerate(actors)]
             reports = []
             while pending:  # the first rank to fail ends the attempt: the others would wait on it
-                done, pending = ray.wait(pending, num_returns=1)
+                done, pending = ray.wait(pending, num_returns=1, timeout=cc.part_timeout_s)
+                if not done:
+                    raise GRPOError(f"update iteration {k}: no rank ended in {cc.part_timeout_s:g} s (cluster.part_timeout_s); {RESUME}")
                 reports.append(ray.get(done[0]))
                 if reports[-1]["returncode"] != 0:  # the others fail soon after (their peer is gone): whose fault?
                     late, _ = ray.wait(pending, num_returns=len(pending), timeout=30) if pending else ([], [])

@@ -36,6 +36,10 @@ class ClusterConfig(Section):
     """How long one rollout part may take on its actor, and a score task to be placed and run (with start_timeout_s
     besides), before the driver stops with a line naming the part; separate from start_timeout_s, so a long part is not
     cut at the start timeout."""
+    place_timeout_s: float = Field(300.0, gt=0)
+    """How long score tasks or update processes may fit on no node alive (a node lost for good, even with every idle
+    rollout actor stopped to make room) before the driver stops with a line saying what cannot be placed; a node that
+    joins within it takes the work."""
     update_workers: int = Field(1, ge=1)
     """1: the update runs in the driver with its warm trainer. N > 1: N processes placed by Ray (one placement-group
     bundle of update_cpus/update_gpus each), each running `grpo update RUN --iter K` with the launcher's variables
