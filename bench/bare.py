@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from pipeline.schedule import old_from_update
+
 
 def iteration_data(run, k: int) -> dict:
     """Iteration k's prompts, completions, old logprobs and advantages, read from the run."""
@@ -41,7 +43,7 @@ def iteration_data(run, k: int) -> dict:
         "group_prompt_ids": [ids for ids, j in zip(roll.column("prompt_ids").to_pylist(), roll.column("sample_idx").to_pylist()) if j == 0],
         "group_prompt_rows": [p for p, j in zip(roll.column("prompt_id").to_pylist(), roll.column("sample_idx").to_pylist()) if j == 0],
         "old_logprobs": _old_logprobs(run, k, lp, key(roll)),
-        "old_from_update": run.cfg.old_from_update,
+        "old_from_update": old_from_update(run.cfg),
         "advantages": score.column("advantage").to_numpy(zero_copy_only=False).astype(np.float32),
         "tokens": int(sum(roll.column("completion_length").to_pylist())),
     }

@@ -111,11 +111,11 @@ def ours(model_dir: str, spec: str, packed: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.objective import loss as grpo
-    from pipeline.config.train import TrainConfig
     from pipeline.config.loss import LossConfig
+    from pipeline.config.train import TrainConfig
     from pipeline.models import fused
     from pipeline.models.tokens import Batch, shared_budget_batches, token_logprobs
+    from pipeline.objective import loss as grpo
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -232,7 +232,7 @@ def rollout(model_dir: str, spec: str, impl: str) -> dict:
         with Peak() as gen:
             outs = eng.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         made = [len(o.outputs[0].token_ids) for o in outs]
-        kv = eng.plan.kv_cache_bytes
+        kv = eng.settings.kv_cache_bytes
         eng.close()
     else:
         from transformers import AutoModelForCausalLM
@@ -258,10 +258,10 @@ def fit(model_dir: str, tokens: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline import grpo
-    from pipeline.loss_config import LossConfig
+    from pipeline.config.loss import LossConfig
     from pipeline.models import fused
     from pipeline.models.tokens import Batch, token_logprobs
+    from pipeline.objective import loss as grpo
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -278,7 +278,8 @@ def fit(model_dir: str, tokens: int) -> dict:
     return {"backward": bw.row(), "tokens": b.packed.tokens, "grad_mb": round(4 * params / 2**20)}
 
 
-def one(impl: str, spec: str, out: str) -> None:
+def one(impl: str, spec: str, out: str | None = None) -> None:
+    """One cell in this process: its JSON to `out`, or printed when there is none (`--one fit 512`)."""
     from pipeline.models.engines import cpu_env
 
     cpu_env()
@@ -291,7 +292,10 @@ def one(impl: str, spec: str, out: str) -> None:
         r = rollout(d, spec, impl)
     else:
         r = trl(d, spec, 1 if impl == "trl-1" else ROWS // TRL_MICRO) if impl.startswith("trl") else ours(d, spec, impl == "packed")
-    Path(out).write_text(json.dumps(r))
+    if out is None:
+        print(json.dumps(r))
+    else:
+        Path(out).write_text(json.dumps(r))
 
 
 def trl_row(rows: dict) -> dict:
@@ -430,10 +434,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one measurement may take")
     ap.add_argument("--fresh", action="store_true", help="drop bench/long.json's cells (else a run replaces only the cells it measures)")
     ap.add_argument("--report", action="store_true", help="only redraw the plot and the results section from bench/long.json")
-    ap.add_argument("--one", nargs=3, metavar=("IMPL", "LENGTH", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=2, metavar=("IMPL", "LENGTH"),
+                    help="measure one cell in this process and print its JSON (`--one fit 512`: the activation fit behind "
+                         "device_budget's two terms)")
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        return one(*args.one)
+        return one(*args.one, args.out)
     if args.report:
         return report_only()
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
@@ -446,7 +453,7 @@ def main() -> None:
         for impl in args.impls.split(","):
             load = loadavg()
             try:
-                subprocess.run([sys.executable, "-m", "bench.long", "--one", impl, spec, str(tmp)], check=True, timeout=args.timeout,
+                subprocess.run([sys.executable, "-m", "bench.long", "--one", impl, spec, "--out", str(tmp)], check=True, timeout=args.timeout,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
                 r = json.loads(tmp.read_text())
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:

@@ -191,9 +191,10 @@ def config_tree(w: Workload) -> dict:
 def resolved_config(w: Workload):
     """The validated run config; the comparisons assume no reference model."""
     from pipeline import config as config_mod
+    from pipeline.schedule import uses_ref
 
     cfg = config_mod.resolve(config_tree(w), source=f"bench workload {w.name}")
-    assert not cfg.uses_ref, "bench workloads compare without a reference model (TRL beta 0)"
+    assert not uses_ref(cfg), "bench workloads compare without a reference model (TRL beta 0)"
     return cfg
 
 

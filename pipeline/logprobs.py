@@ -48,7 +48,7 @@ def logprobs_table(rollout: pa.Table, old_model, ref_model, temperature: float, 
                    precision: str = "fp32", ref_is_old: bool = False, packing: str = "off") -> pa.Table:
     """`ref_is_old`: the reference is the old policy itself (iteration 0 without a separate
     ref_model), so its logprobs are the old ones, computed once. `old_model` None: the update
-    takes the old logprobs from its own forward (`Config.old_from_update`); the old and gap
+    takes the old logprobs from its own forward (`schedule.old_from_update`); the old and gap
     columns stay null here and the update stores what it used."""
     prompts = rollout.column("prompt_ids").to_pylist()
     comps = rollout.column("completion_ids").to_pylist()

@@ -108,9 +108,9 @@ def engine_settings(run: Run, k: int, shared: bool = False):
                        shared_with=cfg if shared else None)
 
 
-def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None = None, where: str | None = None):
+def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | None = None, where: str | None = None):
     """An engine sampling from policy k (the policy's own index: a rollout passes its behaviour
-    policy b(k), eval the policy it evaluates): started (as `plan` says), or given policy k in place,
+    policy b(k), eval the policy it evaluates): started (with `settings`, its `device_budget.EngineSettings`), or given policy k in place,
     from its stored directory or from `weights` equal to it (rollout.weight_sync memory). A
     LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base.
     After every load the engine proves it holds policy k (`sampler_proof.check_engine`: a one-line
@@ -123,7 +123,7 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     if engine is None:
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
-                             precision=cfg.train.precision, plan=plan)
+                             precision=cfg.train.precision, settings=settings)
     elif engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter
@@ -190,7 +190,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
     def make_part(part: int) -> pa.Table:
         if owned["engine"] is None:
             t = time.time()
-            owned["engine"] = policy_engine(run, inputs.policy_iter, plan=settings, where=f"rollout iteration {k}")
+            owned["engine"] = policy_engine(run, inputs.policy_iter, settings=settings, where=f"rollout iteration {k}")
             stats["engine_start_s"] += time.time() - t
         t = time.time()
         table = generate_part(inputs, owned["engine"], part)

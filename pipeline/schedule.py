@@ -82,12 +82,25 @@ class IterationPlan:
         return self.reference and not self.ref_is_old
 
 
+def uses_ref(cfg: Config) -> bool:
+    """Whether a reference pass runs (KL in the loss or in the reward)."""
+    return cfg.loss.kl_coef > 0 or cfg.advantages.kl_in_reward.coef > 0
+
+
+def old_from_update(cfg: Config) -> bool:
+    """Whether the update takes the old logprobs from its own first-epoch forward (`train.old_logprobs` auto, one
+    optimizer step per epoch, no dropout to make that forward differ, no KL in the reward that needs them before)."""
+    t = cfg.train
+    one_step = cfg.rollout.prompts_per_iter * cfg.rollout.num_generations <= t.mini_batch_size  # per epoch
+    return t.old_logprobs == "auto" and one_step and not cfg.dropout and cfg.advantages.kl_in_reward.coef == 0
+
+
 def iteration_plan(cfg: Config, k: int) -> IterationPlan:
     """The plan of iteration k of a run with config `cfg`. At iteration 0 without a ref_model the
     old policy is the reference (same weights, same arithmetic): one pass. When every epoch makes
-    one optimizer step (`Config.old_from_update`) the update's first-epoch forward gives the old
+    one optimizer step (`old_from_update`) the update's first-epoch forward gives the old
     logprobs, so the logprobs stage makes no old pass, unless it makes that very pass for the
     reference anyway."""
-    ref_is_old = cfg.uses_ref and k == 0 and cfg.ref_model is None
+    ref_is_old = uses_ref(cfg) and k == 0 and cfg.ref_model is None
     return IterationPlan(k=k, behaviour=behaviour(cfg, k), staleness=staleness(cfg, k), ref_is_old=ref_is_old,
-                         old_from_update=cfg.old_from_update and not ref_is_old, reference=cfg.uses_ref)
+                         old_from_update=old_from_update(cfg) and not ref_is_old, reference=uses_ref(cfg))

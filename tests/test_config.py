@@ -9,6 +9,7 @@ import yaml
 
 from pipeline import config as config_mod
 from pipeline.errors import GRPOError
+from pipeline.schedule import uses_ref
 
 MINIMAL = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
 
@@ -25,7 +26,7 @@ def test_defaults_fill_in_and_overrides_apply(tmp_path):
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.loss.type == "dr_grpo"
     assert cfg.advantages.std == "sample" and cfg.loss.clip_eps_low == 0.2
-    assert cfg.ref_model_path == "m" and not cfg.uses_ref
+    assert cfg.ref_model_path == "m" and not uses_ref(cfg)
 
 
 def test_set_can_replace_a_list(tmp_path):

@@ -1,4 +1,4 @@
-"""The house rules on the code's shape, read from the source (nothing is imported):
+"""The house rules on the code's shape, read from the source (nothing is imported but bench/, last):
 
 - no import cycle among the project's modules (pipeline, stages, schemas, demo), an import inside
   a function counting as an arrow like one at the top (it is a cycle that a late import only
@@ -7,7 +7,9 @@
 - imports flow stages -> pipeline -> schemas: pipeline/ and schemas/ never import typer, schemas/
   never imports pipeline or stages, pipeline/ never imports stages;
 - a folder per concept: at most ten modules flat in pipeline/, the config (pipeline/config/) imports
-  nothing of the pipeline above it, and its sections share the one base (pipeline/config/base.py).
+  nothing of the pipeline above it, and its sections share the one base (pipeline/config/base.py);
+- every import of the project's own code, inside functions too, names a module or a name it defines;
+- every module under bench/ imports (one process, all of them), and the loop's samplers declare the one Sampler.
 
 An arrow is an `import` / `from ... import` statement anywhere in a module, except under
 `if TYPE_CHECKING:` (never executed: annotations only). `from pipeline.store import RunStore` is an
@@ -215,3 +217,68 @@ def test_one_base_section():
     (extra keys refused, docstrings as docs, assignments validated) are written once."""
     defined = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "pipeline").rglob("*.py")) if "ConfigDict(" in p.read_text()]
     assert defined == ["pipeline/config/base.py"], f"a pydantic model_config written outside the base: {defined}"
+
+
+def _defines(path: Path) -> set[str] | None:
+    """The names a module binds at its top level; None when it can bind any (`__getattr__`, `import *`)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        for n in ([node] + list(node.body) + list(node.orelse) if isinstance(node, (ast.If, ast.Try)) else [node]):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                if any(a.name == "*" for a in n.names):
+                    return None
+                names.update((a.asname or a.name).split(".")[0] for a in n.names)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    names.update(e.id for e in ast.walk(t) if isinstance(e, ast.Name))
+    return None if "__getattr__" in names else names
+
+
+def test_every_project_import_resolves():
+    """An import of the project's own code names a module or a name it defines, the imports inside functions
+    too: a late import of a module a renovation removed fails only when its function runs (bench/long.py's
+    `from pipeline import grpo` did, in the bench behind the memory estimate)."""
+    mods = _modules()
+    bad = []
+    for name, path in mods.items():
+        for target, line in _imports(name, path, type_checking=True):
+            if target.split(".")[0] not in PACKAGES or target in mods:
+                continue
+            owner, _, attr = target.rpartition(".")
+            defined = _defines(mods[owner]) if owner in mods else set()
+            if defined is not None and attr not in defined:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "imports of the project's code that name nothing: " + "; ".join(bad)
+
+
+def test_every_bench_module_imports():
+    """Every module under bench/ (bench/gpu/ included) imports, in this one process: a bench whose top-level
+    import broke fails the suite, not the next person to run it."""
+    import importlib
+    import pkgutil
+
+    import bench
+
+    names = [m.name for m in pkgutil.walk_packages(bench.__path__, "bench.")]
+    assert {"bench.long", "bench.gpu.proof"} <= set(names), names
+    failed = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - every failure is reported, not only the first
+            failed.append(f"{name}: {type(err).__name__}: {err}")
+    assert not failed, "bench modules that do not import: " + "; ".join(failed)
+
+
+def test_every_sampler_declares_the_one_interface():
+    """The loop's three samplers declare pipeline.loop.sampler.Sampler and define all of it (abstract methods
+    left out would make them impossible to build), so the interface is written in one place."""
+    from pipeline.cluster.executor import RaySampler
+    from pipeline.loop.iterate import InlineSampler
+    from pipeline.loop.overlap import ProcessSampler
+    from pipeline.loop.sampler import Sampler
+
+    for cls in (InlineSampler, ProcessSampler, RaySampler):
+        assert Sampler in cls.__mro__ and not cls.__abstractmethods__, (cls.__name__, sorted(cls.__abstractmethods__))

@@ -10,6 +10,7 @@ from pipeline.objective import loss as grpo
 from pipeline.config.loss import LossConfig
 from pipeline.models import tokens
 from pipeline.models.tokens import Batch, token_logprobs
+from pipeline.schedule import old_from_update
 
 
 def _model(seed: int = 0, vocab: int = 300):
@@ -288,7 +289,7 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     one_step = {"mini_batch_size": 16, "grad_accum": 2, "precision": "fp32"}  # 4 prompts x G=4 = 16 rows
     runs = {mode: Run(make_run(mode, rollout={"engine": "hf"}, train={**one_step, "old_logprobs": mode})) for mode in ("auto", "pass")}
     auto, sep = runs["auto"], runs["pass"]
-    assert auto.cfg.old_from_update and not sep.cfg.old_from_update
+    assert old_from_update(auto.cfg) and not old_from_update(sep.cfg)
     trainer, state_hashes = None, []
     for k in range(2):
         run_rollout(auto, k)
@@ -362,7 +363,7 @@ def test_one_step_per_epoch_takes_the_old_logprobs_from_the_first_epoch(make_run
     two = {"epochs": 2, "mini_batch_size": 16, "grad_accum": 2, "precision": "fp32", "lr": 1e-3}  # 4 prompts x G=4
     runs = {mode: Run(make_run(f"e2-{mode}", rollout={"engine": "hf"}, train={**two, "old_logprobs": mode})) for mode in ("auto", "pass")}
     auto, sep = runs["auto"], runs["pass"]
-    assert auto.cfg.old_from_update and not sep.cfg.old_from_update
+    assert old_from_update(auto.cfg) and not old_from_update(sep.cfg)
     steps = {}
     for mode, run in runs.items():
         run_rollout(run, 0)

@@ -25,6 +25,7 @@ import uuid
 
 from pipeline.cluster.workers import stall
 from pipeline.errors import GRPOError
+from pipeline.loop.sampler import Sampler
 from pipeline.store import IN_FLIGHT, part_name, stage_rel
 from pipeline.store.parts import finalize, input_hash
 from pipeline.store.run import Run
@@ -155,18 +156,18 @@ def rollout(run: Run, k: int, pool) -> dict:
     from pipeline.rollout import RolloutInputs
 
     t0 = time.time()
-    plan = RolloutInputs(run, k)
-    inputs = plan.inputs()
+    rollout_inputs = RolloutInputs(run, k)
+    inputs = rollout_inputs.inputs()
     stamp = input_hash(run.cfg_hash, "rollout", k, inputs)
     sd = stage_rel(k, "rollout")
     with run.store.lock(f"{sd}/.lock-shard-0-of-1", f"rollout iteration {k} (ray)"):
-        reports = pool.run(k, missing(run, k, "rollout", plan.num_parts, stamp), stamp)
+        reports = pool.run(k, missing(run, k, "rollout", rollout_inputs.num_parts, stamp), stamp)
     stats = {"engine_start_s": round(sum(r["engine_s"] for r in reports), 6), "tokens": sum(r["tokens"] for r in reports),
              "generate_s": round(sum(r["seconds"] - r["engine_s"] for r in reports), 6)}
     seconds = time.time() - t0
     record = worker_record("rollout", k, reports, seconds)
-    finalize(run, k, "rollout", plan.num_parts, stamp, inputs, seconds,
-             lambda: {**plan.manifest_extra(stats), **({"workers": record} if record else {})})
+    finalize(run, k, "rollout", rollout_inputs.num_parts, stamp, inputs, seconds,
+             lambda: {**rollout_inputs.manifest_extra(stats), **({"workers": record} if record else {})})
     return row_figures("rollout", record)
 
 
@@ -255,7 +256,7 @@ def driver_gpu(cc) -> tuple[object | None, str]:
     return hold, node
 
 
-class RaySampler:
+class RaySampler(Sampler):
     """The sampler of `pipeline.loop.iterate`'s one loop on a Ray cluster (its interface: ask, wait, drain,
     close): rollouts on the pool's warm actors, evals on the driver's warm engine, each done when
     asked. The loop also hands it the score (Ray tasks) and, with cluster.update_workers > 1, the

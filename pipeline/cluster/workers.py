@@ -113,7 +113,7 @@ class RolloutWorker:
         torch.set_num_threads(max(1, threads))
         self.run = Run(run_uri)
         self.engine = None
-        self.plans: dict = {}  # iteration -> RolloutInputs (prompts rendered once per iteration)
+        self.rollout_inputs: dict = {}  # iteration -> RolloutInputs (prompts rendered once per iteration)
 
     def ready(self, probe: str, token: str, secrets: list[str]) -> dict:
         """Checks before any work: the run directory and model are visible here, the run's code imports
@@ -133,13 +133,13 @@ class RolloutWorker:
         rel = f"{stage_rel(k, 'rollout')}/{part_name(part)}"
         report = {"part": part, **where_am_i(), "tokens": 0, "engine_s": 0.0, "written": False}
         if self.run.store.table_meta(rel).get("input_hash") != stamp:
-            plan = self.plans.get(k) or RolloutInputs(self.run, k)
-            self.plans = {k: plan}
+            rollout_inputs = self.rollout_inputs.get(k) or RolloutInputs(self.run, k)
+            self.rollout_inputs = {k: rollout_inputs}
             t = time.time()
-            plan_ = engine_settings(self.run, plan.policy_iter) if self.engine is None else None
-            self.engine = policy_engine(self.run, plan.policy_iter, self.engine, plan=plan_, where=f"rollout iteration {k}")
+            settings = engine_settings(self.run, rollout_inputs.policy_iter) if self.engine is None else None
+            self.engine = policy_engine(self.run, rollout_inputs.policy_iter, self.engine, settings=settings, where=f"rollout iteration {k}")
             report["engine_s"] = time.time() - t
-            table = generate_part(plan, self.engine, part)
+            table = generate_part(rollout_inputs, self.engine, part)
             fault("rollout", k, part)
             stall("rollout", k, part)
             write_part(self.run.store, rel, table, ROLLOUT, stamp, part)

@@ -22,7 +22,7 @@ def refusal(c) -> str | None:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         return f"rewards: duplicate reward name {dup[0]!r}; give each a distinct `name`"
-    if c.data.eval is not None and (why := eval_refusal(c, names)):
+    if c.data.eval is not None and (why := eval_refusal(c)):
         return why
     if t.lora is not None and c.ref_model is not None:
         return "train.lora: the reference is the base with the adapter off; leave ref_model unset"
@@ -41,7 +41,7 @@ def refusal(c) -> str | None:
     return uncorrectable(c)
 
 
-def eval_refusal(c, names: list[str]) -> str | None:
+def eval_refusal(c) -> str | None:
     """Why the eval settings cannot run (one line naming the key), or None."""
     e = c.eval
     if e.samples > 1 and e.greedy:
@@ -57,10 +57,19 @@ def eval_refusal(c, names: list[str]) -> str | None:
                         f"and none of {', '.join(sorted(RESERVED))}, a figure's name (pass_at_4, accuracy_lo) or dots only")
     if e.every > 0:
         for s in c.eval_sets():
-            if s.reward not in names:
-                key = "eval.reward" if s.name is None or s.reward == e.reward else f"data.eval.{s.name}.reward"
-                return f"{key} {s.reward!r}: no reward named so (rewards: {', '.join(names)})"
+            if why := unknown_eval_reward(c, s):
+                return why
     return None
+
+
+def unknown_eval_reward(c, s) -> str | None:
+    """Why eval set `s` (one of `c.eval_sets()`) cannot count accuracy: its reward names none of the run's; or
+    None. The config asks only when eval.every > 0; `grpo eval` asks before it scores."""
+    names = [w.column for w in c.rewards]
+    if s.reward in names:
+        return None
+    key = "eval.reward" if s.name is None or s.reward == c.eval.reward else f"data.eval.{s.name}.reward"
+    return f"{key} {s.reward!r}: no reward named so (rewards: {', '.join(names)})"
 
 
 def truncated_sampling(c) -> str | None:

@@ -84,21 +84,14 @@ class Config(Section):
     def ref_model_path(self) -> str:
         return self.ref_model or self.model
 
+    @property
+    def dropout(self) -> bool:
+        """Whether the trained forward has dropout (a LoRA adapter's), so two forwards of one batch differ."""
+        return self.train.lora is not None and self.train.lora.dropout > 0
+
     def eval_sets(self) -> list[SetRef]:
         """data.eval as the sets the eval runs (pipeline/config/eval.py)."""
         return eval_sets(self.data.eval, self.eval)
-
-    @property
-    def uses_ref(self) -> bool:
-        return self.loss.kl_coef > 0 or self.advantages.kl_in_reward.coef > 0
-
-    @property
-    def old_from_update(self) -> bool:
-        """Whether the update takes the old logprobs from its own forward (`train.old_logprobs`)."""
-        t = self.train
-        one_step = self.rollout.prompts_per_iter * self.rollout.num_generations <= t.mini_batch_size  # per epoch
-        no_dropout = t.lora is None or t.lora.dropout == 0
-        return t.old_logprobs == "auto" and one_step and no_dropout and self.advantages.kl_in_reward.coef == 0
 
 
 def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None) -> Config:

@@ -23,6 +23,7 @@ import pyarrow as pa
 from pipeline.objective import advantages
 from pipeline.data.prompts import dataset_num_rows, derive_seed, load_dataset, make_prompts, prompt_made_up
 from pipeline.config.eval import SetRef
+from pipeline.config.rules import unknown_eval_reward
 from pipeline.eval.metrics import figures, flat
 from pipeline.models.engines import model_context
 from pipeline.models.template_date import dated
@@ -85,10 +86,9 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
         log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
                                  completion_masks=completion_masks(table))  # [N, F]
+    if why := unknown_eval_reward(cfg, s):  # the config asks only when eval.every > 0; `grpo eval` runs it anyway
+        raise GRPOError(why)
     names = [r.column for r in cfg.rewards]
-    if s.reward not in names:  # the config checks this only when eval.every > 0; `grpo eval` runs it anyway
-        key = "eval.reward" if s.name is None else f"data.eval.{s.name}.reward"
-        raise GRPOError(f"{key} {s.reward!r}: no reward named so (rewards: {', '.join(names)})")
     hit = per_fn[:, names.index(s.reward)]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
     total = advantages.combine_rewards(per_fn, weights)  # [N], as score: NaN where none applies

@@ -9,6 +9,7 @@ import time
 from pipeline.report import tracking
 from pipeline.eval.run import eval_summary
 from pipeline.logprobs import run_logprobs
+from pipeline.loop.sampler import Sampler
 from pipeline.models.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
 from pipeline.store.run import Run
@@ -25,7 +26,7 @@ class WarmEngines:
         self.trainer = None
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
-        self.plan = engine_settings(run, run.completed_iters(), shared=True)
+        self.settings = engine_settings(run, run.completed_iters(), shared=True)
 
     def rollout_engine(self, k: int, where: str | None = None):
         """The engine holding policy k; rollout.weight_sync memory hands it the trainer's
@@ -34,7 +35,7 @@ class WarmEngines:
         weights = None
         if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
             weights = self.trainer.published_weights(self.run.policy_dir(k))
-        self.engine = policy_engine(self.run, k, self.engine, plan=self.plan, weights=weights, where=where)
+        self.engine = policy_engine(self.run, k, self.engine, settings=self.settings, weights=weights, where=where)
         return self.engine
 
     def idle_engine(self) -> None:
@@ -51,12 +52,10 @@ class WarmEngines:
             self.trainer.close()
 
 
-class LocalSampler:
-    """What the loop asks of a sampler besides its rollouts and evals (`ask`, `wait`, `drain`,
-    `close`): the score of iteration k, whether it also ran the update, and the figures iteration
-    k's row gains. Here (this process, or a sampler process beside it): the score in this process,
-    the update left to the loop's warm trainer, no figures. pipeline.cluster.executor.RaySampler
-    answers the same questions on a Ray cluster."""
+class LocalSampler(Sampler):
+    """The `Sampler` answers shared by the samplers on this machine (this process, or a sampler
+    process beside it): the score in this process, the update left to the loop's warm trainer, no
+    figures. Their rollouts and evals (`ask`, `wait`, `drain`, `close`) are each one's own."""
 
     run: Run
 
@@ -71,7 +70,7 @@ class LocalSampler:
         return {}
 
 
-def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler) -> None:
+def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler: Sampler) -> None:
     """Score, logprobs and update of iteration k (its rollout is done), each timed into `timings`;
     the sampler scores (and may take the update: a Ray cluster's placed ranks)."""
     with tracking.reporting(run, k, "score"):

@@ -1,7 +1,7 @@
 """`iterate` with train.max_staleness s >= 1: the sampling overlapped with the training.
 
 `ProcessSampler`, the sampler of `pipeline.loop.iterate`'s one loop for this schedule: a process,
-spawned once per `iterate` and holding its own warm engine (sized by the same memory plan as
+spawned once per `iterate` and holding its own warm engine (sized by the same engine settings as
 `iterate`'s own engine), runs rollouts and evals in the order they are asked for; the iterate
 process scores, computes logprobs and updates, and never starts an engine itself. At the start
 of iteration k (policy k exists) every rollout j < iters whose behaviour policy b(j) = j - s
@@ -34,7 +34,7 @@ SAMPLER_CPUS = "GRPO_SAMPLER_CPUS"
 
 class ProcessSampler(LocalSampler):
     """The sampling process, started at the first request, and the requests made of it
-    (`pipeline.loop.iterate`'s sampler interface: ask, wait, drain, close)."""
+    (`pipeline.loop.sampler.Sampler`'s ask, wait, drain, close)."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -126,7 +126,7 @@ def serve(uri: str, conn, parent: int) -> None:
     engine = None
     # the engine shares the machine with the trainer in the other process: sized as `iterate`
     # sizes its own (a GPU split that cannot fit is the one-line error, before any engine loads)
-    plan = engine_settings(run, run.completed_iters(), shared=True)
+    settings = engine_settings(run, run.completed_iters(), shared=True)
     try:
         while True:
             if engine is not None and hasattr(engine, "sleep") and not conn.poll():
@@ -140,10 +140,10 @@ def serve(uri: str, conn, parent: int) -> None:
             try:
                 with tracking.reporting(run, k, kind):
                     if kind == "rollout" and not run.done(k, "rollout"):
-                        engine = policy_engine(run, iteration_plan(run.cfg, k).behaviour, engine, plan=plan, where=f"rollout iteration {k}")
+                        engine = policy_engine(run, iteration_plan(run.cfg, k).behaviour, engine, settings=settings, where=f"rollout iteration {k}")
                         run_rollout(run, k, engine=engine)
                     elif kind == "eval" and not run.done(k, "eval"):
-                        engine = policy_engine(run, k, engine, plan=plan, where=f"eval of policy {k}")
+                        engine = policy_engine(run, k, engine, settings=settings, where=f"eval of policy {k}")
                         run_eval(run, k, engine)
                 conn.send(("done", kind, k, None))
             except GRPOError as err:

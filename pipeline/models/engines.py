@@ -16,15 +16,15 @@ from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, environme
 
 
 def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                precision: str = "fp32", plan=None):
-    """`precision`: train.precision, which `rollout.dtype: auto` follows; `plan`: a vLLM engine's
+                precision: str = "fp32", settings=None):
+    """`precision`: train.precision, which `rollout.dtype: auto` follows; `settings`: a vLLM engine's
     `device_budget.EngineSettings` (default: an engine alone on this machine's device)."""
     from pipeline.quiet import captured
 
     if cfg.engine == "vllm":
         from pipeline.models.vllm_engine import VLLMEngine
 
-        make = lambda: VLLMEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision, plan=plan)
+        make = lambda: VLLMEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision, settings=settings)
     else:
         from pipeline.models.hf_engine import HFEngine
 

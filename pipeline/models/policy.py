@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.schedule import iteration_plan
+from pipeline.schedule import iteration_plan, old_from_update, uses_ref
 
 
 def on_logprob_device(model):
@@ -69,7 +69,7 @@ class FullPolicy:
         weights, grads, optim = (2 * P, 2 * P, 16 * P) if t.bf16 else (4 * P, 4 * P, 8 * P)
         z = t.zero_stage
         resident = weights // (world if z >= 3 else 1) + grads // (world if z >= 2 else 1) + optim // (world if z >= 1 else 1)
-        kept = 4 * P * (int(self.cfg.uses_ref) + int(not self.cfg.old_from_update))  # fp32 ref and old models
+        kept = 4 * P * (int(uses_ref(self.cfg)) + int(not old_from_update(self.cfg)))  # fp32 ref and old models
         return resident, kept
 
     # -- the trainer ---------------------------------------------------------------------
@@ -185,7 +185,7 @@ class LoraPolicy(FullPolicy):
         parameter, on every rank; the old and reference models share the one loaded base."""
         P, embed = shape.params, shape.vocab * shape.hidden
         resident = 4 * embed + (2 if bf16_linears else 4) * (P - embed) + 16 * shape.lora_params(self.cfg.train.lora.r)
-        kept = 4 * P if not (self.cfg.old_from_update and not self.cfg.uses_ref) else 0  # one base for old and ref
+        kept = 4 * P if not (old_from_update(self.cfg) and not uses_ref(self.cfg)) else 0  # one base for old and ref
         return resident, kept
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
@@ -303,7 +303,7 @@ class LogprobModels:
 
     def for_iteration(self, k: int) -> tuple:
         """(old model or None, reference or None, ref_is_old) for iteration k. None old: the
-        update's forward gives the old logprobs (`Config.old_from_update`). ref_is_old: the
+        update's forward gives the old logprobs (`schedule.old_from_update`). ref_is_old: the
         reference is policy k itself (iteration 0 without a ref_model), the reference returned
         is the old model and its logprobs are the old ones."""
         p, plan = self.policy, iteration_plan(self.run.cfg, k)

@@ -36,16 +36,16 @@ class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                 precision: str = "fp32", plan: EngineSettings | None = None):
-        """`plan`: how the engine uses the device (default: an engine alone on this machine's)."""
+                 precision: str = "fp32", settings: EngineSettings | None = None):
+        """`settings`: how the engine uses the device (default: an engine alone on this machine's)."""
         cpu_env()
         from transformers import AutoTokenizer
 
-        plan = plan or engine_settings_for(cfg, model_dir, max_model_len, precision, this_device())
+        settings = settings or engine_settings_for(cfg, model_dir, max_model_len, precision, this_device())
         # vLLM stops on the eos ids of the model's files; a template's end of turn they do not
         # list (pipeline/models/stop_tokens.py) it is given as stop_token_ids, with the rest
         self.stop_ids = stop_token_ids(model_dir, AutoTokenizer.from_pretrained(model_dir))
-        self.plan, self.dtype = plan, plan.dtype
+        self.settings, self.dtype = settings, settings.dtype
         with environment_kept():  # vLLM's settings for its worker processes stay its own
             try:
                 from vllm import LLM
@@ -59,10 +59,10 @@ class VLLMEngine:
                 dtype=self.dtype,
                 seed=seed,
                 max_model_len=max_model_len,
-                enforce_eager=plan.enforce_eager,
+                enforce_eager=settings.enforce_eager,
                 tensor_parallel_size=cfg.tensor_parallel_size,
                 data_parallel_size=cfg.data_parallel_size,
-                gpu_memory_utilization=plan.gpu_memory_utilization,
+                gpu_memory_utilization=settings.gpu_memory_utilization,
                 logprobs_mode="processed_logprobs",  # after temperature, like the trainer's logprobs
                 enable_prefix_caching=False,
                 # a chunked prefill discards a sampled token and rewinds the request's generator,
@@ -71,9 +71,9 @@ class VLLMEngine:
                 max_num_batched_tokens=max(max_model_len, 16384),
                 use_tqdm_on_load=False,  # a bar per in-place reload would interleave with the stage's own progress
                 # on a CPU VLLM_CPU_KVCACHE_SPACE, when set, overrides this (whole GiB only)
-                **(dict(kv_cache_memory_bytes=plan.kv_cache_bytes) if plan.kv_cache_bytes is not None else {}),
+                **(dict(kv_cache_memory_bytes=settings.kv_cache_bytes) if settings.kv_cache_bytes is not None else {}),
                 # on a GPU, vLLM's sleep mode frees its memory while `iterate` trains
-                **(dict(enable_sleep_mode=True) if plan.sleep_level is not None else {}),
+                **(dict(enable_sleep_mode=True) if settings.sleep_level is not None else {}),
                 # rollout.lora_mode vllm_lora: adapters served by vLLM's LoRA layers over the base
                 **(dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if max_lora_rank else {}),
             )
@@ -91,14 +91,14 @@ class VLLMEngine:
         """Give the idle engine's memory back while the rest of an `iterate` iteration runs
         beside it: the KV cache, and the weights, which the next iteration replaces by `load`
         anyway. The next `load` or `generate` takes them again and samples the same tokens.
-        On a GPU this is vLLM's sleep mode at the plan's level; on a CPU the engine empties the
+        On a GPU this is vLLM's sleep mode at the settings' level; on a CPU the engine empties the
         KV cache's and the weights' storage itself. An engine serving LoRA adapters keeps its
         base weights (offloaded to host memory on a GPU), which no iteration reloads."""
-        if self.plan.sleep_level is not None:
+        if self.settings.sleep_level is not None:
             if not self._asleep:
-                self.llm.sleep(level=self.plan.sleep_level)
+                self.llm.sleep(level=self.settings.sleep_level)
                 self._asleep = {"weights", "kv_cache"}
-                self._weights_stale = self.plan.sleep_level >= 2
+                self._weights_stale = self.settings.sleep_level >= 2
             return
         if not self._kv_released:
             self._kv_released = all(self.llm.collective_rpc(mem.kv_release))

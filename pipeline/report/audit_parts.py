@@ -11,6 +11,7 @@ import io
 
 import pyarrow.parquet as pq
 
+from pipeline.eval.metrics import figures
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
 from pipeline.report.audit_verdicts import check_verdicts
 from pipeline.store import MANIFEST, RunStore, parts, policy_rel, stage_rel
@@ -64,7 +65,6 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
 
     import pyarrow as pa
 
-    from pipeline.eval.metrics import figures  # lazy: the eval stage reports through this package
     from pipeline.store.parts import read_parts
     from schemas.artifacts import EVAL
 

@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
+from pipeline.eval.run import eval_summary
 from pipeline.report.episodes import episode_metrics, episode_records, episode_texts
 from pipeline.store.run import Run
 from pipeline.store import STAGES, stage_rel
@@ -207,8 +208,6 @@ def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
 
 
 def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
-    from pipeline.eval.run import eval_summary  # lazy: the eval stage reports through this package
-
     return {
         **eval_summary(run, k),  # every figure with its interval (pipeline/eval/metrics.py)
         **_judge_counts(m.judge, "eval/judge"),  # the eval's own calls to served rewards
