@@ -16,6 +16,7 @@ episode's: the text a model writes, parsed by the format's parser, rendered from
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.agents import call_formats, templates
 from pipeline.agents.format import SENTINELS, Call, ToolFormat
@@ -48,8 +49,12 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
         call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
                  {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
-        text = _renders(tokenizer, probe, tpl)
+        text = _renders(tokenizer, probe, tpl, tools=[_schema()])  # as a run renders: templates loop over `tools`
         if text is not None and all(s in text for s in SENTINELS):
+            for what, pattern in call_formats.AFTER_TURN.items():
+                if pattern.search(text):
+                    raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls as {what}, which a model "
+                                    "sampled to its end of turn cannot write; tools cannot be expressed for this model")
             if getattr(tokenizer, "response_template", None) is not None:
                 return checked(ToolFormat(tokenizer, "template", "response_template", eot, tpl), model), None
             family = call_formats.detect(text, name)
@@ -67,9 +72,7 @@ def checked(fmt: ToolFormat, model: str) -> ToolFormat:
     """`fmt`, once a sample exchange passes every check above; GRPOError naming the model and
     what fails, otherwise."""
     name, key, val, content = SENTINELS
-    schema = {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
-        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
-                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
+    schema = _schema()
     call = {"name": name, "arguments": {key: val, "count": 7}}
     user, result = {"role": "user", "content": "hi"}, {"role": "tool", "name": name, "content": content}
     raw = f'<tool_call>\n{json.dumps(call)}\n</tool_call>'
@@ -101,6 +104,14 @@ def checked(fmt: ToolFormat, model: str) -> ToolFormat:
     return fmt
 
 
+def _schema() -> dict:
+    """The sample tool: a string and an integer argument."""
+    name, key, _, _ = SENTINELS
+    return {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
+        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
+                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
+
+
 def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bool) -> str:
     """What a model of this template writes for `call` (with thinking first): the assistant's part of
     the rendering, after the prompt's generation prompt, less its end of turn."""
@@ -109,9 +120,28 @@ def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bo
         said.update(reasoning_content=THINK, thinking=THINK)
     prompt = fmt.render([user], [schema], True)
     full = fmt.render([user, said], [schema], False)
-    n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+    n = _boundary(fmt.tokenizer, full, next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b),
+                                            min(len(prompt), len(full))))
     turn = full[n:].rstrip()
     return turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+
+
+_OPEN_TAG = re.compile(r"(?:<[^<>\s]*|\[[A-Z_]*)$")  # a tag or a bracket marker not yet closed
+
+
+def _boundary(tokenizer, text: str, n: int) -> int:
+    """`n` moved back to a token or tag boundary of `text`: the prompt and the rendered turn first
+    differ inside a tag where the generation prompt ends in thinking the history does not keep
+    (QwQ's `<think>\n` against `<tool_call>`, GLM-4.7's `<think>` against `</think>`): the turn
+    starts at that tag, or at the special token that holds `n`."""
+    for tok in getattr(tokenizer, "all_special_tokens", []) + list(getattr(tokenizer, "get_added_vocab", dict)()):
+        if not tok:
+            continue
+        at = text.rfind(tok, 0, n)
+        if at != -1 and at < n < at + len(tok):
+            n = at
+    m = _OPEN_TAG.search(text[:n])
+    return m.start() if m else n
 
 
 def _round_trip(fmt: ToolFormat, model: str, calls: list[Call], want: dict, thinking: bool) -> None:
@@ -121,7 +151,8 @@ def _round_trip(fmt: ToolFormat, model: str, calls: list[Call], want: dict, thin
         sorted(calls[0].arguments) == sorted(want["arguments"]) and \
         all(_same_value(calls[0].arguments[k], v) for k, v in want["arguments"].items())
     if not ok:
-        label = "its response_template" if fmt.parser == "response_template" else f"the {fmt.parser} call format"
+        label = "its response_template" if fmt.parser == "response_template" else \
+            f"the {fmt.parser} call format ({call_formats.WRITES.get(fmt.parser, fmt.parser)})"
         got = [(c.name, c.arguments) for c in calls]
         raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls in {label}, but a sample call "
                         f"{'after thinking ' if thinking else ''}does not parse back (read {json.dumps(got, default=str)[:120]}); "
@@ -136,7 +167,8 @@ def _not_prefix_preserving(fmt: ToolFormat, model: str, thinking: bool, why: str
     """The one line for a template that renders a probed turn differently once its result follows."""
     detail = why.split("(", 1)[1].rsplit(")", 1)[0] if "(" in why else why
     turn = "a turn with thinking" if thinking else "a tool-calling turn"
-    where = "in its own tool format" if fmt.kind == "template" else "in the Hermes fallback"
+    where = (f"in its own tool format ({fmt.parser}: {call_formats.WRITES.get(fmt.parser, fmt.parser)})"
+             if fmt.kind == "template" else "in the Hermes fallback")
     line = (f"rollout.tools: the chat template of {model} renders {turn} differently once the tool's result follows it, "
             f"{where} ({detail}), so the sampled tokens would not stay the conversation's history; "
             + (f"so does its training template {fmt.template.name}" if fmt.template.name != "model" else
