@@ -25,12 +25,15 @@ from pipeline.errors import GRPOError
 from pipeline.models.stop_tokens import end_of_turn
 
 THINK = "probe_thinking_e5b7c1d3"
+USER = "probe_user_f2c8a6d0"
 
 
-def _renders(tokenizer, messages, template: ChatTemplate, **kw) -> str | None:
+def _renders(tokenizer, messages, template: ChatTemplate, failed: list[str], **kw) -> str | None:
+    """The rendering, or None with the error's first line put in `failed`."""
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template.text, **kw)
-    except Exception:
+    except Exception as err:
+        failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         return None
 
 
@@ -47,9 +50,10 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
     tpl = templates.for_tools(tokenizer)
     if option == "auto":
         call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
-        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+        probe = [{"role": "user", "content": USER}, {"role": "assistant", "content": "", "tool_calls": [call]},
                  {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
-        text = _renders(tokenizer, probe, tpl, tools=[_schema()])  # as a run renders: templates loop over `tools`
+        failed: list[str] = []  # why the template could not render the exchange, if it could not
+        text = _renders(tokenizer, probe, tpl, failed, tools=[_schema()])  # as a run renders: templates loop over `tools`
         if text is not None and all(s in text for s in SENTINELS):
             for what, pattern in call_formats.AFTER_TURN.items():
                 if pattern.search(text):
@@ -57,14 +61,23 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
                                     "sampled to its end of turn cannot write; tools cannot be expressed for this model")
             if getattr(tokenizer, "response_template", None) is not None:
                 return checked(ToolFormat(tokenizer, "template", "response_template", eot, tpl), model), None
-            family = call_formats.detect(text, name)
+            turn = text[text.find(USER) + len(USER):]  # the exchange, not the tool list before it
+            family = call_formats.detect(turn, name)
             if family is not None:
                 return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
-            return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), (
-                f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
-                "using the Hermes fallback (rollout.tool_format: hermes)")
-        note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
-        return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), note
+            writes = f"renders tool calls as {_excerpt(turn)!r}, a format grpo cannot parse (no response_template)"
+            try:
+                fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
+            except GRPOError as err:
+                raise GRPOError(f"{err}; its own format: it {writes}") from None
+            return fallback, f"the chat template of {model} {writes}; using the Hermes fallback (rollout.tool_format: hermes)"
+        why = "fails on a tool exchange" if text is None else "has no tool support"
+        try:
+            fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
+        except GRPOError as err:
+            raise GRPOError(f"{err}; its own template {why}" + (f" ({failed[0]})" if failed else "")) from None
+        return fallback, (f"the chat template of {model} {why}" + (f" ({failed[0]})" if failed else "")
+                          + "; using the Hermes fallback (rollout.tool_format: hermes)")
     return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), None
 
 
@@ -97,11 +110,31 @@ def checked(fmt: ToolFormat, model: str) -> ToolFormat:
             _round_trip(fmt, model, calls, call, thinking)
         ran = [{"name": c.name, "arguments": c.arguments} for c in calls if c.name is not None]
         episode = [user, {"role": "assistant", "content": said, "raw": turn, "tool_calls": ran}, result]
+        stop = fmt.eot or fmt.tokenizer.eos_token or ""
         try:
-            fmt.glue_text(episode, 1, [schema], fmt.eot or fmt.tokenizer.eos_token or "", True)
+            glue = fmt.glue_text(episode, 1, [schema], stop, True)
         except GRPOError as err:
             raise GRPOError(_not_prefix_preserving(fmt, model, thinking, str(err))) from None
+        if stop and glue.lstrip().startswith(stop):  # the template moves its end of turn (Nemotron-Nano-v2: "\n<SPECIAL_12>")
+            raise GRPOError(_not_prefix_preserving(fmt, model, thinking, (
+                f"it writes {glue[:glue.index(stop) + len(stop)]!r} after the turn once the result follows, so the episode "
+                f"would hold its end of turn {stop!r} twice")))
     return fmt
+
+
+def _excerpt(turn: str) -> str:
+    """How a template writes the sample call: its rendering from a little before the call's name to
+    the tool's result, the sentinels named, whitespace collapsed, cut to 100 characters."""
+    name, key, val, content = SENTINELS
+    part = turn[: turn.find(content)] if content in turn else turn
+    at = part.find(name)
+    part = part[max(0, at - 48):]  # from just before the call's name, at a tag when one starts there
+    tag = re.search(r"[<\[]", part[: min(48, at)])
+    part = part[tag.start():] if tag else part
+    for s, word in zip(SENTINELS, ("NAME", "KEY", "VALUE", "RESULT")):
+        part = part.replace(s, word)
+    part = re.sub(r"\s+", " ", part).strip()
+    return part if len(part) <= 100 else part[:97] + "..."
 
 
 def _schema() -> dict:
