@@ -400,3 +400,24 @@ def test_llama_cpp_template_round_trips_a_tool_episode_or_is_refused_naming_its_
                {"role": "tool", "name": "multiply", "content": "42"}]
     glue = fmt.glue_text(episode, 1, [schema], fmt.eot or tok.eos_token or "", True)
     assert "42" in glue and fmt.render(episode, [schema], True).endswith(glue), glue
+
+
+def test_wrapped_json_calls_read_as_llama_cpp_reads_them(assets):
+    """GigaChat 3.1's `<|function_call|>{...}` turn, read from its tokens in the format the probe chose:
+    the call, the text before it as content; a call whose JSON does not read, or with no name, is malformed.
+    Apriel's and Nemotron-Nano-v2's lists: every call of a closed block; a block never closed is malformed."""
+    from pipeline.agents.call_formats import parse_wrapped
+    from pipeline.agents.probe import choose
+
+    tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / "GigaChat3.1-10B-A1.8B.jinja").read_text())
+    fmt, _ = choose(tok, "auto", "gigachat")
+    for text, want in [('Let me.<|function_call|>{"name": "multiply", "arguments": {"a": 6, "b": 7}}', [("multiply", {"a": 6, "b": 7})]),
+                       ('<|function_call|>{"name": "multiply", "arguments": {"a": 6', [None]),
+                       ('<|function_call|>{"arguments": {"a": 6}}', [None]), ("It is 42.", [])]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], [], set())
+        assert [(c.name, c.arguments) if c.name else None for c in calls] == want, text
+        assert content == text.split("<|function_call|>")[0], text
+    two = '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": "1"}}]'
+    for family, (opener, closer) in [("apriel", ("<tool_calls>", "</tool_calls>")), ("nemotron_v2", ("<TOOLCALL>", "</TOOLCALL>"))]:
+        assert parse_wrapped(family, f"ok {opener}{two}{closer}") == ("ok", [("a", {}), ("b", {"x": "1"})])
+        assert [c[0] for c in parse_wrapped(family, f"{opener}{two}")[1]] == [None]

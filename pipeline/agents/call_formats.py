@@ -128,8 +128,6 @@ def parse_wrapped(family: str, text: str) -> tuple[str, list]:
     """(content, [(name or None, arguments or raw text)]) of a turn in one of the WRAPPED families:
     the content is the text before the opening marker; a block never closed (where the family
     closes one) or whose JSON does not read as calls is malformed."""
-    from pipeline.agents.format import read_call
-
     opener, closer = WRAPPED[family]
     head, found, body = text.partition(opener)
     if not found:
@@ -142,12 +140,7 @@ def parse_wrapped(family: str, text: str) -> tuple[str, list]:
         items = json.loads(body.strip())
     except ValueError:
         return head.strip(), [(None, opener + body)]
-    out = []
-    for item in items if isinstance(items, list) else [items]:
-        call = read_call(json.dumps(item)) if isinstance(item, dict) else None
-        out.append((call.name, call.arguments) if call is not None and call.name is not None and isinstance(call.arguments, dict)
-                   else (None, json.dumps(item, ensure_ascii=False)))
-    return head.strip(), out or [(None, opener + body)]
+    return head.strip(), calls_of({"tool_calls": items}) or [(None, opener + body)]
 
 
 def detect(turn: str, name: str) -> str | None:
