@@ -11,6 +11,10 @@ Qwen3's `<think>` block, gpt-oss's analysis channel; `<think>` in the Hermes fal
 A template that renders past thinking differently once more messages follow would otherwise pass
 here and stop the run at its first thinking turn. Each turn goes through the same path as an
 episode's: the text a model writes, parsed by the format's parser, rendered from what it read.
+The exchange is rendered with the run's tools (`tools=`), as a run renders it: some templates loop
+over them (Hermes-2-Pro's `tool_use`). The turn a model writes is split from its prompt at a token
+or tag boundary (`_boundary`): a generation prompt may end in thinking the history does not keep.
+A note or a refusal names what the template writes (`_excerpt`, call_formats.WRITES).
 """
 
 from __future__ import annotations
