@@ -16,6 +16,9 @@ TRL 1.16 ships response schemas for, and Mistral's:
 - harmony: `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>`, after an
   optional `<|channel|>analysis<|message|>...<|end|>` (gpt-oss), one call per message, each ended by `<|call|>`;
 - pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
+- apriel, nemotron_v2, gigachat: JSON calls between the template's own markers (`WRAPPED`):
+  `<tool_calls>[...]</tool_calls>` (Apriel 1.5 / 1.6), `<TOOLCALL>[...]</TOOLCALL>` (Nemotron-Nano-v2),
+  `<|function_call|>{...}` (GigaChat 3.1), as llama.cpp's common/chat.cpp reads them.
 
 hermes and json are read by format.py's own parsers; the others go through transformers'
 `parse_response` with the response templates below. Values in the XML families are the raw
