@@ -264,3 +264,160 @@ def test_a_template_that_writes_todays_date_renders_the_day_init_recorded(assets
     assert config_mod.resolve(base_config(assets, data={**base_config(assets)["data"], "template_date": "2026-11-27"})).data.template_date == "2026-11-27"
     with pytest.raises(GRPOError, match=r"data.template_date.*YYYY-MM-DD"):
         config_mod.resolve(base_config(assets, data={**base_config(assets)["data"], "template_date": "27/11/2026"}))
+
+
+# llama.cpp's chat template collection (tests/fixtures/llama_cpp_templates, see its README): what grpo
+# does with each, with tools. (kind, parser): accepted, in the template's own call format ("template")
+# or in the Hermes fallback ("hermes", with a note saying what the template writes or that it has no tool
+# support). A string: refused, the line naming what the template writes (its format, or why it cannot).
+LLAMA_CPP = Path(__file__).parent / "fixtures" / "llama_cpp_templates"
+OWN, FALLBACK = "template", "hermes"
+LLAMA_CPP_EXPECTED = {
+    "Apertus-8B-Instruct": (FALLBACK, "<|tools_prefix|>"),
+    "Apriel-1.6-15b-Thinker-fixed": "in its own tool format (apriel: <tool_calls>[{json}]</tool_calls>)",
+    "Bielik-11B-v3.0-Instruct": (OWN, "hermes"),
+    "ByteDance-Seed-OSS": (FALLBACK, "<seed:tool_call>"),
+    "CohereForAI-c4ai-command-r-plus-tool_use": '[ { "tool_name": "NAME", "parameters": { "KEY": "VALUE" } } ]```',
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": '"tool_name": "NAME", "parameters": {"KEY": "VALUE"}} ]<|END_ACTION|>',
+    "GLM-4.6": (OWN, "glm"),
+    "GLM-4.7-Flash": (OWN, "glm"),
+    "GigaChat3-10B-A1.8B": "a separate 'function call' role message after the assistant's turn ends",
+    "GigaChat3.1-10B-A1.8B": (OWN, "gigachat"),
+    "HuggingFaceTB-SmolLM3-3B": (FALLBACK, "has no tool support"),
+    "Kimi-K2-Instruct": (FALLBACK, "fails on a tool exchange (SecurityError"),
+    "Kimi-K2-Thinking": (FALLBACK, "fails on a tool exchange (SecurityError"),
+    "LFM2-8B-A1B": (FALLBACK, "has no tool support"),
+    "LFM2.5-8B-A1B": (OWN, "pythonic"),
+    "LFM2.5-Instruct": (FALLBACK, "has no tool support"),
+    "MiMo-VL": (OWN, "hermes"),
+    "MiniMax-M2": "<minimax:tool_call>",
+    "Mistral-Small-3.2-24B-Instruct-2506": (OWN, "mistral_args"),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (OWN, "qwen_xml"),
+    "NVIDIA-Nemotron-Nano-v2": "in its own tool format (nemotron_v2: <TOOLCALL>[{json}]</TOOLCALL>) (it writes '\\n<SPECIAL_12>'",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": (OWN, "hermes"),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": (OWN, "hermes"),
+    "Qwen-QwQ-32B": (OWN, "hermes"),
+    "Qwen-Qwen2.5-7B-Instruct": (OWN, "hermes"),
+    "Qwen-Qwen3-0.6B": "in its own tool format (hermes: <tool_call>{json}</tool_call>)",
+    "Qwen3-Coder": (OWN, "qwen_xml"),
+    "Qwen3.5-4B": (OWN, "qwen_xml"),
+    "Reka-Edge": (OWN, "hermes"),
+    "StepFun3.5-Flash": (OWN, "qwen_xml"),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": (FALLBACK, "has no tool support"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (FALLBACK, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME"),
+    "deepseek-ai-DeepSeek-V3.1": (FALLBACK, "<｜tool▁calls▁begin｜>"),
+    "deepseek-ai-DeepSeek-V3.2": (FALLBACK, "<｜DSML｜"),
+    "fireworks-ai-llama-3-firefunction-v2": "its own template fails on a tool exchange (UndefinedError: 'functions' is undefined)",
+    "google-gemma-2-2b-it": "its own template fails on a tool exchange (TemplateError: Conversation roles must alternate",
+    "google-gemma-4-31B-it-interleaved": (FALLBACK, "<|tool_call>call:NAME"),
+    "google-gemma-4-31B-it": (FALLBACK, "<|tool_call>call:NAME"),
+    "ibm-granite-granite-3.3-2B-Instruct": (FALLBACK, "has no tool support"),
+    "ibm-granite-granite-4.0": (OWN, "hermes"),
+    "ibm-granite-granite-4.1": (OWN, "hermes"),
+    "llama-cpp-deepseek-r1": (FALLBACK, "fails on a tool exchange (TypeError"),
+    "llama-cpp-rwkv-world": (FALLBACK, "has no tool support"),
+    "meetkai-functionary-medium-v3.1": (FALLBACK, "<function=NAME>{\"KEY\": \"VALUE\"}</function>"),
+    "meetkai-functionary-medium-v3.2": (FALLBACK, "fails on a tool exchange (TypeError"),
+    "meta-llama-Llama-3.1-8B-Instruct": (OWN, "json"),
+    "meta-llama-Llama-3.2-3B-Instruct": (OWN, "json"),
+    "meta-llama-Llama-3.3-70B-Instruct": (OWN, "json"),
+    "microsoft-Phi-3.5-mini-instruct": "its own template has no tool support",
+    "mistralai-Ministral-3-14B-Reasoning-2512": (OWN, "mistral_args"),
+    "mistralai-Mistral-Nemo-Instruct-2407": (OWN, "mistral_list"),
+    "moonshotai-Kimi-K2": (FALLBACK, "<|tool_call_begin|>functions.NAME:0"),
+    "openai-gpt-oss-120b": (OWN, "harmony"),
+    "stepfun-ai-Step-3.5-Flash": (OWN, "qwen_xml"),
+    "unsloth-Apriel-1.5": "in its own tool format (apriel: <tool_calls>[{json}]</tool_calls>)",
+    "unsloth-mistral-Devstral-Small-2507": (OWN, "mistral_args"),
+    "upstage-Solar-Open-100B": (FALLBACK, "<|tool_call:begin|>"),
+}
+# the tags and markers the collection's templates write, as tokens: a split between turns at a token
+# boundary is then a split at a tag boundary (QwQ's `<think>` is one token in its tokenizer)
+TAGS = re.compile(r"</?[A-Za-z_][\w:.\-]*>|" + SPECIAL.pattern)
+
+
+def llama_cpp_tokenizer(tok_dir: Path, text: str):
+    """The tiny model's tokenizer with `text` as its chat template, its markers and tags as special tokens,
+    and a BOS token (the tiny tokenizer has none; Llama-based templates write one)."""
+    tok = with_template(tok_dir, text)
+    tags = sorted(set(TAGS.findall(text)) - set(tok.get_vocab()))
+    if tags:
+        tok.add_special_tokens({"additional_special_tokens": tags}, replace_extra_special_tokens=False)
+    if tok.bos_token is None:
+        tok.add_special_tokens({"bos_token": "<s>"})
+    return tok
+
+
+def test_llama_cpp_collection_is_pinned_and_complete():
+    """Every template of the collection has an expected outcome below, and nothing else is expected."""
+    assert sorted(p.stem for p in LLAMA_CPP.glob("*.jinja")) == sorted(LLAMA_CPP_EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CPP_EXPECTED))
+def test_llama_cpp_template_round_trips_a_tool_episode_or_is_refused_naming_its_format(assets, name):
+    """Accepted: the probe's choice is the expected one; a call as the template writes it after its own
+    generation prompt (split from the prompt at a token boundary, here) parses back from its tokens to the
+    same call, and the glue holds the tool's result as the template writes it. Refused: one line naming
+    what the template writes."""
+    from pipeline.agents.probe import choose
+    from pipeline.errors import GRPOError
+
+    tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
+    want = LLAMA_CPP_EXPECTED[name]
+    if isinstance(want, str):
+        with pytest.raises(GRPOError) as err:
+            choose(tok, "auto", name)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(f"rollout.tools: the chat template of {name} ") and want in line, line
+        return
+    fmt, note = choose(tok, "auto", name)
+    assert (fmt.kind, note is None) == (want[0], want[0] == OWN), note
+    if fmt.kind == FALLBACK:
+        assert want[1] in note, note
+    else:
+        assert fmt.parser == want[1]
+    schema = {"type": "function", "function": {"name": "multiply", "description": "Multiply two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    user = {"role": "user", "content": "What is 6 * 7?"}
+    call = {"name": "multiply", "arguments": {"a": 6, "b": 7}}
+    raw = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    said = {"role": "assistant", "content": "", "raw": raw, "tool_calls": [call]}
+    prompt = tok(fmt.render([user], [schema], True), add_special_tokens=False)["input_ids"]
+    if fmt.kind == OWN:
+        full = tok(fmt.render([user, said], [schema], False), add_special_tokens=False)["input_ids"]
+        n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+        turn = full[n:]
+    else:
+        turn = tok(raw, add_special_tokens=False)["input_ids"]
+    eot = tok.convert_tokens_to_ids(fmt.eot) if fmt.eot else None
+    while turn and tok.decode(turn[-1:]).strip() == "":  # the newlines after the turn's end
+        turn = turn[:-1]
+    content, calls = fmt.parse_turn(turn, prompt, {eot} if eot is not None else set())
+    assert [(c.name, {k: str(v) for k, v in c.arguments.items()}) for c in calls] == [("multiply", {"a": "6", "b": "7"})], \
+        (tok.decode(turn), calls)
+    episode = [user, {"role": "assistant", "content": content, "raw": tok.decode(turn),
+                      "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls]},
+               {"role": "tool", "name": "multiply", "content": "42"}]
+    glue = fmt.glue_text(episode, 1, [schema], fmt.eot or tok.eos_token or "", True)
+    assert "42" in glue and fmt.render(episode, [schema], True).endswith(glue), glue
+
+
+def test_wrapped_json_calls_read_as_llama_cpp_reads_them(assets):
+    """GigaChat 3.1's `<|function_call|>{...}` turn, read from its tokens in the format the probe chose:
+    the call, the text before it as content; a call whose JSON does not read, or with no name, is malformed.
+    Apriel's and Nemotron-Nano-v2's lists: every call of a closed block; a block never closed is malformed."""
+    from pipeline.agents.call_formats import parse_wrapped
+    from pipeline.agents.probe import choose
+
+    tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / "GigaChat3.1-10B-A1.8B.jinja").read_text())
+    fmt, _ = choose(tok, "auto", "gigachat")
+    for text, want in [('Let me.<|function_call|>{"name": "multiply", "arguments": {"a": 6, "b": 7}}', [("multiply", {"a": 6, "b": 7})]),
+                       ('<|function_call|>{"name": "multiply", "arguments": {"a": 6', [None]),
+                       ('<|function_call|>{"arguments": {"a": 6}}', [None]), ("It is 42.", [])]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], [], set())
+        assert [(c.name, c.arguments) if c.name else None for c in calls] == want, text
+        assert content == text.split("<|function_call|>")[0], text
+    two = '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": "1"}}]'
+    for family, (opener, closer) in [("apriel", ("<tool_calls>", "</tool_calls>")), ("nemotron_v2", ("<TOOLCALL>", "</TOOLCALL>"))]:
+        assert parse_wrapped(family, f"ok {opener}{two}{closer}") == ("ok", [("a", {}), ("b", {"x": "1"})])
+        assert [c[0] for c in parse_wrapped(family, f"{opener}{two}")[1]] == [None]

@@ -16,6 +16,9 @@ TRL 1.16 ships response schemas for, and Mistral's:
 - harmony: `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>`, after an
   optional `<|channel|>analysis<|message|>...<|end|>` (gpt-oss), one call per message, each ended by `<|call|>`;
 - pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
+- apriel, nemotron_v2, gigachat: JSON calls between the template's own markers (`WRAPPED`):
+  `<tool_calls>[...]</tool_calls>` (Apriel 1.5 / 1.6), `<TOOLCALL>[...]</TOOLCALL>` (Nemotron-Nano-v2),
+  `<|function_call|>{...}` (GigaChat 3.1), as llama.cpp's common/chat.cpp reads them.
 
 hermes and json are read by format.py's own parsers; the others go through transformers'
 `parse_response` with the response templates below. Values in the XML families are the raw
@@ -105,9 +108,50 @@ MARKERS = {"hermes": "<tool_call>", "qwen_xml": "<tool_call>", "glm": "<tool_cal
 CLOSERS = {"qwen_xml": re.compile(r"</function>\s*</tool_call>"), "glm": re.compile(r"</tool_call>")}
 
 
+# JSON calls between a template's own markers: {family: (opening marker, closing marker or None: to the end)};
+# a list of {"name", "arguments"} objects (Apriel 1.5 / 1.6, Nemotron-Nano-v2) or one object (GigaChat 3 / 3.1's
+# function-call role), as llama.cpp's common/chat.cpp reads them
+WRAPPED = {"apriel": ("<tool_calls>", "</tool_calls>"), "nemotron_v2": ("<TOOLCALL>", "</TOOLCALL>"),
+           "gigachat": ("<|function_call|>", None)}
+
+
+# what each family writes, for the lines that name it
+WRITES = {"hermes": "<tool_call>{json}</tool_call>", "json": "a bare {\"name\", \"parameters\"} object",
+          "qwen_xml": "<tool_call><function=NAME><parameter=KEY>", "glm": "<tool_call>NAME<arg_key>KEY</arg_key>",
+          "mistral_list": "[TOOL_CALLS][{json}]", "mistral_args": "[TOOL_CALLS]NAME[ARGS]{json}",
+          "harmony": "to=functions.NAME<|channel|>commentary", "pythonic": "<|tool_call_start|>[NAME(key=value)]",
+          "apriel": "<tool_calls>[{json}]</tool_calls>", "nemotron_v2": "<TOOLCALL>[{json}]</TOOLCALL>",
+          "gigachat": "<|function_call|>{json}"}
+# a call the template writes outside the assistant's turn, after its end: a model sampled to its end of turn
+# cannot write it (GigaChat 3's `function call` role message, after the assistant's empty message)
+AFTER_TURN = {"a separate 'function call' role message after the assistant's turn ends": re.compile(r"function call<\|role_sep\|>")}
+
+
+def parse_wrapped(family: str, text: str) -> tuple[str, list]:
+    """(content, [(name or None, arguments or raw text)]) of a turn in one of the WRAPPED families:
+    the content is the text before the opening marker; a block never closed (where the family
+    closes one) or whose JSON does not read as calls is malformed."""
+    opener, closer = WRAPPED[family]
+    head, found, body = text.partition(opener)
+    if not found:
+        return text.strip(), []
+    if closer is not None:
+        body, closed, _ = body.partition(closer)
+        if not closed:
+            return head.strip(), [(None, opener + body)]
+    try:
+        items = json.loads(body.strip())
+    except ValueError:
+        return head.strip(), [(None, opener + body)]
+    return head.strip(), calls_of({"tool_calls": items}) or [(None, opener + body)]
+
+
 def detect(turn: str, name: str) -> str | None:
     """The family of a call to `name` as the template wrote it in `turn` (the assistant's part of
     the rendering); None when none of them."""
+    for family, (opener, _) in WRAPPED.items():
+        if re.search(re.escape(opener) + r"\s*\[?\s*\{\s*\"name\"\s*:\s*\"" + re.escape(name) + '"', turn):
+            return family
     if re.search(r"to=functions\." + re.escape(name) + r"\s*<\|channel\|>", turn):
         return "harmony"
     if re.search(r"<\|tool_call_start\|>\[" + re.escape(name) + r"\(", turn):

@@ -200,6 +200,9 @@ class ToolFormat:
             return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
             return parse_json_call(text)
+        if self.parser in call_formats.WRAPPED:
+            content, calls = call_formats.parse_wrapped(self.parser, text)
+            return content, [Call(n, a) for n, a in calls]
         if self.parser == "pythonic":
             content, calls = call_formats.parse_pythonic(text)
             return content, [Call(n, a) for n, a in calls]

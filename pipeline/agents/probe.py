@@ -11,11 +11,16 @@ Qwen3's `<think>` block, gpt-oss's analysis channel; `<think>` in the Hermes fal
 A template that renders past thinking differently once more messages follow would otherwise pass
 here and stop the run at its first thinking turn. Each turn goes through the same path as an
 episode's: the text a model writes, parsed by the format's parser, rendered from what it read.
+The exchange is rendered with the run's tools (`tools=`), as a run renders it: some templates loop
+over them (Hermes-2-Pro's `tool_use`). The turn a model writes is split from its prompt at a token
+or tag boundary (`_boundary`): a generation prompt may end in thinking the history does not keep.
+A note or a refusal names what the template writes (`_excerpt`, call_formats.WRITES).
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.agents import call_formats, templates
 from pipeline.agents.format import SENTINELS, Call, ToolFormat
@@ -24,12 +29,15 @@ from pipeline.errors import GRPOError
 from pipeline.models.stop_tokens import end_of_turn
 
 THINK = "probe_thinking_e5b7c1d3"
+USER = "probe_user_f2c8a6d0"
 
 
-def _renders(tokenizer, messages, template: ChatTemplate, **kw) -> str | None:
+def _renders(tokenizer, messages, template: ChatTemplate, failed: list[str], **kw) -> str | None:
+    """The rendering, or None with the error's first line put in `failed`."""
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template.text, **kw)
-    except Exception:
+    except Exception as err:
+        failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         return None
 
 
@@ -46,20 +54,34 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
     tpl = templates.for_tools(tokenizer)
     if option == "auto":
         call = {"type": "function", "id": "call00001", "function": {"name": name, "arguments": {key: val}}}
-        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+        probe = [{"role": "user", "content": USER}, {"role": "assistant", "content": "", "tool_calls": [call]},
                  {"role": "tool", "name": name, "tool_call_id": "call00001", "content": content}]
-        text = _renders(tokenizer, probe, tpl)
+        failed: list[str] = []  # why the template could not render the exchange, if it could not
+        text = _renders(tokenizer, probe, tpl, failed, tools=[_schema()])  # as a run renders: templates loop over `tools`
         if text is not None and all(s in text for s in SENTINELS):
+            for what, pattern in call_formats.AFTER_TURN.items():
+                if pattern.search(text):
+                    raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls as {what}, which a model "
+                                    "sampled to its end of turn cannot write; tools cannot be expressed for this model")
             if getattr(tokenizer, "response_template", None) is not None:
                 return checked(ToolFormat(tokenizer, "template", "response_template", eot, tpl), model), None
-            family = call_formats.detect(text, name)
+            turn = text[text.find(USER) + len(USER):]  # the exchange, not the tool list before it
+            family = call_formats.detect(turn, name)
             if family is not None:
                 return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
-            return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), (
-                f"the chat template of {model} renders tool calls in a format grpo cannot parse (no response_template); "
-                "using the Hermes fallback (rollout.tool_format: hermes)")
-        note = f"the chat template of {model} has no tool support; using the Hermes fallback (rollout.tool_format: hermes)"
-        return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), note
+            writes = f"renders tool calls as {_excerpt(turn)!r}, a format grpo cannot parse (no response_template)"
+            try:
+                fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
+            except GRPOError as err:
+                raise GRPOError(f"{err}; its own format: it {writes}") from None
+            return fallback, f"the chat template of {model} {writes}; using the Hermes fallback (rollout.tool_format: hermes)"
+        why = "fails on a tool exchange" if text is None else "has no tool support"
+        try:
+            fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
+        except GRPOError as err:
+            raise GRPOError(f"{err}; its own template {why}" + (f" ({failed[0]})" if failed else "")) from None
+        return fallback, (f"the chat template of {model} {why}" + (f" ({failed[0]})" if failed else "")
+                          + "; using the Hermes fallback (rollout.tool_format: hermes)")
     return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), None
 
 
@@ -67,9 +89,7 @@ def checked(fmt: ToolFormat, model: str) -> ToolFormat:
     """`fmt`, once a sample exchange passes every check above; GRPOError naming the model and
     what fails, otherwise."""
     name, key, val, content = SENTINELS
-    schema = {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
-        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
-                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
+    schema = _schema()
     call = {"name": name, "arguments": {key: val, "count": 7}}
     user, result = {"role": "user", "content": "hi"}, {"role": "tool", "name": name, "content": content}
     raw = f'<tool_call>\n{json.dumps(call)}\n</tool_call>'
@@ -94,11 +114,39 @@ def checked(fmt: ToolFormat, model: str) -> ToolFormat:
             _round_trip(fmt, model, calls, call, thinking)
         ran = [{"name": c.name, "arguments": c.arguments} for c in calls if c.name is not None]
         episode = [user, {"role": "assistant", "content": said, "raw": turn, "tool_calls": ran}, result]
+        stop = fmt.eot or fmt.tokenizer.eos_token or ""
         try:
-            fmt.glue_text(episode, 1, [schema], fmt.eot or fmt.tokenizer.eos_token or "", True)
+            glue = fmt.glue_text(episode, 1, [schema], stop, True)
         except GRPOError as err:
             raise GRPOError(_not_prefix_preserving(fmt, model, thinking, str(err))) from None
+        if stop and glue.lstrip().startswith(stop):  # the template moves its end of turn (Nemotron-Nano-v2: "\n<SPECIAL_12>")
+            raise GRPOError(_not_prefix_preserving(fmt, model, thinking, (
+                f"it writes {glue[:glue.index(stop) + len(stop)]!r} after the turn once the result follows, so the episode "
+                f"would hold its end of turn {stop!r} twice")))
     return fmt
+
+
+def _excerpt(turn: str) -> str:
+    """How a template writes the sample call: its rendering from a little before the call's name to
+    the tool's result, the sentinels named, whitespace collapsed, cut to 100 characters."""
+    name, key, val, content = SENTINELS
+    part = turn[: turn.find(content)] if content in turn else turn
+    at = part.find(name)
+    part = part[max(0, at - 48):]  # from just before the call's name, at a tag when one starts there
+    tag = re.search(r"[<\[]", part[: min(48, at)])
+    part = part[tag.start():] if tag else part
+    for s, word in zip(SENTINELS, ("NAME", "KEY", "VALUE", "RESULT")):
+        part = part.replace(s, word)
+    part = re.sub(r"\s+", " ", part).strip()
+    return part if len(part) <= 100 else part[:97] + "..."
+
+
+def _schema() -> dict:
+    """The sample tool: a string and an integer argument."""
+    name, key, _, _ = SENTINELS
+    return {"type": "function", "function": {"name": name, "description": "probe", "parameters": {
+        "type": "object", "properties": {key: {"type": "string", "description": "probe"},
+                                         "count": {"type": "integer", "description": "probe"}}, "required": [key]}}}
 
 
 def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bool) -> str:
@@ -109,9 +157,28 @@ def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bo
         said.update(reasoning_content=THINK, thinking=THINK)
     prompt = fmt.render([user], [schema], True)
     full = fmt.render([user, said], [schema], False)
-    n = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+    n = _boundary(fmt.tokenizer, full, next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b),
+                                            min(len(prompt), len(full))))
     turn = full[n:].rstrip()
     return turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+
+
+_OPEN_TAG = re.compile(r"(?:<[^<>\s]*|\[[A-Z_]*)$")  # a tag or a bracket marker not yet closed
+
+
+def _boundary(tokenizer, text: str, n: int) -> int:
+    """`n` moved back to a token or tag boundary of `text`: the prompt and the rendered turn first
+    differ inside a tag where the generation prompt ends in thinking the history does not keep
+    (QwQ's `<think>\n` against `<tool_call>`, GLM-4.7's `<think>` against `</think>`): the turn
+    starts at that tag, or at the special token that holds `n`."""
+    for tok in getattr(tokenizer, "all_special_tokens", []) + list(getattr(tokenizer, "get_added_vocab", dict)()):
+        if not tok:
+            continue
+        at = text.rfind(tok, 0, n)
+        if at != -1 and at < n < at + len(tok):
+            n = at
+    m = _OPEN_TAG.search(text[:n])
+    return m.start() if m else n
 
 
 def _round_trip(fmt: ToolFormat, model: str, calls: list[Call], want: dict, thinking: bool) -> None:
@@ -121,7 +188,8 @@ def _round_trip(fmt: ToolFormat, model: str, calls: list[Call], want: dict, thin
         sorted(calls[0].arguments) == sorted(want["arguments"]) and \
         all(_same_value(calls[0].arguments[k], v) for k, v in want["arguments"].items())
     if not ok:
-        label = "its response_template" if fmt.parser == "response_template" else f"the {fmt.parser} call format"
+        label = "its response_template" if fmt.parser == "response_template" else \
+            f"the {fmt.parser} call format ({call_formats.WRITES.get(fmt.parser, fmt.parser)})"
         got = [(c.name, c.arguments) for c in calls]
         raise GRPOError(f"rollout.tools: the chat template of {model} writes tool calls in {label}, but a sample call "
                         f"{'after thinking ' if thinking else ''}does not parse back (read {json.dumps(got, default=str)[:120]}); "
@@ -136,7 +204,8 @@ def _not_prefix_preserving(fmt: ToolFormat, model: str, thinking: bool, why: str
     """The one line for a template that renders a probed turn differently once its result follows."""
     detail = why.split("(", 1)[1].rsplit(")", 1)[0] if "(" in why else why
     turn = "a turn with thinking" if thinking else "a tool-calling turn"
-    where = "in its own tool format" if fmt.kind == "template" else "in the Hermes fallback"
+    where = (f"in its own tool format ({fmt.parser}: {call_formats.WRITES.get(fmt.parser, fmt.parser)})"
+             if fmt.kind == "template" else "in the Hermes fallback")
     line = (f"rollout.tools: the chat template of {model} renders {turn} differently once the tool's result follows it, "
             f"{where} ({detail}), so the sampled tokens would not stay the conversation's history; "
             + (f"so does its training template {fmt.template.name}" if fmt.template.name != "model" else
