@@ -34,14 +34,15 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 
 
 def test_pass_and_maj_at_k_when_k_does_not_divide_n():
-    # n=5, k=2, prompt 0 correct [0,1,0,0,1] (c=2): 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7; maj@2 over answers 3,4: a tie,
-    # the first (3, wrong) wins; prompt 1 all wrong: 0 and 0
+    # n=5, k=2, prompt 0 correct [0,1,0,0,1] (c=2): 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7; answers 3,4,3,3,4:
+    # maj@2 over the 10 pairs: a pair of 4s (1,4) right, of 3s wrong; a mixed pair ties and its first sample
+    # wins: (1,2), (1,3) right, (0,1), (0,4), (2,4), (3,4) wrong -> 3/10; prompt 1 all wrong: 0 and 0
     cfg = cfg_of(samples=5, greedy=False, pass_k=[2])
     rows = [(0, j, A(a), c) for j, (a, c) in enumerate(zip("34334", (0, 1, 0, 0, 1)))] + \
            [(1, j, A("9"), 0) for j in range(5)]
     f = figures(cfg, _record(rows))
     assert f["pass_at_2"][0] == pytest.approx(0.35)  # (0.7 + 0) / 2
-    assert f["maj_at_2"][0] == 0.0
+    assert f["maj_at_2"][0] == pytest.approx(0.15)  # (0.3 + 0) / 2
 
 
 def test_wilson_at_p0_and_p1_is_the_closed_form():
@@ -103,7 +104,7 @@ def test_majority_ties_and_math_equivalences():
     same = lambda a, b: a == b  # noqa: E731
     # a tie goes to the answer seen first, whatever the order of the rest (deterministic, as Counter.most_common)
     assert majority(["a", "b"], same) == 0 and majority(["b", "a", "a", "b"], same) == 0
-    assert majority([None, "b", "a"], same) == 1 and majority([None, None], same) is None
+    assert majority([None, "b", "a"], same) == 0 and majority([None, None], same) == 0  # [invalid] is an answer
     # "1/2", "0.5" and "\frac{1}{2}" are one answer to math-verify: 3 votes beat 2 for "0.25"
     answers = ["0.25", "1/2", "0.25", "0.5", "\\frac{1}{2}"]
     assert majority(answers, answers_match) == 1
