@@ -4,11 +4,11 @@ The record is one row per (eval set, prompt, sample): `correct` (the set's accur
 `reward` (the weighted total), one `reward_<name>` column per reward, `completion_length` (the
 model's tokens), and for episodes the `episode` record. A figure is first taken per prompt (the mean
 over its k samples), then averaged over prompts; its interval comes from those per-prompt values
-(pipeline/eval/stats.py: Wilson for a share of prompts, else the bootstrap over prompts).
+(pipeline/eval/stats.py: Wilson for a share of prompts, else Wilson on an effective sample size).
 
     accuracy            mean@k: the share of correct samples
     pass_at_<k>         Chen et al.'s unbiased pass@k, for each k of eval.pass_k
-    maj_at_<k>          the majority answer of the first k samples is correct
+    maj_at_<k>          the majority answer of k samples is correct, its expectation over the k-subsets
     reward              the weighted total reward;  rewards/<name>: each reward column
     mean_length         completion length in the model's tokens
     tools/used          episodes: share calling a tool;  episodes/ending/answered: share ending with an answer
@@ -155,7 +155,8 @@ def _span(values, f: str) -> tuple[float, float] | None:
 
 RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
 """The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
-(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means: the bootstrap."""
+(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1] by
+their samples' range for their interval."""
 
 
 def is_rate(figure: str) -> bool:

@@ -6,8 +6,11 @@ of a prompt, c correct, the unbiased estimate of "at least one of k draws is cor
 which never forms the binomials (C(1024, 512) overflows a float).
 
 Intervals are 95 %: Wilson's score interval for a share of prompts (each prompt's figure 0 or 1),
-a percentile bootstrap over prompts otherwise (seeded: the same record gives the same interval),
-and a paired bootstrap for the difference of two records on the same prompts.
+Wilson's score interval on an effective sample size otherwise (effective_wilson: both levels of
+sampling, Student's t for a variance estimated from few prompts), and for the difference of two records
+on the same prompts a paired bootstrap interval beside an exact sign-flip test (sign_flip_p), which alone
+decides "distinguishable". maj@k is an expectation over k-subsets, as pass@k is (maj_at_k).
+docs/tracking.md has the simulation that chose them and their measured coverage.
 """
 
 from __future__ import annotations
