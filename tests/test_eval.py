@@ -304,8 +304,9 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
 @pytest.mark.slow
 def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     """`grpo eval --model` writes the parts a run's own eval of that model as policy 0 writes;
-    `--replay` re-scores an eval's completions with another accuracy reward; `--compare` of a greedy
-    and a sampled eval pairs their prompts; a record of other prompts is refused."""
+    `--replay` re-scores an eval's completions with another accuracy reward; `--compare` pairs the run's
+    and the record's prompts (B - A = 0); a sampled eval against a greedy one, or a record of other
+    prompts, is refused."""
     from conftest import write_config
     from stages.cli import run_cli
 
@@ -332,15 +333,20 @@ def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
 
     assert audit_run(Run(str(tmp_path / "rescored"))).ok
 
-    sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
-    assert run_cli(["eval", sampled, "--iter", "0"]) == 0
     capsys.readouterr()
-    assert run_cli(["eval", "--compare", run, sampled]) == 0
+    # the run against the --model record of the same model and config: the same parts, B - A = 0 on every figure
+    assert run_cli(["eval", "--compare", run, str(tmp_path / "base")]) == 0
     out = capsys.readouterr().out.splitlines()
     acc = next(line for line in out if line.startswith("accuracy "))
     a, b, diff = (float(x) for x in acc.split()[1:4])
-    assert diff == pytest.approx(b - a, abs=2e-3)
-    assert out[-1].startswith("accuracy: B - A = ") and "over 5 prompts" in out[-1] and "noise" in out[-1]
+    assert diff == 0.0 and a == b
+    assert out[-1].startswith("accuracy: B - A = +0.000 ") and "over 5 prompts" in out[-1] and "not distinguishable" in out[-1]
+    # a sampled eval of the same prompts: another sampling setting, refused in one line naming both records
+    sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
+    assert run_cli(["eval", sampled, "--iter", "0"]) == 0
+    capsys.readouterr()
+    assert run_cli(["eval", "--compare", run, sampled]) == 1
+    assert f"--compare: {run} and {sampled} evaluated with different eval.greedy (True against False)" in capsys.readouterr().err
     other = make_run("other", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 4})
     assert run_cli(["eval", other, "--iter", "0"]) == 0
     assert run_cli(["eval", "--compare", run, other]) == 1
