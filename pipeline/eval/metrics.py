@@ -91,7 +91,7 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
                 if k > n:
                     raise ValueError(f"eval.pass_k {k}: prompt {key[1]} has only {n} samples")
                 v[f"pass_at_{k}"] = pass_at_k(n, sum(hits), k)
-                v[f"maj_at_{k}"] = float(maj_at_k(labels, np.array(hits), k, seed=MAJ_SEED + int(key[1])))
+                v[f"maj_at_{k}"] = float(maj_at_k(labels, np.array(hits), k, seed=MAJ_SEED))
         if "episode" in rows[0]:
             v.update(_episodes([json.loads(r["episode"]) for r in rows if r["episode"] is not None]))
         v["#samples"] = float(n)

@@ -15,6 +15,7 @@ docs/tracking.md has the simulation that chose them and their measured coverage.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -228,6 +229,18 @@ def majority(answers: Sequence[str | None], same: Callable[[str, str], bool],
     return int(np.argmax(np.isin(labels, np.flatnonzero(counts == counts.max()))))
 
 
+@functools.lru_cache(maxsize=16)
+def _subsets(n: int, k: int, seed: int) -> np.ndarray:
+    """Every k-subset of range(n) (C(n, k) <= MAJ_SUBSETS), else MAJ_SUBSETS drawn with `seed`: the same for
+    every prompt of a record (its samples are exchangeable), drawn once."""
+    import itertools
+
+    if math.comb(n, k) <= MAJ_SUBSETS:
+        return np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
+    rng = np.random.default_rng(seed)
+    return np.sort(np.argsort(rng.random((MAJ_SUBSETS, n)), axis=1)[:, :k], axis=1)
+
+
 def maj_at_k(labels: np.ndarray, hits: np.ndarray, k: int, seed: int = MAJ_SEED) -> np.ndarray:
     """maj@k as its expectation over the k-subsets of the n samples, as pass@k is: the share of k-subsets
     whose majority answer (a tie: the answer seen first in the subset; INVALID votes as one answer) is
@@ -235,17 +248,11 @@ def maj_at_k(labels: np.ndarray, hits: np.ndarray, k: int, seed: int = MAJ_SEED)
     Exact over all C(n, k) subsets up to MAJ_SUBSETS, else MAJ_SUBSETS subsets drawn with `seed`.
 
     labels, hits [..., n] (cluster numbers < n, 0/1): vectorised over leading axes (prompts, records)."""
-    import itertools
-
     labels, hits = np.asarray(labels), np.asarray(hits, dtype=np.float64)
     n = labels.shape[-1]
     if not 1 <= k <= n:
         raise ValueError(f"maj@k needs 1 <= k <= n (n={n}, k={k})")
-    if math.comb(n, k) <= MAJ_SUBSETS:
-        subsets = np.array(list(itertools.combinations(range(n), k)), dtype=np.int64)  # [S, k], positions ascending
-    else:
-        rng = np.random.default_rng(seed)
-        subsets = np.sort(np.argsort(rng.random((MAJ_SUBSETS, n)), axis=1)[:, :k], axis=1)  # [S, k]
+    subsets = _subsets(n, k, seed)  # [S, k], positions ascending
     lead = labels.shape[:-1]
     lab = labels.reshape(-1, n)  # [P, n]
     hit = hits.reshape(-1, n)
