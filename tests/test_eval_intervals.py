@@ -208,11 +208,6 @@ def _wilson_z(values, figure):
         stats.t975 = saved
 
 
-def _hierarchical(values, figure):
-    """Not computable from per-prompt values alone; stood in by the percentile bootstrap here (see docs)."""
-    return _percentile(values, figure)
-
-
 CANDIDATES = {"percentile bootstrap": _percentile, "t over prompt means": _t_interval,
               "effective-n Wilson, z": _wilson_z, "effective-n Wilson, t (chosen)": chosen}
 
