@@ -51,16 +51,20 @@ def test_majority_votes_over_answers_compared_as_the_reward_compares_them():
     assert majority(["1/2", "0.5", "3", "3", None], answers_match) == 0
     assert majority(["7", "3", "3,000", "3000"], answers_match) == 2  # 3,000 == 3000 outvotes 3 and 7
     assert majority(["7", "3", "3"], answers_match) == 1
-    assert majority([None, None], answers_match) is None  # no answer never votes
+    # samples without an answer vote as one [invalid] answer (lm-eval's filter): 2 invalid votes beat 1 for "3"
+    assert majority([None, "3", None], answers_match) == 0
+    # 4 unanswered and a 2:2 tie: [invalid] wins (it abstained before, and the tie's first answer counted)
+    assert majority(["5", None, "7", None, "5", None, "7", None], answers_match) == 1
+    assert majority([], answers_match) is None
     exact = lambda a, b: a == b  # noqa: E731
     assert majority(["0.5", "1/2", "b", "b"], exact) == 2  # without math-verify they are two answers
 
 
-def _coverage(draw, truth: float, trials: int) -> float:
+def _coverage(draw, truth: float, trials: int, samples: int | None = None) -> float:
     rng = np.random.default_rng(45)
     held = 0
     for _ in range(trials):
-        _, lo, hi = estimate(draw(rng))
+        _, lo, hi = estimate(draw(rng), samples=samples)
         held += lo <= truth <= hi
     return held / trials
 
@@ -76,9 +80,11 @@ def test_wilson_interval_holds_the_true_rate_about_95_percent_of_the_time():
     assert wilson(3, 10) == pytest.approx((0.10779, 0.60322), abs=1e-4)
 
 
-def test_bootstrap_interval_holds_the_true_mean_about_95_percent_of_the_time():
-    # mean@4: 4 samples of each of 80 prompts, true rate 0.3 -> per-prompt values c/4: the bootstrap over prompts
-    cov = _coverage(lambda rng: rng.binomial(4, 0.3, 80) / 4, 0.3, 400)
+def test_fractional_rate_interval_holds_the_true_mean_about_95_percent_of_the_time():
+    # mean@4: 4 samples of each of 80 prompts (320 samples), true rate 0.3 -> per-prompt values c/4: the
+    # effective-n Wilson interval (every prompt at one rate: no design effect, about Wilson's on 320 samples);
+    # tests/test_eval_intervals.py has the harder cases
+    cov = _coverage(lambda rng: rng.binomial(4, 0.3, 80) / 4, 0.3, 400, samples=320)
     assert 0.92 <= cov <= 0.98, cov
     v = np.arange(20, dtype=float)
     assert bootstrap(v) == bootstrap(v)  # seeded: the same record gives the same interval
@@ -115,7 +121,10 @@ def test_figures_of_a_hand_made_record():
     assert f["pass_at_2"][0] == pytest.approx(2 / 3)
     assert f["pass_at_4"] == pytest.approx((1.0, *wilson(2, 2)))  # both prompts solved: a share, Wilson's interval
     assert f["maj_at_4"] == pytest.approx((0.5, *wilson(1, 2)))
-    assert f["maj_at_1"][0] == 0.5  # the first sample's answer: 7 right, 5 wrong
+    assert f["maj_at_1"][0] == pytest.approx(0.375)  # over the 1-subsets: each sample's own hit, pass@1
+    # maj@2 over the 6 pairs: prompt 0 (7,7,3,3 / 1,1,0,0): a mixed pair ties, its first sample wins: only (2,3)
+    # is wrong -> 5/6; prompt 1 (5,5,5,9 / 0,0,0,1): the 9 wins no pair (it comes last) -> 0; mean 5/12
+    assert f["maj_at_2"][0] == pytest.approx(5 / 12)
     assert f["rewards/format"][0] == 0.5 and f["reward"][0] == pytest.approx(0.375)
     lo, hi = f["accuracy"][1:]
     assert lo <= 0.375 <= hi  # not a share of prompts: the bootstrap over prompts
@@ -295,8 +304,9 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
 @pytest.mark.slow
 def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     """`grpo eval --model` writes the parts a run's own eval of that model as policy 0 writes;
-    `--replay` re-scores an eval's completions with another accuracy reward; `--compare` of a greedy
-    and a sampled eval pairs their prompts; a record of other prompts is refused."""
+    `--replay` re-scores an eval's completions with another accuracy reward; `--compare` pairs the run's
+    and the record's prompts (B - A = 0); a sampled eval against a greedy one, or a record of other
+    prompts, is refused."""
     from conftest import write_config
     from stages.cli import run_cli
 
@@ -323,15 +333,20 @@ def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
 
     assert audit_run(Run(str(tmp_path / "rescored"))).ok
 
-    sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
-    assert run_cli(["eval", sampled, "--iter", "0"]) == 0
     capsys.readouterr()
-    assert run_cli(["eval", "--compare", run, sampled]) == 0
+    # the run against the --model record of the same model and config: the same parts, B - A = 0 on every figure
+    assert run_cli(["eval", "--compare", run, str(tmp_path / "base")]) == 0
     out = capsys.readouterr().out.splitlines()
     acc = next(line for line in out if line.startswith("accuracy "))
     a, b, diff = (float(x) for x in acc.split()[1:4])
-    assert diff == pytest.approx(b - a, abs=2e-3)
-    assert out[-1].startswith("accuracy: B - A = ") and "over 5 prompts" in out[-1] and "noise" in out[-1]
+    assert diff == 0.0 and a == b
+    assert out[-1].startswith("accuracy: B - A = +0.000 ") and "over 5 prompts" in out[-1] and "not distinguishable" in out[-1]
+    # a sampled eval of the same prompts: another sampling setting, refused in one line naming both records
+    sampled = make_run("sampled", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 5, "greedy": False})
+    assert run_cli(["eval", sampled, "--iter", "0"]) == 0
+    capsys.readouterr()
+    assert run_cli(["eval", "--compare", run, sampled]) == 1
+    assert f"--compare: {run} and {sampled} evaluated with different eval.greedy (True against False)" in capsys.readouterr().err
     other = make_run("other", rollout={"engine": "hf"}, eval={"every": 1, "max_prompts": 4})
     assert run_cli(["eval", other, "--iter", "0"]) == 0
     assert run_cli(["eval", "--compare", run, other]) == 1
@@ -352,10 +367,48 @@ def test_compare_pairs_prompts_counts_wins_and_says_whether_it_is_noise():
     f = r["figures"]["accuracy"]
     assert (f["a"], f["b"], f["diff"], f["a_wins"], f["b_wins"]) == (0.25, 0.75, 0.5, 0, 20)
     assert 0 < f["lo"] < 0.5 < f["hi"]  # the paired bootstrap of the per-prompt differences (0 or 1, mean 0.5)
+    # 20 won, none lost: the sign-flip test's exact p is 2 / 2^20; drawn (20 > 16 differing prompts), at most a
+    # few of 20000 draws reach it: p <= (1 + 5) / 20001
+    assert f["p"] <= 6 / 20001
     assert verdict(r) == (f"accuracy: B - A = +0.500 [{f['lo']:+.3f}, {f['hi']:+.3f}] over 40 prompts: "
-                          "distinguishable from noise, B is better (the 95 % interval excludes 0)")
+                          f"distinguishable from noise, B is better (sign-flip test p = {f['p']:.3g})")
     # one prompt apart: +0.025, an interval that holds 0
     c = _record([(i, 0, A("1"), i < 11) for i in range(40)]).drop_columns(["sample_idx"])
-    assert verdict(compare(side("A"), 0, a, side("C"), 0, c)).endswith("not distinguishable from noise (the 95 % interval holds 0)")
+    assert verdict(compare(side("A"), 0, a, side("C"), 0, c)).endswith("not distinguishable from noise (sign-flip test p = 1)")
     with pytest.raises(GRPOError, match="different prompts"):
         compare(side("A"), 0, a, side("D"), 0, a.slice(0, 39))
+
+
+def test_compare_four_wins_and_no_loss_of_thirty_is_not_distinguishable():
+    """4 of 30 prompts won, none lost: the bootstrap interval excludes 0, but the exact sign test's
+    p = 2 / 2^4 = 0.125 -- not distinguishable (issue 54)."""
+    from types import SimpleNamespace
+
+    from pipeline.eval.compare import compare, verdict
+
+    side = lambda name: SimpleNamespace(cfg=cfg_of(), store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    a = _record([(i, 0, A("1"), 0) for i in range(30)]).drop_columns(["sample_idx"])
+    b = _record([(i, 0, A("1"), i < 4) for i in range(30)]).drop_columns(["sample_idx"])
+    r = compare(side("A"), 0, a, side("B"), 0, b)
+    f = r["figures"]["accuracy"]
+    assert (f["a_wins"], f["b_wins"], f["p"]) == (0, 4, pytest.approx(0.125, abs=1e-12))
+    assert f["lo"] > 0  # the bootstrap alone would have called it
+    assert verdict(r).endswith("not distinguishable from noise (sign-flip test p = 0.125)")
+
+
+@pytest.mark.parametrize("b_eval, setting", [
+    ({"samples": 4, "greedy": False}, "eval.greedy (True against False)"),
+    ({"samples": 4, "greedy": False, "temperature": 0.6}, "eval.temperature (1.0 against 0.6)"),
+    ({"samples": 2, "greedy": False}, "eval.samples (4 against 2)"),
+])
+def test_compare_refuses_records_sampled_differently(b_eval, setting):
+    from types import SimpleNamespace
+
+    from pipeline.eval.compare import compare
+
+    side = lambda name, cfg: SimpleNamespace(cfg=cfg, store=SimpleNamespace(display=lambda: name))  # noqa: E731
+    t = _record([(i, 0, A("1"), i % 2) for i in range(6)]).drop_columns(["sample_idx"])
+    a_cfg = cfg_of() if "greedy" in setting else cfg_of(samples=4, greedy=False)
+    with pytest.raises(GRPOError) as err:
+        compare(side("runs/a", a_cfg), 0, t, side("runs/b", cfg_of(**b_eval)), 0, t)
+    assert str(err.value) == f"--compare: runs/a and runs/b evaluated with different {setting}; compare evals sampled alike"

@@ -34,14 +34,15 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 
 
 def test_pass_and_maj_at_k_when_k_does_not_divide_n():
-    # n=5, k=2, prompt 0 correct [0,1,0,0,1] (c=2): 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7; maj@2 over answers 3,4: a tie,
-    # the first (3, wrong) wins; prompt 1 all wrong: 0 and 0
+    # n=5, k=2, prompt 0 correct [0,1,0,0,1] (c=2): 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7; answers 3,4,3,3,4:
+    # maj@2 over the 10 pairs: a pair of 4s (1,4) right, of 3s wrong; a mixed pair ties and its first sample
+    # wins: (1,2), (1,3) right, (0,1), (0,4), (2,4), (3,4) wrong -> 3/10; prompt 1 all wrong: 0 and 0
     cfg = cfg_of(samples=5, greedy=False, pass_k=[2])
     rows = [(0, j, A(a), c) for j, (a, c) in enumerate(zip("34334", (0, 1, 0, 0, 1)))] + \
            [(1, j, A("9"), 0) for j in range(5)]
     f = figures(cfg, _record(rows))
     assert f["pass_at_2"][0] == pytest.approx(0.35)  # (0.7 + 0) / 2
-    assert f["maj_at_2"][0] == 0.0
+    assert f["maj_at_2"][0] == pytest.approx(0.15)  # (0.3 + 0) / 2
 
 
 def test_wilson_at_p0_and_p1_is_the_closed_form():
@@ -103,7 +104,7 @@ def test_majority_ties_and_math_equivalences():
     same = lambda a, b: a == b  # noqa: E731
     # a tie goes to the answer seen first, whatever the order of the rest (deterministic, as Counter.most_common)
     assert majority(["a", "b"], same) == 0 and majority(["b", "a", "a", "b"], same) == 0
-    assert majority([None, "b", "a"], same) == 1 and majority([None, None], same) is None
+    assert majority([None, "b", "a"], same) == 0 and majority([None, None], same) == 0  # [invalid] is an answer
     # "1/2", "0.5" and "\frac{1}{2}" are one answer to math-verify: 3 votes beat 2 for "0.25"
     answers = ["0.25", "1/2", "0.25", "0.5", "\\frac{1}{2}"]
     assert majority(answers, answers_match) == 1
@@ -177,3 +178,46 @@ def test_majority_of_many_distinct_answers_asks_math_verify_only_where_the_key_c
         ka, kb = integer_key(a), integer_key(b)
         if ka is not None and kb is not None:
             assert (ka == kb) == answers_match(a, b), (a, b)
+
+
+def _naive_maj(labels, hits, k):
+    """maj@k by the definition: every k-subset in order, its votes counted, a tie to the first in the subset."""
+    import itertools
+
+    got = []
+    for sub in itertools.combinations(range(len(labels)), k):
+        votes = [labels[i] for i in sub]
+        top = max(votes.count(x) for x in votes)
+        got.append(hits[next(i for i in sub if votes.count(labels[i]) == top)])
+    return sum(got) / len(got)
+
+
+def test_maj_at_k_is_its_expectation_over_k_subsets():
+    import numpy as np
+
+    from pipeline.eval.stats import maj_at_k
+
+    rng = np.random.default_rng(5)
+    for n, k in [(1, 1), (5, 2), (8, 3), (8, 8), (12, 6)]:  # C(12, 6) = 924: exact
+        for _ in range(5):
+            labels = np.unique(rng.integers(0, 4, n), return_inverse=True)[1]  # any numbering < n
+            hits = (labels == 0).astype(float)
+            assert maj_at_k(labels, hits, k) == pytest.approx(_naive_maj(list(labels), list(hits), k), abs=1e-12)
+    # C(16, 8) = 12870 > 5000: 5000 seeded subsets, within 0.03 (the share's standard error is at most 0.007)
+    labels = np.array([0, 1, 2, 0, 1, 0, 2, 3, 0, 1, 1, 0, 2, 1, 0, 3])
+    hits = (labels == 0).astype(float)
+    got = maj_at_k(labels, hits, 8)
+    assert got == maj_at_k(labels, hits, 8) and got == pytest.approx(_naive_maj(list(labels), list(hits), 8), abs=0.03)
+
+
+def test_unanswered_samples_vote_invalid_and_maj_at_1_is_pass_at_1():
+    """4 unanswered samples and a 2:2 tie (issue 54): [invalid] has 4 votes and wins, so maj@8 is 0 (it counted
+    as correct when they abstained); maj@1 is the share correct, pass@1, on the same record."""
+    cfg = cfg_of(samples=8, greedy=False, pass_k=[1, 8])
+    answers = ["5", None, "7", None, "5", None, "7", None]
+    rows = [(0, j, A(a) if a else "no answer here", a == "5") for j, a in enumerate(answers)]
+    rows += [(1, j, A("5"), j < 3) for j in range(8)]  # prompt 1: 8 answers "5", 3 marked correct
+    f = figures(cfg, _record(rows))
+    # prompt 1: all one cluster; a subset's majority is its first sample -> maj@8 = hit of sample 0 = 1
+    assert f["maj_at_8"][0] == pytest.approx((0 + 1) / 2)
+    assert f["maj_at_1"][0] == pytest.approx(f["pass_at_1"][0], abs=1e-12) == pytest.approx((2 / 8 + 3 / 8) / 2)

@@ -5,9 +5,13 @@ newest evaluated, or `--iter K`). Per figure (pipeline/eval/metrics.py), over th
 evaluated (the same set, prompt id and prompt text, the same number of samples):
 
     difference B - A of the mean over prompts, its 95 % paired bootstrap interval over prompts,
-    the prompts where B's per-prompt value is higher (B wins), where A's is (A wins)
+    the prompts where B's per-prompt value is higher (B wins), where A's is (A wins), and the p-value
+    of the paired sign-flip (permutation) test over prompts (pipeline/eval/stats.py: sign_flip_p)
 
-and one line on the headline figure (accuracy over all sets): its interval excludes 0 or it does not.
+and one line on the headline figure (accuracy over all sets): distinguishable from noise only when the
+sign-flip test rejects at 5 % (an exact test: with few differing prompts the bootstrap interval can
+exclude 0 where the test cannot, "4 of 30 won, none lost" is p = 0.125). Records sampled with different
+eval settings (greedy, samples, temperature, top_p, top_k, min_p, max_new_tokens) are refused.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import pyarrow as pa
 
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import per_prompt
-from pipeline.eval.stats import paired
+from pipeline.eval.stats import paired, sign_flip_p
 from pipeline.store.run import Run
 from schemas.artifacts import EVAL
 
@@ -55,9 +59,11 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
         if pa_[key] != pb[key]:
             what = "text" if pa_[key][0] != pb[key][0] else f"number of samples ({pa_[key][1]} against {pb[key][1]})"
             raise GRPOError(f"--compare: set {key[0] or 'eval'} prompt {key[1]}: the records differ in its {what}")
+    _same_sampling(a, b)
     va, vb = per_prompt(a.cfg, ta), per_prompt(b.cfg, tb)
     keys = list(va)
-    both = [f for f in dict.fromkeys(f for v in va.values() for f in v) if any(f in v for v in vb.values())]
+    both = [f for f in dict.fromkeys(f for v in va.values() for f in v)
+            if not f.startswith("#") and any(f in v for v in vb.values())]
     out = {}
     sets = sorted({k[0] for k in keys if k[0] is not None})
     for scope in [None, *sets]:
@@ -67,10 +73,31 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
             xb = [vb[k].get(f, float("nan")) for k in ks]
             diff, lo, hi = paired(xa, xb)
             name = f if scope is None else f"{scope}/{f}"
+            d = [y - x for x, y in zip(xa, xb) if x == x and y == y]
             out[name] = {"a": _mean(xa), "b": _mean(xb), "diff": diff, "lo": lo, "hi": hi,
+                         "p": float(sign_flip_p(d)[0]) if d else float("nan"),
                          "a_wins": sum(x > y for x, y in zip(xa, xb)), "b_wins": sum(y > x for x, y in zip(xa, xb))}
     return {"a": {"run": a.store.display(), "policy": ka}, "b": {"run": b.store.display(), "policy": kb},
             "prompts": len(keys), "figures": out, "notes": _reward_notes(a.cfg, b.cfg, {k[0] for k in keys})}
+
+
+def sampling(cfg) -> dict[str, object]:
+    """The settings an eval record's completions were sampled with (greedy: only the length limit matters)."""
+    r, e = cfg.rollout, cfg.eval
+    out = {"eval.greedy": e.greedy, "eval.samples": e.samples, "rollout.max_new_tokens": r.max_new_tokens}
+    if not e.greedy:
+        out |= {"eval.temperature": e.temperature if e.temperature is not None else r.temperature,
+                "rollout.top_p": r.top_p, "rollout.top_k": r.top_k, "rollout.min_p": r.min_p}
+    return out
+
+
+def _same_sampling(a: Run, b: Run) -> None:
+    """Refuse two records whose completions were drawn differently: their difference would be the settings'."""
+    sa, sb = sampling(a.cfg), sampling(b.cfg)
+    for key in sa:
+        if sa[key] != sb.get(key):
+            raise GRPOError(f"--compare: {a.store.display()} and {b.store.display()} evaluated with different "
+                            f"{key} ({sa[key]} against {sb.get(key)}); compare evals sampled alike")
 
 
 def _reward_notes(ca, cb, sets) -> list[str]:
@@ -90,25 +117,25 @@ def _mean(x: list[float]) -> float:
 
 
 def verdict(result: dict, figure: str = "accuracy") -> str:
-    """One line: is B - A on `figure` distinguishable from noise (its paired 95 % interval excludes 0)?"""
+    """One line: is B - A on `figure` distinguishable from noise (the paired sign-flip test rejects at 5 %)?"""
     f = result["figures"][figure]
-    d, lo, hi = f["diff"], f["lo"], f["hi"]
+    d, lo, hi, p = f["diff"], f["lo"], f["hi"], f["p"]
     head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
     if lo != lo or hi != hi:  # NaN: fewer than two prompts differ in a way the bootstrap can resample
         return f"{head}: no interval (too few prompts to resample); not distinguishable from noise"
-    if lo > 0 or hi < 0:
-        return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (the 95 % interval excludes 0)"
-    return f"{head}: not distinguishable from noise (the 95 % interval holds 0)"
+    if p <= 0.05:
+        return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (sign-flip test p = {p:.3g})"
+    return f"{head}: not distinguishable from noise (sign-flip test p = {p:.3g})"
 
 
 def lines(result: dict) -> list[str]:
     """The comparison as a person reads it."""
     a, b = result["a"], result["b"]
     out = [f"A: {a['run']} policy {a['policy']}", f"B: {b['run']} policy {b['policy']}",
-           f"{'figure':<28} {'A':>8} {'B':>8} {'B - A':>8} {'95 % interval':>20} {'A wins':>7} {'B wins':>7}"]
+           f"{'figure':<28} {'A':>8} {'B':>8} {'B - A':>8} {'95 % interval':>20} {'A wins':>7} {'B wins':>7} {'p':>7}"]
     for name, f in result["figures"].items():
         interval = "[{:+.3f}, {:+.3f}]".format(f["lo"], f["hi"])
-        out.append(f"{name:<28} {f['a']:>8.3f} {f['b']:>8.3f} {f['diff']:>+8.3f} {interval:>20} {f['a_wins']:>7} {f['b_wins']:>7}")
+        out.append(f"{name:<28} {f['a']:>8.3f} {f['b']:>8.3f} {f['diff']:>+8.3f} {interval:>20} {f['a_wins']:>7} {f['b_wins']:>7} {f['p']:>7.3g}")
     out += result.get("notes", [])
     out.append(verdict(result))
     return out

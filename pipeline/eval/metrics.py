@@ -4,11 +4,11 @@ The record is one row per (eval set, prompt, sample): `correct` (the set's accur
 `reward` (the weighted total), one `reward_<name>` column per reward, `completion_length` (the
 model's tokens), and for episodes the `episode` record. A figure is first taken per prompt (the mean
 over its k samples), then averaged over prompts; its interval comes from those per-prompt values
-(pipeline/eval/stats.py: Wilson for a share of prompts, else the bootstrap over prompts).
+(pipeline/eval/stats.py: Wilson for a share of prompts, else Wilson on an effective sample size).
 
     accuracy            mean@k: the share of correct samples
     pass_at_<k>         Chen et al.'s unbiased pass@k, for each k of eval.pass_k
-    maj_at_<k>          the majority answer of the first k samples is correct
+    maj_at_<k>          the majority answer of k samples is correct, its expectation over the k-subsets
     reward              the weighted total reward;  rewards/<name>: each reward column
     mean_length         completion length in the model's tokens
     tools/used          episodes: share calling a tool;  episodes/ending/answered: share ending with an answer
@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline.eval.stats import estimate, majority, pass_at_k
+from pipeline.eval.stats import MAJ_SEED, clusters, estimate, maj_at_k, pass_at_k
 from schemas.artifacts import REWARD_PREFIX
 
 
@@ -86,17 +86,30 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
         if ks:
             reward = reward_of.get(key[0], cfg.eval.reward)
             extract, same, key_of = rules.setdefault(reward, answer_rule(cfg, reward))
-            answers = [extract(r["completion"] or "") for r in rows]
+            labels = clusters([extract(r["completion"] or "") for r in rows], same, key_of)
             for k in ks:
                 if k > n:
                     raise ValueError(f"eval.pass_k {k}: prompt {key[1]} has only {n} samples")
                 v[f"pass_at_{k}"] = pass_at_k(n, sum(hits), k)
-                top = majority(answers[:k], same, key_of)
-                v[f"maj_at_{k}"] = float(top is not None and hits[top])
+                v[f"maj_at_{k}"] = float(maj_at_k(labels, np.array(hits), k, seed=MAJ_SEED))
         if "episode" in rows[0]:
             v.update(_episodes([json.loads(r["episode"]) for r in rows if r["episode"] is not None]))
+        v["#samples"] = float(n)
+        for f, c in SPANS.items():  # the range a mean's samples take (its interval's span)
+            if c in rows[0]:
+                x = [r[c] for r in rows if r[c] is not None and r[c] == r[c]]
+                v[f"#lo/{f}"], v[f"#hi/{f}"] = (min(x), max(x)) if x else (np.nan, np.nan)
+        for c in rows[0]:
+            if c.startswith(REWARD_PREFIX):
+                x = [r[c] for r in rows if r[c] is not None and r[c] == r[c]]
+                f = "rewards/" + c[len(REWARD_PREFIX):]
+                v[f"#lo/{f}"], v[f"#hi/{f}"] = (min(x), max(x)) if x else (np.nan, np.nan)
         out[key] = v
     return out
+
+
+SPANS = {"reward": "reward", "mean_length": "completion_length"}
+"""A mean's column of samples: its interval maps the samples' range onto [0, 1] (stats.estimate's span)."""
 
 
 def _episodes(records: list[dict]) -> dict[str, float]:
@@ -128,13 +141,22 @@ def _set_order(cfg):
 
 
 def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
-    names = list(dict.fromkeys(f for v in values.values() for f in v))
-    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f)) for f in names}
+    names = [f for f in dict.fromkeys(f for v in values.values() for f in v) if not f.startswith("#")]
+    samples = sum(v["#samples"] for v in values.values())
+    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples,
+                        span=_span(values, f)) for f in names}
+
+
+def _span(values, f: str) -> tuple[float, float] | None:
+    lo = [v[f"#lo/{f}"] for v in values.values() if f"#lo/{f}" in v]
+    hi = [v[f"#hi/{f}"] for v in values.values() if f"#hi/{f}" in v]
+    return (float(np.nanmin(lo)), float(np.nanmax(hi))) if lo and not np.all(np.isnan(lo)) else None
 
 
 RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
 """The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
-(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means: the bootstrap."""
+(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1] by
+their samples' range for their interval."""
 
 
 def is_rate(figure: str) -> bool:

@@ -6,12 +6,16 @@ of a prompt, c correct, the unbiased estimate of "at least one of k draws is cor
 which never forms the binomials (C(1024, 512) overflows a float).
 
 Intervals are 95 %: Wilson's score interval for a share of prompts (each prompt's figure 0 or 1),
-a percentile bootstrap over prompts otherwise (seeded: the same record gives the same interval),
-and a paired bootstrap for the difference of two records on the same prompts.
+Wilson's score interval on an effective sample size otherwise (effective_wilson: both levels of
+sampling, Student's t for a variance estimated from few prompts), and for the difference of two records
+on the same prompts a paired bootstrap interval beside an exact sign-flip test (sign_flip_p), which alone
+decides "distinguishable". maj@k is an expectation over k-subsets, as pass@k is (maj_at_k).
+docs/tracking.md has the simulation that chose them and their measured coverage.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -45,6 +49,17 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def t975(df: int) -> float:
+    """Student's t 97.5 % quantile with `df` degrees of freedom: the table to 9, then the Cornish-Fisher
+    series in 1/df (within 2e-4 of the exact quantile from df 10 on), so no SciPy."""
+    table = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622)
+    if df < 10:
+        return table[df - 1]
+    z = Z95
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
 def bootstrap(values: np.ndarray, seed: int = BOOTSTRAP_SEED, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
     """Percentile bootstrap of the mean of per-prompt values [m] (prompts resampled with replacement)."""
     m = len(values)
@@ -55,63 +70,202 @@ def bootstrap(values: np.ndarray, seed: int = BOOTSTRAP_SEED, resamples: int = B
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def estimate(per_prompt: Sequence[float], rate: bool = True) -> tuple[float, float, float]:
-    """(mean, lo, hi) of a figure from its per-prompt values (NaN: the prompt has none): Wilson
-    when the figure is a `rate` and every value is 0 or 1 (a share of prompts), else the bootstrap
-    over prompts (NaN bounds for a single prompt). A count that is 1 everywhere is no share."""
+def effective_wilson(x: np.ndarray, samples: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's score interval on an effective sample size, for the mean of per-prompt values in [0, 1].
+
+    x [..., m]: each prompt's value (a share of its samples, an unbiased pass@k, ...); `samples`: the
+    samples behind them (an upper bound on the information). The variance of the mean is taken from
+    the prompts, s^2 / m, which holds both levels of sampling (between prompts and within one); the
+    design effect turns it into the sample size a binomial share of that variance would have,
+    n_eff = p(1 - p) / (s^2 / m), capped at the samples drawn (s^2 = 0, ten prompts each 4 of 8, is
+    then 40 of 80, never a zero width), and the score interval is taken at n_eff with Student's t
+    quantile of m - 1 degrees of freedom (s^2 is itself estimated from m prompts). Vectorised over
+    leading axes (the coverage simulation runs thousands of records at once). docs/tracking.md has the
+    simulation that chose it over the bootstraps."""
+    m = x.shape[-1]
+    p = x.mean(axis=-1)
+    var = x.var(axis=-1, ddof=1) / m
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = np.minimum(np.where(var > 0, p * (1 - p) / var, np.inf), samples)
+    z = t975(m - 1)
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(np.maximum(p * (1 - p), 0) / n + z * z / (4 * n * n)) / denom
+    return np.clip(np.minimum(centre - half, p), 0, 1), np.clip(np.maximum(centre + half, p), 0, 1)
+
+
+def estimate(per_prompt: Sequence[float], rate: bool = True, samples: int | None = None,
+             span: tuple[float, float] | None = None) -> tuple[float, float, float]:
+    """(mean, lo, hi) of a figure from its per-prompt values (NaN: the prompt has none).
+
+    A `rate` whose every value is 0 or 1 (a share of prompts) gets Wilson's interval over the prompts.
+    Any other figure is mapped onto [0, 1] by `span` (the range its samples can take; a rate: [0, 1];
+    a mean: the smallest and largest sample, else of the per-prompt values) and gets the effective-n
+    Wilson interval (effective_wilson) on `samples` (the samples behind the values; None: one a prompt),
+    mapped back. One prompt of fractional values has no spread to estimate: NaN bounds. A mean whose
+    samples are all one value is that value, [x, x]. A count that is 1 everywhere is no share."""
     v = np.asarray(per_prompt, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
         return float("nan"), float("nan"), float("nan")
     mean = float(v.mean())
-    lo, hi = wilson(float(v.sum()), v.size) if rate and np.all((v == 0) | (v == 1)) else bootstrap(v)
-    return (mean, lo, hi) if np.isnan(lo) else (mean, min(lo, mean), max(hi, mean))
+    if rate and np.all((v == 0) | (v == 1)):
+        lo, hi = wilson(float(v.sum()), v.size)
+        return mean, min(lo, mean), max(hi, mean)
+    a, b = (0.0, 1.0) if rate else span if span is not None else (float(v.min()), float(v.max()))
+    a, b = min(a, float(v.min())), max(b, float(v.max()))
+    if v.size < 2:
+        return mean, float("nan"), float("nan")
+    if b == a:
+        return mean, mean, mean
+    lo, hi = effective_wilson((v - a) / (b - a), samples if samples is not None else v.size)
+    return mean, min(a + (b - a) * float(lo), mean), max(a + (b - a) * float(hi), mean)
 
 
 def paired(a: Sequence[float], b: Sequence[float], seed: int = BOOTSTRAP_SEED,
            resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
     """(mean of b - a, lo, hi): the paired bootstrap over prompts of two records' per-prompt values
     (the same prompts in the same order; a prompt NaN on either side is left out)."""
-    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
-    d = d[~np.isnan(d)]
+    d = _differences(a, b)
     if d.size == 0:
         return float("nan"), float("nan"), float("nan")
     lo, hi = bootstrap(d, seed, resamples)
     return float(d.mean()), lo, hi
 
 
-def majority(answers: Sequence[str | None], same: Callable[[str, str], bool],
-             key: Callable[[str], object] | None = None) -> int | None:
-    """The index of the first sample of the most common answer (answers equal as `same` says;
-    a tie goes to the answer seen first; None, no answer, never votes), or None when none has one.
+def _differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
+    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    return d[~np.isnan(d)]
+
+
+SIGN_FLIP_EXACT = 16
+"""Up to this many differing prompts the sign-flip test enumerates all 2^n flips; above, FLIPS seeded draws."""
+FLIPS = 20000
+
+
+def sign_flip_p(d: np.ndarray, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """The two-sided p-value of the paired permutation (sign-flip) test of mean(d) = 0 over prompts.
+
+    Under "A and B are the same policy" each prompt's difference is as likely negative as positive, so
+    every flip of the signs is an equally likely record: p = the share of flips whose |sum| reaches the
+    observed one. Prompts that tie (d = 0) flip to themselves and drop out; with n differing prompts the
+    2^n flips are enumerated up to SIGN_FLIP_EXACT (an exact test: "4 of 30 won, none lost" is
+    2 / 16 = 0.125, the sign test's p), else FLIPS seeded draws with (1 + hits) / (1 + draws), which
+    keeps the test's size at or below its level. d [..., m] (vectorised over records, ties as 0)."""
+    d = np.atleast_2d(np.asarray(d, dtype=np.float64))
+    obs = np.abs(d.sum(axis=-1))  # [R]
+    n = int(np.max(np.sum(d != 0, axis=-1), initial=0))
+    # ties sorted last: the flips of the first n columns are every flip that matters
+    order = np.argsort(d == 0, axis=-1, kind="stable")
+    dd = np.take_along_axis(d, order, axis=-1)[:, :n]  # [R, n]
+    if n <= SIGN_FLIP_EXACT:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]
+        draws, extra = signs.shape[0], 0
+    else:
+        signs = 1 - 2 * np.random.default_rng(seed).integers(0, 2, size=(FLIPS, n))
+        draws, extra = FLIPS, 1
+    hits = np.zeros(d.shape[0], dtype=np.int64)
+    for i in range(0, draws, 4096):  # [R, 4096] sums at a time: 1000 prompts x 20000 flips would be 160 MB
+        sums = np.abs(dd @ signs[i:i + 4096].T.astype(np.float64))  # [R, chunk]
+        hits += np.sum(sums >= obs[:, None] - 1e-9 * (1 + obs[:, None]), axis=-1)  # float sums of equal flips
+    return (hits + extra) / (draws + extra)
+
+
+INVALID = "[invalid]"
+"""What a sample without an answer votes for (lm-evaluation-harness's filter): one answer of its own."""
+MAJ_SUBSETS = 5000
+"""maj@k is exact over the k-subsets up to this many of them; above, this many seeded draws (MAJ_SEED)."""
+MAJ_SEED = 0
+
+
+def clusters(answers: Sequence[str | None], same: Callable[[str, str], bool],
+             key: Callable[[str], object] | None = None) -> np.ndarray:
+    """Each sample's answer as a cluster number [n], numbered in order of first appearance: answers equal as
+    `same` says are one cluster, and every sample without an answer (None) is the one cluster INVALID.
 
     `key` (optional) is a shortcut `same` must agree with: two answers with keys (not None) are the
     same answer exactly when their keys are equal, so they are never compared with `same`. Without
     it 1024 distinct answers take half a million math-verify calls (minutes per prompt)."""
     reps: list[int] = []  # a cluster's first sample
-    counts: list[int] = []
     rep_keys: list[object] = []  # the key of a cluster's first sample (None: it has none)
     keyed: dict[object, int] = {}  # key -> its cluster
+    invalid: int | None = None
+    out = np.zeros(len(answers), dtype=np.int64)
     for i, a in enumerate(answers):
         if a is None:
+            if invalid is None:
+                invalid = len(reps)
+                reps.append(i)
+                rep_keys.append(INVALID)  # never compared with an answer
+            out[i] = invalid
             continue
         kk = key(a) if key is not None else None
         if kk is not None and kk in keyed:
-            counts[keyed[kk]] += 1
+            out[i] = keyed[kk]
             continue
         for j, r in enumerate(reps):
-            if kk is not None and rep_keys[j] is not None:
-                continue  # two keyed answers, their keys differ: two answers
+            if rep_keys[j] is INVALID or (kk is not None and rep_keys[j] is not None):
+                continue  # the invalid cluster, or two keyed answers whose keys differ: two answers
             if same(answers[r], a):
-                counts[j] += 1
                 break
         else:
             j = len(reps)
             reps.append(i)
-            counts.append(1)
             rep_keys.append(kk)
+        out[i] = j
         if kk is not None:
             keyed[kk] = j
-    if not reps:
+    return out
+
+
+def majority(answers: Sequence[str | None], same: Callable[[str, str], bool],
+             key: Callable[[str], object] | None = None) -> int | None:
+    """The index of the first sample of the most common answer (clusters: a sample without one votes
+    INVALID; a tie goes to the answer seen first), or None when there are no samples."""
+    if not answers:
         return None
-    return reps[int(np.argmax(counts))]  # argmax: the first of the largest clusters
+    labels = clusters(answers, same, key)
+    counts = np.bincount(labels)
+    return int(np.argmax(np.isin(labels, np.flatnonzero(counts == counts.max()))))
+
+
+@functools.lru_cache(maxsize=16)
+def _subsets(n: int, k: int, seed: int) -> np.ndarray:
+    """Every k-subset of range(n) (C(n, k) <= MAJ_SUBSETS), else MAJ_SUBSETS drawn with `seed`: the same for
+    every prompt of a record (its samples are exchangeable), drawn once."""
+    import itertools
+
+    if math.comb(n, k) <= MAJ_SUBSETS:
+        return np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
+    rng = np.random.default_rng(seed)
+    return np.sort(np.argsort(rng.random((MAJ_SUBSETS, n)), axis=1)[:, :k], axis=1)
+
+
+def maj_at_k(labels: np.ndarray, hits: np.ndarray, k: int, seed: int = MAJ_SEED) -> np.ndarray:
+    """maj@k as its expectation over the k-subsets of the n samples, as pass@k is: the share of k-subsets
+    whose majority answer (a tie: the answer seen first in the subset; INVALID votes as one answer) is
+    correct, a cluster's correctness being its first sample's in the subset (so maj@1 is pass@1 exactly).
+    Exact over all C(n, k) subsets up to MAJ_SUBSETS, else MAJ_SUBSETS subsets drawn with `seed`.
+
+    labels, hits [..., n] (cluster numbers < n, 0/1): vectorised over leading axes (prompts, records)."""
+    labels, hits = np.asarray(labels), np.asarray(hits, dtype=np.float64)
+    n = labels.shape[-1]
+    if not 1 <= k <= n:
+        raise ValueError(f"maj@k needs 1 <= k <= n (n={n}, k={k})")
+    subsets = _subsets(n, k, seed)  # [S, k], positions ascending
+    lead = labels.shape[:-1]
+    lab = labels.reshape(-1, n)  # [P, n]
+    hit = hits.reshape(-1, n)
+    S = len(subsets)
+    out = np.empty(lab.shape[0])
+    step = max(1, 4_000_000 // (S * n))  # prompts at a time: [chunk, S, n] counts
+    for i in range(0, lab.shape[0], step):
+        sub = lab[i:i + step][:, subsets]  # [P, S, k]: each subset's cluster numbers
+        P = sub.shape[0]
+        flat = (np.arange(P * S).reshape(P, S, 1) * n + sub).ravel()
+        counts = np.bincount(flat, minlength=P * S * n).reshape(P, S, n)  # [P, S, clusters]
+        top = counts == counts.max(axis=2, keepdims=True)  # [P, S, clusters]: the largest clusters
+        first = np.argmax(np.take_along_axis(top, sub, axis=2), axis=2)  # [P, S]: the first position voting for one
+        pos = subsets[np.arange(S)[None, :], first]  # [P, S]: that sample
+        out[i:i + P] = np.take_along_axis(hit[i:i + P], pos, axis=1).mean(axis=1)
+    return out.reshape(lead)
