@@ -79,20 +79,28 @@ class FullPolicy:
 
         return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
-        """Policy K+1 as a plain HF model directory (`state_dict`: consolidated weights, if any),
-        with `src_dir`'s tokenizer and generation settings."""
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
+        """Policy K+1 as a plain HF model directory (`state_dict`: the fp32 master weights, if the
+        module's own are not), with `src_dir`'s tokenizer and generation settings. Returns
+        {file: sha256} of the files hashed as they were written (the weights, when streamed)."""
         import shutil
 
         from transformers.utils import logging as hf_logging
 
         from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
+        from pipeline.models.weights_file import save_fp32_policy, streamable, write_config
+
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-        module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+        hashed = save_fp32_policy(module, out, state_dict) if state_dict is not None else None
+        if hashed is None:
+            module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+            if state_dict is not None and streamable(state_dict):
+                write_config(module, out)  # the weights are fp32 (consolidated) whatever the module's dtype
         for f in src_dir.iterdir():  # tokenizer and generation settings travel with the weights
             if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
                 shutil.copy2(f, out / f.name)
+        return hashed or {}
 
     def manifest(self, run) -> dict | None:
         """What a published policy's manifest says about its base (nothing: it is whole)."""
@@ -197,10 +205,11 @@ class LoraPolicy(FullPolicy):
             lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         return model
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
         from pipeline.models.lora import save_adapter
 
         save_adapter(module, out, state_dict=state_dict)
+        return {}  # an adapter is small: hashed when it is published
 
     def manifest(self, run) -> dict | None:
         from pipeline.models.lora import adapter_manifest

@@ -102,11 +102,11 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
             state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 else None
-            trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
+            hashed = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
             _barrier()
             manifest = None
             if trainer.rank == 0:
-                manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash)
+                manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash, hashed)
                 if trainer.published is not None:  # the weights it saved are now policy k+1 (rollout.weight_sync memory)
                     trainer.published = (run.policy_dir(k + 1), trainer.published[1])
             _barrier()
@@ -122,13 +122,13 @@ def _prev_state_hash(run: Run, k: int, prev_state: Path | None) -> str | None:
     return recorded if recorded is not None else canonical_hash(hash_dir(prev_state))
 
 
-def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash: Future) -> UpdateManifest:
+def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash: Future, hashed: dict[str, str]) -> UpdateManifest:
     """Write policy k+1, the trainer state, metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
         lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=trainer.policy.manifest(run))
+        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, hashed=hashed, adapter=trainer.policy.manifest(run))
         store.put_dir(work / "policy", policy_rel(k + 1), move=True)
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
