@@ -86,6 +86,9 @@ class Trainer:
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
         self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
+        self.clean_after: int | None = -1
+        """The iteration whose update this trainer's state is the result of (-1: none yet; None:
+        mid-update, no iteration's), what `pipeline.update.publish.flush_state` writes."""
         self.packed = packing.resolve(cfg.train.packing, model)  # padding-free pieces (pipeline.models.packing)
         # a checkpointed layer cannot write the padded path's shared-prompt KV cache; a packed piece needs none
         self.share_prompts = self.packed or not cfg.train.gradient_checkpointing
