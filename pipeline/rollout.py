@@ -117,14 +117,15 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
     from pipeline.models.sampler_proof import check_engine
 
-    cfg, policy, weights_given = run.cfg, run.policy, weights
+    cfg, policy = run.cfg, run.policy
+    weights_given = policy.engine_tensors(run, k) or weights  # a merged LoRA policy: built in memory
     weights, adapter = policy.engine_weights(run, k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
     if engine is None:
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
-        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
+        engine = make_engine(policy.engine_start_dir(run, k), cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, plan=plan)
-    elif engine.model_dir != weights:
+    if engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter
     if loaded:

@@ -112,8 +112,17 @@ class FullPolicy:
         return run.policy_dir(k)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
-        """(the weights an engine loads, the adapter it applies) to sample from policy k."""
+        """(what the engine holds, named by a directory; the adapter it applies) to sample from policy k."""
         return run.policy_dir(k), None
+
+    def engine_start_dir(self, run, k: int) -> Path:
+        """The model directory a new engine for policy k starts from."""
+        return self.engine_weights(run, k)[0]
+
+    def engine_tensors(self, run, k: int):
+        """None (the engine reads policy k's directory), or a function giving policy k's weights as
+        (name, tensor) pairs built in memory (a LoRA policy merged into its base)."""
+        return None
 
     def engine_lora_rank(self) -> int | None:
         return None
@@ -221,13 +230,22 @@ class LoraPolicy(FullPolicy):
         return run.policy_dir(0) if self.stored_as_adapter(k) else run.policy_dir(k)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
+        """merged: policy k's adapter directory names the merged weights the engine holds, which
+        reach it from memory (`engine_tensors`), never through a merged model written to disk."""
         if self.cfg.rollout.lora_mode == "vllm_lora":
             return run.policy_dir(0), run.policy_dir(k) if k > 0 else None
-        if k == 0:
-            return run.policy_dir(0), None
-        from pipeline.models.lora import merged_dir
+        return run.policy_dir(k), None
 
-        return merged_dir(run, k), None
+    def engine_start_dir(self, run, k: int) -> Path:
+        return run.policy_dir(0)
+
+    def engine_tensors(self, run, k: int):
+        if self.cfg.rollout.lora_mode == "vllm_lora" or k == 0:
+            return None
+        from pipeline.models.lora import merged_weights
+
+        base, adapter = run.policy_dir(0), run.policy_dir(k)
+        return lambda: merged_weights(base, adapter)
 
     def probe_model(self, run, k: int):
         from pipeline.models.lora import policy_model
