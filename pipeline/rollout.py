@@ -118,12 +118,13 @@ def policy_engine(run: Run, k: int, engine=None, plan=None, weights: list | None
     from pipeline.models.sampler_proof import check_engine
 
     cfg, policy = run.cfg, run.policy
-    weights_given = policy.engine_tensors(run, k) or weights  # a merged LoRA policy: built in memory
+    built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
+    weights_given = built or weights
     weights, adapter = policy.engine_weights(run, k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
-    if engine is None:
+    if engine is None:  # weights built in memory: a new engine starts from policy 0's files, then takes them
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
-        engine = make_engine(policy.engine_start_dir(run, k), cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
+        engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, plan=plan)
     if engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)

@@ -115,10 +115,6 @@ class FullPolicy:
         """(what the engine holds, named by a directory; the adapter it applies) to sample from policy k."""
         return run.policy_dir(k), None
 
-    def engine_start_dir(self, run, k: int) -> Path:
-        """The model directory a new engine for policy k starts from."""
-        return self.engine_weights(run, k)[0]
-
     def engine_tensors(self, run, k: int):
         """None (the engine reads policy k's directory), or a function giving policy k's weights as
         (name, tensor) pairs built in memory (a LoRA policy merged into its base)."""
@@ -235,9 +231,6 @@ class LoraPolicy(FullPolicy):
         if self.cfg.rollout.lora_mode == "vllm_lora":
             return run.policy_dir(0), run.policy_dir(k) if k > 0 else None
         return run.policy_dir(k), None
-
-    def engine_start_dir(self, run, k: int) -> Path:
-        return run.policy_dir(0)
 
     def engine_tensors(self, run, k: int):
         if self.cfg.rollout.lora_mode == "vllm_lora" or k == 0:
