@@ -185,6 +185,7 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
     try:
         trainer.save_state(work / STATE)
         _barrier()
+        fault_point("update:state", k)
         if trainer.rank == 0:
             run.store.put_dir(work / STATE, state_rel(k), move=True)
             _prune_states(run, k)
