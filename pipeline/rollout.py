@@ -117,14 +117,16 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
     from pipeline.models.sampler_proof import check_engine
 
-    cfg, policy, weights_given = run.cfg, run.policy, weights
+    cfg, policy = run.cfg, run.policy
+    built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
+    weights_given = built or weights
     weights, adapter = policy.engine_weights(run, k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
-    if engine is None:
+    if engine is None:  # weights built in memory: a new engine starts from policy 0's files, then takes them
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
-        engine = make_engine(weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
+        engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, settings=settings)
-    elif engine.model_dir != weights:
+    if engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter
     if loaded:

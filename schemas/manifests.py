@@ -148,6 +148,9 @@ class UpdateManifest(_Manifest):
     world_size: int = Field(ge=1)
     precision: str | None = None
     """fp32, or bf16 autocast for the decoder (train.precision as resolved on this machine)."""
+    state_every: int | None = None
+    """train.state_every when it was written: `outputs.state` is None where no state was due. None:
+    an update written before states became periodic (it wrote one every time)."""
     timings: dict[str, float]
 
 

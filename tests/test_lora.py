@@ -257,3 +257,37 @@ def test_lora_config_keys_and_their_one_line_errors(assets):
     for sets, msg in bad:
         with pytest.raises(GRPOError, match=msg):
             config_mod.resolve(base_config(assets), sets)
+
+
+@pytest.mark.slow
+def test_lora_rollout_gets_the_merged_policy_in_memory_and_writes_no_merged_model(assets, tmp_path, monkeypatch):
+    """`iterate` on a LoRA run (HF engine, tiny model): the engine of rollout 1 gets policy 1 merged
+    into the base in memory; no merged model is written anywhere in the cache (it was, once per
+    policy). The in-memory engine samples the tokens an engine started from the merged model
+    written to disk (the old path) samples."""
+    from pipeline import config as config_mod
+    from pipeline.loop.iterate import iterate
+    from pipeline.models.engines import make_engine, model_context
+    from pipeline.models.lora import merge
+    from pipeline.rollout import engine_max_len, policy_engine
+    from pipeline.store.run import Run, init_run
+
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = config_mod.resolve(base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},
+                                         train={"lr": 1e-2, "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}}))
+    init_run(str(tmp_path / "run"), cfg)
+    run = Run(str(tmp_path / "run"))
+    iterate(run, 2)
+    assert run.done(1, "update") and not list((tmp_path / "cache").rglob("model*.safetensors"))
+
+    memory = policy_engine(run, 1)
+    merge(run.policy_dir(0), run.policy_dir(1), tmp_path / "merged")
+    disk = make_engine(tmp_path / "merged", cfg.rollout, engine_max_len(cfg, model_context(run.plain_dir(1))), cfg.seed,
+                       precision=cfg.train.precision)
+    assert not list((tmp_path / "cache").rglob("model*.safetensors"))
+    prompts = pq.read_table(sorted((tmp_path / "run/iter-0001/rollout").glob("part-*.parquet"))[0]).column("prompt_ids").to_pylist()[:2]
+    tokens = lambda engine: [[s.token_ids for s in group] for group in engine.generate(prompts, [11, 12], 2)]
+    assert tokens(memory) == tokens(disk)
+    base = make_engine(run.policy_dir(0), cfg.rollout, engine_max_len(cfg, model_context(run.plain_dir(0))), cfg.seed,
+                       precision=cfg.train.precision)
+    assert memory.probe(prompts[0]) != base.probe(prompts[0])  # the adapter moved the policy: not the base's weights

@@ -143,3 +143,32 @@ def test_a_second_process_on_a_running_stage_fails_clearly(assets, tmp_path_fact
     ]
     assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
     assert os.listdir(run / "iter-0001/update") == [".lock"]
+
+
+def test_a_resume_between_two_states_reruns_each_missing_update_and_checks_its_hash(assets, tmp_path_factory, tmp_path):
+    """train.state_every (default 10): the reference run wrote no trainer state after update 0,
+    only the one `iterate` writes at its end. Update 1 resumed in a new process has no state 0: it
+    re-runs update 0 from its stored parts. A tampered recorded policy hash stops it with one line
+    naming iteration 0 and nothing written; the true record lets it finish as the uninterrupted run."""
+    ref = reference_run(tmp_path_factory, assets)
+    assert not (ref / "iter-0000/update/state").exists() and (ref / "iter-0001/update/state/trainer.json").exists()
+    run = copy_run(ref, tmp_path / "run")
+    for rel in ("iter-0001/update", "policy/iter-0002"):
+        shutil.rmtree(run / rel)
+    recorded_file = run / "iter-0000/update/MANIFEST.json"
+    text = recorded_file.read_text()
+    recorded = manifest(run, "iter-0000/update")["policy_hash"]
+    recorded_file.write_text(text.replace(recorded, "0" * 64))
+
+    out = grpo("update", str(run), "--iter", "1", check=False)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: update iteration 0: re-run from its stored parts"), out.stderr[-3000:]
+    assert recorded[:16] in lines[0] and "0" * 16 in lines[0]
+    assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
+
+    recorded_file.write_text(text)
+    grpo("update", str(run), "--iter", "1")
+    assert record(run) == record(ref), first_difference(run, ref)
+    assert (run / "iter-0001/update/state/trainer.json").exists()  # the end of a command writes it
+    assert not (run / "iter-0000/update/state").exists()

@@ -14,7 +14,7 @@ from pipeline.models.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
 from pipeline.store.run import Run
 from pipeline.score import run_score
-from pipeline.update.publish import run_update
+from pipeline.update.publish import flush_state, run_update
 
 class WarmEngines:
     """The rollout engine, logprob models and trainer, created on first use and kept."""
@@ -46,10 +46,15 @@ class WarmEngines:
             self.engine.sleep()
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        if self.trainer is not None:
-            self.trainer.close()
+        """The trainer's state is written first if it is not on disk (train.state_every: at the
+        end of `iterate`, on Ctrl-C), then the engines close."""
+        try:
+            flush_state(self.run, self.trainer)
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+            if self.trainer is not None:
+                self.trainer.close()
 
 
 class LocalSampler(Sampler):
@@ -81,7 +86,7 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
         if not sampler.update(k):
-            _, warm.trainer = run_update(run, k, warm.trainer)
+            _, warm.trainer = run_update(run, k, warm.trainer, final=False)  # iterate writes the state at its end
     timings["update"] = time.time() - t0 - sum(timings.values())
 
 

@@ -48,8 +48,11 @@ class HFEngine:
         self.adapter = None  # LoRA policies reach this engine as merged weights
 
     def load(self, model_dir: Path, weights: list | None = None) -> None:
-        """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs) equal to them."""
+        """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs, or a
+        function giving them) equal to them."""
         from pipeline.models.strict import load_dir_strict, load_strict
+
+        weights = weights() if callable(weights) else weights
 
         if weights is None:  # every weight, or a one-line error
             load_dir_strict(self.model, model_dir, f"rollout engine: {model_dir}")

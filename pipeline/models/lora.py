@@ -7,7 +7,8 @@ B starts at 0), so the base, the policy 0 and the reference compute the same log
 
 - logprobs: old = base + adapter K, ref = the same loaded model with the adapter disabled.
 - update: only the adapter's parameters are trained (and checkpointed).
-- rollout: vLLM gets policy K as merged weights (`merged_dir`, cached per policy hash) or,
+- rollout: the engine gets policy K as merged weights built in memory (`merged_weights`; `merged_dir`
+  writes them to disk only for a replay's policy 0 and `export --merged`) or,
   with rollout.lora_mode vllm_lora, the adapter itself through a LoRARequest.
 """
 
@@ -203,6 +204,15 @@ def merged_model(base_dir: Path, adapter_dir: Path):
             base = module.get_base_layer()
             base.weight.data = base.weight.data + module.get_delta_weight(name)
     return model.unload()
+
+
+def merged_weights(base_dir: Path, adapter_dir: Path) -> list:
+    """The merged model's weights as (name, tensor) pairs named as `merge` would store them (tied
+    copies left out): what a rollout engine loads in place, with no merged model on disk."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    model = merged_model(base_dir, adapter_dir)
+    return list(remove_tied_weights_from_state_dict(model.state_dict(), model).items())
 
 
 def merge(base_dir: Path, adapter_dir: Path, out: Path) -> None:

@@ -79,20 +79,28 @@ class FullPolicy:
 
         return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
-        """Policy K+1 as a plain HF model directory (`state_dict`: consolidated weights, if any),
-        with `src_dir`'s tokenizer and generation settings."""
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
+        """Policy K+1 as a plain HF model directory (`state_dict`: the fp32 master weights, if the
+        module's own are not), with `src_dir`'s tokenizer and generation settings. Returns
+        {file: sha256} of the files hashed as they were written (the weights, when streamed)."""
         import shutil
 
         from transformers.utils import logging as hf_logging
 
         from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
+        from pipeline.models.weights_file import save_fp32_policy, streamable, write_config
+
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-        module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+        hashed = save_fp32_policy(module, out, state_dict) if state_dict is not None else None
+        if hashed is None:
+            module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
+            if state_dict is not None and streamable(state_dict):
+                write_config(module, out)  # the weights are fp32 (consolidated) whatever the module's dtype
         for f in src_dir.iterdir():  # tokenizer and generation settings travel with the weights
             if f.is_file() and not (out / f.name).exists() and f.name != MANIFEST and not f.name.endswith(".safetensors"):
                 shutil.copy2(f, out / f.name)
+        return hashed or {}
 
     def manifest(self, run) -> dict | None:
         """What a published policy's manifest says about its base (nothing: it is whole)."""
@@ -104,8 +112,13 @@ class FullPolicy:
         return run.policy_dir(k)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
-        """(the weights an engine loads, the adapter it applies) to sample from policy k."""
+        """(what the engine holds, named by a directory; the adapter it applies) to sample from policy k."""
         return run.policy_dir(k), None
+
+    def engine_tensors(self, run, k: int):
+        """None (the engine reads policy k's directory), or a function giving policy k's weights as
+        (name, tensor) pairs built in memory (a LoRA policy merged into its base)."""
+        return None
 
     def engine_lora_rank(self) -> int | None:
         return None
@@ -197,10 +210,11 @@ class LoraPolicy(FullPolicy):
             lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         return model
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> None:
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
         from pipeline.models.lora import save_adapter
 
         save_adapter(module, out, state_dict=state_dict)
+        return {}  # an adapter is small: hashed when it is published
 
     def manifest(self, run) -> dict | None:
         from pipeline.models.lora import adapter_manifest
@@ -212,13 +226,19 @@ class LoraPolicy(FullPolicy):
         return run.policy_dir(0) if self.stored_as_adapter(k) else run.policy_dir(k)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
+        """merged: policy k's adapter directory names the merged weights the engine holds, which
+        reach it from memory (`engine_tensors`), never through a merged model written to disk."""
         if self.cfg.rollout.lora_mode == "vllm_lora":
             return run.policy_dir(0), run.policy_dir(k) if k > 0 else None
-        if k == 0:
-            return run.policy_dir(0), None
-        from pipeline.models.lora import merged_dir
+        return run.policy_dir(k), None
 
-        return merged_dir(run, k), None
+    def engine_tensors(self, run, k: int):
+        if self.cfg.rollout.lora_mode == "vllm_lora" or k == 0:
+            return None
+        from pipeline.models.lora import merged_weights
+
+        base, adapter = run.policy_dir(0), run.policy_dir(k)
+        return lambda: merged_weights(base, adapter)
 
     def probe_model(self, run, k: int):
         from pipeline.models.lora import policy_model

@@ -85,6 +85,7 @@ class VLLMEngine:
         self._weights_released = False
         self._asleep: set[str] = set()  # vLLM sleep mode: the memory tags not yet woken
         self._weights_stale = False  # level 2 discarded the weights: a wake reloads them
+        self._reload = None  # what gives the weights again when `model_dir` does not hold them (load)
 
     @_env_kept
     def sleep(self) -> None:
@@ -113,14 +114,14 @@ class VLLMEngine:
         the weights come again from `model_dir`, unless a `load` already brought new ones."""
         if self._asleep:
             if "weights" in self._asleep and self._weights_stale:
-                self.load(self.model_dir)
+                self.load(self.model_dir, self._reload)
             self._wake({"weights", "kv_cache"})
             return
         if self._kv_released:
             self.llm.collective_rpc(mem.kv_acquire)
             self._kv_released = False
         if self._weights_released:
-            self.load(self.model_dir)
+            self.load(self.model_dir, self._reload)
 
     def _wake(self, tags: set[str]) -> None:
         tags = tags & self._asleep
@@ -132,7 +133,10 @@ class VLLMEngine:
     def load(self, model_dir: Path, weights: list | None = None) -> None:
         """Swap in new weights without restarting the engine (same architecture): those stored
         in `model_dir`, or `weights` ((name, tensor) pairs as the checkpoint names them, e.g.
-        the trainer's) that equal them. `model_dir` is then what the engine holds."""
+        the trainer's) that equal them, or a function giving such pairs (a merged LoRA policy: kept
+        to reload them after a sleep discarded the weights). `model_dir` then names what the engine holds."""
+        self._reload = weights if callable(weights) else None
+        weights = weights() if callable(weights) else weights
         if "weights" in self._asleep:  # their memory back (level 2: uninitialised; the reload fills it)
             self._wake({"weights"})
             self._weights_stale = False

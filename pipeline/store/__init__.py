@@ -311,12 +311,14 @@ def hash_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def hash_dir(path: Path) -> dict[str, str]:
-    """sha256 of every file under `path` except manifests, keyed by relative path."""
+def hash_dir(path: Path, skip: set[str] = frozenset()) -> dict[str, str]:
+    """sha256 of every file under `path` except manifests (and the relative paths in `skip`),
+    keyed by relative path."""
     return {
-        p.relative_to(path).as_posix(): hash_file(p)
+        rel: hash_file(p)
         for p in sorted(Path(path).rglob("*"))
         if p.is_file() and p.name != MANIFEST and TMP_MARK not in p.name and p.name != ".complete"
+        and (rel := p.relative_to(path).as_posix()) not in skip
     }
 
 

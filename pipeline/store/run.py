@@ -53,9 +53,12 @@ def check_model_dir(path: str | Path, what: str = "model") -> Path:
     return p
 
 
-def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | None = None, **extra) -> PolicyManifest:
-    """`extra`: e.g. `conversion` (a GGUF import) or `adapter` (a LoRA policy's base)."""
-    files = hash_dir(path)
+def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | None = None,
+                    hashed: dict[str, str] | None = None, **extra) -> PolicyManifest:
+    """`extra`: e.g. `conversion` (a GGUF import) or `adapter` (a LoRA policy's base). `hashed`:
+    {file: sha256} of files hashed as they were written (not read back here)."""
+    files = hash_dir(path, skip=set(hashed or ()))
+    files = dict(sorted({**files, **(hashed or {})}.items()))
     return PolicyManifest(stage="policy", iteration=iteration, source=source, files=files,
                           policy_hash=canonical_hash(files), lineage=lineage, **extra)
 

@@ -64,8 +64,10 @@ def _work_dir(run: Run, k: int) -> Path:
     return cache_dir() / "update" / canonical_hash([run.store.display(), k])[:24]
 
 
-def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[UpdateManifest | None, Trainer | None]:
-    """Train policy k -> k+1. Returns the manifest and the (warm) trainer."""
+def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = True) -> tuple[UpdateManifest | None, Trainer | None]:
+    """Train policy k -> k+1. Returns the manifest and the (warm) trainer. `final`: the command's
+    last update, whose trainer state is always written (`iterate` passes False and writes the
+    state at its end, `flush_state`)."""
     if run.done(k, "update"):
         return run.manifest(k, "update"), trainer
     store, cfg = run.store, run.cfg
@@ -79,9 +81,9 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
     with lock:
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
-        prev_state = store.local_dir(state_rel(k - 1)) if k > 0 and store.exists(f"{state_rel(k - 1)}/{TRAINER_JSON}") else None
         if trainer is None:
-            trainer = Trainer(cfg, run.policy_dir(k), prev_state, base_dir=run.policy_dir(0))
+            trainer = resume_trainer(run, k)
+        trainer.clean_after = None  # mid-update: its state is no iteration's until published
         data = UpdateData(run, k, trainer.kl_ctl)
         rows = trainer.train_iteration(data, k)
         if data.old_from_update:  # the sampler gap is measured here, from the update's own forward (every rank holds it)
@@ -91,49 +93,130 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None) -> tuple[Update
         train_s = time.time() - t0
         fault_point("update:train", k)
 
-        work = _work_dir(run, k)
-        if trainer.rank == 0:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-        _barrier()
+        work = _fresh_work(run, k, trainer)
         state_dir, policy_dir = work / STATE, work / "policy"
-        trainer.save_state(state_dir)
-        _barrier()  # every rank's shard of the state is written
+        with_state = final or state_due(cfg, k, trainer)
+        if with_state:
+            trainer.save_state(state_dir)
+            _barrier()  # every rank's shard of the state is written
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
-            state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 else None
-            trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
+            state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 and with_state else None
+            hashed = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
             _barrier()
             manifest = None
             if trainer.rank == 0:
-                manifest = _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash)
+                manifest = _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed)
                 if trainer.published is not None:  # the weights it saved are now policy k+1 (rollout.weight_sync memory)
                     trainer.published = (run.policy_dir(k + 1), trainer.published[1])
             _barrier()
+        trainer.clean_after = k
     return manifest, trainer
 
 
-def _prev_state_hash(run: Run, k: int, prev_state: Path | None) -> str | None:
-    """The hash of the state update k resumes: the one update k-1 recorded when it wrote it
-    (hashed again only for a run written before updates recorded it)."""
-    if prev_state is None:
+def state_due(cfg, k: int, trainer: Trainer) -> bool:
+    """Whether update k writes the trainer state: every `train.state_every`-th, and every one where
+    the policy is consolidated from it (ZeRO-3, several ranks: pipeline.update.weights)."""
+    return (k + 1) % cfg.train.state_every == 0 or trainer.world > 1 or cfg.train.zero_stage >= 3
+
+
+def _fresh_work(run: Run, k: int, trainer: Trainer) -> Path:
+    work = _work_dir(run, k)
+    if trainer.rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    _barrier()
+    return work
+
+
+def _has_state(run: Run, k: int) -> bool:
+    return run.store.exists(f"{state_rel(k)}/{TRAINER_JSON}")
+
+
+def resume_trainer(run: Run, k: int) -> Trainer:
+    """A trainer ready for update k: from the state update k-1 wrote, or, where the run was killed
+    between two states (`train.state_every`), from the newest earlier state (or policy 0 with a
+    fresh optimizer) with the missing updates re-run from their stored parts, each checked against
+    the policy hash it recorded."""
+    cfg, base = run.cfg, run.policy_dir(0)
+    newest = next((i for i in range(k - 1, -1, -1) if _has_state(run, i)), None)
+    if k == 0 or newest == k - 1:
+        return Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(k - 1)) if k > 0 else None, base_dir=base)
+    if newest is None:  # no state yet: the first update's trainer, policy 0 and a fresh optimizer
+        trainer = Trainer(cfg, base, None, base_dir=base)
+    else:  # policy k (kept by retention) gives the shapes; the state then sets every weight
+        trainer = Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(newest)), base_dir=base)
+    for i in range(0 if newest is None else newest + 1, k):
+        _rerun(run, i, k, trainer)
+    trainer.clean_after = k - 1
+    return trainer
+
+
+def _rerun(run: Run, i: int, k: int, trainer: Trainer) -> None:
+    """Update i again from its stored parts, on a trainer holding the state before it; its policy
+    must hash to what update i recorded."""
+    data = UpdateData(run, i, trainer.kl_ctl)
+    trainer.train_iteration(data, i)
+    if data.kl_stats is not None:
+        trainer.kl_ctl.update(data.kl_stats, data.size)
+    work = _fresh_work(run, i, trainer)
+    try:
+        # the side files (tokenizer, template) are every policy's: taken from policy k, never pruned
+        hashed = trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE)
+        trainer.published = None
+        if trainer.rank == 0:
+            got = policy_manifest(work / "policy", i + 1, source="re-run", hashed=hashed).policy_hash
+            recorded = run.manifest(i, "update").policy_hash
+            if got != recorded:
+                raise GRPOError(f"update iteration {i}: re-run from its stored parts to resume, it gave policy hash {got[:16]} "
+                                f"but the run records {recorded[:16]} (the record or its parts changed); nothing was written")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def flush_state(run: Run, trainer: Trainer | None) -> None:
+    """The warm trainer's state after the last update it published, written if it is not on disk
+    yet: at the end of `iterate`, also on Ctrl-C or an error outside an update (a trainer stopped
+    mid-update holds no iteration's state and writes nothing)."""
+    k = getattr(trainer, "clean_after", None)
+    if trainer is None or k is None or k < 0 or _has_state(run, k):
+        return
+    work = _fresh_work(run, k, trainer)
+    try:
+        trainer.save_state(work / STATE)
+        _barrier()
+        fault_point("update:state", k)
+        if trainer.rank == 0:
+            run.store.put_dir(work / STATE, state_rel(k), move=True)
+            _prune_states(run, k)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _prev_state_hash(run: Run, k: int) -> str | None:
+    """The hash of the state update k-1 recorded when it wrote it (None where none was due); hashed
+    again only for a run written before updates recorded it (and wrote one every time)."""
+    if k == 0:
         return None
-    recorded = run.manifest(k - 1, "update").outputs.state
-    return recorded if recorded is not None else canonical_hash(hash_dir(prev_state))
+    prev = run.manifest(k - 1, "update")
+    if prev.outputs.state is not None or prev.state_every is not None:
+        return prev.outputs.state
+    return canonical_hash(hash_dir(run.store.local_dir(state_rel(k - 1)))) if _has_state(run, k - 1) else None
 
 
-def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_hash: Future) -> UpdateManifest:
-    """Write policy k+1, the trainer state, metrics, and last the update manifest."""
+def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future | None, hashed: dict[str, str]) -> UpdateManifest:
+    """Write policy k+1, the trainer state (where one was written), metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
         lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, adapter=trainer.policy.manifest(run))
+        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, hashed=hashed, adapter=trainer.policy.manifest(run))
         store.put_dir(work / "policy", policy_rel(k + 1), move=True)
         store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
-        state = state_hash.result()  # before the state is moved under the hashing thread
-        store.put_dir(work / STATE, state_rel(k), move=True)
+        state = state_hash.result() if state_hash is not None else None  # before the state is moved under the hashing thread
+        if state is not None:
+            store.put_dir(work / STATE, state_rel(k), move=True)
         metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
         old_lp = store.write_table(f"{sd}/{OLD_LOGPROBS}", data.old_table(), LOGPROBS) if data.old_from_update else None
     finally:
@@ -141,22 +224,24 @@ def _publish(run, k, trainer, data, rows, prev_state, work, t0, train_s, state_h
     body = UpdateManifest(
         stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
         inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
-                            state=_prev_state_hash(run, k, prev_state)),
+                            state=_prev_state_hash(run, k)),
         outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
                               old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None, state=state),
         policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
-        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision,
+        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision, state_every=run.cfg.train.state_every,
         timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
     )
     manifest = store.write_manifest(sd, body)
-    _prune_states(run, k)
+    if state is not None:
+        _prune_states(run, k)
     prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
     return manifest
 
 
 def _prune_states(run: Run, k: int) -> None:
-    """Keep only the newest `train.keep_states` trainer states (they are large)."""
-    for old in range(0, k - run.cfg.train.keep_states + 1):
+    """Keep only the newest `train.keep_states` trainer states up to iteration k (they are large)."""
+    have = [i for i in range(k + 1) if _has_state(run, i)]
+    for old in have[: -run.cfg.train.keep_states]:
         run.store.remove(state_rel(old), recursive=True)
 
 

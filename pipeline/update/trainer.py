@@ -86,6 +86,9 @@ class Trainer:
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
         self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
+        self.clean_after: int | None = -1
+        """The iteration whose update this trainer's state is the result of (-1: none yet; None:
+        mid-update, no iteration's), what `pipeline.update.publish.flush_state` writes."""
         self.packed = packing.resolve(cfg.train.packing, model)  # padding-free pieces (pipeline.models.packing)
         # a checkpointed layer cannot write the padded path's shared-prompt KV cache; a packed piece needs none
         self.share_prompts = self.packed or not cfg.train.gradient_checkpointing
@@ -126,22 +129,30 @@ class Trainer:
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
     @deepspeed_env
-    def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> None:
+    def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> dict[str, str]:
         """Policy K+1 as the policy object saves it (a plain HF model dir, or a LoRA adapter) from
-        the fp32 master weights (consolidated under ZeRO-3/bf16)."""
-        module = self.engine.module
-        if self.cfg.train.bf16 and self.cfg.train.zero_stage >= 1:
+        the fp32 master weights: views of the optimizer's own where they are whole in this process
+        (pipeline.update.weights), consolidated from the checkpoint `ckpt` under ZeRO-3 or several
+        ranks. Returns {file: sha256} of the files hashed as they were written."""
+        from pipeline.update.weights import fp32_masters, master_state_dict
+
+        module, t = self.engine.module, self.cfg.train
+        masters = fp32_masters(self.engine, self.world, t.zero_stage)
+        if masters is not None:
+            state = master_state_dict(module, masters)
+        elif t.bf16 and t.zero_stage >= 1:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="state")
-        elif self.cfg.train.zero_stage == 3:
+        elif t.zero_stage == 3:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
         if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
             self.published = (out, state if state is not None else module.state_dict())
         if self.rank == 0:
-            self.policy.save(module, out, src_dir, state)  # whole weights, or the LoRA adapter
+            return self.policy.save(module, out, src_dir, state) or {}  # whole weights, or the LoRA adapter
+        return {}
 
     def published_weights(self, policy_dir: Path) -> list | None:
         """rollout.weight_sync memory: the weights `save_policy` wrote, once published as

@@ -1,0 +1,91 @@
+"""The published policy is the optimizer's fp32 master under every weight precision and ZeRO stage.
+
+After one optimizer step of a DeepSpeed trainer (train.bf16 off and on x ZeRO 0-3, one process),
+`save_policy` writes policy K+1. Its config.json must say float32 and its tensors must equal the
+fp32 master as DeepSpeed itself gives it back: its own consolidation of the checkpoint
+(`get_fp32_state_dict_from_zero_checkpoint`, ZeRO >= 1), the `fp32_groups` of its optimizer's state
+dict (bf16, ZeRO 0: FP16_UnfusedOptimizer, where the module holds bf16 copies) or the module's own
+parameters (fp32, ZeRO 0: torch's AdamW steps them). Where the weights were streamed (ZeRO 0-2),
+the weights file is byte-identical to what `save_pretrained` writes for the same tensors and its
+recorded sha256 is that of the file's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+CASES = [(bf16, zero) for bf16 in (False, True) for zero in (0, 1, 2, 3)]
+
+
+def _one_step(trainer) -> None:
+    from pipeline.update.distributed import local_rank_env
+
+    with local_rank_env():
+        _step(trainer.engine)
+
+
+def _step(engine) -> None:
+    engine.train()
+    ids = torch.randint(0, engine.module.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    engine.set_gradient_accumulation_boundary(True)
+    loss = engine(input_ids=ids).logits.float().logsumexp(-1).mean()
+    engine.backward(loss, scale_wrt_gas=False)
+    engine.step()
+
+
+def _reference(trainer, ckpt, bf16: bool, zero: int) -> dict[str, torch.Tensor]:
+    """The fp32 master as DeepSpeed gives it back, by parameter name."""
+    module = trainer.engine.module
+    if zero >= 1:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="state")
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    if bf16:
+        groups = trainer.engine.optimizer.state_dict()["fp32_groups"]
+        return dict(zip(names, [t for g in groups for t in g], strict=True))
+    return {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("bf16,zero", CASES)
+def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
+    from safetensors.torch import load_file
+
+    from pipeline import config as config_mod
+    from pipeline.store import hash_file
+    from pipeline.update.trainer import Trainer
+    from pipeline.update.weights import fp32_masters, master_state_dict
+    from tests.conftest import base_config
+
+    cfg = config_mod.resolve(base_config(assets, train={"bf16": bf16, "zero_stage": zero, "lr": 1e-3}))
+    trainer = Trainer(cfg, Path(assets["model"]), None)
+    try:
+        _one_step(trainer)
+        ckpt, out = tmp_path / "state", tmp_path / "policy"
+        trainer.save_state(ckpt)
+        hashed = trainer.save_policy(out, Path(assets["model"]), ckpt)
+        config = json.loads((out / "config.json").read_text())
+        assert config["dtype"] == "float32", config["dtype"]
+        got = load_file(out / "model.safetensors")
+        ref = _reference(trainer, ckpt, bf16, zero)
+        assert set(ref) <= set(got) | {"lm_head.weight"}
+        for name, t in ref.items():
+            if name in got:
+                assert got[name].dtype == torch.float32
+                assert torch.equal(got[name], t.float().reshape(got[name].shape)), name
+        if bf16:  # the module's own weights are bf16 roundings: the master is not them
+            module = dict(trainer.engine.module.named_parameters())
+            assert any(not torch.equal(got[n], module[n].detach().float()) for n in got if n in module)
+        masters = fp32_masters(trainer.engine, trainer.world, zero)
+        assert (masters is None) == (zero == 3)  # ZeRO 0-2 in one process: no consolidation
+        if masters is not None:
+            assert hashed == {"model.safetensors": hash_file(out / "model.safetensors")}
+            ref_dir = tmp_path / "save_pretrained"
+            trainer.engine.module.save_pretrained(ref_dir, state_dict=master_state_dict(trainer.engine.module, masters))
+            assert (out / "model.safetensors").read_bytes() == (ref_dir / "model.safetensors").read_bytes()
+    finally:
+        trainer.close()
