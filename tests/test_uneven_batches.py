@@ -90,7 +90,9 @@ def test_an_uneven_last_mini_batch_gives_the_unsplit_gradient(twenty_rows, train
     assert float(whole.norm()) > 1e-3
     for grad_accum, budget in ((2, None), (4, None), (2, 64)):  # [6, 2], [3, 3, 2], [6, 2] cut into pieces of <= 64 tokens
         split = _gradient(trainer, data, cfg, loss_type, grad_accum, budget)
-        assert _relative(split, whole) < 1e-6, (loss_type, grad_accum, budget, _relative(split, whole))
+        # fp32 kernels block rows by batch size, so [6, 2] and [8] round differently: 1.2e-6 relative on an
+        # Intel Xeon (MKL, AMX), under 1e-6 on an AMD EPYC; a wrong weight is off by 0.68 or more
+        assert _relative(split, whole) < 1e-5, (loss_type, grad_accum, budget, _relative(split, whole))
 
 
 def test_bnpo_weighs_each_micro_batch_the_same(twenty_rows, trainer):
