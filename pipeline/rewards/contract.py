@@ -75,11 +75,24 @@ def _import_file(path: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it, so dataclasses and pickling inside it work
+    # its directory on the path while it runs: `import helpers` finds the helpers.py beside it, the
+    # user's at `grpo init`, the run's copy of it (pipeline/store/code.py) in every stage
+    folder = str(file.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
+        from pipeline.store.code import local_imports
+
+        for sibling in local_imports(file):  # one imported only inside a function finds its directory now, too
+            importlib.import_module(sibling.removesuffix(".py"))
     except Exception as err:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
         raise GRPOError(f"importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
+    finally:
+        if added:
+            sys.path.remove(folder)
     return module
 
 
