@@ -80,3 +80,17 @@ def test_init_refuses_a_missing_label_column_and_a_function_openrlhf_could_not_c
     two = config_mod.resolve(base_config(assets, rewards=[{"fn": "two.py:reward_func", "contract": "openrlhf"}]))
     with pytest.raises(GRPOError, match=r"rewards\[0\].fn 'two.py:reward_func': cannot be called as OpenRLHF calls it"):
         preflight.check(two, judges_reachable=False)
+
+
+def test_the_example_config_passes_init_and_scores_with_its_labels(assets, monkeypatch):
+    import yaml
+
+    from conftest import REPO
+    from pipeline import preflight
+
+    monkeypatch.chdir(REPO)
+    example = yaml.safe_load((REPO / "examples" / "openrlhf.yaml").read_text())
+    cfg = config_mod.resolve(base_config(assets, rewards=example["rewards"]))
+    preflight.check(cfg, judges_reachable=False)
+    got, log = score(cfg.rewards[0], {"answer": ["4", "6"]})
+    assert got == [1.0, 0.0] and log.extra["has_answer"] == [1.0, 1.0]
