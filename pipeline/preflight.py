@@ -77,7 +77,11 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
             from pipeline.rewards.judge.check import check_served
 
             check_served(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
-        if isinstance(spec, CustomReward):
+        if isinstance(spec, CustomReward) and spec.contract == "openrlhf":
+            from pipeline.rewards.openrlhf import check_signature as check_openrlhf
+
+            check_openrlhf(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
+        elif isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):
             if column not in train_columns:

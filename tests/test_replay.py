@@ -179,3 +179,24 @@ def test_replay_never_overwrites(replays, tmp_path):
     with pytest.raises(GRPOError, match="a run with a different config already exists"):
         replay(str(ref), 1, str(plain), ["loss.type=dapo"])
     assert (plain / "config.yaml").read_text() == before
+
+
+def test_an_openrlhf_reward_func_rescores_real_completions_as_calling_it_directly(replays, tmp_path):
+    """OpenRLHF's contract on a real run's recorded completions (pipeline/rewards/openrlhf.py): the
+    score stage equals calling the file directly with queries = rendered prompt + completion and
+    labels = the answer column; a replay of that re-scores it exactly."""
+    from conftest import REPO
+    from pipeline.loop.replay import replay
+    from pipeline.rewards.contract import resolve
+
+    ref, *_ = replays
+    fn = f"{REPO}/examples/openrlhf_reward.py:reward_func"
+    new = replay(str(ref), 0, str(tmp_path / "orl"), [f"rewards=[{{fn: '{fn}', contract: openrlhf, kwargs: {{label_key: answer}}}}]"], until="score")
+    rollout, score = content(ref, "iter-0000/rollout"), content(tmp_path / "orl", "iter-0000/score")
+    calls = [resolve(fn)([p + c], [p], [a]) for p, c, a in zip(
+        rollout.column("prompt").to_pylist(), rollout.column("completion").to_pylist(), rollout.column("answer").to_pylist())]
+    assert score.column("reward_reward_func").to_pylist() == [r["rewards"][0] for r in calls]
+    assert score.column("extra_has_answer").to_pylist() == [r["extra_logs"]["has_answer"][0] for r in calls]
+    again = replay(str(tmp_path / "orl"), 0, str(tmp_path / "again"), None, until="score")
+    assert content(tmp_path / "again", "iter-0000/score").column("reward_reward_func").equals(score.column("reward_reward_func"))
+    assert new is not None and again is not None

@@ -24,7 +24,7 @@ def make_run(assets, tmp_path, monkeypatch, name: str, code: str, rewards: list[
     from pipeline.store.run import init_run
 
     user = tmp_path / f"{name}-src"
-    user.mkdir()
+    user.mkdir(exist_ok=True)
     (user / "brev.py").write_text(code)
     monkeypatch.chdir(user)
     cfg = config_mod.resolve(base_config(assets, rewards=rewards or [{"fn": "brev.py:brev"}]))
@@ -131,3 +131,54 @@ def test_a_worker_that_cannot_import_the_runs_code_fails_before_any_work(assets,
     copy.unlink()
     with pytest.raises(GRPOError, match="the run's copy of brev.py is missing"):
         check_environment(Run(run.uri), [])
+
+
+HELPERS = "SCALE = 3.0\n\ndef size(text):\n    from more import plus\n    return plus(len(text))\n"
+MORE = "def plus(n):\n    return n + 1\n"
+USES = "import helpers\n\ndef brev(completions, **kwargs):\n    return [helpers.SCALE / helpers.size(c) for c in completions]\n"
+
+
+@pytest.mark.parametrize("fn", ["brev.py:brev", "brev:brev"])
+def test_a_reward_importing_sibling_files_carries_them_with_the_run(assets, tmp_path, monkeypatch, fn):
+    """The issue's trap: a reward whose module imports a file beside it passed init and failed in the
+    score stage, the run holding a copy of the module alone. Its local imports (and theirs) travel with it."""
+    from pipeline.store.run import Run
+
+    src = tmp_path / "run-src"
+    src.mkdir()
+    (src / "helpers.py").write_text(HELPERS)
+    (src / "more.py").write_text(MORE)  # imported inside a function of helpers: found by reading, not running
+    run, _ = make_run(assets, tmp_path, monkeypatch, "run", USES, rewards=[{"fn": fn}])
+    entry = Run(run.uri).code[fn.split(":")[0]]
+    assert sorted(entry["imports"]) == ["helpers.py", "more.py"]
+    folder = (tmp_path / "run" / entry["copy"]).parent
+    assert (folder / "helpers.py").read_text() == HELPERS and (folder / "more.py").read_text() == MORE
+
+    elsewhere = tmp_path / "elsewhere"  # the user's directory gone from view; a decoy helpers.py here
+    elsewhere.mkdir()
+    (elsewhere / "helpers.py").write_text("SCALE = 0.0\n\ndef size(text):\n    return 1\n")
+    monkeypatch.chdir(elsewhere)
+    from pipeline.rewards import contract
+
+    for name in [m for m in sys.modules if m in ("helpers", "more", "brev") or m.startswith("_grpo_reward_brev_")]:
+        monkeypatch.delitem(sys.modules, name)  # as a score process that never imported them
+    contract._resolve.cache_clear()
+    # 3 / (len + 1): "ab" -> 1.0, "abcde" -> 0.5
+    assert scores(Run(run.uri), ["ab", "abcde"]) == pytest.approx([1.0, 0.5], abs=1e-12)
+
+    # a changed sibling is other code: the same run directory is refused at init
+    from pipeline.store.run import init_run
+
+    (src / "more.py").write_text("def plus(n):\n    return n + 2\n")
+    monkeypatch.chdir(src)
+    with pytest.raises(GRPOError, match="code differs from what the config names now"):
+        init_run(run.uri, config_mod.resolve(base_config(assets, rewards=[{"fn": fn}])))
+
+
+def test_a_reward_importing_a_package_beside_it_is_refused_at_init_naming_the_file(assets, tmp_path, monkeypatch):
+    src = tmp_path / "run-src"
+    (src / "helpers").mkdir(parents=True)
+    (src / "helpers" / "__init__.py").write_text("SCALE = 3.0\n")
+    with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
+        make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n")
+    assert not (tmp_path / "run" / "config.yaml").exists()

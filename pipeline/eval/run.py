@@ -85,7 +85,8 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
         prompts_, completions, completion_ids, columns = trl_inputs(table, cfg.data.system_prompt, cfg.rollout.environment)
         log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
-                                 completion_masks=completion_masks(table))  # [N, F]
+                                 completion_masks=completion_masks(table),
+                                 rendered=table.column("prompt").to_pylist() if "prompt" in table.column_names else None)  # [N, F]
     if why := unknown_eval_reward(cfg, s):  # the config asks only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(why)
     names = [r.column for r in cfg.rewards]

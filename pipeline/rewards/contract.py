@@ -75,11 +75,24 @@ def _import_file(path: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it, so dataclasses and pickling inside it work
+    # its directory on the path while it runs: `import helpers` finds the helpers.py beside it, the
+    # user's at `grpo init`, the run's copy of it (pipeline/store/code.py) in every stage
+    folder = str(file.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
+        from pipeline.store.code import local_imports
+
+        for sibling in local_imports(file):  # one imported only inside a function finds its directory now, too
+            importlib.import_module(sibling.removesuffix(".py"))
     except Exception as err:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
         raise GRPOError(f"importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
+    finally:
+        if added:
+            sys.path.remove(folder)
     return module
 
 
@@ -233,6 +246,7 @@ def compute_rewards(
     trainer_state: TrainerState | None = None,
     log: RewardLog | None = None,
     completion_masks: list[list[int] | None] | None = None,
+    rendered: list[str] | None = None,
 ) -> np.ndarray:
     """Every reward function on every completion: float64 [N, F], NaN where one returned None.
 
@@ -241,6 +255,7 @@ def compute_rewards(
     completion_masks: the rollout's completion_mask (1 where the model sampled the token; None
     for a single completion). Your functions get completion_ids as TRL passes them, every token of
     an episode; the built-ins get the model's tokens only, so their lengths count what it wrote.
+    rendered: the rollout's rendered prompts (after the chat template), for OpenRLHF's contract.
     trainer_state is passed to every function (default: global_step = iteration); what they
     log with log_metric / log_extra lands in `log`. Async functions run concurrently after the
     synchronous ones (pipeline.rewards.calls).
@@ -272,6 +287,15 @@ def compute_rewards(
                 values = fn(prompts, completions, columns, log, where)
             except GRPOError as err:
                 raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
+            out[:, j] = _check_rewards(values, n, where)  # [N]
+            continue
+        if getattr(spec, "contract", "trl") == "openrlhf":  # pipeline/rewards/openrlhf.py
+            from pipeline.rewards import openrlhf
+
+            if rendered is None and any(not isinstance(p, str) for p in prompts):
+                raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
+            texts = [completion_text(c) for c in completions]
+            values = openrlhf.score(fn.func, fn.keywords, rendered or prompts, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win

@@ -4,7 +4,10 @@
 `rollout.environment`; a `module:fn` whose module is a single file in the current directory too)
 into RUN/code/<sha256[:12]>/<name>.py and records it in RUN/code/CODE.json with its sha256; a module
 imported from the environment (an installed package) is recorded by its version and its file's
-sha256. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
+sha256. A copied file's local imports (`import helpers` where helpers.py lies beside it, found by
+reading its source, `local_imports`) are copied beside it and recorded under its "imports", so the
+copy imports the same siblings wherever it runs; a local import that is a package directory is
+refused at init, naming the file. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
 reward code is another run, and every process that computes for the run (a local `grpo score`, a
 Ray actor or score task on another node, a `--shard` worker elsewhere) imports the run's copy
 (`pipeline.rewards.contract.run_code`), never whatever file its own current directory holds. A
@@ -14,6 +17,7 @@ as they were (from the current directory).
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
@@ -81,6 +85,38 @@ def _module_file(name: str) -> tuple[Path | None, object]:
     return (Path(file), module) if file else (None, module)
 
 
+def local_imports(file: Path) -> dict[str, Path]:
+    """The files under `file`'s directory that it imports, and those they import (by reading the
+    source, not running it): name.py -> its path. A top-level `import x` / `from x import y` where
+    x.py lies in the same directory is one; an installed module is not. GRPOError naming the file
+    for a local import that cannot be carried (a package directory) or a file that does not parse."""
+    root = file.parent
+    found: dict[str, Path] = {}
+    todo = [file]
+    while todo:
+        cur = todo.pop()
+        try:
+            tree = ast.parse(cur.read_bytes(), filename=str(cur))
+        except SyntaxError as err:
+            raise GRPOError(f"{cur}: does not parse (line {err.lineno}: {err.msg})") from None
+        names = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.append(node.module.split(".")[0])
+        for name in names:
+            pkg = root / name
+            if pkg.is_dir() and ((pkg / "__init__.py").is_file() or (not (root / f"{name}.py").is_file() and any(pkg.glob("*.py")))):
+                raise GRPOError(f"{cur}: imports {name}/, a package directory beside it, which grpo does not carry with the "
+                                f"run; make it a single file {name}.py or install it (pip install -e)")
+            sib = root / f"{name}.py"
+            if sib.is_file() and sib != file and sib.name not in found:
+                found[sib.name] = sib
+                todo.append(sib)
+    return dict(sorted(found.items()))
+
+
 def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, bytes]]:
     """The record of what `cfg` names and the bytes of each copy ({} for a config that names no
     file or module). `prior`: where -> a local copy to take instead of the current directory's
@@ -103,8 +139,16 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             raise GRPOError(f"{where}: no such file (looked for {local})")
         data = local.read_bytes()
         sha = sha256_bytes(data)
-        record[where] = {"copy": f"code/{sha[:12]}/{local.name}", "sha256": sha, **({} if _is_file(where) else {"module": where})}
+        siblings = {name: path.read_bytes() for name, path in local_imports(local).items()}
+        # the copy's directory is named by the file's hash (and its imports' hashes, when it has any):
+        # one file with other siblings is another directory
+        folder = sha[:12] if not siblings else \
+            canonical_hash({"file": sha, "imports": {n: sha256_bytes(b) for n, b in siblings.items()}})[:12]
+        record[where] = {"copy": f"code/{folder}/{local.name}", "sha256": sha, **({} if _is_file(where) else {"module": where})}
         copies[record[where]["copy"]] = data
+        if siblings:
+            record[where]["imports"] = {n: {"copy": f"code/{folder}/{n}", "sha256": sha256_bytes(b)} for n, b in siblings.items()}
+            copies.update({f"code/{folder}/{n}": b for n, b in siblings.items()})
     return record, copies
 
 
@@ -126,7 +170,11 @@ def read(store: RunStore) -> dict | None:
 
 def code_hash(record: dict) -> str:
     """What of the record names the code (not where a copy lies)."""
-    return canonical_hash({w: {k: v for k, v in e.items() if k != "copy"} for w, e in sorted(record.items())})
+    def named(e: dict) -> dict:
+        out = {k: v for k, v in e.items() if k not in ("copy", "imports")}
+        return out | ({"imports": {n: i["sha256"] for n, i in e["imports"].items()}} if "imports" in e else {})
+
+    return canonical_hash({w: named(e) for w, e in sorted(record.items())})
 
 
 def local_copies(store: RunStore, record: dict) -> dict[str, Path]:
@@ -136,21 +184,29 @@ def local_copies(store: RunStore, record: dict) -> dict[str, Path]:
     for where, e in record.items():
         if "copy" not in e:
             continue
-        if store.local:
-            path = Path(store.path(e["copy"]))
-        else:
-            path = cache_dir() / "code" / e["sha256"] / Path(e["copy"]).name
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-                tmp.write_bytes(store.read_bytes(e["copy"]))
-                os.replace(tmp, path)
-        if not path.is_file():
-            raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is missing")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != e["sha256"]:
-            raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is not the file recorded at `grpo init` (edited?)")
+        folder = e["sha256"] if "imports" not in e else Path(e["copy"]).parent.name  # a remote run's copies: in the cache
+        path = _local_copy(store, e, where, folder)
+        for sib in e.get("imports", {}).values():  # beside it, where its imports find them
+            _local_copy(store, sib, where, folder)
         out[where] = path
     return out
+
+
+def _local_copy(store: RunStore, e: dict, where: str, folder: str) -> Path:
+    if store.local:
+        path = Path(store.path(e["copy"]))
+    else:
+        path = cache_dir() / "code" / folder / Path(e["copy"]).name
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+            tmp.write_bytes(store.read_bytes(e["copy"]))
+            os.replace(tmp, path)
+    if not path.is_file():
+        raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is missing")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != e["sha256"]:
+        raise GRPOError(f"{store.display(e['copy'])}: the run's copy of {where} is not the file recorded at `grpo init` (edited?)")
+    return path
 
 
 def check_modules(record: dict, here: str) -> None:

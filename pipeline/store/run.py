@@ -215,8 +215,7 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         code.pack(store, cfg, prior)  # the reward code, copied and recorded before the config
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     elif run.code is not None:
-        here = {w: e["sha256"] for w, e in code.collect(cfg)[0].items()}
-        if here != {w: e["sha256"] for w, e in run.code.items()}:
+        if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):
             raise GRPOError(f"{store.display(code.RECORD)}: the run's reward, tool or environment code differs from "
                             f"what the config names now; choose a new run directory")
     return run

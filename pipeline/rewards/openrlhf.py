@@ -1,0 +1,93 @@
+"""OpenRLHF's reward-function file contract (`--remote_rm_url file.py`), grpo's own (OpenRLHF cannot
+be installed beside grpo):
+
+    reward_func(queries, prompts, labels, **kwargs) -> {"rewards": [...], "scores": [...], "extra_logs": {...}}
+                                                        or the rewards alone (a list or a 1-d tensor)
+
+As OpenRLHF (commit 3c3be623, openrlhf/utils/agent.py) calls it: once per completion, with one-element
+lists; `queries` the rendered prompt followed by the completion, `prompts` the rendered prompt,
+`labels` the dataset column `kwargs.label_key` names (None for every row without one). The other
+`kwargs` are passed on every call. `rewards` is the reward; each `extra_logs` entry becomes an
+`extra_<name>` column (one value per completion); `scores` (OpenRLHF's dynamic-filtering score) is
+not used: grpo filters on the rewards (`advantages.dynamic_sampling`).
+
+Here a completion's text is the rollout's, decoded without special tokens; OpenRLHF decodes the
+whole sequence with them (an EOS token's text ends its queries).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from pipeline.errors import GRPOError
+
+LABEL_KEY = "label_key"
+"""The kwargs option naming the dataset column passed as `labels` (OpenRLHF's --label_key)."""
+
+
+def _values(x: Any) -> list:
+    if hasattr(x, "tolist"):  # a torch tensor or numpy array
+        x = x.tolist()
+    if isinstance(x, numbers.Real):
+        return [x]
+    if not isinstance(x, list | tuple):
+        raise GRPOError(f"returned {type(x).__name__} as rewards, expected a list or tensor of numbers")
+    return list(x)
+
+
+def score(fn, options: dict, rendered: list[str], texts: list[str], columns: dict[str, list], log, where: str) -> list:
+    """Each completion's reward; what extra_logs holds goes to `log` (a RewardLog)."""
+    opts = dict(options)
+    key = opts.pop(LABEL_KEY, None)
+    if key is not None and key not in columns:
+        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
+    labels = columns[key] if key is not None else [None] * len(texts)
+    out: list = []
+    extra: dict[str, list] = {}
+    for i, (prompt, text, label) in enumerate(zip(rendered, texts, labels)):
+        try:
+            got = fn([prompt + text], [prompt], [label], **opts)
+        except Exception as err:
+            lines = str(err).strip().splitlines()
+            raise GRPOError(f"{where} row {i}: raised {type(err).__name__}: {lines[0] if lines else ''}") from err
+        logs = {}
+        if isinstance(got, dict):
+            if "rewards" not in got:
+                raise GRPOError(f"{where} row {i}: returned a dict without 'rewards' (keys: {', '.join(map(str, got))})")
+            logs = got.get("extra_logs") or {}
+            got = got["rewards"]
+        try:
+            values = _values(got)
+        except GRPOError as err:
+            raise GRPOError(f"{where} row {i}: {err}") from None
+        if len(values) != 1:
+            raise GRPOError(f"{where} row {i}: returned {len(values)} rewards for 1 query")
+        out.append(values[0])
+        for name, v in logs.items():
+            vs = _values(v)
+            extra.setdefault(str(name), [None] * len(texts))[i] = vs[0] if len(vs) == 1 else str(vs)
+    for name, values in extra.items():
+        log.extra_logger(where, range(len(texts)))(name, values)
+    return out
+
+
+def check_signature(fn, label: str, target: str, train_columns: list[str], data: str) -> None:
+    """At `grpo init`: `fn` (a partial with the config's kwargs bound) takes (queries, prompts,
+    labels) and the other kwargs; kwargs.label_key names a column of the training data."""
+    import inspect
+
+    where = f"{label}.fn {target!r}"
+    key = fn.keywords.get(LABEL_KEY)
+    if key is not None and key not in train_columns:
+        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+    try:
+        sig = inspect.signature(fn.func)
+    except (TypeError, ValueError):
+        return
+    opts = {k: v for k, v in fn.keywords.items() if k != LABEL_KEY}
+    try:
+        sig.bind([], [], [], **opts)
+    except TypeError as err:
+        raise GRPOError(f"{where}: cannot be called as OpenRLHF calls it, reward_func(queries, prompts, labels"
+                        f"{''.join(f', {k}=...' for k in opts)}): {err}") from None
