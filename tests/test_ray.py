@@ -463,6 +463,14 @@ def test_placement_is_checked_per_node_not_on_the_clusters_totals():
     assert "rollout worker 3 of 3" in spread_problem(nodes, cluster_cfg(rollout_workers=3, rollout_cpus=0.6, score_cpus=0.1))
     gpu = {"a" * 16: {"CPU": 8.0, "GPU": 1.0}}
     assert "fits on no node" in spread_problem(gpu, cluster_cfg(rollout_workers=2, rollout_gpus=1.0))
+    # a feasible placement is found whatever the nodes' ids: a head of 0 CPUs, a node of 2 and one of 1, a 1-CPU actor and
+    # a 2-CPU score task (the actor on the 1-CPU node). It was refused when the 2-CPU node's id sorted first (a rerun
+    # after a node was lost and another joined: "no node has the 2 CPUs of a score task left")
+    one = cluster_cfg(rollout_workers=1, rollout_cpus=1.0, score_cpus=2.0)
+    for ids in (("a", "b", "c"), ("a", "c", "b"), ("c", "b", "a")):
+        mixed = {ids[0] * 16: {"CPU": 0.0, "GPU": 0.0}, ids[1] * 16: {"CPU": 2.0, "GPU": 0.0}, ids[2] * 16: {"CPU": 1.0, "GPU": 0.0}}
+        assert spread_problem(mixed, one) is None, ids
+    assert "no node has the 2 CPUs" in spread_problem({"b" * 16: {"CPU": 2.0, "GPU": 0.0}, "c" * 16: {"CPU": 0.5, "GPU": 0.0}}, one)
 
 
 def test_a_lost_node_makes_the_score_and_update_stages_stop_idle_actors_instead_of_waiting_for_ever():

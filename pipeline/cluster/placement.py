@@ -35,20 +35,39 @@ def spread_problem(nodes: dict[str, dict[str, float]], cc) -> str | None:
     actor = {"CPU": cc.rollout_cpus, "GPU": cc.rollout_gpus}
     task = {"CPU": cc.score_cpus, "GPU": 0.0}
     free = {n: dict(r) for n, r in nodes.items()}
-    count = dict.fromkeys(free, 0)
-    for i in range(cc.rollout_workers):
-        fitting = [n for n in sorted(free) if _fits(free[n], actor)]
-        if not fitting:
-            return (f"cluster: rollout worker {i + 1} of {cc.rollout_workers} ({cc.rollout_cpus:g} CPUs, {cc.rollout_gpus:g} GPUs: "
-                    f"cluster.rollout_cpus, rollout_gpus) fits on no node once the others are placed ({describe(nodes)})")
-        n = min(fitting, key=lambda n: count[n])
-        _take(free[n], actor)
-        count[n] += 1
-    if not any(_fits(r, task) for r in free.values()):
+    i = _spread(free, actor, cc.rollout_workers)
+    if i is not None:
+        return (f"cluster: rollout worker {i + 1} of {cc.rollout_workers} ({cc.rollout_cpus:g} CPUs, {cc.rollout_gpus:g} GPUs: "
+                f"cluster.rollout_cpus, rollout_gpus) fits on no node once the others are placed ({describe(nodes)})")
+    # Ray's SPREAD may place the actors otherwise than this one spread (its choice among nodes holding as
+    # many is not by id): one spread that keeps some node's room for a score task is enough
+    if not any(_fits(r, task) for r in free.values()) and not any(_spread(_keeping(nodes, n, task), actor, cc.rollout_workers) is None
+                                                                for n in sorted(nodes) if _fits(nodes[n], task)):
         left = ", ".join(f"node {n[:8]} {r['CPU']:g}" for n, r in sorted(free.items()))
         return (f"cluster: with the {cc.rollout_workers} warm rollout workers placed ({cc.rollout_cpus:g} CPUs each), no node "
                 f"has the {cc.score_cpus:g} CPUs of a score task (cluster.score_cpus) left (CPUs left: {left}); lower "
                 f"cluster.rollout_cpus or score_cpus, or add a node")
+    return None
+
+
+def _keeping(nodes: dict[str, dict[str, float]], n: str, need: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A copy of `nodes` with `need` taken from node n."""
+    free = {m: dict(r) for m, r in nodes.items()}
+    _take(free[n], need)
+    return free
+
+
+def _spread(free: dict[str, dict[str, float]], actor: dict[str, float], workers: int) -> int | None:
+    """Place `workers` actors as SPREAD does (the next on a node holding fewest where it fits), taking
+    their room from `free`; None when all fit, else the index of the first that fits nowhere."""
+    count = dict.fromkeys(free, 0)
+    for i in range(workers):
+        fitting = [n for n in sorted(free) if _fits(free[n], actor)]
+        if not fitting:
+            return i
+        n = min(fitting, key=lambda n: count[n])
+        _take(free[n], actor)
+        count[n] += 1
     return None
 
 
