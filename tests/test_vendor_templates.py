@@ -421,3 +421,66 @@ def test_wrapped_json_calls_read_as_llama_cpp_reads_them(assets):
     for family, (opener, closer) in [("apriel", ("<tool_calls>", "</tool_calls>")), ("nemotron_v2", ("<TOOLCALL>", "</TOOLCALL>"))]:
         assert parse_wrapped(family, f"ok {opener}{two}{closer}") == ("ok", [("a", {}), ("b", {"x": "1"})])
         assert [c[0] for c in parse_wrapped(family, f"{opener}{two}")[1]] == [None]
+
+
+# Qwen QwQ-32B's template as the model ships it (llama.cpp's first copy, commit f5cd27b7, before its
+# enable_thinking edit): the generation prompt opens the thinking (`<|im_start|>assistant\n<think>\n`),
+# so the model's turn starts inside it and closes it with `</think>`
+QWQ_AS_SHIPPED = (LLAMA_CPP / "Qwen-QwQ-32B.jinja").read_text().replace(
+    "    {%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}\n", "")
+
+
+def test_thinking_the_prompt_opens_is_thinking(assets):
+    """Where the generation prompt opens the thinking (QwQ-32B as shipped), the turn's text up to its
+    `</think>` is thinking: not content, and a call written in it is not a call (as TRL's parsers read a
+    `<think>` block; llama.cpp's test-chat.cpp reads QwQ's "Let me think about this...\\n</think>\\nThe answer
+    is 42." as reasoning and content). Was: the thinking and its `</think>` were the content, and a call
+    in it ran. A turn that never writes `</think>` is all answer, as TRL's DeepSeek-R1 response template
+    reads a turn after its `<think>\n` prompt. The Hermes fallback keeps the thinking in the content, as the model wrote it, and runs no call in it."""
+    from pipeline.agents.format import parse_hermes
+    from pipeline.agents.probe import choose
+
+    assert QWQ_AS_SHIPPED.count("<think>") == 1 and "enable_thinking" not in QWQ_AS_SHIPPED
+    tok = llama_cpp_tokenizer(Path(assets["model"]), QWQ_AS_SHIPPED)
+    fmt, note = choose(tok, "auto", "qwq")
+    assert (fmt.kind, fmt.parser, note) == ("template", "hermes", None)
+    user = {"role": "user", "content": "What is 6 * 7?"}
+    prompt = tok(fmt.render([user], [], True), add_special_tokens=False)["input_ids"]
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n")
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    for text, want in [("Let me think about this...\n</think>\nThe answer is 42.", ("The answer is 42.", [])),
+                       (f"Multiply.\n</think>\n\n{call}", ("", [("multiply", {"a": 6, "b": 7})])),
+                       (f"Maybe {call}? No.\n</think>\n\nIt is 42.", ("It is 42.", [])),
+                       (f"never closed {call}", ("never closed", [("multiply", {"a": 6, "b": 7})]))]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], prompt, set())
+        assert (content, [(c.name, c.arguments) for c in calls]) == want, text
+    assert parse_hermes(f"Maybe {call}? No.\n</think>\n\nIt is 42.", opened=True) == (f"Maybe {call}? No.\n</think>\n\nIt is 42.", [])
+    content, calls = parse_hermes(f"Multiply.\n</think>\n{call}", opened=True)
+    assert content == "Multiply.\n</think>" and [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 6, "b": 7})]
+
+
+def test_lfm2_thinking_is_not_content_and_holds_no_call_as_trls_parser_reads_it(assets):
+    """TRL 1.16 reads an LFM2 / LFM2.5 turn with its lfm2 response template: a `<think>` block is the
+    thinking, not content, and a `<|tool_call_start|>` list written inside it is no call. Was: the block
+    stayed in the content (what reward functions get) and the call inside it ran."""
+    import trl.chat_template_utils as u
+
+    from pipeline.agents.probe import choose
+
+    for name in ("lfm2_2_5", "lfm2_v2"):
+        tok = with_template(Path(assets["model"]), trl_templates()[name])
+        fmt, _ = choose(tok, "auto", name)
+        assert fmt.parser == "pythonic"
+        prompt = tok(fmt.render([{"role": "user", "content": "What is 6 * 7?"}], [], True), add_special_tokens=False)["input_ids"]
+        call = "<|tool_call_start|>[multiply(a=6, b=7)]<|tool_call_end|>"
+        for text in (f"<think>Maybe {call}</think>No.", f"<think>hm</think>{call}", f"<think>never closed {call}", "<think>a</think>42"):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            u.add_response_schema(tok)
+            try:
+                trl = u.parse_response(tok, ids + [tok.convert_tokens_to_ids("<|im_end|>")], prefix=prompt)
+            finally:
+                tok.response_template = None
+            content, calls = fmt.parse_turn(ids, prompt, set())
+            assert [(c.name, c.arguments) for c in calls] == [(c["function"]["name"], c["function"]["arguments"])
+                                                              for c in trl.get("tool_calls", [])], (name, text)
+            assert content == trl["content"], (name, text)
