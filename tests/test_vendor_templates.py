@@ -484,3 +484,25 @@ def test_lfm2_thinking_is_not_content_and_holds_no_call_as_trls_parser_reads_it(
             assert [(c.name, c.arguments) for c in calls] == [(c["function"]["name"], c["function"]["arguments"])
                                                               for c in trl.get("tool_calls", [])], (name, text)
             assert content == trl["content"], (name, text)
+
+
+def test_ministral_thinking_is_not_content_and_holds_no_call(assets):
+    """Ministral 3 Reasoning writes its thinking as `[THINK]...[/THINK]` before the answer or its
+    `[TOOL_CALLS]`: as llama.cpp's tests/test-chat.cpp reads its sample turns (reasoning format auto),
+    the block is thinking, not content, as grpo reads Qwen's `<think>`; a call inside it is no call.
+    Was: the block stayed in the content, and a call inside it ended the episode as malformed."""
+    from pipeline.agents.probe import choose
+
+    name = "mistralai-Ministral-3-14B-Reasoning-2512"
+    tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
+    fmt, _ = choose(tok, "auto", name)
+    assert fmt.parser == "mistral_args"
+    prompt = tok(fmt.render([{"role": "user", "content": "hi"}], [], True), add_special_tokens=False)["input_ids"]
+    for text, want in [("[THINK]I'm\nthinking[/THINK]Hello, world!\nWhat's up?", ("Hello, world!\nWhat's up?", [])),  # test-chat.cpp
+                       ('[THINK]I\'m\nthinking[/THINK][TOOL_CALLS]special_function[ARGS]{"arg1":1}',  # test-chat.cpp
+                        ("", [("special_function", {"arg1": 1})])),
+                       ('[THINK]Maybe [TOOL_CALLS]special_function[ARGS]{"arg1":1}[/THINK]No.', ("No.", [])),
+                       ('[TOOL_CALLS]special_function[ARGS]{"arg1": 1}[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}',
+                        ("", [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]))]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], prompt, set())
+        assert (content, [(c.name, c.arguments) for c in calls]) == want, text

@@ -12,7 +12,8 @@ TRL 1.16 ships response schemas for, and Mistral's:
   (Qwen3-Coder, Qwen3.5, Nemotron 3);
 - glm: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>` (GLM-4.5 and later);
 - mistral_list: `[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]` (Mistral 7B v0.3, Small 3.1);
-- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call (Mistral Small 3.2, Magistral, Devstral);
+- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call, after an optional `[THINK]...[/THINK]` (Mistral Small 3.2,
+  Magistral, Devstral, Ministral 3 Reasoning);
 - harmony: `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>`, after an
   optional `<|channel|>analysis<|message|>...<|end|>` (gpt-oss), one call per message, each ended by `<|call|>`;
 - pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
@@ -75,6 +76,7 @@ SPECS: dict[str, dict] = {
     "mistral_args": {
         "start_anchor": ["[/INST]", "[/TOOL_RESULTS]"],
         "fields": {
+            "reasoning_content": {"open": "[THINK]", "close_pattern": r"\[/THINK\]\s*"},  # Ministral 3 Reasoning, Magistral
             "tool_calls": {
                 "open_pattern": r"\s*\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]",
                 "close_pattern": r"(?=\[TOOL_CALLS\])",
