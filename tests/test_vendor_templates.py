@@ -506,3 +506,23 @@ def test_ministral_thinking_is_not_content_and_holds_no_call(assets):
                         ("", [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]))]:
         content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], prompt, set())
         assert (content, [(c.name, c.arguments) for c in calls]) == want, text
+
+
+def test_named_templates_record_the_tool_use_one_a_tool_run_renders(assets):
+    """Hermes-2-Pro's and Hermes-3's tokenizers ship named templates, `default` and `tool_use`;
+    transformers renders `tool_use` whenever `tools=` is passed, as every tool run's rendering is.
+    The template a tool run records (the rollout manifest's sha256) is that one. Was: the `default`
+    one's, a template the run never rendered with tools."""
+    from pipeline.agents.probe import choose
+    from pipeline.agents.templates import template_sha256
+
+    tool_use = (LLAMA_CPP / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja").read_text()
+    default = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = llama_cpp_tokenizer(Path(assets["model"]), tool_use)
+    tok.chat_template = {"default": default, "tool_use": tool_use}
+    fmt, note = choose(tok, "auto", "hermes-2-pro")
+    assert (fmt.kind, fmt.parser, note) == ("template", "hermes", None)
+    schema = {"type": "function", "function": {"name": "multiply", "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    assert "<tools>" in fmt.render([{"role": "user", "content": "hi"}], [schema], True)  # rendered with tool_use
+    assert fmt.template.record() == {"name": "model", "sha256": template_sha256(tool_use)}
