@@ -526,3 +526,15 @@ def test_named_templates_record_the_tool_use_one_a_tool_run_renders(assets):
     schema = {"type": "function", "function": {"name": "multiply", "description": "x", "parameters": {"type": "object", "properties": {}}}}
     assert "<tools>" in fmt.render([{"role": "user", "content": "hi"}], [schema], True)  # rendered with tool_use
     assert fmt.template.record() == {"name": "model", "sha256": template_sha256(tool_use)}
+
+
+def test_the_end_of_turn_of_a_template_that_needs_tools_is_read(assets):
+    """Hermes-2-Pro's and Hermes-3's `tool_use` templates loop over `tools` and fail without them:
+    the end of turn (a stop token, and what the probe cuts off the sample turn) is read off a rendering
+    with a tool, as the probe renders them. Was: None, so a run stopped only on the tokenizer's eos."""
+    from pipeline.models.stop_tokens import end_of_turn
+
+    for name in ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"):
+        tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
+        tok.add_special_tokens({"eos_token": "<|end_of_text|>"})  # the Llama 3 base's eos, not the template's end of turn
+        assert end_of_turn(tok) == "<|im_end|>", name
