@@ -538,3 +538,25 @@ def test_the_end_of_turn_of_a_template_that_needs_tools_is_read(assets):
         tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
         tok.add_special_tokens({"eos_token": "<|end_of_text|>"})  # the Llama 3 base's eos, not the template's end of turn
         assert end_of_turn(tok) == "<|im_end|>", name
+
+
+def test_lfm2_string_values_read_raw_as_the_template_writes_them(assets):
+    """LFM2.5's templates write a string argument raw between single quotes (`'" + value + "'"`, no
+    escapes): a value with a newline or a backslash (code, paths) is written as is, and TRL 1.16's lfm2
+    response template reads it back as is. A call the template writes parses back to the same
+    arguments. Was: a newline in a value made the call malformed (a Python literal cannot hold one), and
+    a backslash was read as an escape (`a\\nb` became a newline)."""
+    from pipeline.agents.probe import choose
+
+    for tok in (with_template(Path(assets["model"]), trl_templates()["lfm2_2_5"]),
+                llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / "LFM2.5-8B-A1B.jinja").read_text())):
+        fmt, _ = choose(tok, "auto", "lfm")
+        assert fmt.parser == "pythonic"
+        user = {"role": "user", "content": "hi"}
+        args = {"code": "def f():\n    return 'ok'", "path": "C:\\new\\table", "n": 3, "meta": {"q": "it's \"x\""}}
+        said = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "run", "arguments": args}}]}
+        full = tok.apply_chat_template([user, said], tokenize=False)
+        text = full[full.index("<|tool_call_start|>"): full.index("<|tool_call_end|>") + len("<|tool_call_end|>")]
+        assert "\n    return 'ok'" in text  # written raw
+        content, calls = fmt.parse(text, "")
+        assert (content, [(c.name, c.arguments) for c in calls]) == ("", [("run", args)]), text
