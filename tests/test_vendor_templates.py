@@ -543,7 +543,7 @@ def test_the_end_of_turn_of_a_template_that_needs_tools_is_read(assets):
 def test_lfm2_string_values_read_raw_as_the_template_writes_them(assets):
     """LFM2.5's templates write a string argument raw between single quotes (`'" + value + "'"`, no
     escapes): a value with a newline or a backslash (code, paths) is written as is, and TRL 1.16's lfm2
-    response template reads it back as is. A call the template writes parses back to the same
+    response template reads it back as is (strings in a list are Python's repr, escapes and all). A call the template writes parses back to the same
     arguments. Was: a newline in a value made the call malformed (a Python literal cannot hold one), and
     a backslash was read as an escape (`a\\nb` became a newline)."""
     from pipeline.agents.probe import choose
@@ -553,7 +553,8 @@ def test_lfm2_string_values_read_raw_as_the_template_writes_them(assets):
         fmt, _ = choose(tok, "auto", "lfm")
         assert fmt.parser == "pythonic"
         user = {"role": "user", "content": "hi"}
-        args = {"code": "def f():\n    return 'ok'", "path": "C:\\new\\table", "n": 3, "meta": {"q": "it's \"x\""}}
+        args = {"code": "def f():\n    return 'ok'", "path": "C:\\new\\table", "n": 3, "meta": {"q": "it's \"x\""},
+                "tags": ["a\nb", "C:\\x", "it's"]}  # a list: written by Jinja's `string` filter, with Python's escapes
         said = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "run", "arguments": args}}]}
         full = tok.apply_chat_template([user, said], tokenize=False)
         text = full[full.index("<|tool_call_start|>"): full.index("<|tool_call_end|>") + len("<|tool_call_end|>")]

@@ -230,10 +230,11 @@ _STRING_END = re.compile(r"'(?=\s*(?:[,)\]]|$))")  # a single quote that a value
 
 
 def _raw_strings(body: str) -> str:
-    """`body` with each single-quoted string written as the Python literal of its raw text: LFM2's
+    """`body` with each string value (single-quoted, right after `=`) written as the Python literal of its raw text: LFM2's
     templates write a string value as `'` + value + `'`, no escapes (a newline, a backslash, a quote
     as they are), and TRL's lfm2 response template reads it back so; it ends at a quote that the
-    value's end (`,`, `)`, `]`) follows. Double-quoted strings (a JSON object's) keep their escapes."""
+    value's end (`,`, `)`, `]`) follows. Other strings keep their escapes: a JSON object's, and a
+    list's (Jinja's `string` filter writes Python's repr)."""
     out, i = [], 0
     while i < len(body):
         if body[i] == '"':
@@ -242,7 +243,7 @@ def _raw_strings(body: str) -> str:
                 j += 2 if body[j] == "\\" else 1
             out.append(body[i:j + 1])
             i = j + 1
-        elif body[i] == "'" and (end := _STRING_END.search(body, i + 1)):
+        elif body[i] == "'" and body[:i].rstrip().endswith("=") and (end := _STRING_END.search(body, i + 1)):
             out.append(repr(body[i + 1:end.start()]))
             i = end.end()
         else:
