@@ -421,3 +421,143 @@ def test_wrapped_json_calls_read_as_llama_cpp_reads_them(assets):
     for family, (opener, closer) in [("apriel", ("<tool_calls>", "</tool_calls>")), ("nemotron_v2", ("<TOOLCALL>", "</TOOLCALL>"))]:
         assert parse_wrapped(family, f"ok {opener}{two}{closer}") == ("ok", [("a", {}), ("b", {"x": "1"})])
         assert [c[0] for c in parse_wrapped(family, f"{opener}{two}")[1]] == [None]
+
+
+# Qwen QwQ-32B's template as the model ships it (llama.cpp's first copy, commit f5cd27b7, before its
+# enable_thinking edit): the generation prompt opens the thinking (`<|im_start|>assistant\n<think>\n`),
+# so the model's turn starts inside it and closes it with `</think>`
+QWQ_AS_SHIPPED = (LLAMA_CPP / "Qwen-QwQ-32B.jinja").read_text().replace(
+    "    {%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}\n", "")
+
+
+def test_thinking_the_prompt_opens_is_thinking(assets):
+    """Where the generation prompt opens the thinking (QwQ-32B as shipped), the turn's text up to its
+    `</think>` is thinking: not content, and a call written in it is not a call (as TRL's parsers read a
+    `<think>` block; llama.cpp's test-chat.cpp reads QwQ's "Let me think about this...\\n</think>\\nThe answer
+    is 42." as reasoning and content). Was: the thinking and its `</think>` were the content, and a call
+    in it ran. A turn that never writes `</think>` is all answer, as TRL's DeepSeek-R1 response template
+    reads a turn after its `<think>\n` prompt. The Hermes fallback keeps the thinking in the content, as the model wrote it, and runs no call in it."""
+    from pipeline.agents.format import parse_hermes
+    from pipeline.agents.probe import choose
+
+    assert QWQ_AS_SHIPPED.count("<think>") == 1 and "enable_thinking" not in QWQ_AS_SHIPPED
+    tok = llama_cpp_tokenizer(Path(assets["model"]), QWQ_AS_SHIPPED)
+    fmt, note = choose(tok, "auto", "qwq")
+    assert (fmt.kind, fmt.parser, note) == ("template", "hermes", None)
+    user = {"role": "user", "content": "What is 6 * 7?"}
+    prompt = tok(fmt.render([user], [], True), add_special_tokens=False)["input_ids"]
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n")
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    for text, want in [("Let me think about this...\n</think>\nThe answer is 42.", ("The answer is 42.", [])),
+                       (f"Multiply.\n</think>\n\n{call}", ("", [("multiply", {"a": 6, "b": 7})])),
+                       (f"Maybe {call}? No.\n</think>\n\nIt is 42.", ("It is 42.", [])),
+                       (f"never closed {call}", ("never closed", [("multiply", {"a": 6, "b": 7})]))]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], prompt, set())
+        assert (content, [(c.name, c.arguments) for c in calls]) == want, text
+    assert parse_hermes(f"Maybe {call}? No.\n</think>\n\nIt is 42.", opened=True) == (f"Maybe {call}? No.\n</think>\n\nIt is 42.", [])
+    content, calls = parse_hermes(f"Multiply.\n</think>\n{call}", opened=True)
+    assert content == "Multiply.\n</think>" and [(c.name, c.arguments) for c in calls] == [("multiply", {"a": 6, "b": 7})]
+
+
+def test_lfm2_thinking_is_not_content_and_holds_no_call_as_trls_parser_reads_it(assets):
+    """TRL 1.16 reads an LFM2 / LFM2.5 turn with its lfm2 response template: a `<think>` block is the
+    thinking, not content, and a `<|tool_call_start|>` list written inside it is no call. Was: the block
+    stayed in the content (what reward functions get) and the call inside it ran."""
+    import trl.chat_template_utils as u
+
+    from pipeline.agents.probe import choose
+
+    for name in ("lfm2_2_5", "lfm2_v2"):
+        tok = with_template(Path(assets["model"]), trl_templates()[name])
+        fmt, _ = choose(tok, "auto", name)
+        assert fmt.parser == "pythonic"
+        prompt = tok(fmt.render([{"role": "user", "content": "What is 6 * 7?"}], [], True), add_special_tokens=False)["input_ids"]
+        call = "<|tool_call_start|>[multiply(a=6, b=7)]<|tool_call_end|>"
+        for text in (f"<think>Maybe {call}</think>No.", f"<think>hm</think>{call}", f"<think>never closed {call}", "<think>a</think>42"):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            u.add_response_schema(tok)
+            try:
+                trl = u.parse_response(tok, ids + [tok.convert_tokens_to_ids("<|im_end|>")], prefix=prompt)
+            finally:
+                tok.response_template = None
+            content, calls = fmt.parse_turn(ids, prompt, set())
+            assert [(c.name, c.arguments) for c in calls] == [(c["function"]["name"], c["function"]["arguments"])
+                                                              for c in trl.get("tool_calls", [])], (name, text)
+            assert content == trl["content"], (name, text)
+
+
+def test_ministral_thinking_is_not_content_and_holds_no_call(assets):
+    """Ministral 3 Reasoning writes its thinking as `[THINK]...[/THINK]` before the answer or its
+    `[TOOL_CALLS]`: as llama.cpp's tests/test-chat.cpp reads its sample turns (reasoning format auto),
+    the block is thinking, not content, as grpo reads Qwen's `<think>`; a call inside it is no call.
+    Was: the block stayed in the content, and a call inside it ended the episode as malformed."""
+    from pipeline.agents.probe import choose
+
+    name = "mistralai-Ministral-3-14B-Reasoning-2512"
+    tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
+    fmt, _ = choose(tok, "auto", name)
+    assert fmt.parser == "mistral_args"
+    prompt = tok(fmt.render([{"role": "user", "content": "hi"}], [], True), add_special_tokens=False)["input_ids"]
+    for text, want in [("[THINK]I'm\nthinking[/THINK]Hello, world!\nWhat's up?", ("Hello, world!\nWhat's up?", [])),  # test-chat.cpp
+                       ('[THINK]I\'m\nthinking[/THINK][TOOL_CALLS]special_function[ARGS]{"arg1":1}',  # test-chat.cpp
+                        ("", [("special_function", {"arg1": 1})])),
+                       ('[THINK]Maybe [TOOL_CALLS]special_function[ARGS]{"arg1":1}[/THINK]No.', ("No.", [])),
+                       ('[TOOL_CALLS]special_function[ARGS]{"arg1": 1}[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}',
+                        ("", [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]))]:
+        content, calls = fmt.parse_turn(tok(text, add_special_tokens=False)["input_ids"], prompt, set())
+        assert (content, [(c.name, c.arguments) for c in calls]) == want, text
+
+
+def test_named_templates_record_the_tool_use_one_a_tool_run_renders(assets):
+    """Hermes-2-Pro's and Hermes-3's tokenizers ship named templates, `default` and `tool_use`;
+    transformers renders `tool_use` whenever `tools=` is passed, as every tool run's rendering is.
+    The template a tool run records (the rollout manifest's sha256) is that one. Was: the `default`
+    one's, a template the run never rendered with tools."""
+    from pipeline.agents.probe import choose
+    from pipeline.agents.templates import template_sha256
+
+    tool_use = (LLAMA_CPP / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja").read_text()
+    default = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = llama_cpp_tokenizer(Path(assets["model"]), tool_use)
+    tok.chat_template = {"default": default, "tool_use": tool_use}
+    fmt, note = choose(tok, "auto", "hermes-2-pro")
+    assert (fmt.kind, fmt.parser, note) == ("template", "hermes", None)
+    schema = {"type": "function", "function": {"name": "multiply", "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    assert "<tools>" in fmt.render([{"role": "user", "content": "hi"}], [schema], True)  # rendered with tool_use
+    assert fmt.template.record() == {"name": "model", "sha256": template_sha256(tool_use)}
+
+
+def test_the_end_of_turn_of_a_template_that_needs_tools_is_read(assets):
+    """Hermes-2-Pro's and Hermes-3's `tool_use` templates loop over `tools` and fail without them:
+    the end of turn (a stop token, and what the probe cuts off the sample turn) is read off a rendering
+    with a tool, as the probe renders them. Was: None, so a run stopped only on the tokenizer's eos."""
+    from pipeline.models.stop_tokens import end_of_turn
+
+    for name in ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"):
+        tok = llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / f"{name}.jinja").read_text())
+        tok.add_special_tokens({"eos_token": "<|end_of_text|>"})  # the Llama 3 base's eos, not the template's end of turn
+        assert end_of_turn(tok) == "<|im_end|>", name
+
+
+def test_lfm2_string_values_read_raw_as_the_template_writes_them(assets):
+    """LFM2.5's templates write a string argument raw between single quotes (`'" + value + "'"`, no
+    escapes): a value with a newline or a backslash (code, paths) is written as is, and TRL 1.16's lfm2
+    response template reads it back as is (strings in a list are Python's repr, escapes and all). A call the template writes parses back to the same
+    arguments. Was: a newline in a value made the call malformed (a Python literal cannot hold one), and
+    a backslash was read as an escape (`a\\nb` became a newline)."""
+    from pipeline.agents.probe import choose
+
+    for tok in (with_template(Path(assets["model"]), trl_templates()["lfm2_2_5"]),
+                llama_cpp_tokenizer(Path(assets["model"]), (LLAMA_CPP / "LFM2.5-8B-A1B.jinja").read_text())):
+        fmt, _ = choose(tok, "auto", "lfm")
+        assert fmt.parser == "pythonic"
+        user = {"role": "user", "content": "hi"}
+        args = {"code": "def f():\n    return 'ok'", "path": "C:\\new\\table", "n": 3, "meta": {"q": "it's \"x\""},
+                "tags": ["a\nb", "C:\\x", "it's"]}  # a list: written by Jinja's `string` filter, with Python's escapes
+        said = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "run", "arguments": args}}]}
+        full = tok.apply_chat_template([user, said], tokenize=False)
+        text = full[full.index("<|tool_call_start|>"): full.index("<|tool_call_end|>") + len("<|tool_call_end|>")]
+        assert "\n    return 'ok'" in text  # written raw
+        content, calls = fmt.parse(text, "")
+        assert (content, [(c.name, c.arguments) for c in calls]) == ("", [("run", args)]), text

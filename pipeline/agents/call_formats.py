@@ -12,7 +12,8 @@ TRL 1.16 ships response schemas for, and Mistral's:
   (Qwen3-Coder, Qwen3.5, Nemotron 3);
 - glm: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>` (GLM-4.5 and later);
 - mistral_list: `[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]` (Mistral 7B v0.3, Small 3.1);
-- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call (Mistral Small 3.2, Magistral, Devstral);
+- mistral_args: `[TOOL_CALLS]NAME[ARGS]{...}`, one per call, after an optional `[THINK]...[/THINK]` (Mistral Small 3.2,
+  Magistral, Devstral, Ministral 3 Reasoning);
 - harmony: `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>`, after an
   optional `<|channel|>analysis<|message|>...<|end|>` (gpt-oss), one call per message, each ended by `<|call|>`;
 - pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
@@ -75,6 +76,7 @@ SPECS: dict[str, dict] = {
     "mistral_args": {
         "start_anchor": ["[/INST]", "[/TOOL_RESULTS]"],
         "fields": {
+            "reasoning_content": {"open": "[THINK]", "close_pattern": r"\[/THINK\]\s*"},  # Ministral 3 Reasoning, Magistral
             "tool_calls": {
                 "open_pattern": r"\s*\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\][^\[]*)?\[ARGS\]",
                 "close_pattern": r"(?=\[TOOL_CALLS\])",
@@ -219,16 +221,43 @@ _PYTHONIC = re.compile(r"<\|tool_call_start\|>(.*?)(?:<\|tool_call_end\|>|$)", r
 def parse_pythonic(text: str) -> tuple[str, list]:
     """(content, [(name or None, arguments or raw text)]) of a turn whose calls are a Python list of
     keyword calls between <|tool_call_start|> and <|tool_call_end|>; each value a Python literal
-    (strings single-quoted, as LFM2's templates write them) or a JSON object."""
+    (strings single-quoted and raw, as LFM2's templates write them: `_raw_strings`) or a JSON object."""
     calls = [c for m in _PYTHONIC.finditer(text) for c in _python_calls(m.group(1).strip())]
     return _PYTHONIC.sub("", text).strip(), calls
 
 
-def _python_calls(body: str) -> list:
+_STRING_END = re.compile(r"'(?=\s*(?:[,)\]]|$))")  # a single quote that a value's end follows
+
+
+def _raw_strings(body: str) -> str:
+    """`body` with each string value (single-quoted, right after `=`) written as the Python literal of its raw text: LFM2's
+    templates write a string value as `'` + value + `'`, no escapes (a newline, a backslash, a quote
+    as they are), and TRL's lfm2 response template reads it back so; it ends at a quote that the
+    value's end (`,`, `)`, `]`) follows. Other strings keep their escapes: a JSON object's, and a
+    list's (Jinja's `string` filter writes Python's repr)."""
+    out, i = [], 0
+    while i < len(body):
+        if body[i] == '"':
+            j = i + 1
+            while j < len(body) and body[j] != '"':
+                j += 2 if body[j] == "\\" else 1
+            out.append(body[i:j + 1])
+            i = j + 1
+        elif body[i] == "'" and body[:i].rstrip().endswith("=") and (end := _STRING_END.search(body, i + 1)):
+            out.append(repr(body[i + 1:end.start()]))
+            i = end.end()
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)
+
+
+def _python_calls(written: str) -> list:
+    body = _raw_strings(written)
     try:
         tree = ast.parse(body, mode="eval").body
     except SyntaxError:
-        return [(None, body)]
+        return [(None, written)]
     out = []
     for node in tree.elts if isinstance(tree, ast.List) else [tree]:
         raw = ast.get_source_segment(body, node) or body

@@ -82,13 +82,15 @@ def read_call(raw: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> 
     return Call(obj["name"], {} if args is None else args)
 
 
-def parse_hermes(text: str, strip_thinking: bool = False) -> tuple[str, list[Call]]:
+def parse_hermes(text: str, strip_thinking: bool = False, opened: bool = False) -> tuple[str, list[Call]]:
     """(content without the call blocks, calls) from `<tool_call>{json}</tool_call>` blocks; a block
     never closed is malformed, whole JSON or not (TRL's Qwen response template reads no call there).
     A `<think>` block (to its `</think>`, or to the end when never closed) is reasoning, as TRL's Qwen
     response template reads it: a call written inside it is not a call. `strip_thinking` (the
     template's own format, where TRL's parser puts it in `reasoning_content`): it is not content
-    either; the Hermes fallback keeps it in the content, as the model wrote it."""
+    either; the Hermes fallback keeps it in the content, as the model wrote it. `opened`: the prompt
+    opened the block and the turn closes it, so the turn starts inside it (see `ToolFormat.parse`)."""
+    text = "<think>" + text if opened else text
     outside = _THINK.sub(lambda m: "" if strip_thinking else "\0" * len(m.group(0)), text)
     blocks = list(_CALL.finditer(outside))
     # "arguments" only, as TRL's Qwen template reads it: a call with "parameters" is a call with none
@@ -97,7 +99,20 @@ def parse_hermes(text: str, strip_thinking: bool = False) -> tuple[str, list[Cal
     # the call blocks cut from the text: without its thinking, or as written (the masked copy keeps its offsets)
     src = outside if strip_thinking else text
     starts, ends = [m.start() for m in blocks] + [len(src)], [0] + [m.end() for m in blocks]
-    return "".join(src[a:b] for a, b in zip(ends, starts)).strip(), calls
+    content = "".join(src[a:b] for a, b in zip(ends, starts)).strip()
+    return (content.removeprefix("<think>").strip() if opened and not strip_thinking else content), calls
+
+
+def opens_thinking(prefix: str) -> bool:
+    """The prompt before a turn ends in an open `<think>` (QwQ-32B's generation prompt,
+    `<|im_start|>assistant\n<think>\n`): the model's turn starts inside its thinking."""
+    return re.search(r"<think>\s*$", prefix) is not None
+
+
+def without_thinking(text: str, opened: bool = False) -> str:
+    """`text` less its `<think>` blocks (to `</think>`, or to the end when never closed; from the start
+    when the prompt `opened` one), as TRL's response templates read them off a turn."""
+    return _THINK.sub("", "<think>" + text if opened else text)
 
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -182,7 +197,7 @@ class ToolFormat:
         if ids and ids[-1] in stop_ids:
             ids.pop()
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        prefix = self.tokenizer.decode(prefix_ids[-64:]) if self.parser in SPECS else ""
+        prefix = self.tokenizer.decode(prefix_ids[-64:])  # its end: the generation prompt, and thinking it opens
         if self.parser == "response_template":
             prefix = self.tokenizer.decode(prefix_ids)
         return self.parse(text, prefix)
@@ -200,13 +215,16 @@ class ToolFormat:
             return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
             return parse_json_call(text)
+        # a turn after a prompt that opened thinking starts in it where the turn closes it, as TRL's DeepSeek-R1
+        # response template reads one (a turn with no `</think>` is all answer)
+        opened = opens_thinking(prefix) and "</think>" in text
         if self.parser in call_formats.WRAPPED:
-            content, calls = call_formats.parse_wrapped(self.parser, text)
+            content, calls = call_formats.parse_wrapped(self.parser, without_thinking(text, opened))
             return content, [Call(n, a) for n, a in calls]
-        if self.parser == "pythonic":
-            content, calls = call_formats.parse_pythonic(text)
+        if self.parser == "pythonic":  # thinking is no content and holds no call, as TRL's lfm2 response template reads it
+            content, calls = call_formats.parse_pythonic(without_thinking(text, opened))
             return content, [Call(n, a) for n, a in calls]
-        return parse_hermes(text, strip_thinking=self.kind == "template")
+        return parse_hermes(text, strip_thinking=self.kind == "template", opened=opened)
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:

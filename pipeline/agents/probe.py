@@ -23,7 +23,7 @@ import json
 import re
 
 from pipeline.agents import call_formats, templates
-from pipeline.agents.format import SENTINELS, Call, ToolFormat
+from pipeline.agents.format import SENTINELS, Call, ToolFormat, opens_thinking
 from pipeline.agents.templates import ChatTemplate
 from pipeline.errors import GRPOError
 from pipeline.models.stop_tokens import end_of_turn
@@ -160,7 +160,10 @@ def _written(fmt: ToolFormat, user: dict, call: dict, schema: dict, thinking: bo
     n = _boundary(fmt.tokenizer, full, next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b),
                                             min(len(prompt), len(full))))
     turn = full[n:].rstrip()
-    return turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+    turn = turn[: -len(fmt.eot)] if fmt.eot and turn.endswith(fmt.eot) else turn
+    if opens_thinking(prompt) and "</think>" not in turn:  # the prompt opened thinking the history does not keep (QwQ-32B):
+        turn = (f"{THINK}\n" if thinking else "") + "</think>\n\n" + turn  # the model closes it before its call
+    return turn
 
 
 _OPEN_TAG = re.compile(r"(?:<[^<>\s]*|\[[A-Z_]*)$")  # a tag or a bracket marker not yet closed

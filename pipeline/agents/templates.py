@@ -64,8 +64,8 @@ class ChatTemplate:
 def for_tools(tokenizer) -> ChatTemplate:
     """The template a tool run of this tokenizer renders with (see the module docstring)."""
     own = tokenizer.chat_template
-    if isinstance(own, dict):  # named variants: the default one, as transformers renders
-        own = own.get("default")
+    if isinstance(own, dict):  # named variants: the one transformers renders when `tools=` is passed, as a tool run's is
+        own = own.get("tool_use") or own.get("default")
     own = own or ""
     known = TRAINING.get(template_sha256(own))
     if known is None:

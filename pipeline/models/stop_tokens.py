@@ -23,17 +23,21 @@ import json
 from pathlib import Path
 
 _SENTINEL = "tool_content_c4f9a8e2"  # a text no template writes of its own
+_TOOL = {"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {"type": "object", "properties": {}}}}
 
 
 def end_of_turn(tokenizer) -> str | None:
     """The special token the template writes right after an assistant message (`<|im_end|>`,
     `<|eot_id|>`, `</s>`), or None (GLM's templates write none: the next message's header ends
     it; a tokenizer without a chat template)."""
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}],
-                                             tokenize=False)
-    except Exception:  # no template, or one that refuses this conversation
-        return None
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+    text = None
+    for tools in (None, [_TOOL]):  # a template that loops over `tools` fails without them (Hermes-2-Pro's tool_use)
+        try:
+            text = tokenizer.apply_chat_template(chat, tokenize=False, tools=tools)
+            break
+        except Exception:  # no template, or one that refuses this conversation
+            continue
     if not isinstance(text, str) or _SENTINEL not in text:
         return None
     tail = text[text.rindex(_SENTINEL) + len(_SENTINEL):].lstrip()
