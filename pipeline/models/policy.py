@@ -72,6 +72,15 @@ class FullPolicy:
         kept = 4 * P * (int(uses_ref(self.cfg)) + int(not old_from_update(self.cfg)))  # fp32 ref and old models
         return resident, kept
 
+    def activation_bytes(self, shape, bf16: bool) -> int:
+        """Bytes the update's backward keeps per token and layer (pipeline.models.device_budget): the
+        fp32 fit (`ACTIVATION_BYTES` x hidden), halved where the module is bf16 (train.bf16 under bf16
+        precision: every saved tensor is bf16). An fp32 module under autocast keeps its fp32 residual
+        stream besides the bf16 linear outputs: counted at the fp32 fit, an upper bound."""
+        from pipeline.models.device_budget import ACTIVATION_BYTES, BF16_ACTIVATION_BYTES
+
+        return (BF16_ACTIVATION_BYTES if bf16 and self.cfg.train.bf16 else ACTIVATION_BYTES) * shape.hidden
+
     # -- the trainer ---------------------------------------------------------------------
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
         import torch
@@ -200,6 +209,17 @@ class LoraPolicy(FullPolicy):
         resident = 4 * embed + (2 if bf16_linears else 4) * (P - embed) + 16 * shape.lora_params(self.cfg.train.lora.r)
         kept = 4 * P if not (old_from_update(self.cfg) and not uses_ref(self.cfg)) else 0  # one base for old and ref
         return resident, kept
+
+    def activation_bytes(self, shape, bf16: bool) -> int:
+        """Under bf16: the base's saved tensors at bf16 width (its linears are bf16, their outputs and
+        what follows them bf16), and the adapter's own bf16 cast of each adapted linear's input, which
+        lora_A saves apart from the base linear's: q, k, v, o, gate, up (6 x hidden) and down
+        (intermediate) values, 2 bytes each (all-linear, an upper bound). In fp32: the fp32 fit."""
+        from pipeline.models.device_budget import ACTIVATION_BYTES, BF16_ACTIVATION_BYTES
+
+        if not bf16:
+            return ACTIVATION_BYTES * shape.hidden
+        return BF16_ACTIVATION_BYTES * shape.hidden + 2 * (6 * shape.hidden + shape.intermediate)
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
         from pipeline.models import lora
