@@ -47,9 +47,6 @@ bytes a token, 224 MiB covers the three one-row points; a whole update (`make be
 2108 tokens, packed, one row a piece, then AdamW's step) peaked at 5356 MiB above the model = 513
 gradients + 1026 moments (both in `resident`) + 3127 (90 bytes x 2108 tokens) + 384 head chunk +
 306 left over, so 320 MiB, and the estimate is at or above every measured peak."""
-BF16_ACTIVATION_BYTES = ACTIVATION_BYTES // 2
-"""The same tensors saved in bf16 (2 bytes a value instead of 4) where the module computes in bf16
-throughout (full fine-tuning with train.bf16: DeepSpeed's bf16 module under autocast)."""
 CHUNK_TOKENS = 1024
 """Completion tokens per pass through the LM head (pipeline.models.tokens): the [tokens, V] logits
 of one chunk are the largest tensor a logprob computation holds, whatever the batch (1024 x 49k
@@ -195,10 +192,10 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     from pipeline.models.policy import policy_kind
 
     t = cfg.train
-    policy, bf16 = policy_kind(cfg), resolve_precision(t.precision, device) == "bf16"
-    resident, kept = policy.trainer_bytes(shape, bf16, world)
+    bf16 = resolve_precision(t.precision, device) == "bf16"
+    resident, kept, per_token = policy_kind(cfg).trainer_bytes(shape, bf16, world, ACTIVATION_BYTES)
     tokens = piece_tokens(cfg)
-    act = policy.activation_bytes(shape, bf16) * shape.layers * tokens
+    act = per_token * shape.layers * tokens
     act = (int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act) + ACTIVATION_FIXED
     head = 2 * 4 * min(tokens, CHUNK_TOKENS) * shape.vocab  # one chunk's [tokens, V] fp32 logits and their gradient
     return resident + kept, resident + kept + act + head
