@@ -296,3 +296,19 @@ def test_the_gpu_proofs_estimates_are_within_1_3x_of_its_measured_peaks_and_not_
         # + fixed 320 MiB = 335,544,320 + one head chunk 2 x 4 x 1024 x 151936 = 1,244,659,712
         assert peak - resident == act + 335_544_320 + 1_244_659_712
         assert measured <= peak / GiB <= 1.3 * measured  # were 2.0 (full) and 2.4 (LoRA) x with the whole budget at fp32 width
+
+
+def test_the_cpu_estimate_of_one_rows_backward_is_within_1_3x_of_bench_longs_measured_peaks():
+    """bench/long.json's `fit` (`python -m bench.long --one fit N`: SmolLM2-135M, fp32, one packed row
+    of N tokens forward and backward, peak RSS above the loaded model, gradients included) against
+    the estimate for the same piece: gradients + activations + fixed + one head chunk."""
+    fit = json.loads((Path(__file__).parents[1] / "bench" / "long.json").read_text())["fit"]
+    shape = ModelShape.from_config(SMOLLM2)
+    for n, point in fit.items():
+        cfg = make_cfg(rollout={"prompts_per_iter": 1, "num_generations": 2, "max_new_tokens": int(n) - 256},
+                       train={"mini_batch_size": 1, "update_token_budget": 256})
+        assert dp.piece_tokens(cfg) == int(n)  # one row: 256 allowance + its completion
+        resident, peak = dp.trainer_bytes(shape, cfg, CPU)
+        estimate = point["grad_mb"] + (peak - resident) / (1 << 20)
+        measured = point["backward"]["above_mb"]
+        assert measured <= estimate <= 1.3 * measured, (n, estimate, measured)
