@@ -271,3 +271,44 @@ def test_new_options_keep_the_config_hash_of_runs_made_before_them():
     assert config_mod.config_hash(changed) != config_mod.config_hash(cfg)
     with pytest.raises(GRPOError, match="rollout.weight_sync memory hands over full weights"):
         make_cfg(rollout={"weight_sync": "memory"}, train={"lora": {"r": 8}})
+
+
+def test_the_gpu_proofs_estimates_are_within_1_3x_of_its_measured_peaks_and_not_below():
+    """bench/gpu's real size (Qwen2.5-0.5B's shape, bf16, ZeRO-2, 16 prompts x G 8 x 256 tokens,
+    mini-batch 32, budget 16384, KL) measured 22.1 GiB (full) and 14.5 GiB (LoRA) peak allocated on
+    an H200 (docs/gpu.md, 2026-11-27). A piece holds at most its micro-batch: ceil(32 / 8) = 4 shared
+    prompts x 256 (allowance) + 32 x 256 completion tokens = 9216, not the budget's 16384."""
+    qwen = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+    shape = ModelShape.from_config(qwen)
+    assert shape.params == 494_005_120
+    h200 = Device("cuda", 139 * GiB, True)
+    # full: the bf16 module keeps 45 x 896 bytes a token and layer: 45 x 896 x 24 x 9216 = 8,918,138,880;
+    # LoRA: 45 x 896 + the adapter's bf16 input casts 2 x (6 x 896 + 4864) = 60,800 x 24 x 9216 = 13,447,987,200
+    for lora, measured, act in ((None, 22.1, 8_918_138_880), ({"r": 16, "alpha": 32}, 14.5, 13_447_987_200)):
+        train = {"mini_batch_size": 32, "zero_stage": 2, "bf16": True, "update_token_budget": 16384}
+        if lora:
+            train["lora"] = lora
+        cfg = make_cfg(rollout={"prompts_per_iter": 16, "num_generations": 8, "max_new_tokens": 256}, train=train,
+                       loss={"kl_coef": 0.04})
+        assert dp.piece_tokens(cfg) == 9216
+        resident, peak = dp.trainer_bytes(shape, cfg, h200)
+        # + fixed 320 MiB = 335,544,320 + one head chunk 2 x 4 x 1024 x 151936 = 1,244,659,712
+        assert peak - resident == act + 335_544_320 + 1_244_659_712
+        assert measured <= peak / GiB <= 1.3 * measured  # were 2.0 (full) and 2.4 (LoRA) x with the whole budget at fp32 width
+
+
+def test_the_cpu_estimate_of_one_rows_backward_is_within_1_3x_of_bench_longs_measured_peaks():
+    """bench/long.json's `fit` (`python -m bench.long --one fit N`: SmolLM2-135M, fp32, one packed row
+    of N tokens forward and backward, peak RSS above the loaded model, gradients included) against
+    the estimate for the same piece: gradients + activations + fixed + one head chunk."""
+    fit = json.loads((Path(__file__).parents[1] / "bench" / "long.json").read_text())["fit"]
+    shape = ModelShape.from_config(SMOLLM2)
+    for n, point in fit.items():
+        cfg = make_cfg(rollout={"prompts_per_iter": 1, "num_generations": 2, "max_new_tokens": int(n) - 256},
+                       train={"mini_batch_size": 1, "update_token_budget": 256})
+        assert dp.piece_tokens(cfg) == int(n)  # one row: 256 allowance + its completion
+        resident, peak = dp.trainer_bytes(shape, cfg, CPU)
+        estimate = point["grad_mb"] + (peak - resident) / (1 << 20)
+        measured = point["backward"]["above_mb"]
+        assert measured <= estimate <= 1.3 * measured, (n, estimate, measured)

@@ -29,3 +29,14 @@ def test_report_reads_each_runs_status_document_from_the_log():
     assert got == status
     assert report.gap(got) == (0.02, 0.0)  # the mean over iterations: (0.01 + 0.03) / 2
     assert report.status_from_log(log, "lora-again") is None
+
+
+def test_report_checks_each_runs_memory_estimate_against_its_measured_peak():
+    steps = {"full": {"estimate": {"trainer_peak_gib": 22.66}, "max_allocated_gib": 22.1},  # 1.03 x
+             "lora": {"estimate": {"trainer_peak_gib": 34.1}, "max_allocated_gib": 14.5},  # the first lease's 2.35 x
+             "full-again": {"estimate": {"trainer_peak_gib": 20.0}, "max_allocated_gib": 22.1}}  # below what ran
+    line = report.memory_line(steps)
+    assert "full 22.7 / 22.1 GiB = 1.03 x (met)" in line
+    assert "lora 34.1 / 14.5 GiB = 2.35 x (NOT met)" in line
+    assert "full-again 20.0 / 22.1 GiB = 0.90 x (NOT met)" in line
+    assert report.memory_line({}).endswith("no run measured.")

@@ -73,6 +73,9 @@ def one_run(run: str, result: str, iters: int) -> None:
         "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
         "estimate": {"trainer_resident_gib": resident / 2**30, "trainer_peak_gib": peak / 2**30, "params": shape.params},
     }
+    if cuda:  # the estimate beside what ran, so each lease checks it (bench/gpu/report.py's bound)
+        print(f"trainer peak: estimated {peak / 2**30:.1f} GiB, measured {out['max_allocated_gib']:.1f} GiB allocated "
+              f"({peak / 2**30 / max(out['max_allocated_gib'], 1e-9):.2f} x)", flush=True)
     Path(result).write_text(json.dumps(out, indent=1, default=str))
 
 

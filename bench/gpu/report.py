@@ -59,6 +59,23 @@ def gap(status) -> tuple[float | None, float | None]:
     return (sum(g) / len(g) if g else None), (sum(c) / len(c) if c else None)
 
 
+ESTIMATE_BOUND = 1.3
+"""The issue's bound on device_budget's trainer peak against the measured peak allocated (issue 53)."""
+
+
+def memory_line(steps: dict) -> str:
+    """device_budget's trainer peak over the measured peak allocated, per run: met when at least 1
+    (the estimate never below what ran) and at most `ESTIMATE_BOUND`."""
+    parts = []
+    for name in ("full", "lora", "full-again", "lora-again"):
+        s = steps.get(name) or {}
+        est, got = (s.get("estimate") or {}).get("trainer_peak_gib"), s.get("max_allocated_gib")
+        if est and got:
+            r = est / got
+            parts.append(f"{name} {est:.1f} / {got:.1f} GiB = {r:.2f} x ({'met' if 1 <= r <= ESTIMATE_BOUND else 'NOT met'})")
+    return (f"Memory estimate / measured peak allocated (bound 1 to {ESTIMATE_BOUND} x): " + ("; ".join(parts) or "no run measured") + ".")
+
+
 def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
     env, steps = result.get("environment", {}), result.get("steps", {})
     gpu = env.get("gpu", "no GPU")
@@ -83,6 +100,7 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
                      f"{_f(st.get('logprobs'))} | {_f(st.get('update'))} | {_f(s.get('max_allocated_gib'))} | "
                      f"{_f(s.get('max_reserved_gib'))} | {_f(s['estimate']['trainer_peak_gib'])} | {_f(g, '.2e')} | "
                      f"{_f(cut, '.3f')} | {'clean' if (s.get('audit') or {}).get('ok') else 'PROBLEMS'} | {audits.get(name, '-')} |")
+    lines += ["", memory_line(steps)]
     trl = steps.get("trl") or {}
     if trl.get("cycle_s"):
         c = trl["cycle_s"]

@@ -192,9 +192,10 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     from pipeline.models.policy import policy_kind
 
     t = cfg.train
-    resident, kept = policy_kind(cfg).trainer_bytes(shape, resolve_precision(t.precision, device) == "bf16", world)
+    bf16 = resolve_precision(t.precision, device) == "bf16"
+    resident, kept, per_token = policy_kind(cfg).trainer_bytes(shape, bf16, world, ACTIVATION_BYTES)
     tokens = piece_tokens(cfg)
-    act = ACTIVATION_BYTES * shape.hidden * shape.layers * tokens
+    act = per_token * shape.layers * tokens
     act = (int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act) + ACTIVATION_FIXED
     head = 2 * 4 * min(tokens, CHUNK_TOKENS) * shape.vocab  # one chunk's [tokens, V] fp32 logits and their gradient
     return resident + kept, resident + kept + act + head
@@ -203,11 +204,20 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
 def piece_tokens(cfg) -> int:
     """The most tokens one forward/backward piece of the update holds: train.update_token_budget,
     or one row alone when a row is longer (a prompt allowance, or rollout.max_model_len, plus the
-    longest completion): memory grows with the real tokens of the longest row, not with V x it."""
+    longest completion): memory grows with the real tokens of the longest row, not with V x it.
+    A piece never holds more than its micro-batch (mini_batch_size / grad_accum rows; their
+    groups' prompts counted once where the trainer shares them, pipeline.update.trainer), so a
+    budget larger than the micro-batch does not count tokens no piece can hold."""
     from pipeline.models.engine_memory import PROMPT_ALLOWANCE
 
-    row = cfg.rollout.max_model_len or PROMPT_ALLOWANCE + cfg.rollout.completion_budget()
-    return max(cfg.train.update_token_budget, row)
+    t, r = cfg.train, cfg.rollout
+    row = r.max_model_len or PROMPT_ALLOWANCE + r.completion_budget()
+    rows = max(1, t.mini_batch_size // t.grad_accum)
+    if r.max_model_len or t.gradient_checkpointing:  # a row's length is all it says / prompts maybe not shared (unpacked)
+        micro = rows * row
+    else:  # a group's prompt runs once per piece: ceil(rows / G) prompts, every row's completion
+        micro = -(-rows // r.num_generations) * PROMPT_ALLOWANCE + rows * r.completion_budget()
+    return max(row, min(t.update_token_budget, micro))
 
 
 def engine_min_bytes(shape: ModelShape, dtype: str, max_model_len: int, tensor_parallel: int = 1) -> int:

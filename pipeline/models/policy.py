@@ -62,15 +62,16 @@ class FullPolicy:
     def check_model(self, model_dir: Path) -> None:
         """`grpo init`: the model can be trained as this policy (whole weights: any causal LM)."""
 
-    def trainer_bytes(self, shape, bf16_linears: bool, world: int) -> tuple[int, int]:
+    def trainer_bytes(self, shape, bf16_linears: bool, world: int, fit: int) -> tuple[int, int, int]:
         """(what the trainer keeps per rank: weights, gradients, optimizer state as ZeRO splits them
-        over `world` ranks; the fp32 models the logprob pass keeps), in bytes (pipeline.models.device_budget)."""
+        over `world` ranks; the fp32 models the logprob pass keeps; what its backward keeps a token and
+        layer: the fp32 `fit` x hidden, half under bf16 with a bf16 module), in bytes (pipeline.models.device_budget)."""
         t, P = self.cfg.train, shape.params
         weights, grads, optim = (2 * P, 2 * P, 16 * P) if t.bf16 else (4 * P, 4 * P, 8 * P)
         z = t.zero_stage
         resident = weights // (world if z >= 3 else 1) + grads // (world if z >= 2 else 1) + optim // (world if z >= 1 else 1)
         kept = 4 * P * (int(uses_ref(self.cfg)) + int(not old_from_update(self.cfg)))  # fp32 ref and old models
-        return resident, kept
+        return resident, kept, (fit // 2 if bf16_linears and t.bf16 else fit) * shape.hidden  # fp32 module: fp32 residuals
 
     # -- the trainer ---------------------------------------------------------------------
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
@@ -193,13 +194,16 @@ class LoraPolicy(FullPolicy):
 
         check_targets(model_dir, self.cfg.train.lora)
 
-    def trainer_bytes(self, shape, bf16_linears: bool, world: int) -> tuple[int, int]:
+    def trainer_bytes(self, shape, bf16_linears: bool, world: int, fit: int) -> tuple[int, int, int]:
         """The frozen base (its linears in bf16 under bf16 precision) and 16 bytes per adapter
-        parameter, on every rank; the old and reference models share the one loaded base."""
+        parameter, on every rank; the old and reference models share the one loaded base. Under bf16
+        the backward keeps bf16 tensors and lora_A's own bf16 cast of each adapted linear's input
+        (q, k, v, o, gate, up: 6 x hidden; down: intermediate)."""
         P, embed = shape.params, shape.vocab * shape.hidden
         resident = 4 * embed + (2 if bf16_linears else 4) * (P - embed) + 16 * shape.lora_params(self.cfg.train.lora.r)
         kept = 4 * P if not (old_from_update(self.cfg) and not uses_ref(self.cfg)) else 0  # one base for old and ref
-        return resident, kept
+        h = shape.hidden
+        return resident, kept, (fit // 2 * h + 2 * (6 * h + shape.intermediate)) if bf16_linears else fit * h
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
         from pipeline.models import lora
