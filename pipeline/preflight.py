@@ -81,6 +81,10 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
             from pipeline.rewards.openrlhf import check_signature as check_openrlhf
 
             check_openrlhf(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
+        elif isinstance(spec, CustomReward) and spec.contract == "verl":
+            from pipeline.rewards.verl import check_signature as check_verl
+
+            check_verl(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
         elif isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):
