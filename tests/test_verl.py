@@ -78,3 +78,24 @@ def test_the_documented_custom_signature_gets_all_four_and_init_checks_the_colum
     with pytest.raises(GRPOError, match=r"returned a dict without 'score'"):
         (tmp_path / "noscore.py").write_text("def compute_score(solution_str, ground_truth):\n    return {'acc': 1}\n")
         score(_spec(f"{tmp_path / 'noscore.py'}:compute_score"), COLUMNS)
+
+
+def test_correct_reads_a_dotted_column_path_and_init_checks_it_against_the_parquet_struct(assets, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import preflight
+    from pipeline.rewards.builtins import _column
+
+    assert _column(COLUMNS, "reward_model.ground_truth", "answer_column") == TRUTHS
+    with pytest.raises(GRPOError, match=r"column 'reward_model' has no field 'gold'"):
+        _column(COLUMNS, "reward_model.gold", "answer_column")
+    data = tmp_path / "verl.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [{"ground_truth": "4", "style": "rule"}]}), data)
+    ok = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.ground_truth"}}]))
+    ok = ok.model_copy(update={"data": ok.data.model_copy(update={"train": str(data)})})
+    preflight.check(ok, judges_reachable=False)
+    bad = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.gold"}}]))
+    bad = bad.model_copy(update={"data": bad.data.model_copy(update={"train": str(data)})})
+    with pytest.raises(GRPOError, match=r"kwargs.answer_column: data.train .* has no column 'reward_model.gold' \(fields: ground_truth, style\)"):
+        preflight.check(bad, judges_reachable=False)

@@ -35,7 +35,7 @@ class _Options(Section):
 
 class CorrectOptions(_Options):
     answer_column: str = "answer"
-    """Dataset column with the gold answer (GSM8K style: working, then `#### <answer>`)."""
+    """Dataset column with the gold answer (GSM8K style: working, then `#### <answer>`; or the bare answer); a dotted path names a field of a struct column (verl's `reward_model.ground_truth`)."""
 
     def columns(self) -> list[str]:
         return [self.answer_column]
