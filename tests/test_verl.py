@@ -99,3 +99,14 @@ def test_correct_reads_a_dotted_column_path_and_init_checks_it_against_the_parqu
     bad = bad.model_copy(update={"data": bad.data.model_copy(update={"train": str(data)})})
     with pytest.raises(GRPOError, match=r"kwargs.answer_column: data.train .* has no column 'reward_model.gold' \(fields: ground_truth, style\)"):
         preflight.check(bad, judges_reachable=False)
+
+
+def test_the_example_verl_reward_scores_as_calling_it_directly():
+    from conftest import REPO
+    from pipeline.rewards.contract import resolve
+
+    target = f"{REPO / 'examples' / 'verl_reward.py'}:compute_score"
+    fn = resolve(target)
+    got, log = score(_spec(target), COLUMNS)
+    direct = [fn("openai/gsm8k", t, g) for t, g in zip(TEXTS, TRUTHS)]
+    assert got == [d["score"] for d in direct] and log.extra["acc"] == [float(d["acc"]) for d in direct]
