@@ -81,10 +81,16 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
             from pipeline.rewards.openrlhf import check_signature as check_openrlhf
 
             check_openrlhf(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
+        elif isinstance(spec, CustomReward) and spec.contract == "verl":
+            from pipeline.rewards.verl import check_signature as check_verl
+
+            check_verl(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
         elif isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):
-            if column not in train_columns:
+            if "." in column and column not in train_columns and column.split(".")[0] in train_columns:
+                _check_field(cfg.data.train, column, f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train}")
+            elif column not in train_columns:
                 raise GRPOError(
                     f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
                     f"(columns: {', '.join(train_columns)})"
@@ -114,6 +120,27 @@ def check_device(cfg: Config, device=None) -> None:
     if cfg.rollout.engine == "vllm":
         dp.engine_settings_for(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
     dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), cfg, device)[1], device)
+
+
+def _check_field(path: str, dotted: str, where: str) -> None:
+    """A dotted column path names a field of a struct column in the data's (Parquet) header."""
+    from pathlib import Path
+
+    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else [Path(path)]
+    if not files or files[0].suffix != ".parquet":
+        return  # only Parquet headers carry struct fields; the rows are checked when scored
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_schema(files[0])
+    head, *rest = dotted.split(".")
+    kind = t.field(head).type
+    for k in rest:
+        names = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
+        if k not in names:
+            have = f"fields: {', '.join(names)}" if names else f"{kind} is no struct"
+            raise GRPOError(f"{where} has no column {dotted!r} ({have})")
+        kind = kind.field(k).type
 
 
 def _column_options(spec) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ class _Options(Section):
 
 class CorrectOptions(_Options):
     answer_column: str = "answer"
-    """Dataset column with the gold answer (GSM8K style: working, then `#### <answer>`)."""
+    """Dataset column with the gold answer (GSM8K style: working, then `#### <answer>`; or the bare answer); a dotted path names a field of a struct column (verl's `reward_model.ground_truth`)."""
 
     def columns(self) -> list[str]:
         return [self.answer_column]
@@ -191,8 +191,8 @@ class CustomReward(_Reward):
     """`module:function` (imported from the current directory or the environment) or `path/to/file.py:function`."""
     kwargs: dict[str, Any] = {}
     """Keyword arguments passed on every call (they win over a dataset column of the same name)."""
-    contract: Literal["trl", "openrlhf"] = "trl"
-    """How it is called: `trl` (TRL's reward contract) or `openrlhf` (OpenRLHF's `reward_func(queries, prompts, labels)`; `kwargs.label_key` names the labels' column; pipeline/rewards/openrlhf.py)."""
+    contract: Literal["trl", "openrlhf", "verl"] = "trl"
+    """How it is called: `trl` (TRL's reward contract) or `openrlhf` (OpenRLHF's `reward_func(queries, prompts, labels)`; `kwargs.label_key` names the labels' column; pipeline/rewards/openrlhf.py) or `verl` (verl's `compute_score(data_source, solution_str, ground_truth, extra_info=None)`, ground_truth from the `reward_model` column; pipeline/rewards/verl.py)."""
 
 
 BUILTIN_MODELS: dict[str, type[_Reward]] = {

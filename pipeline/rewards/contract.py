@@ -298,6 +298,13 @@ def compute_rewards(
             values = openrlhf.score(fn.func, fn.keywords, rendered or prompts, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
+        if getattr(spec, "contract", "trl") == "verl":  # pipeline/rewards/verl.py
+            from pipeline.rewards import verl
+
+            texts = [completion_text(c) for c in completions]
+            values = verl.score(fn.func, fn.keywords, texts, columns, log, where)
+            out[:, j] = _check_rewards(values, n, where)  # [N]
+            continue
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win
         ids = completion_ids if isinstance(spec, CustomReward) else model_ids
         args = dict(prompts=prompts, completions=completions, completion_ids=ids, **passed)
