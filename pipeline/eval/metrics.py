@@ -143,8 +143,15 @@ def _set_order(cfg):
 def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     names = [f for f in dict.fromkeys(f for v in values.values() for f in v) if not f.startswith("#")]
     samples = sum(v["#samples"] for v in values.values())
-    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples,
+    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples / draws(f),
                         span=_span(values, f)) for f in names}
+
+
+def draws(figure: str) -> int:
+    """The samples one draw of a figure takes: k for pass@k and maj@k, else 1. Its interval counts n samples a
+    prompt as n / k independent draws (stats.estimate's `samples`): a k-sample figure is no share of n coins."""
+    k = re.fullmatch(r"(?:pass|maj)_at_(\d+)", figure)
+    return int(k.group(1)) if k else 1
 
 
 def _span(values, f: str) -> tuple[float, float] | None:

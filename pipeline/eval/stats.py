@@ -6,8 +6,10 @@ of a prompt, c correct, the unbiased estimate of "at least one of k draws is cor
 which never forms the binomials (C(1024, 512) overflows a float).
 
 Intervals are 95 %: Wilson's score interval for a share of prompts (each prompt's figure 0 or 1),
-Wilson's score interval on an effective sample size otherwise (effective_wilson: both levels of
-sampling, Student's t for a variance estimated from few prompts), and for the difference of two records
+otherwise the wider of two score intervals at each end: Wilson's on an effective sample size
+(effective_wilson: both levels of sampling, Student's t for a variance estimated from few prompts) and
+Wilson's over prompts generalised to values in [0, 1] (tail_wilson: a tail the few prompts did not
+show), and for the difference of two records
 on the same prompts a paired bootstrap interval beside an exact sign-flip test (sign_flip_p), which alone
 decides "distinguishable". maj@k is an expectation over k-subsets, as pass@k is (maj_at_k).
 docs/tracking.md has the simulation that chose them and their measured coverage.
@@ -94,15 +96,39 @@ def effective_wilson(x: np.ndarray, samples: np.ndarray | float) -> tuple[np.nda
     return np.clip(np.minimum(centre - half, p), 0, 1), np.clip(np.maximum(centre + half, p), 0, 1)
 
 
+def tail_wilson(x: np.ndarray, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's score interval over the m prompts, generalised from 0/1 values to values in [0, 1].
+
+    x [..., m]. The variance at a hypothesised mean p0 is that of the observed prompts mixed with the far
+    end of the range (0 below the mean, 1 above) in the share that moves their mean to p0: the least
+    favourable way for a tail the prompts did not show. Below the mean, with d = mean - p0 and s^2 the
+    prompts' variance (ddof 0): d^2 = (z^2 / m) (s^2 p0 / mean + d p0), a quadratic in d; above, the
+    same with 1 - x. For 0/1 values s^2 = mean (1 - mean) and this is Wilson's interval exactly; with a
+    spread it is what covers where the prompts' rates pile at one end with a thin tail to the other
+    (docs/tracking.md)."""
+    m = x.shape[-1]
+    c = z * z / m
+
+    def below(p: np.ndarray, s2: np.ndarray) -> np.ndarray:  # d >= 0 solving (1 + c) d^2 - c (p - s2/p) d - c s2 = 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = c * (p - np.where(p > 0, s2 / p, 0.0))
+            d = (b + np.sqrt(b * b + 4 * (1 + c) * c * s2)) / (2 * (1 + c))
+        return np.minimum(np.where(p > 0, d, 0.0), p)
+
+    p, s2 = x.mean(axis=-1), x.var(axis=-1)
+    return p - below(p, s2), p + below(1 - p, s2)
+
+
 def estimate(per_prompt: Sequence[float], rate: bool = True, samples: int | None = None,
              span: tuple[float, float] | None = None) -> tuple[float, float, float]:
     """(mean, lo, hi) of a figure from its per-prompt values (NaN: the prompt has none).
 
     A `rate` whose every value is 0 or 1 (a share of prompts) gets Wilson's interval over the prompts.
     Any other figure is mapped onto [0, 1] by `span` (the range its samples can take; a rate: [0, 1];
-    a mean: the smallest and largest sample, else of the per-prompt values) and gets the effective-n
-    Wilson interval (effective_wilson) on `samples` (the samples behind the values; None: one a prompt),
-    mapped back. One prompt of fractional values has no spread to estimate: NaN bounds. A mean whose
+    a mean: the smallest and largest sample, else of the per-prompt values) and gets, at each end, the
+    wider of the effective-n Wilson interval (effective_wilson) on `samples` (the independent draws
+    behind the values: the samples, over k for a k-sample figure; None: one a prompt) and the
+    generalised Wilson over prompts (tail_wilson), mapped back. One prompt of fractional values has no spread to estimate: NaN bounds. A mean whose
     samples are all one value is that value, [x, x]. A count that is 1 everywhere is no share."""
     v = np.asarray(per_prompt, dtype=np.float64)
     v = v[~np.isnan(v)]
@@ -118,7 +144,10 @@ def estimate(per_prompt: Sequence[float], rate: bool = True, samples: int | None
         return mean, float("nan"), float("nan")
     if b == a:
         return mean, mean, mean
-    lo, hi = effective_wilson((v - a) / (b - a), samples if samples is not None else v.size)
+    x = (v - a) / (b - a)
+    lo, hi = effective_wilson(x, samples if samples is not None else v.size)
+    tlo, thi = tail_wilson(x)
+    lo, hi = min(float(lo), float(tlo)), max(float(hi), float(thi))
     return mean, min(a + (b - a) * float(lo), mean), max(a + (b - a) * float(hi), mean)
 
 
