@@ -86,6 +86,8 @@ class PartsManifest(_Manifest):
     """rollout, logprobs, eval: where the stage's time went (seconds, tokens)."""
     metrics: dict[str, dict[str, float]] | None = None
     """eval: every figure (pipeline/eval/metrics.py) as {value, lo, hi}, its 95 % interval."""
+    figures_version: int | None = None
+    """eval: how the figures were computed (pipeline/eval/metrics.py FIGURES_VERSION); None: before it was recorded."""
     rewards: list[dict[str, Any]] | None = None
     """score (and eval with a served reward): the reward functions as configured."""
     trainer_state: dict[str, Any] | None = None

@@ -16,7 +16,7 @@ import pytest
 from conftest import base_config
 
 from pipeline.config import Config, canonical
-from pipeline.eval.metrics import figures, flat
+from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
 from pipeline.eval.stats import bootstrap, estimate, majority, paired, pass_at_k, wilson
 from pipeline.errors import GRPOError
 
@@ -284,6 +284,20 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     manifest.write_text(json.dumps(body))
     problems = audit_run(Run(path)).problems
     assert len(problems) == 1 and "eval/MANIFEST.json: metrics.gsm/accuracy" in problems[0], problems
+    # a record written before figures_version (first-k maj@k, bootstrap intervals) still audits clean: its
+    # intervals and maj@k come from the old definitions; the other values are still recomputed and checked
+    body["metrics"]["gsm/accuracy"]["value"] -= 0.25
+    assert body.pop("figures_version") == FIGURES_VERSION
+    for name, f in body["metrics"].items():
+        f["lo"], f["hi"] = f["lo"] / 2, (1 + f["hi"]) / 2
+        if "/maj_at_" in name:
+            f["value"] = f["value"] / 2
+    manifest.write_text(json.dumps(body))
+    assert audit_run(Run(path)).ok, audit_run(Run(path)).problems
+    body["metrics"]["fmt/accuracy"]["value"] += 0.25
+    manifest.write_text(json.dumps(body))
+    problems = audit_run(Run(path)).problems
+    assert len(problems) == 1 and "eval/MANIFEST.json: metrics.fmt/accuracy" in problems[0], problems
 
     # a part rewritten with a sample fewer and the manifest's hashes and rows to match: every part checks out,
     # but pass@4 of a prompt with 3 samples cannot be computed; audit says so instead of skipping the figures

@@ -111,6 +111,12 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
 SPANS = {"reward": "reward", "mean_length": "completion_length"}
 """A mean's column of samples: its interval maps the samples' range onto [0, 1] (stats.estimate's span)."""
 
+FIGURES_VERSION = 2
+"""How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 2 is maj@k
+as its expectation over k-subsets with unanswered samples voting `[invalid]`, and the intervals of
+docs/tracking.md (2026-11-28). A record without it came from the first-k maj@k and the percentile bootstrap:
+audit recomputes only the figures whose definition did not change since (every value but maj@k's)."""
+
 
 def _episodes(records: list[dict]) -> dict[str, float]:
     from pipeline.report.episodes import EVAL_EPISODE_METRICS, episode_metrics

@@ -24,7 +24,7 @@ from pipeline.objective import advantages
 from pipeline.data.prompts import dataset_num_rows, derive_seed, load_dataset, make_prompts, prompt_made_up
 from pipeline.config.eval import SetRef
 from pipeline.config.rules import unknown_eval_reward
-from pipeline.eval.metrics import figures, flat
+from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
 from pipeline.models.engines import model_context
 from pipeline.models.template_date import dated
 from pipeline.errors import GRPOError
@@ -201,7 +201,8 @@ def run_eval(run: Run, k: int, engine=None, recorded: list[pa.Table] | None = No
         written = [run.store.read_table(f"{stage_rel(k, 'eval')}/{part_name(p)}", EVAL) for p in range(len(parts))]
         figs = figures(cfg, pa.concat_tables(written, promote_options="default"))
         return {"policy_hash": run.policy_hash(k), "stats": stats, **recorded,
-                "metrics": {f: {"value": v, "lo": lo, "hi": hi} for f, (v, lo, hi) in figs.items()}}
+                "metrics": {f: {"value": v, "lo": lo, "hi": hi} for f, (v, lo, hi) in figs.items()},
+                "figures_version": FIGURES_VERSION}
 
     try:
         data = cfg.data.eval if isinstance(cfg.data.eval, str) else cfg.model_dump(mode="json")["data"]["eval"]
