@@ -28,7 +28,7 @@ from pathlib import Path
 from pipeline.config import Config
 from pipeline.data.prompts import dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
-from pipeline.rewards.contract import TRL_ARGS, load_reward
+from pipeline.rewards.contract import TRL_ARGS, load_reward, other_contract
 from pipeline.config.rewards import CustomReward
 
 
@@ -77,14 +77,8 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
             from pipeline.rewards.judge.check import check_served
 
             check_served(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
-        if isinstance(spec, CustomReward) and spec.contract == "openrlhf":
-            from pipeline.rewards.openrlhf import check_signature as check_openrlhf
-
-            check_openrlhf(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
-        elif isinstance(spec, CustomReward) and spec.contract == "verl":
-            from pipeline.rewards.verl import check_signature as check_verl
-
-            check_verl(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
+        if (other := other_contract(spec)) is not None:
+            other.check_signature(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
         elif isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):

@@ -236,6 +236,19 @@ def model_tokens(completion_ids: list[list[int]] | None, masks: list[list[int] |
     return [ids if m is None else [t for t, keep in zip(ids, m) if keep] for ids, m in zip(completion_ids, masks)]
 
 
+def other_contract(spec) -> Any:
+    """The module speaking a custom reward's non-TRL contract (`contract: openrlhf | verl`), each with
+    `check_signature` (at init) and `score` (in the stages), or None for TRL's own."""
+    name = getattr(spec, "contract", "trl")
+    if name == "openrlhf":
+        from pipeline.rewards import openrlhf as module
+    elif name == "verl":
+        from pipeline.rewards import verl as module
+    else:
+        return None
+    return module
+
+
 def compute_rewards(
     specs: list[RewardSpec],
     prompts: list,
@@ -289,20 +302,9 @@ def compute_rewards(
                 raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
-        if getattr(spec, "contract", "trl") == "openrlhf":  # pipeline/rewards/openrlhf.py
-            from pipeline.rewards import openrlhf
-
-            if rendered is None and any(not isinstance(p, str) for p in prompts):
-                raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
+        if (other := other_contract(spec)) is not None:  # pipeline/rewards/openrlhf.py, verl.py
             texts = [completion_text(c) for c in completions]
-            values = openrlhf.score(fn.func, fn.keywords, rendered or prompts, texts, columns, log, where)
-            out[:, j] = _check_rewards(values, n, where)  # [N]
-            continue
-        if getattr(spec, "contract", "trl") == "verl":  # pipeline/rewards/verl.py
-            from pipeline.rewards import verl
-
-            texts = [completion_text(c) for c in completions]
-            values = verl.score(fn.func, fn.keywords, texts, columns, log, where)
+            values = other.score(fn.func, fn.keywords, prompts, rendered, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         passed = {k: v for k, v in columns.items() if k not in fn.keywords}  # config options win

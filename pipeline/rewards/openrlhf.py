@@ -36,8 +36,13 @@ def _values(x: Any) -> list:
     return list(x)
 
 
-def score(fn, options: dict, rendered: list[str], texts: list[str], columns: dict[str, list], log, where: str) -> list:
-    """Each completion's reward; what extra_logs holds goes to `log` (a RewardLog)."""
+def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
+          log, where: str) -> list:
+    """Each completion's reward; what extra_logs holds goes to `log` (a RewardLog). `rendered`: the
+    prompts after the chat template (plain-text `prompts` are already that)."""
+    if rendered is None and any(not isinstance(p, str) for p in prompts):
+        raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
+    rendered = rendered or prompts
     opts = dict(options)
     key = opts.pop(LABEL_KEY, None)
     if key is not None and key not in columns:

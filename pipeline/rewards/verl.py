@@ -38,8 +38,10 @@ def _truth(row: Any, i: int, where: str) -> Any:
     raise GRPOError(f"{where} row {i}: column 'reward_model' holds no 'ground_truth'")
 
 
-def score(fn, options: dict, texts: list[str], columns: dict[str, list], log, where: str) -> list:
-    """Each completion's reward; a dict result's other numeric keys go to `log` (a RewardLog)."""
+def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
+          log, where: str) -> list:
+    """Each completion's reward; a dict result's other numeric keys go to `log` (a RewardLog). verl's
+    scorers see the completion alone: the prompts (`prompts`, `rendered`) are not theirs."""
     names = _declared(fn)
     n = len(texts)
     out: list = []
