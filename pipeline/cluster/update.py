@@ -102,6 +102,10 @@ def update_on_cluster(run: Run, k: int, cc, uri: str, log, pool) -> dict:
                     late, _ = ray.wait(pending, num_returns=len(pending), timeout=30) if pending else ([], [])
                     reports += ray.get(late)
                     break
+        except ray.exceptions.GetTimeoutError:  # placed, but its first rank's actor did not start in time
+            log(f"update iteration {k}: the update workers did not start in {cc.start_timeout_s:g} s "
+                f"(cluster.start_timeout_s); attempt {attempt} of {ATTEMPTS}")
+            continue
         except ray.exceptions.RayError as err:  # a rank's actor or node died: the update goes again from its start
             log(f"update iteration {k}: a worker died ({type(err).__name__}); attempt {attempt} of {ATTEMPTS}")
             continue
