@@ -144,6 +144,6 @@ def _training(cfg: Config) -> str:
 
 
 def _policy(cfg: Config):
-    from pipeline.models.policy import policy_kind  # it imports this module
+    from pipeline.run.policy import policy_kind  # it imports this module
 
     return policy_kind(cfg)

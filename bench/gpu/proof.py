@@ -55,7 +55,7 @@ def one_run(run: str, result: str, iters: int) -> None:
 
     from pipeline.loop.iterate import iterate
     from pipeline.models.device_budget import ModelShape, this_device, trainer_bytes
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     cuda = torch.cuda.is_available()
     r = Run(run)

@@ -189,7 +189,7 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     20; ZeRO stage >= 1 splits the optimizer's share over `world` ranks, >= 2 the gradients,
     3 the weights. LoRA: the frozen base (linears in bf16 under bf16 precision) and 16 bytes per
     adapter parameter."""
-    from pipeline.models.policy import policy_kind
+    from pipeline.run.policy import policy_kind
 
     t = cfg.train
     bf16 = resolve_precision(t.precision, device) == "bf16"

@@ -42,7 +42,7 @@ def is_gguf_path(path: str | Path) -> bool:
 
 
 def file_sha256(path: Path) -> str:
-    from pipeline.store import hash_file  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
+    from pipeline.store import hash_file  # lazy: the store holds a run's policy kind (pipeline.run.run), so it sits above models
 
     return hash_file(path)
 

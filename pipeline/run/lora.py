@@ -231,7 +231,7 @@ def merged_dir(run, k: int) -> Path:
     """Policy k of a LoRA run as merged weights, in the local cache (built once per policy)."""
     import filelock
 
-    from pipeline.store import cache_dir  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
+    from pipeline.store import cache_dir  # lazy: the store holds a run's policy kind (pipeline.run.run), so it sits above models
 
     dest = cache_dir() / "merged" / run.policy_hash(k)[:24]
     done = dest / ".complete"
