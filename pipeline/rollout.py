@@ -105,7 +105,7 @@ def engine_settings(run: Run, k: int, shared: bool = False):
 
     plain = run.plain_dir(k)
     return engine_settings_for(cfg.rollout, plain, engine_max_len(cfg, model_context(plain)), cfg.train.precision, this_device(),
-                       shared_with=cfg if shared else None)
+                       shared_with=run.policy if shared else None)
 
 
 def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | None = None, where: str | None = None):

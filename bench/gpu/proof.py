@@ -64,7 +64,7 @@ def one_run(run: str, result: str, iters: int) -> None:
     iterate(r, iters, on_iteration=lambda row: (rows.append(row), print(f"iteration {row['iteration']}: {row['seconds']:.1f} s "
                                                                          f"{ {k: round(v, 1) for k, v in row['timings'].items()} }", flush=True)))
     shape = ModelShape.from_dir(Path(r.cfg.model) if Path(r.cfg.model).is_dir() else Path(run) / "policy" / "iter-0000")
-    resident, peak = trainer_bytes(shape, r.cfg, this_device())
+    resident, peak = trainer_bytes(shape, r.policy, this_device())
     out = {
         "wall_s": time.time() - t0,
         "rows": rows,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.schedule import iteration_plan, old_from_update, uses_ref
+from pipeline.store import MANIFEST
 
 
 def on_logprob_device(model):
@@ -88,8 +89,6 @@ class FullPolicy:
 
         from transformers.utils import logging as hf_logging
 
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.run.run), so it sits above models
-
         from pipeline.run.weights_file import save_fp32_policy, streamable, write_config
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
@@ -149,8 +148,6 @@ class FullPolicy:
     def export(self, run, k: int, out: Path, merged: bool) -> str:
         """Policy k copied to `out` (verified by the caller); what to say about loading it."""
         import shutil
-
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.run.run), so it sits above models
 
         shutil.copytree(run.policy_dir(k), out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST, ".complete"))
         return f"policy {k} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
