@@ -241,7 +241,7 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     from conftest import grpo
     from pipeline.eval.run import eval_summary, run_eval
     from pipeline.rollout import policy_engine
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     sets = {"gsm": assets["eval"], "fmt": {"path": assets["eval"], "reward": "format"}}
     path = make_run("sampled", data={"eval": sets}, rollout={"engine": "hf"}, eval=SAMPLED)
@@ -342,7 +342,7 @@ def test_model_record_replay_and_compare(assets, make_run, tmp_path, capsys):
     assert new.drop_columns(["correct"]).equals(src.drop_columns(["correct"]))
     assert new.column("correct").to_pylist() == [x > 0 for x in src.column("reward_format").to_pylist()]
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     assert audit_run(Run(str(tmp_path / "rescored"))).ok
 

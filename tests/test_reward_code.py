@@ -21,7 +21,7 @@ DECOY = "def brev(completions, **kwargs):\n    return [0.0 for c in completions]
 
 
 def make_run(assets, tmp_path, monkeypatch, name: str, code: str, rewards: list[dict] | None = None):
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     user = tmp_path / f"{name}-src"
     user.mkdir(exist_ok=True)
@@ -40,7 +40,7 @@ def scores(run, completions):
 
 def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_current_directory(assets, tmp_path, monkeypatch):
     from pipeline.rewards.contract import compute_rewards
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run, cfg = make_run(assets, tmp_path, monkeypatch, "run", BREV)
     record = json.loads((tmp_path / "run" / "code" / "CODE.json").read_text())
@@ -67,7 +67,7 @@ def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_curren
     assert Run(again.uri).cfg_hash == Run(run.uri).cfg_hash  # where the file was is not in the hash
 
     # `grpo init` of the same run with changed code is refused, not silently reused
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     (tmp_path / "run-src" / "brev.py").write_text(DECOY)
     monkeypatch.chdir(tmp_path / "run-src")
@@ -76,7 +76,7 @@ def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_curren
 
 
 def test_a_run_without_custom_code_keeps_its_hash(assets, tmp_path):
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     cfg = config_mod.resolve(base_config(assets))  # built-ins only
     run = init_run(str(tmp_path / "run"), cfg)
@@ -87,14 +87,14 @@ def test_a_run_without_custom_code_keeps_its_hash(assets, tmp_path):
 def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_recorded_by_version(assets, tmp_path, monkeypatch):
     from pipeline.rewards.contract import run_code, resolve
     from pipeline.store import code
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "brevmod.py").write_text(BREV)
     monkeypatch.chdir(src)
     cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "brevmod:brev"}, {"fn": "yaml:safe_dump"}]))
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     run = init_run(str(tmp_path / "run"), cfg)
     record = Run(run.uri).code
@@ -116,7 +116,7 @@ def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_record
 def test_a_worker_that_cannot_import_the_runs_code_fails_before_any_work(assets, tmp_path, monkeypatch):
     """What each Ray rollout actor runs in its ready() check (pipeline/cluster/workers.py)."""
     from pipeline.cluster.workers import check_environment
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run, _ = make_run(assets, tmp_path, monkeypatch, "run", BREV)
     monkeypatch.chdir(tmp_path)
@@ -142,7 +142,7 @@ USES = "import helpers\n\ndef brev(completions, **kwargs):\n    return [helpers.
 def test_a_reward_importing_sibling_files_carries_them_with_the_run(assets, tmp_path, monkeypatch, fn):
     """The issue's trap: a reward whose module imports a file beside it passed init and failed in the
     score stage, the run holding a copy of the module alone. Its local imports (and theirs) travel with it."""
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     src = tmp_path / "run-src"
     src.mkdir()
@@ -167,7 +167,7 @@ def test_a_reward_importing_sibling_files_carries_them_with_the_run(assets, tmp_
     assert scores(Run(run.uri), ["ab", "abcde"]) == pytest.approx([1.0, 0.5], abs=1e-12)
 
     # a changed sibling is other code: the same run directory is refused at init
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     (src / "more.py").write_text("def plus(n):\n    return n + 2\n")
     monkeypatch.chdir(src)

@@ -23,7 +23,7 @@ import sys
 import time
 
 from pipeline.errors import GRPOError
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 ATTEMPTS = 3
 

@@ -22,13 +22,13 @@ import pyarrow as pa
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import per_prompt
 from pipeline.eval.stats import paired, sign_flip_p
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import EVAL
 
 
 def record(run: Run, k: int | None) -> tuple[int, pa.Table]:
     """(k, the eval table of policy k): the newest evaluated policy when k is None."""
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
 
     done = [i for i in range(run.completed_iters() + 1) if run.done(i, "eval")]
     if k is None:
