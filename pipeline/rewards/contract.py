@@ -303,7 +303,7 @@ def compute_rewards(
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         if (other := other_contract(spec)) is not None:  # pipeline/rewards/openrlhf.py, verl.py
-            texts = [completion_text(c) for c in completions]
+            texts = [other.TEXT(c) for c in completions]
             values = other.score(fn.func, fn.keywords, prompts, rendered, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
