@@ -182,3 +182,32 @@ def test_a_reward_importing_a_package_beside_it_is_refused_at_init_naming_the_fi
     with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
         make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_sibling_that_python_would_take_from_elsewhere_is_refused_not_scored_with(tmp_path, monkeypatch):
+    """Python keeps one module per name: two reward files each importing their own `shared_r55` (one
+    scale 1, one 2) both got the first one's, and a sibling named like a standard module (json.py) got
+    the standard one. Refused with the file named, at init (which imports them) and in every stage."""
+    from pipeline.rewards.contract import resolve
+
+    uses = "import shared_r55\n\ndef f(completions, **kwargs):\n    return [shared_r55.K for c in completions]\n"
+    for name, k in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "shared_r55.py").write_text(f"K = {k}\n")
+        (tmp_path / name / "r.py").write_text(uses + f"# {name}\n")
+    (tmp_path / "c").mkdir()  # the same content as a's, in another directory: the same module, fine
+    (tmp_path / "c" / "shared_r55.py").write_text("K = 1.0\n")
+    (tmp_path / "c" / "r.py").write_text(uses + "# a\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "json.py").write_text("K = 3.0\n")
+    (tmp_path / "d" / "r.py").write_text("import json\n\ndef f(completions, **kwargs):\n    return [json.K for c in completions]\n")
+    monkeypatch.delitem(sys.modules, "shared_r55", raising=False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert resolve("a/r.py:f")(["x"]) == [1.0] and resolve("c/r.py:f")(["x"]) == [1.0]
+        with pytest.raises(GRPOError, match=r"importing b/r.py: its `import shared_r55` gets .*a/shared_r55.py, not the shared_r55.py beside it"):
+            resolve("b/r.py:f")
+        with pytest.raises(GRPOError, match=r"importing d/r.py: its `import json` gets .*json/__init__.py, not the json.py beside it"):
+            resolve("d/r.py:f")
+    finally:
+        sys.modules.pop("shared_r55", None)
