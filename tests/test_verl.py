@@ -90,6 +90,12 @@ def test_correct_reads_a_dotted_column_path_and_init_checks_it_against_the_parqu
     assert _column(COLUMNS, "reward_model.ground_truth", "answer_column") == TRUTHS
     with pytest.raises(GRPOError, match=r"column 'reward_model' has no field 'gold'"):
         _column(COLUMNS, "reward_model.gold", "answer_column")
+    # a null struct (a Parquet row without one) holds no answer, as a null in a plain column: None, not an error
+    assert _column({"reward_model": [{"ground_truth": "4"}, None]}, "reward_model.ground_truth", "answer_column") == ["4", None]
+    from pipeline.rewards.builtins import correct
+
+    assert correct(["q", "q"], ["<answer>4</answer>"] * 2, reward_model=[{"ground_truth": "4"}, None],
+                   answer_column="reward_model.ground_truth") == [1.0, None]
     data = tmp_path / "verl.parquet"
     pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [{"ground_truth": "4", "style": "rule"}]}), data)
     ok = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.ground_truth"}}]))
