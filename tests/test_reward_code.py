@@ -211,3 +211,34 @@ def test_a_sibling_that_python_would_take_from_elsewhere_is_refused_not_scored_w
             resolve("d/r.py:f")
     finally:
         sys.modules.pop("shared_r55", None)
+
+
+def test_a_reward_in_a_local_package_is_refused_at_init_and_a_refused_init_leaves_nothing(assets, tmp_path, monkeypatch):
+    """`mypkg.mod:f` (a package in the current directory, not installed) was recorded as an installed
+    module: a stage in another directory (a Ray node, a --shard worker) failed after the rollout. And a
+    reward refused by the code record (`brev:brev` importing a package beside it) had already copied
+    the policy in: fixing the code and running `grpo init` again was refused, 'directory exists'."""
+    from pipeline.store.run import init_run
+
+    for name in [m for m in sys.modules if m in ("helpers", "brev") or m.startswith("mypkg_r55")]:
+        monkeypatch.delitem(sys.modules, name)  # imported here from this test's directory, put back after it
+    src = tmp_path / "run-src"
+    (src / "mypkg_r55").mkdir(parents=True)
+    (src / "mypkg_r55" / "__init__.py").write_text("")
+    (src / "mypkg_r55" / "mod.py").write_text(BREV)
+    monkeypatch.chdir(src)
+    cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "mypkg_r55.mod:brev"}]))
+    with pytest.raises(GRPOError, match=r"mypkg_r55.mod: .*mypkg_r55/mod.py is a package in the current directory, not installed"):
+        init_run(str(tmp_path / "run"), cfg)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+    (src / "helpers").mkdir()
+    (src / "helpers" / "__init__.py").write_text("SCALE = 3.0\n")
+    with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
+        make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n",
+                 rewards=[{"fn": "brev:brev"}])
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    run, _ = make_run(assets, tmp_path, monkeypatch, "run", BREV, rewards=[{"fn": "brev:brev"}])  # fixed: the same directory takes it
+    assert (tmp_path / "run" / "config.yaml").is_file() and run.code["brev"]["copy"].endswith("brev.py")
+    for name in [m for m in sys.modules if m in ("helpers", "brev") or m.startswith("mypkg_r55")]:
+        del sys.modules[name]

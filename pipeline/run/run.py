@@ -199,15 +199,16 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         for what, d in (("model", model), ("ref_model", ref)):
             if d is not None:
                 check_dir(d, what)
+    prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
+    collected = None if store.exists(CONFIG) else code.collect(cfg, prior)  # refused here (a local package) before anything is written
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
         source = conversion["gguf_file"] if conversion else str(model.resolve())
         store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion, merged_from=merged_from))
-    if not store.exists(CONFIG):
-        prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
-        code.pack(store, cfg, prior)  # the reward code, copied and recorded before the config
+    if collected is not None:
+        code.pack(store, *collected)  # the reward code, copied and recorded before the config
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     elif run.code is not None:
         if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):
