@@ -105,10 +105,14 @@ def _check_siblings(path: str, file: Path) -> None:
     from pipeline.store.code import local_imports
 
     for sibling, want in local_imports(file).items():
-        got = getattr(sys.modules.get(sibling.removesuffix(".py")), "__file__", None)
+        stem = sibling.removesuffix(".py")
+        if stem in sys.stdlib_module_names:  # whether it is the file depends on what imported the standard one first
+            raise GRPOError(f"importing {path}: `import {stem}` names the standard module {stem} as well as the {sibling} "
+                            f"beside it, and which one a stage gets depends on what it imported first; rename {sibling}")
+        got = getattr(sys.modules.get(stem), "__file__", None)
         if got is not None and (Path(got) == want or Path(got).is_file() and Path(got).read_bytes() == want.read_bytes()):
             continue
-        raise GRPOError(f"importing {path}: its `import {sibling.removesuffix('.py')}` gets {got or 'a built-in module'}, "
+        raise GRPOError(f"importing {path}: its `import {stem}` gets {got or 'a built-in module'}, "
                         f"not the {sibling} beside it (Python keeps one module per name); rename {sibling}")
 
 
