@@ -104,6 +104,10 @@ def reward_func(queries, prompts, labels):
     return {"rewards": torch.tensor([float(x) for x in ok]), "extra_logs": {"ok": torch.tensor(ok), "flag": ok[0], "pair": torch.tensor([[0.25, 9.0]])}}
 
 
+def listed(queries, prompts, labels):
+    return {"rewards": [torch.tensor(float(queries[0].endswith("<answer>4</answer>")))]}  # a list of 0-d tensors
+
+
 def says(queries, prompts, labels):
     return {"rewards": [1.0], "extra_logs": {"pred": "4"}}
 '''
@@ -117,5 +121,6 @@ def test_extra_logs_are_numbers_as_openrlhf_logs_them_booleans_as_0_or_1(tmp_pat
     got, log = score(_spec(f"{f}:reward_func", {}), {})
     assert got == [1.0, 0.0]
     assert log.extra["ok"] == [1.0, 0.0] and log.extra["flag"] == [1.0, 0.0] and log.extra["pair"] == [0.25, 0.25]  # flatten()[0]
+    assert score(_spec(f"{f}:listed", {}), {})[0] == [1.0, 0.0]
     with pytest.raises(GRPOError, match=r"reward 'says' \(iteration 0\) row 0: extra_logs\['pred'\] is str '4', expected a number"):
         score(_spec(f"{f}:says", {}), {})

@@ -38,7 +38,7 @@ def _values(x: Any) -> list:
         return [x]
     if not isinstance(x, list | tuple):
         raise GRPOError(f"returned {type(x).__name__} as rewards, expected a list or tensor of numbers")
-    return list(x)
+    return [v.tolist() if hasattr(v, "tolist") else v for v in x]  # [torch.tensor(1.0)]: OpenRLHF's torch.tensor takes it
 
 
 def _logged(v: Any, where: str) -> float | None:
