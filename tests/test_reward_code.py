@@ -218,7 +218,7 @@ def test_a_reward_in_a_local_package_is_refused_at_init_and_a_refused_init_leave
     module: a stage in another directory (a Ray node, a --shard worker) failed after the rollout. And a
     reward refused by the code record (`brev:brev` importing a package beside it) had already copied
     the policy in: fixing the code and running `grpo init` again was refused, 'directory exists'."""
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     for name in [m for m in sys.modules if m in ("helpers", "brev") or m.startswith("mypkg_r55")]:
         monkeypatch.delitem(sys.modules, name)  # imported here from this test's directory, put back after it
