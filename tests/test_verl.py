@@ -18,12 +18,12 @@ TEXTS = ["so the answer is #### 72", "#### 10", "The answer is \\boxed{72}", "An
 TRUTHS = ["72", "72", "72", "72", "72"]
 
 
-def _spec(fn, kwargs=None):
+def _spec(fn, kwargs=None, name=None):
     from pydantic import TypeAdapter
 
     from pipeline.config.rewards import RewardSpec
 
-    return TypeAdapter(RewardSpec).validate_python({"fn": fn, "contract": "verl", "kwargs": kwargs or {}})
+    return TypeAdapter(RewardSpec).validate_python({"fn": fn, "contract": "verl", "kwargs": kwargs or {}, "name": name})
 
 
 def score(s, columns):
@@ -57,6 +57,22 @@ def test_math_dapos_dict_gives_its_score_as_reward_and_logs_acc_as_0_or_1_but_no
     assert got == [d["score"] for d in direct] and 1.0 in got and -1.0 in got
     assert log.extra["acc"] == [float(d["acc"]) for d in direct]
     assert "pred" not in log.extra
+
+
+def test_two_rewards_logging_one_name_keep_both_columns():
+    """math_dapo and a second verl scorer both return `acc`: the first keeps `acc`, the second's goes to
+    `<its reward column>_acc`. Was: one column, the second reward's values over the first's."""
+    from pipeline.rewards.calls import RewardLog
+    from pipeline.rewards.contract import compute_rewards, resolve
+
+    dapo = f"{FIXTURES / 'math_dapo.py'}:compute_score"
+    second = _spec(f"{FIXTURES.parent.parent.parent / 'examples' / 'verl_reward.py'}:compute_score", name="mine")
+    log = RewardLog(len(TEXTS))
+    compute_rewards([_spec(dapo), second], ["q"] * len(TEXTS), TEXTS, None, COLUMNS, iteration=0, log=log)
+    direct = [resolve(dapo)(t, g) for t, g in zip(TEXTS, TRUTHS)]
+    assert log.extra["acc"] == [float(d["acc"]) for d in direct]
+    mine = [float(resolve(second.fn)("openai/gsm8k", t, g)["acc"]) for t, g in zip(TEXTS, TRUTHS)]
+    assert log.extra["mine_acc"] == mine and mine != log.extra["acc"]
 
 
 DOCUMENTED = '''def compute_score(data_source, solution_str, ground_truth, extra_info=None):

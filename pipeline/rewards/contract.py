@@ -315,6 +315,7 @@ def compute_rewards(
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
+        log.names[where] = spec.column
         if spec.served:  # its requests, their concurrency and the record of its answers
             try:
                 values = fn(prompts, completions, columns, log, where)
