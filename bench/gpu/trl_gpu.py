@@ -31,8 +31,9 @@ def main(run: str, out: str, iters: int, vllm: bool = False) -> None:
     per_cycle = cycle_steps(cfg)
     cuda = torch.cuda.is_available()
     args = trl_args(cfg, Path(run).parent / "trl-out", max_steps=iters * per_cycle, bf16=True, use_cpu=not cuda)
-    if vllm:  # TRL's default colocate settings (30 % of the GPU for vLLM)
-        args = dataclasses.replace(args, use_vllm=True, vllm_mode="colocate")
+    if vllm:  # TRL's default colocate settings (30 % of the GPU for vLLM); steps_per_generation is derived
+        # again from generation_batch_size (GRPOConfig refuses both set, and its first __post_init__ set it)
+        args = dataclasses.replace(args, use_vllm=True, vllm_mode="colocate", steps_per_generation=None)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trainer = GRPOTrainer(model=model, reward_funcs=[trl_reward(spec) for spec in cfg.rewards], args=args,
