@@ -139,7 +139,7 @@ def test_the_proof_reads_the_keywords_each_engine_passes_to_vllm():
     got = proof.llm_kwargs(Path(proof.ROOT) / "pipeline/models/vllm_engine.py")
     assert {"model", "dtype", "seed", "logprobs_mode", "gpu_memory_utilization"} <= got
     assert {"kv_cache_memory_bytes", "enable_sleep_mode", "enable_lora", "max_lora_rank"} <= got  # from ** expansions
-    assert proof.ORDER[:4] == ["vllm_api", "full", "full-vllm", "trl-vllm"]  # the must-haves first
+    assert proof.ORDER[:5] == ["vllm_api", "full", "full-vllm", "trl", "full-again"]  # the must-haves first
     assert set(proof.NEED_S) == set(proof.ORDER)
 
 

@@ -69,6 +69,17 @@ VLLM_DEPS = [
     # imported by vLLM's torch.compile wrapper once CUDA graphs are captured
     "depyf==0.20.0", "astor==0.8.1",
 ]
+VLLM_TRACE = """vllm.entrypoints.llm vllm.sampling_params vllm.lora.request vllm.v1.engine.llm_engine vllm.v1.engine.core
+vllm.v1.engine.core_client vllm.v1.executor.uniproc_executor vllm.platforms.cuda vllm.device_allocator.cumem
+vllm.v1.worker.gpu_worker vllm.v1.worker.gpu_model_runner vllm.model_executor.models.qwen2 vllm.model_executor.models.llama
+vllm.model_executor.model_loader.default_loader vllm.v1.attention.backends.flash_attn vllm.vllm_flash_attn.flash_attn_interface
+vllm.v1.attention.backends.triton_attn vllm.v1.sample.sampler vllm.v1.sample.ops.topk_topp_sampler vllm.v1.core.sched.scheduler
+vllm.compilation.backends vllm.compilation.wrapper vllm.compilation.cuda_graph vllm.v1.structured_output
+vllm.distributed.parallel_state vllm.distributed.device_communicators.pynccl vllm.model_executor.warmup.kernel_warmup
+vllm.lora.worker_manager vllm.lora.layers vllm.tokenizers""".split()
+"""The modules an offline vLLM engine loads to generate with a dense model on CUDA, as VLLM_DEPS was
+found by importing them (the proof's `vllm_api` step imports them again wherever it runs; on a machine
+without the CUDA driver, those that load libcuda.so.1 count as imported when that is all they miss)."""
 VLLM_STRIP = [
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",  # FlashAttention 2: Hopper runs FA3 (optional import)
     "vllm/_moe_C_stable_libtorch.abi3.so",  # mixture-of-experts kernels (import suppressed when absent)

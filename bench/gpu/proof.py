@@ -8,9 +8,9 @@ Steps, in ORDER (what the issue must have first; each later one runs only if its
 `vllm_api` (vLLM 0.26 takes every argument the pipeline's and TRL's engines pass it: no GPU needed);
 `grpo init` and `grpo iterate` (bf16, DeepSpeed ZeRO-2 on one GPU) for full fine-tuning with the HF
 engine (`full`) and with vLLM, weights handed to it in memory (`full-vllm`); TRL 1.16's GRPOTrainer on
-the same model and work with its vLLM colocate mode (`trl-vllm`, falling back to HF generate, and saying
-so, where vLLM does not run) and with HF generate (`trl`); the full config again (`full-again`,
-`grpo audit --compare` against `full`); LoRA and LoRA again (`lora`, `lora-again`, compared); the
+the same model and work with HF generate (`trl`); the full config again (`full-again`, `grpo audit
+--compare` against `full`); TRL with its vLLM colocate mode (`trl-vllm`, falling back to HF generate, and
+saying so, where vLLM does not run); LoRA and LoRA again (`lora`, `lora-again`, compared); the
 arithmetic check (`gpu_check`); `grpo audit` and `grpo status --format json` of each run.
 Each iterate runs in its own process, which records seconds per iteration and stage and torch's peak
 GPU memory beside device_budget's estimates. OUT gets gpu.json (every figure and each step's outcome)
@@ -83,8 +83,9 @@ def one_run(run: str, result: str, iters: int) -> None:
     Path(result).write_text(json.dumps(out, indent=1, default=str))
 
 
-ORDER = ["vllm_api", "full", "full-vllm", "trl-vllm", "full-again", "trl", "lora", "lora-again", "gpu_check"]
-"""The proof's steps, must-haves first: grpo against TRL on each engine, then the reruns' bytes, then the rest."""
+ORDER = ["vllm_api", "full", "full-vllm", "trl", "full-again", "trl-vllm", "lora", "lora-again", "gpu_check"]
+"""The proof's steps, must-haves first: grpo on each engine and TRL's HF-generate time the issue's bounds are
+against, the full rerun's bytes, then TRL's own vLLM mode, LoRA and its rerun, the arithmetic check."""
 NEEDS_CUDA = {"full-vllm": "the CUDA vLLM wheel samples on a GPU only", "gpu_check": "it compares CUDA with the CPU"}
 """Steps that cannot run without CUDA, and why: the dry run on a CPU records them as skipped."""
 NEED_S = {"vllm_api": 5, "full": 60, "full-vllm": 90, "trl-vllm": 80, "full-again": 60, "trl": 60, "lora": 60,
@@ -111,10 +112,13 @@ def llm_kwargs(source: Path) -> set[str]:
 
 
 def vllm_api() -> dict:
-    """vLLM as installed takes what the pipeline's engine and TRL's colocate mode pass it: every `LLM(...)`
-    keyword is an `LLM` or `EngineArgs` parameter; the model runner's `reload_weights` takes weights
-    in memory; `LLM` has sleep, wake_up and collective_rpc. Import and signatures only: no GPU."""
+    """vLLM as installed takes what the pipeline's engine and TRL's colocate mode pass it: every module
+    the pack's import trace names imports (bench.gpu.pack.VLLM_TRACE: nothing the pack left out is
+    needed to generate); every `LLM(...)` keyword is an `LLM` or `EngineArgs` parameter; the model
+    runner's `reload_weights` takes weights in memory; `LLM` has sleep, wake_up and collective_rpc.
+    Imports and signatures only: no GPU."""
     import dataclasses
+    import importlib
     import inspect
 
     import vllm
@@ -122,8 +126,19 @@ def vllm_api() -> dict:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    from bench.gpu.pack import VLLM_TRACE
+
     accepted = set(inspect.signature(LLM.__init__).parameters) | {f.name for f in dataclasses.fields(EngineArgs)}
-    got: dict = {"ok": True, "vllm": vllm.__version__}
+    got: dict = {"ok": True, "vllm": vllm.__version__, "imports_failed": {}, "imports_need_driver": []}
+    for mod in VLLM_TRACE:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            if "libcuda.so.1" in str(e):  # the CUDA driver's library: on the GPU machine, not here
+                got["imports_need_driver"].append(mod)
+            else:
+                got["imports_failed"][mod] = f"{type(e).__name__}: {e}"
+    got["ok"] &= not got["imports_failed"]
     sources = {"pipeline": ROOT / "pipeline/models/vllm_engine.py"}
     try:
         import trl

@@ -16,6 +16,9 @@ PARTS=${GRPO_GPU_PARTS:-/var/tmp/grpo-gpu-parts}
 SITE=${GRPO_GPU_SITE:-/tmp/site}
 mkdir -p "$OUT" "$PARTS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the pack carries no flashinfer: vLLM's sampler must not reach for it (its engines here ask for
+# processed logprobs, which already keeps it on the native sampler)
+export VLLM_USE_FLASHINFER_SAMPLER=0
 {
   for f in .gpu-pack/part-*; do [ -f "$f" ] && mv -f "$f" "$PARTS/" && echo "== pack: $(basename "$f") stored in $PARTS"; done
   if [ -f .gpu-pack/parts.sha256 ]; then cp -f .gpu-pack/parts.sha256 "$PARTS/"; fi
