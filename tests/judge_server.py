@@ -5,6 +5,7 @@ daemon thread, bounded (it shuts itself down after `lifetime` seconds) and stopp
     /flaky?text=T   answers 503 to the first `failures` requests for each T, then len(T)
     /hang?text=T    answers nothing for up to `lifetime` s
     /broken?text=T  always 500
+    (any other GET path is a 404)
 
 and an OpenAI-compatible chat judge, POST /<mode>/v1/chat/completions (GET /<mode>/v1/models lists
 MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute themselves:
@@ -136,8 +137,10 @@ class Judge:
                         self.answer(503, "busy") if seen <= judge.failures else self.answer(200, str(len(text)))
                     elif path == "hang":
                         judge.stopping.wait(judge.lifetime)
-                    else:
+                    elif path == "broken":
                         self.answer(500, "broken")
+                    else:
+                        self.answer(404, "no such route")
                 finally:
                     with judge.lock:
                         judge.in_flight -= 1

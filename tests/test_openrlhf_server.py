@@ -224,8 +224,8 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     for r in rows:  # the reward is the server's answer to the rendered prompt + the completion, with its label
         got = by_key[(r["prompt_id"], r["sample_idx"])]
         query = got["prompt"] + got["completion"]
-        assert json.loads(r["extra_orm_request"]) == {"query": [query], "prompts": [got["prompt"]], "labels": [r["answer"]]}
-        assert r["reward_orm"] == rm_reward(query, r["answer"]) == r["extra_dummy_scores"]
+        assert json.loads(r["extra_orm_request"]) == {"query": [query], "prompts": [got["prompt"]], "labels": [got["answer"]]}
+        assert r["reward_orm"] == rm_reward(query, got["answer"]) == r["extra_dummy_scores"]
     m = json.loads((run / "iter-0000/score/MANIFEST.json").read_text())
     assert m["judge"]["orm"]["requests"] == 16 and m["judge"]["orm"]["from_cache"] >= 5
     assert not (run / "iter-0000/score/judge-cache").exists() and audit(run).ok
