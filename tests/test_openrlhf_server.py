@@ -247,3 +247,13 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     reward = table.column("reward_orm").to_pylist()[0]
     assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 0: the stored answer reads as 7.0 (readable), "
             f"the part records reward {reward!r} (readable)") in audit(copy).problems
+
+    logs = tmp_path / "edited_logs"  # an extra_logs column edited: audit reads it from the answers too
+    shutil.copytree(run, logs)
+    part = logs / "iter-0000/score/part-00000.parquet"
+    table = pq.read_table(part)
+    dummy = table.column("extra_dummy_scores").to_pylist()
+    was, dummy[1] = dummy[1], 0.5 if dummy[1] != 0.5 else 0.25
+    pq.write_table(table.set_column(table.column_names.index("extra_dummy_scores"), "extra_dummy_scores", pa.array(dummy)), part)
+    assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 1: the stored answer's extra_logs give dummy_scores = "
+            f"{was!r}, the part records extra_dummy_scores = {dummy[1]!r}") in audit(logs).problems
