@@ -36,15 +36,15 @@ KEY = "GRPO_TEST_ORM_KEY"
 
 @pytest.fixture(scope="module")
 def server():
+    """The fault server, shared by the module; `rm` is it with its counters zeroed for one test."""
     s = Judge(delay=0.6, failures=2, lifetime=900.0).start()
-    yield s
-    s.stop()
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
-@pytest.fixture
-def rm(server):
-    server.reset()
-    return server
+rm = pytest.fixture(lambda server: server.reset() or server, name="rm")
 
 
 def entry(url: str, mode: str = "ok", **top) -> dict:
