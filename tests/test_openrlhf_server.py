@@ -113,7 +113,7 @@ def test_concurrency_is_held_the_key_never_recorded_and_answers_reused_by_a_resu
     assert sent(rm) == 12
 
 
-def test_429_is_retried_a_broken_server_stops_the_stage_or_gives_none_and_garbage_is_unreadable(rm):
+def test_429_is_retried_a_broken_server_stops_the_stage_garbage_is_unreadable_and_a_clashing_log_refused(rm):
     values, _, ledger = served(entry(rm.url, "flaky", retries=2), n=3)
     assert values.tolist() == [rm_reward(p + t, a) for p, t, a in zip(RENDERED, TEXTS, COLUMNS["answer"][:3])]
     assert set(rm.chats.values()) == {3} and ledger.summary()["orm"]["retries"] == 6
@@ -127,6 +127,10 @@ def test_429_is_retried_a_broken_server_stops_the_stage_or_gives_none_and_garbag
     said = [GARBAGE_REWARDS[score(p + t) % len(GARBAGE_REWARDS)] for p, t in zip(RENDERED, TEXTS)]
     why = {0: "not one reward (0)", 1: "not a number", 2: "not finite"}
     assert np.isnan(values).all() and log.extra["orm_reason"] == [why[GARBAGE_REWARDS.index(s)] for s in said]
+    with pytest.raises(GRPOError) as info:  # a log would overwrite the reward's own record of its answers
+        served(entry(rm.url, "clash"), n=1)
+    assert str(info.value) == ("reward 'orm' (iteration 0): the server's extra_logs name 'orm_answer', which is this "
+                               "reward's own record; rename the reward (`name:`)")
 
 
 def test_bad_configs_fail_at_init_with_one_line(assets, tmp_path, capsys, rm, monkeypatch):
