@@ -195,7 +195,7 @@ def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial
     makes error messages point at the config line: `rewards[1].fn 'foo.py:bar': no function 'bar' in foo.py`.
     """
     label = f"rewards[{index}]" if index is not None else "rewards"
-    if spec.served:  # a judge, a served reward model: through pipeline.rewards.judge.served_rewards (see compute_rewards)
+    if spec.served:  # a judge, a served reward model, an OpenRLHF server: through pipeline.rewards.judge.served_rewards
         from pipeline.rewards import judge
 
         return functools.partial(judge.served_rewards, spec)
@@ -318,7 +318,7 @@ def compute_rewards(
         log.names[where] = spec.column
         if spec.served:  # its requests, their concurrency and the record of its answers
             try:
-                values = fn(prompts, completions, columns, log, where)
+                values = fn(prompts, completions, columns, log, where, rendered=rendered)
             except GRPOError as err:
                 raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
             out[:, j] = _check_rewards(values, n, where)  # [N]

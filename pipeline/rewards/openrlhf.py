@@ -54,23 +54,37 @@ def _logged(v: Any, where: str) -> float | None:
     return float(v)
 
 
+def inputs(prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list], key: str | None,
+           where: str) -> tuple[list[str], list[str], list]:
+    """What OpenRLHF sends for each completion: its query (the rendered prompt followed by the
+    completion), its rendered prompt and its label (column `key`; None without one). Shared by the
+    file contract (`score`) and the reward server (judge/openrlhf_server.py)."""
+    if rendered is None and any(not isinstance(p, str) for p in prompts):
+        raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
+    rendered = rendered or prompts
+    if key is not None and key not in columns:
+        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
+    labels = columns[key] if key is not None else [None] * len(texts)
+    return [p + t for p, t in zip(rendered, texts)], list(rendered), list(labels)
+
+
+def log_value(value: Any) -> float | None:
+    """One completion's value of an `extra_logs` entry as the file contract logs it (`_logged`); a
+    GRPOError for a value OpenRLHF could not log (the server's reader keeps it as JSON text instead)."""
+    return _logged(value, "extra_logs value")
+
+
 def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
           log, where: str) -> list:
     """Each completion's reward; what extra_logs holds goes to `log` (a RewardLog). `rendered`: the
     prompts after the chat template (plain-text `prompts` are already that)."""
-    if rendered is None and any(not isinstance(p, str) for p in prompts):
-        raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
-    rendered = rendered or prompts
     opts = dict(options)
-    key = opts.pop(LABEL_KEY, None)
-    if key is not None and key not in columns:
-        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
-    labels = columns[key] if key is not None else [None] * len(texts)
+    queries, rendered, labels = inputs(prompts, rendered, texts, columns, opts.pop(LABEL_KEY, None), where)
     out: list = []
     extra: dict[str, list] = {}
-    for i, (prompt, text, label) in enumerate(zip(rendered, texts, labels)):
+    for i, (query, prompt, label) in enumerate(zip(queries, rendered, labels)):
         try:
-            got = fn([prompt + text], [prompt], [label], **opts)
+            got = fn([query], [prompt], [label], **opts)
         except Exception as err:
             lines = str(err).strip().splitlines()
             raise GRPOError(f"{where} row {i}: raised {type(err).__name__}: {lines[0] if lines else ''}") from err
@@ -94,15 +108,19 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
     return out
 
 
+def check_label_key(key: str | None, label: str, train_columns: list[str], data: str) -> None:
+    """At `grpo init`: kwargs.label_key names a column of the training data."""
+    if key is not None and key not in train_columns:
+        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+
+
 def check_signature(fn, label: str, target: str, train_columns: list[str], data: str) -> None:
     """At `grpo init`: `fn` (a partial with the config's kwargs bound) takes (queries, prompts,
     labels) and the other kwargs; kwargs.label_key names a column of the training data."""
     import inspect
 
     where = f"{label}.fn {target!r}"
-    key = fn.keywords.get(LABEL_KEY)
-    if key is not None and key not in train_columns:
-        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+    check_label_key(fn.keywords.get(LABEL_KEY), label, train_columns, data)
     try:
         sig = inspect.signature(fn.func)
     except (TypeError, ValueError):
