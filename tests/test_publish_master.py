@@ -7,7 +7,8 @@ fp32 master as DeepSpeed itself gives it back: its own consolidation of the chec
 dict (bf16, ZeRO 0: FP16_UnfusedOptimizer, where the module holds bf16 copies) or the module's own
 parameters (fp32, ZeRO 0: torch's AdamW steps them). Where the weights were streamed (ZeRO 0-2),
 the weights file is byte-identical to what `save_pretrained` writes for the same tensors and its
-recorded sha256 is that of the file's bytes.
+recorded sha256 is that of the file's bytes, also where `iterate` computes the sha256 first, in
+memory, and writes the file later (its background write).
 """
 
 from __future__ import annotations
@@ -87,5 +88,13 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
             ref_dir = tmp_path / "save_pretrained"
             trainer.engine.module.save_pretrained(ref_dir, state_dict=master_state_dict(trainer.engine.module, masters))
             assert (out / "model.safetensors").read_bytes() == (ref_dir / "model.safetensors").read_bytes()
+            # iterate's background write: the sha256 known first, from memory; the file written later, the same bytes
+            deferred: list = []
+            later = tmp_path / "later"
+            assert trainer.save_policy(later, Path(assets["model"]), ckpt, deferred) == hashed
+            assert not (later / "model.safetensors").exists() and (later / "config.json").read_bytes() == (out / "config.json").read_bytes()
+            deferred[0].write()
+            assert (later / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+            assert [p.name for p in later.iterdir() if p.name.startswith(".tmp-")] == []
     finally:
         trainer.close()
