@@ -255,11 +255,10 @@ def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashe
                            adapter=trainer.policy.manifest(run))
 
 
-def _write_later(run: Run, k: int, policy_dir: Path, pm, weights: DeferredWeights) -> None:
-    """Policy k+1's directory in the run now, without its weights file (tokenizer and config: what
-    the rollout reads), and on a thread the weights file, then its MANIFEST.json, then retention."""
+def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
+    """On a thread, once update k's manifest is written: policy k+1's weights file into its
+    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention."""
     store = run.store
-    store.put_dir(policy_dir, policy_rel(k + 1), move=True)
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
 
     def write() -> None:
@@ -280,11 +279,9 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
         pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
         lineage = pm.lineage
+        store.put_dir(work / "policy", policy_rel(k + 1), move=True)  # deferred: without its weights file yet
         if deferred is None:
-            store.put_dir(work / "policy", policy_rel(k + 1), move=True)
             store.write_manifest(policy_rel(k + 1), pm)
-        else:
-            _write_later(run, k, work / "policy", pm, deferred)
         fault_point("update:publish", k)
         state = state_hash.result() if state_hash is not None else None  # before the state is moved under the hashing thread
         if state is not None:
@@ -308,6 +305,8 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
         _prune_states(run, k)
     if deferred is None:
         prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
+    else:
+        _write_later(run, k, pm, deferred)
     return manifest
 
 
