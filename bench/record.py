@@ -122,13 +122,15 @@ def section(result: dict) -> list[str]:
             f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the run. **The machine was shared with other jobs**: "
             "absolute seconds are inflated and noisy; the shares and bytes less so.")
     out = ["## The record's cost (bench/record.py)", "", head, "",
-           "| shape | s/iteration | stages' own compute s (generate + rewards + logprob forwards + train) | outside them s | "
+           "| shape | work | s/iteration | stages' own compute s (generate + rewards + logprob forwards + train) | outside them s | "
            "outside, % of an iteration (target <= 5 %) | written MB (storage / write calls) | read MB (storage / read calls) |",
-           "|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|"]
     for name, shape in result["shapes"].items():
         s = shape["summary"]
         c, io = s["compute"], s["io"]
-        out.append(f"| {name} | {s['seconds']:.2f} | {sum(c.values()):.2f} ({c['generate']:.2f} + {c['rewards']:.2f} + "
+        prompts, g, tokens, train = SHAPES[name]
+        work = f"{'bf16' if train['bf16'] else 'fp32'}, ZeRO-{train['zero_stage']}, {prompts} x {g} x {tokens} tokens"
+        out.append(f"| {name} | {work} | {s['seconds']:.2f} | {sum(c.values()):.2f} ({c['generate']:.2f} + {c['rewards']:.2f} + "
                    f"{c['forward']:.2f} + {c['train']:.2f}) | {s['outside_s']:.2f} | {100 * s['outside_share']:.1f} % "
                    f"{'(met)' if s['outside_share'] <= 0.05 else '(**missed**)'} | {io['write_bytes'] / 1e6:.0f} / "
                    f"{io['wchar'] / 1e6:.0f} | {io['read_bytes'] / 1e6:.0f} / {io['rchar'] / 1e6:.0f} |")
@@ -137,7 +139,7 @@ def section(result: dict) -> list[str]:
             "forwards (`sequence_logprobs`) and the trainer's `train_iteration` (forward, backward, optimizer steps) in the "
             "update. Everything else in the iteration is outside them: writing and hashing the parts, manifests and the "
             "policy (its file written on a thread while the next rollout runs), the trainer state (every "
-            "`train.state_every` = 10 updates, so not in these iterations), reloading the engine's weights and proving "
+            "`train.state_every` = 10 updates and at the end of the command, so in none of these iterations), reloading the engine's weights and proving "
             "them (sampler proof), loading the batch, Python glue. Bytes are per iteration from /proc/PID/io of the "
             "process and its children: storage (write_bytes, read_bytes; reads served by the page cache are not counted) "
             "and through write/read calls (wchar, rchar: the page cache included, e.g. every file read again).")
@@ -156,8 +158,7 @@ def main() -> None:
     from pipeline.store import code_version
 
     build_assets(["real"])
-    env = dict(os.environ, GRPO_CACHE_DIR=os.environ.get("GRPO_CACHE_DIR", str(WORK / "cache")),
-               TORCH_EXTENSIONS_DIR=str(WORK / "torch_extensions"))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(WORK / "torch_extensions"))
     env.pop("MLFLOW_TRACKING_URI", None)
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "code_version": code_version(), "shapes": {}}
     (WORK / "record").mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,10 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
     if run.store.local:  # a previous update's file is written from the weights this one changes
         pending.wait(run.store.root)
     if run.done(k, "update"):
-        if is_rank_zero() and not run.policy_done(k + 1):  # a kill stopped its background write
+        if not run.policy_done(k + 1):  # a kill stopped its background write
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise GRPOError(f"update iteration {k}: policy {k + 1}'s write was interrupted; re-create it in one "
+                                f"process (`grpo update {run.uri} --iter {k}` or `grpo iterate`) first")
             return run.manifest(k, "update"), restore_policy(run, k, trainer)
         return run.manifest(k, "update"), trainer
     store, cfg = run.store, run.cfg
