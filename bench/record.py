@@ -118,7 +118,8 @@ def section(result: dict) -> list[str]:
     loads = [r["loadavg"][0] for s in result["shapes"].values() for r in s["rows"]]
     head = (f"`make bench-record`, started {result['started']}, code {result['code_version']}: SmolLM2-135M-Instruct full "
             f"fine-tuning, warm `grpo iterate` (rollout.weight_sync memory, MLflow off, vLLM engine), 1 warm-up iteration and "
-            f"the mean of the next {next(iter(result['shapes'].values()))['summary']['iterations']}; {m['cores']} cores, load "
+            f"the mean of the next {next(iter(result['shapes'].values()))['summary']['iterations']}; {m['cores']} cores, "
+            f"OMP_NUM_THREADS={result.get('threads', 'unset')}, load "
             f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the run. **The machine was shared with other jobs**: "
             "absolute seconds are inflated and noisy; the shares and bytes less so.")
     out = ["## The record's cost (bench/record.py)", "", head, "",
@@ -160,7 +161,8 @@ def main() -> None:
     build_assets(["real"])
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(WORK / "torch_extensions"))
     env.pop("MLFLOW_TRACKING_URI", None)
-    result = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "code_version": code_version(), "shapes": {}}
+    result = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "code_version": code_version(),
+              "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "shapes": {}}
     (WORK / "record").mkdir(parents=True, exist_ok=True)
     for name in args.only or SHAPES:
         out = WORK / "record" / f"{name}.json"
