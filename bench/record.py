@@ -76,12 +76,14 @@ def worker(name: str, iters: int, out: Path) -> None:
     from pipeline.models.engines import cpu_env
     from pipeline.store.run import init_run
 
+    import pipeline.logprobs, pipeline.models.vllm_engine, pipeline.score  # noqa: F401,E401  (probed now: see below)
+
     cpu_env()
     path = WORK / "record" / name
     shutil.rmtree(path, ignore_errors=True)
     run = init_run(str(path), config_mod.resolve(tree_of(name), source=f"bench.record {name}"))
     probes = Probes()
-    install_product_probes(probes)
+    install_product_probes(probes)  # on the modules loaded above: generate, rewards, logprob forwards, train steps
     rows: list[dict] = []
     mark = {"snap": probes.snapshot(), "io": io_now()}
 
