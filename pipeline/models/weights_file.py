@@ -126,13 +126,17 @@ def write_config(module, out: Path) -> None:
 
 
 def model_of(config_dir: Path, tensors: dict[str, torch.Tensor], where: str):
-    """The causal LM of `config_dir`'s config.json holding `tensors` (every weight: `load_strict`),
-    fp32 on the CPU, in eval mode: a policy whose file is still being written, built from its bytes."""
+    """The causal LM of `config_dir`'s config.json holding `tensors` themselves (every weight:
+    `load_strict`; not copied, so only to read), fp32 on the CPU, in eval mode: a policy whose file
+    is still being written, built from its bytes. No random initialisation first (1.9 s of 2 for
+    SmolLM2-135M), and no copy (0.5 s)."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     from pipeline.models.strict import load_strict
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32)
-    load_strict(model, tensors, where)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32)
+    load_strict(model, tensors, where, assign=True)
     model.tie_weights()
     return model.eval()
