@@ -92,6 +92,7 @@ def worker(name: str, iters: int, out: Path) -> None:
         cats = by_phase(diff(snap, mark["snap"]))
         compute = {c: sum(phase.get(c, 0.0) for phase in cats.values()) for c in COMPUTE}
         rows.append({"iteration": row["iteration"], "seconds": row["seconds"], "timings": row["timings"], "compute": compute,
+                     "categories": cats,  # every probed category by stage (what the outside time is made of)
                      "io": {key: io[key] - mark["io"][key] for key in io}, "loadavg": loadavg()})
         print(f"[record {name}] iteration {row['iteration']}: {row['seconds']:.2f}s, compute "
               + " ".join(f"{c}={v:.2f}" for c, v in compute.items()), flush=True)
