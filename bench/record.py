@@ -111,8 +111,15 @@ def summary(rows: list[dict]) -> dict:
     seconds = mean(lambda r: r["seconds"])
     compute = {c: mean(lambda r, c=c: r["compute"][c]) for c in COMPUTE}
     outside = seconds - sum(compute.values())
+    probed: dict[str, float] = {}  # the probed categories outside the compute, seconds per iteration
+    for r in measured:
+        for phase, cats in r.get("categories", {}).items():
+            for c, v in cats.items():
+                if c not in COMPUTE:
+                    probed[f"{phase}/{c}"] = probed.get(f"{phase}/{c}", 0.0) + v / n
     return {"iterations": n, "seconds": seconds, "compute": compute, "outside_s": outside, "outside_share": outside / seconds,
-            "io": {key: mean(lambda r, key=key: r["io"][key]) for key in measured[0]["io"]}}
+            "io": {key: mean(lambda r, key=key: r["io"][key]) for key in measured[0]["io"]},
+            "outside_probed": dict(sorted(probed.items(), key=lambda kv: -kv[1]))}
 
 
 def section(result: dict) -> list[str]:
@@ -147,7 +154,11 @@ def section(result: dict) -> list[str]:
             "them (sampler proof), loading the batch, Python glue. Bytes are per iteration from /proc/PID/io of the "
             "process and its children: storage (write_bytes, read_bytes; reads served by the page cache are not counted) "
             "and through write/read calls (wchar, rchar: the page cache included, e.g. every file read again).")
-    return [*out, "", note, ""]
+    where = [f"- {name}: " + ", ".join(f"{c} {v:.2f} s" for c, v in list(shape["summary"]["outside_probed"].items())[:6])
+             for name, shape in result["shapes"].items() if shape["summary"].get("outside_probed")]
+    if where:  # the probes' view of the outside time ("other": unprobed glue within a stage)
+        where.insert(0, "Outside the compute, the largest probed parts per iteration (stage/category, bench/probes.py):")
+    return [*out, "", note, "", *where, *([""] if where else [])]
 
 
 def main() -> None:
