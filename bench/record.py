@@ -158,7 +158,8 @@ def section(result: dict) -> list[str]:
              for name, shape in result["shapes"].items() if shape["summary"].get("outside_probed")]
     if where:  # the probes' view of the outside time ("other": unprobed glue within a stage)
         where.insert(0, "Outside the compute, the largest probed parts per iteration (stage/category, bench/probes.py):")
-    return [*out, "", note, "", *where, *([""] if where else [])]
+    earlier = [f"{name} was measured by the run started {shape['started']}." for name, shape in result["shapes"].items() if "started" in shape]
+    return [*out, "", *earlier, *([""] if earlier else []), note, "", *where, *([""] if where else [])]
 
 
 def main() -> None:
@@ -177,6 +178,9 @@ def main() -> None:
     env.pop("MLFLOW_TRACKING_URI", None)
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(), "code_version": code_version(),
               "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "shapes": {}}
+    if args.only and OUT.exists():  # the shapes not run now keep their figures, with when they were measured
+        old = json.loads(OUT.read_text())
+        result["shapes"] = {n: {"started": old["started"], **s} for n, s in old["shapes"].items() if n not in args.only}
     (WORK / "record").mkdir(parents=True, exist_ok=True)
     for name in args.only or SHAPES:
         out = WORK / "record" / f"{name}.json"
@@ -189,6 +193,7 @@ def main() -> None:
         shape = json.loads(out.read_text())
         shape["summary"] = summary(shape["rows"])
         result["shapes"][name] = shape
+        result["shapes"] = {n: result["shapes"][n] for n in SHAPES if n in result["shapes"]}
         s = shape["summary"]
         print(f"[record {name}] {s['seconds']:.2f} s/iteration, outside the stages' compute {100 * s['outside_share']:.1f} %", flush=True)
     OUT.write_text(json.dumps(result, indent=1))
