@@ -265,7 +265,10 @@ def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
 
     def write() -> None:
-        weights.write(target)
+        try:
+            weights.write(target)
+        except OSError as err:  # raised again, as one line, where the policy is next waited for
+            raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
         fault_point("update:write", k)
         store.write_manifest(policy_rel(k + 1), pm)
         prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
