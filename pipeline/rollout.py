@@ -39,7 +39,7 @@ class RolloutInputs:
         self.run, self.k = run, k
         self.iteration = iteration_plan(cfg, k)
         self.policy_iter = b = self.iteration.behaviour
-        self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
+        self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}", weights=False)  # the engine's load waits for them
         self.policy_hash = run.policy_hash(b)
         self.tokenizer = dated(AutoTokenizer.from_pretrained(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
@@ -121,6 +121,8 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
     weights_given = built or weights
     weights, adapter = policy.engine_weights(run, k)
+    if not weights_given:  # the engine reads policy k's files: one still being written is waited for
+        run.policy_dir(k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
     if engine is None:  # weights built in memory: a new engine starts from policy 0's files, then takes them
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))

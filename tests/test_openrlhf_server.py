@@ -190,7 +190,7 @@ def part_rows(run: Path, k: int = 0) -> list[dict]:
 
 def audit(run: Path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     return audit_run(Run(str(run)))
 

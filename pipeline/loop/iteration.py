@@ -24,6 +24,9 @@ class WarmEngines:
         self.engine = None
         self.logprobs = LogprobModels(run)  # the logprob pass's models, kept across iterations
         self.trainer = None
+        self.background = False
+        """Whether the update may write its policy's weights file in the background (the sampler runs
+        in this process, and whatever reads the file waits for it: pipeline.store.pending)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
         self.settings = engine_settings(run, run.completed_iters(), shared=True)
@@ -34,7 +37,7 @@ class WarmEngines:
         `where` names the stage in the error of an engine that does not hold it."""
         weights = None
         if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
-            weights = self.trainer.published_weights(self.run.policy_dir(k))
+            weights = self.trainer.published_weights(self.run.policy_dir(k, weights=False))
         self.engine = policy_engine(self.run, k, self.engine, settings=self.settings, weights=weights, where=where)
         return self.engine
 
@@ -46,10 +49,11 @@ class WarmEngines:
             self.engine.sleep()
 
     def close(self) -> None:
-        """The trainer's state is written first if it is not on disk (train.state_every: at the
-        end of `iterate`, on Ctrl-C), then the engines close."""
+        """A policy file still being written is finished and the trainer's state written if it is
+        not on disk (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the
+        engines close."""
         try:
-            flush_state(self.run, self.trainer)
+            flush_state(self.run, self.trainer)  # waits for the background write first
         finally:
             if self.engine is not None:
                 self.engine.close()
@@ -86,7 +90,8 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
         if not sampler.update(k):
-            _, warm.trainer = run_update(run, k, warm.trainer, final=False)  # iterate writes the state at its end
+            # iterate writes the state at its end; policy k+1's file is written while rollout k+1 runs
+            _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.background)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
 

@@ -143,6 +143,8 @@ class Tracker:
             for k in range(last + 1):
                 for stage in TRACKED_STAGES:
                     tag = f"{LEDGER}{iter_name(k)}.{stage}"
+                    if stage == "update" and run.writing(k + 1) is not None:
+                        continue  # logged with its policy's manifest by a sync after the background write
                     if tag not in tags and run.done(k, stage):
                         self.log_stage(run, k, stage, tag)
                         done.append((k, stage))

@@ -81,10 +81,11 @@ class FullPolicy:
 
         return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
         """Policy K+1 as a plain HF model directory (`state_dict`: the fp32 master weights, if the
         module's own are not), with `src_dir`'s tokenizer and generation settings. Returns
-        {file: sha256} of the files hashed as they were written (the weights, when streamed)."""
+        {file: sha256} of the files hashed as they were written (the weights, when streamed; their
+        file is left to a `DeferredWeights` appended to `deferred` where it is a list)."""
         import shutil
 
         from transformers.utils import logging as hf_logging
@@ -92,7 +93,7 @@ class FullPolicy:
         from pipeline.run.weights_file import save_fp32_policy, streamable, write_config
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-        hashed = save_fp32_policy(module, out, state_dict) if state_dict is not None else None
+        hashed = save_fp32_policy(module, out, state_dict, deferred) if state_dict is not None else None
         if hashed is None:
             module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
             if state_dict is not None and streamable(state_dict):
@@ -108,12 +109,12 @@ class FullPolicy:
 
     # -- sampling --------------------------------------------------------------------------
     def plain_dir(self, run, k: int) -> Path:
-        """Policy k's tokenizer, chat template and model config: its own directory."""
-        return run.policy_dir(k)
+        """Policy k's tokenizer, chat template and model config: its own directory (before its weights)."""
+        return run.policy_dir(k, weights=False)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
         """(what the engine holds, named by a directory; the adapter it applies) to sample from policy k."""
-        return run.policy_dir(k), None
+        return run.policy_dir(k, weights=False), None
 
     def engine_tensors(self, run, k: int):
         """None (the engine reads policy k's directory), or a function giving policy k's weights as
@@ -211,8 +212,8 @@ class LoraPolicy(FullPolicy):
             lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         return model
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
-        from pipeline.run.lora import save_adapter
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
+        from pipeline.run.lora import save_adapter  # small files: written at once (`deferred` unused)
 
         save_adapter(module, out, state_dict=state_dict)
         return {}  # an adapter is small: hashed when it is published

@@ -19,6 +19,7 @@ from pipeline.run import gguf_import
 from pipeline.run.policy import policy_kind
 from pipeline.run.retention import is_pruned, pruned_error
 from pipeline.run.template_date import with_template_date
+from pipeline.store import pending
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -107,11 +108,26 @@ class Run:
         return plain if self.code is None else canonical_hash({"config": plain, "code": code.code_hash(self.code)})
 
     # -- policies ------------------------------------------------------------------------
+    def writing(self, k: int):
+        """Policy k's weights file while this process writes it in the background
+        (`pipeline.store.pending.Pending`: its hash and the tensors it is written from), else None."""
+        return pending.get(self.store.root, k) if self.store.local else None
+
     def policy_done(self, k: int) -> bool:
+        """Whether policy k is on disk (its MANIFEST.json, written last); a background write of it
+        in this process is waited for."""
+        if self.store.local:
+            pending.wait(self.store.root, k)
         return self.store.exists(f"{policy_rel(k)}/{MANIFEST}")
 
     def policy_hash(self, k: int) -> str:
+        """Policy k's hash: known before its weights file is written (a background write is not waited for)."""
+        if (w := self.writing(k)) is not None:
+            return w.policy_hash
         if not self.policy_done(k):
+            if k > 0 and self.done(k - 1, "update"):
+                raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing, its write was interrupted (update "
+                                f"{k - 1} is done); `grpo update {self.uri} --iter {k - 1}` or `grpo iterate` re-creates it")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
 
@@ -119,8 +135,13 @@ class Run:
         """Whether policy k's weights were removed by `train.keep_policies` (its manifest stays)."""
         return is_pruned(self, k)
 
-    def policy_dir(self, k: int, needed_by: str = "this stage") -> Path:
-        """Local directory of policy k (downloaded to the cache for remote runs)."""
+    def policy_dir(self, k: int, needed_by: str = "this stage", weights: bool = True) -> Path:
+        """Local directory of policy k (downloaded to the cache for remote runs). `weights` False:
+        only its tokenizer and config are read, which are there before a weights file this process
+        is writing in the background; otherwise that write is waited for."""
+        if not weights and self.writing(k) is not None:
+            return self.store.local_dir(policy_rel(k))
+        self.policy_done(k)  # waits for a background write of it
         self.policy_hash(k)
         if self.policy_pruned(k):
             raise pruned_error(self, k, needed_by)

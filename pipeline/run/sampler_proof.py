@@ -50,7 +50,10 @@ def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     if key not in _REFERENCE:
         import torch
 
-        model = policy.probe_model(run, k)
+        from pipeline.run.weights_file import model_of
+
+        writing = run.writing(k)  # its weights file is being written: the tensors it is written from, the same bytes
+        model = model_of(run.plain_dir(k), writing.weights, f"policy/iter-{k:04d}") if writing else policy.probe_model(run, k)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()  # [P-1, V]
         _REFERENCE[key] = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()

@@ -85,7 +85,7 @@ class Trainer:
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
-        self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
+        self.published: tuple[Path, dict, set | None] | None = None  # the last saved policy's weights and names (save_policy)
         self.clean_after: int | None = -1
         """The iteration whose update this trainer's state is the result of (-1: none yet; None:
         mid-update, no iteration's), what `pipeline.update.publish.flush_state` writes."""
@@ -129,11 +129,12 @@ class Trainer:
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
     @deepspeed_env
-    def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> dict[str, str]:
+    def save_policy(self, out: Path, src_dir: Path, ckpt: Path, deferred: list | None = None) -> dict[str, str]:
         """Policy K+1 as the policy object saves it (a plain HF model dir, or a LoRA adapter) from
         the fp32 master weights: views of the optimizer's own where they are whole in this process
         (pipeline.update.weights), consolidated from the checkpoint `ckpt` under ZeRO-3 or several
-        ranks. Returns {file: sha256} of the files hashed as they were written."""
+        ranks. Returns {file: sha256} of the files hashed as they were written. `deferred` (a list):
+        a streamed weights file is hashed, left to the `DeferredWeights` appended to it."""
         from pipeline.update.weights import fp32_masters, master_state_dict
 
         module, t = self.engine.module, self.cfg.train
@@ -148,11 +149,13 @@ class Trainer:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
-        if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
-            self.published = (out, state if state is not None else module.state_dict())
-        if self.rank == 0:
-            return self.policy.save(module, out, src_dir, state) or {}  # whole weights, or the LoRA adapter
-        return {}
+        if self.rank != 0:
+            return {}
+        hashed = self.policy.save(module, out, src_dir, state, deferred) or {}  # whole weights, or the LoRA adapter
+        if self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
+            names = set(deferred[0].tensors) if deferred else None  # as the file will name them
+            self.published = (out, state if state is not None else module.state_dict(), names)
+        return hashed
 
     def published_weights(self, policy_dir: Path) -> list | None:
         """rollout.weight_sync memory: the weights `save_policy` wrote, once published as
@@ -162,11 +165,13 @@ class Trainer:
             return None
         from safetensors import safe_open
 
-        names = set()
-        for f in sorted(Path(policy_dir).glob("*.safetensors")):
-            with safe_open(f, "pt") as st:
-                names.update(st.keys())
-        state, self.published = self.published[1], None
+        _, state, names = self.published
+        if names is None:  # written already: named as its files name them
+            names = set()
+            for f in sorted(Path(policy_dir).glob("*.safetensors")):
+                with safe_open(f, "pt") as st:
+                    names.update(st.keys())
+        self.published = None
         return [(n, t.detach()) for n, t in state.items() if n in names]
 
     def close(self) -> None:
