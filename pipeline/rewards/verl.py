@@ -17,6 +17,7 @@ import inspect
 import numbers
 from typing import Any
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -33,9 +34,10 @@ def _declared(fn) -> set[str]:
 
 
 def _truth(row: Any, i: int, where: str) -> Any:
-    if isinstance(row, dict) and "ground_truth" in row:
-        return row["ground_truth"]
-    raise GRPOError(f"{where} row {i}: column 'reward_model' holds no 'ground_truth'")
+    try:
+        return fields.value(row, "reward_model", ["ground_truth"])
+    except GRPOError as err:
+        raise GRPOError(f"{where} row {i}: {err}") from None
 
 
 def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
