@@ -5,7 +5,8 @@ The config tree itself is validated by pydantic (built-in names, their options, 
 Here, with the dataset's header in hand:
   - data.train / data.eval exist, can be read, and have the prompt column (or the columns
     data.prompt_template names);
-  - every custom reward function imports, is callable, and its signature accepts what TRL
+  - every custom reward function imports (from the copy the run will hold, as the stages import it:
+    an import or a data file that only the current directory has is refused here), is callable, and its signature accepts what TRL
     passes it: prompts, completions, completion_ids, trainer_state, log_metric, log_extra and
     every dataset column (so either **kwargs or each of them by name); an argument it asks
     for without a default must be one of those or a `kwargs` option;
@@ -31,6 +32,7 @@ from pipeline.data import fields
 from pipeline.data.prompts import dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
 from pipeline.rewards.contract import TRL_ARGS, load_reward, other_contract
+from pipeline.rewards.loading import code_as_held
 from pipeline.config.rewards import CustomReward
 
 
@@ -63,7 +65,13 @@ def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
 def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
     """Every check above, in config order; raises the first failure. Returns notes for the user
     (a tool format that fell back). `judges_reachable`: ask each served reward's server one cheap
-    request (pipeline/rewards/judge/check.py)."""
+    request (pipeline/rewards/judge/check.py). Reward, tool and environment code is imported from
+    the copies the run will hold, as every stage imports it (pipeline.rewards.loading.code_as_held)."""
+    with code_as_held(cfg):
+        return _check(cfg, judges_reachable)
+
+
+def _check(cfg: Config, judges_reachable: bool) -> list[str]:
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
     sets = [(cfg.data.train, train_columns, "data.train")]  # (path, columns, key): where a column named in config must be
     for s in cfg.eval_sets():

@@ -18,12 +18,15 @@ as they were (from the current directory).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from pipeline.errors import GRPOError
@@ -70,11 +73,16 @@ def _version(module) -> str | None:
 
 
 def _module_file(name: str) -> tuple[Path | None, object]:
+    """The file of module `name` and the module; a single file of the current directory is found
+    without running it (None for the module): the run's copy of it is what runs, at init as in a stage."""
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
     try:
+        if "." not in name and (spec := importlib.util.find_spec(name)) is not None and spec.origin \
+                and Path(spec.origin).parent == Path(cwd) and name not in sys.modules:
+            return Path(spec.origin), None
         module = importlib.import_module(name)
     except Exception as err:  # preflight imported it already: this is a module that changed since
         raise GRPOError(f"module {name}: cannot be imported ({type(err).__name__})") from None
@@ -105,6 +113,10 @@ def local_imports(file: Path) -> dict[str, Path]:
                 names += [a.name.split(".")[0] for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.append(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom):  # `from . import x`: the copy lies in no package
+                raise GRPOError(f"{cur}: line {node.lineno} imports {'.' * node.level}{node.module or ''} relative to its "
+                                "package, which grpo does not carry with the run; import the file beside it by name "
+                                "(`import helper`) or install the package (pip install -e)")
         for name in names:
             pkg = root / name
             if pkg.is_dir() and ((pkg / "__init__.py").is_file() or (not (root / f"{name}.py").is_file() and any(pkg.glob("*.py")))):
@@ -117,10 +129,11 @@ def local_imports(file: Path) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
-def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, bytes]]:
+def collect(cfg, prior: dict[str, Path] | None = None, missing_ok: bool = False) -> tuple[dict, dict[str, bytes]]:
     """The record of what `cfg` names and the bytes of each copy ({} for a config that names no
     file or module). `prior`: where -> a local copy to take instead of the current directory's
-    file (a replay takes its source run's copies)."""
+    file (a replay takes its source run's copies). `missing_ok`: leave out a file or module that is
+    not there (its loader then says so, naming the config key)."""
     record: dict = {}
     copies: dict[str, bytes] = {}
     for where in sources(cfg):
@@ -129,13 +142,23 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             local = Path(where).expanduser()
             local = local if local.is_absolute() else Path.cwd() / local
         if local is None:
-            file, module = _module_file(where)
+            try:
+                file, module = _module_file(where)
+            except GRPOError:
+                if missing_ok:
+                    continue
+                raise
+            if file is not None and file.is_relative_to(Path.cwd()) and file.parent != Path.cwd() and _version(module) is None:
+                raise GRPOError(f"module {where}: {file.relative_to(Path.cwd())} lies in a package of the current directory, "
+                                "which grpo does not carry with the run; install it (pip install -e) or name its file")
             if file is None or file.name == "__init__.py" or file.parent != Path.cwd():  # installed: version and hash
                 record[where] = {"module": where, "version": _version(module),
                                  "sha256": sha256_bytes(file.read_bytes()) if file and file.is_file() else None}
                 continue
             local = file  # a module file of yours, in the current directory: copied as a file is
         if not local.is_file():
+            if missing_ok:
+                continue
             raise GRPOError(f"{where}: no such file (looked for {local})")
         data = local.read_bytes()
         sha = sha256_bytes(data)
@@ -150,6 +173,24 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             record[where]["imports"] = {n: {"copy": f"code/{folder}/{n}", "sha256": sha256_bytes(b)} for n, b in siblings.items()}
             copies.update({f"code/{folder}/{n}": b for n, b in siblings.items()})
     return record, copies
+
+
+@contextlib.contextmanager
+def staged(cfg):
+    """`grpo init`, before it writes the run: the copies `collect` would put into it, written to a
+    temporary directory laid out as RUN/code/; yields where -> the copy's path. On the way out the
+    directory and every module imported from it are gone."""
+    record, copies = collect(cfg, missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="grpo-init-code-") as tmp:
+        for rel, data in copies.items():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_bytes(data)
+        try:
+            yield {where: str(Path(tmp) / e["copy"]) for where, e in record.items() if "copy" in e}
+        finally:
+            for name, module in list(sys.modules.items()):
+                if str(getattr(module, "__file__", None) or "").startswith(tmp):
+                    del sys.modules[name]
 
 
 def pack(store: RunStore, cfg, prior: dict[str, Path] | None = None) -> dict | None:
