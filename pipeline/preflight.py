@@ -134,10 +134,13 @@ def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
         columns = dataset_columns(path)
     except GRPOError as err:
         raise GRPOError(f"{key}: {err}") from None
+    template = cfg.data.prompt_template is not None and cfg.data.prompt_column not in columns
     for column in prompt_columns(cfg.data, columns, environment=cfg.rollout.environment is not None):
-        if column not in columns:
-            fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+        fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+        if (fields.split(column, columns)[0] if template else column) not in columns:
             raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")
+        if template:  # a template's field may be a dotted path into a column
+            fields.check(path, columns, column, f"data.prompt_template {{{column}}}: {key}")
     if cfg.data.prompt_column not in columns:
         columns = [*columns, cfg.data.prompt_column]  # built by the template
     return columns

@@ -119,3 +119,34 @@ def test_a_judge_rubric_fills_in_a_dotted_path_and_init_checks_it(assets, tmp_pa
     assert str(err.value) == (f"rewards[0].kwargs.rubric: names {{reward_model.answer}}, but data.train {good} has no column "
                               "'reward_model.answer': 'reward_model' has no field 'answer' (fields: ground_truth, style); "
                               "the rubric also knows {prompt} and {completion}")
+
+
+def test_a_prompt_template_and_openrlhfs_label_key_take_dotted_paths(assets, tmp_path):
+    """The other places a config names a column: data.prompt_template's fields and OpenRLHF's label_key."""
+    from pydantic import TypeAdapter
+
+    from pipeline import preflight
+    from pipeline.config.rewards import RewardSpec
+    from pipeline.data.prompts import load_dataset
+    from pipeline.rewards.calls import RewardLog
+    from pipeline.rewards.contract import compute_rewards
+
+    data = _jsonl(tmp_path / "nested.jsonl", [{"extra_info": {"question": "2+2?", "split": "train"}, "answer": "4"},
+                                              {"extra_info": {"question": "3+4?", "split": "train"}, "answer": "7"}])
+    df = load_dataset(data, "prompt", "Q: {extra_info.question}")
+    assert df.get_column("prompt").to_list() == ["Q: 2+2?", "Q: 3+4?"]
+    ok = config_mod.resolve(base_config(assets, data={"train": data, "eval": data, "prompt_template": "Q: {extra_info.question}"}))
+    preflight.check(ok, judges_reachable=False)
+    bad = config_mod.resolve(base_config(assets, data={"train": data, "eval": data, "prompt_template": "Q: {extra_info.q}"}))
+    with pytest.raises(GRPOError) as err:
+        preflight.check(bad, judges_reachable=False)
+    assert str(err.value) == (f"data.prompt_template {{extra_info.q}}: data.train {data} has no column 'extra_info.q': "
+                              "'extra_info' has no field 'q' (fields: question, split)")
+
+    f = tmp_path / "lab.py"
+    f.write_text("def reward_func(queries, prompts, labels):\n    return [float(q.endswith(l)) for q, l in zip(queries, labels)]\n")
+    spec = TypeAdapter(RewardSpec).validate_python({"fn": f"{f}:reward_func", "contract": "openrlhf",
+                                                    "kwargs": {"label_key": "reward_model.ground_truth"}})
+    columns = {"reward_model": [{"ground_truth": "4"}, {"ground_truth": "7"}]}
+    out = compute_rewards([spec], ["2+2?", "3+4?"], ["4", "8"], None, columns, iteration=0, log=RewardLog(2), rendered=["a", "b"])
+    assert out[:, 0].tolist() == [1.0, 0.0]

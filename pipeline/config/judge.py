@@ -65,7 +65,7 @@ class JudgeOptions(Section):
     api_key_env: str | None = None
     """The NAME of the environment variable holding the API key (sent as a Bearer token); None: no key. The key is never stored."""
     rubric: str = Field(min_length=1)
-    """The user message, a template: {prompt}, {completion} (for episodes: the model's own turns) and {<dataset column>}; {{ and }} for braces."""
+    """The user message, a template: {prompt}, {completion} (for episodes: the model's own turns) and {<dataset column>} (or a dotted path into one, {reward_model.ground_truth}); {{ and }} for braces."""
     system: str | None = None
     """An optional system message sent before the rubric."""
     verdict: VerdictOptions = VerdictOptions()

@@ -4,12 +4,13 @@ itself a column is that column, dots and all.
 
 The one reading of such a name, wherever a column is named: the built-ins' `*_column` options, a
 judge's rubric (`{reward_model.ground_truth}`), the eval sets' rewards, `grpo inspect --column`
-(`values`, over rows), and `grpo init`'s check of the dataset's header (`check`: the Parquet or
+(`values`, over rows; `fill` for a template's fields), and `grpo init`'s check of the dataset's header (`check`: the Parquet or
 Arrow schema, or the schema polars infers from a JSON file's rows, walked the same way).
 """
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 from pipeline.errors import GRPOError
@@ -72,3 +73,18 @@ def check(data: str, have: list[str], name: str, where: str) -> None:
             holds = f"fields: {', '.join(keys)}" if keys else f"it holds {kind}, no nested object"
             raise GRPOError(f"{where} {data} has no column {name!r}: {at!r} has no field {k!r} ({holds})")
         kind = kind.field(k).type
+
+
+class _Template(string.Formatter):
+    """str.format, but a field named by a dotted path is the value given under that whole name,
+    not an attribute of the column's value (a dict has none)."""
+
+    def get_field(self, field_name, args, kwargs):
+        if field_name in kwargs:
+            return kwargs[field_name], field_name
+        return super().get_field(field_name, args, kwargs)
+
+
+def fill(template: str, named: dict[str, Any]) -> str:
+    """`template` ("{reward_model.ground_truth}", "{question}") filled in from `named` (name -> value)."""
+    return _Template().vformat(template, (), named)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 
 LABEL_KEY = "label_key"
@@ -45,9 +46,10 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
     rendered = rendered or prompts
     opts = dict(options)
     key = opts.pop(LABEL_KEY, None)
-    if key is not None and key not in columns:
-        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
-    labels = columns[key] if key is not None else [None] * len(texts)
+    try:  # a column, or a dotted path into one (pipeline.data.fields: `reward_model.ground_truth`)
+        labels = fields.values(columns, key) if key is not None else [None] * len(texts)
+    except GRPOError as err:
+        raise GRPOError(f"kwargs.{LABEL_KEY}: {str(err).replace('no dataset column', 'no column', 1)}") from None
     out: list = []
     extra: dict[str, list] = {}
     for i, (prompt, text, label) in enumerate(zip(rendered, texts, labels)):
@@ -84,8 +86,8 @@ def check_signature(fn, label: str, target: str, train_columns: list[str], data:
 
     where = f"{label}.fn {target!r}"
     key = fn.keywords.get(LABEL_KEY)
-    if key is not None and key not in train_columns:
-        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+    if key is not None:
+        fields.check(data, train_columns, key, f"{label}.kwargs.{LABEL_KEY}: data.train")
     try:
         sig = inspect.signature(fn.func)
     except (TypeError, ValueError):

@@ -4,7 +4,6 @@ completion, the verdict read from its text (verdict.py). `served_rewards` (this 
 from __future__ import annotations
 
 import json
-import string
 from typing import TYPE_CHECKING, Any
 
 from pipeline.data import fields
@@ -36,20 +35,10 @@ def _value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
 
 
-class _Rubric(string.Formatter):
-    """str.format, but a field named by a dotted path ({reward_model.ground_truth}) is the value
-    given under that whole name, not an attribute of the column."""
-
-    def get_field(self, field_name, args, kwargs):
-        if field_name in kwargs:
-            return kwargs[field_name], field_name
-        return super().get_field(field_name, args, kwargs)
-
-
 def render(o: JudgeOptions, prompt: Any, completion: Any, row: dict[str, Any]) -> str:
     """The rubric filled in for one completion (`row`: each of the rubric's columns or dotted paths -> its value)."""
     values = {c: _value(row.get(c)) for c in o.columns()}
-    return _Rubric().vformat(o.rubric, (), {"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
+    return fields.fill(o.rubric, {"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
 
 
 class ChatJudge:
