@@ -136,15 +136,15 @@ def test_inspect_and_status_commands_on_constructed_run(make_run):
 
 def test_inspect_shows_a_dataset_column_or_a_dotted_path_into_it(make_run):
     """verl's data: `--column reward_model.ground_truth` shows the gold beside each completion."""
-    verl = [{"ground_truth": "4", "style": "rule"}] * 3 + [{"ground_truth": "hi", "style": "rule"}] * 3
+    verl = [{"ground_truth": "gold-4", "style": "rule"}] * 3 + [{"ground_truth": "gold-hi", "style": "rule"}] * 3
     run = constructed_run(make_run, reward_model=verl, data_source=["gsm8k"] * 6)
     out = json.loads(grpo("inspect", run.uri, "--top", "1", "--column", "reward_model.ground_truth", "--column", "data_source",
                           "--column", "reward_model", "--format", "json").stdout)
     assert out["shown"] == ["reward_model.ground_truth", "data_source", "reward_model"]
-    assert out["best"][0]["columns"] == {"reward_model.ground_truth": "4", "data_source": "gsm8k", "reward_model": verl[0]}
-    assert out["worst"][0]["columns"]["reward_model.ground_truth"] == "hi"
+    assert out["best"][0]["columns"] == {"reward_model.ground_truth": "gold-4", "data_source": "gsm8k", "reward_model": verl[0]}
+    assert out["worst"][0]["columns"]["reward_model.ground_truth"] == "gold-hi"
     table = grpo("inspect", run.uri, "--top", "1", "--column", "reward_model.ground_truth").stdout
-    assert "reward_model.ground_truth" in table.replace("\n", "") or "reward_mod" in table
+    assert "gold-4" in table and "gold-hi" in table  # the best one's gold, the worst one's
     bad = grpo("inspect", run.uri, "--column", "reward_model.gold", check=False)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(
         "--column 'reward_model.gold': row 0: column 'reward_model' has no field 'gold' (fields: ground_truth, style)")
