@@ -2,10 +2,11 @@
 `reward_model` (a Parquet struct, a nested JSON object: verl's data), at any depth. A name that is
 itself a column is that column, dots and all.
 
-The one reading of such a name, wherever a column is named: the built-ins' `*_column` options, a
-judge's rubric (`{reward_model.ground_truth}`), the eval sets' rewards, `grpo inspect --column`
-(`values`, over rows; `fill` for a template's fields), and `grpo init`'s check of the dataset's header (`check`: the Parquet or
-Arrow schema, or the schema polars infers from a JSON file's rows, walked the same way).
+The one reading of such a name, wherever a column is named: the built-ins' `*_column` options,
+OpenRLHF's `label_key`, the fields of a judge's rubric and of `data.prompt_template`
+(`{reward_model.ground_truth}`), `grpo inspect --column` (`values` over rows, `fill` for a
+template), and `grpo init`'s check of data.train and every eval set (`check`: the Parquet or Arrow
+schema, or the schema polars infers from a JSON file's rows, walked the same way).
 """
 
 from __future__ import annotations

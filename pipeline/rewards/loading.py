@@ -26,7 +26,6 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else ""
 
 
-
 def _import_file(path: str) -> Any:
     file = Path(path).expanduser()
     file = file if file.is_absolute() else Path.cwd() / file
@@ -109,9 +108,11 @@ def code_as_held(cfg):
     rollout. Nothing of them stays (files, modules)."""
     from pipeline.store import code
 
-    with code.staged(cfg) as copies, _importing(copies):
-        yield
-    _resolve.cache_clear()  # functions of the staged copies: gone with them
+    try:
+        with code.staged(cfg) as copies, _importing(copies):
+            yield
+    finally:
+        _resolve.cache_clear()  # functions of the staged copies: gone with them
 
 
 @contextlib.contextmanager

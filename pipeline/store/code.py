@@ -6,8 +6,11 @@ into RUN/code/<sha256[:12]>/<name>.py and records it in RUN/code/CODE.json with 
 imported from the environment (an installed package) is recorded by its version and its file's
 sha256. A copied file's local imports (`import helpers` where helpers.py lies beside it, found by
 reading its source, `local_imports`) are copied beside it and recorded under its "imports", so the
-copy imports the same siblings wherever it runs; a local import that is a package directory is
-refused at init, naming the file. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
+copy imports the same siblings wherever it runs; a local import that is a package directory, a
+package-relative import (`from . import x`) and a `module:fn` inside a package of the current
+directory that no distribution installs are refused at init, naming the file. `grpo init` imports
+the code from these copies (`staged`, a temporary directory laid out as RUN/code/), as the stages
+will, so an import or a data file only the current directory has fails there, before a rollout. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
 reward code is another run, and every process that computes for the run (a local `grpo score`, a
 Ray actor or score task on another node, a `--shard` worker elsewhere) imports the run's copy
 (`pipeline.rewards.contract.run_code`), never whatever file its own current directory holds. A
