@@ -74,8 +74,8 @@ def test_the_eval_scores_correct_on_reward_model_ground_truth(assets, tmp_path):
     from pipeline import preflight
     from pipeline.data.prompts import load_dataset, make_prompts
     from pipeline.eval.run import eval_parts, eval_table
-    from pipeline.models.template_date import dated
-    from pipeline.store.run import init_run
+    from pipeline.run.template_date import dated
+    from pipeline.run.run import init_run
 
     data = tmp_path / "verl.parquet"
     pq.write_table(pa.table({"prompt": ["What is 2+2?", "What is 3+4?", "What is 5+5?"],

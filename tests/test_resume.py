@@ -53,7 +53,7 @@ def done(run: Path, rel: str) -> bool:
 
 def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_factory, tmp_path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref = reference_run(tmp_path_factory, assets)
     run = tmp_path / "run"
@@ -113,7 +113,7 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
 
 
 def test_a_second_process_on_a_running_stage_fails_clearly(assets, tmp_path_factory, tmp_path):
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
 
     ref = reference_run(tmp_path_factory, assets)

@@ -226,9 +226,9 @@ def test_a_template_that_writes_todays_date_renders_the_day_init_recorded(assets
     no date records none, so the config hashes of such runs stay what they were."""
     from pipeline import config as config_mod
     from pipeline.errors import GRPOError
-    from pipeline.models import template_date
+    from pipeline.run import template_date
     from pipeline.rollout import RolloutInputs
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     vendors = trl_templates()
     for name, reads in [("gptoss", True), ("llama3_2", True), ("qwen3", False), ("llama3_1", False)]:

@@ -55,7 +55,7 @@ def one_run(run: str, result: str, iters: int) -> None:
 
     from pipeline.loop.iterate import iterate
     from pipeline.models.device_budget import ModelShape, this_device, trainer_bytes
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     cuda = torch.cuda.is_available()
     r = Run(run)
@@ -64,7 +64,7 @@ def one_run(run: str, result: str, iters: int) -> None:
     iterate(r, iters, on_iteration=lambda row: (rows.append(row), print(f"iteration {row['iteration']}: {row['seconds']:.1f} s "
                                                                          f"{ {k: round(v, 1) for k, v in row['timings'].items()} }", flush=True)))
     shape = ModelShape.from_dir(Path(r.cfg.model) if Path(r.cfg.model).is_dir() else Path(run) / "policy" / "iter-0000")
-    resident, peak = trainer_bytes(shape, r.cfg, this_device())
+    resident, peak = trainer_bytes(shape, r.policy, this_device())
     out = {
         "wall_s": time.time() - t0,
         "rows": rows,

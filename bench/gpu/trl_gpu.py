@@ -21,7 +21,7 @@ def main(run: str, out: str, iters: int) -> None:
     from trl import GRPOTrainer
 
     from bench.trl_run import cycle_steps, trl_args, trl_dataset, trl_peft, trl_reward
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     cfg = Run(run).cfg
     per_cycle = cycle_steps(cfg)

@@ -28,6 +28,8 @@ def split(name: str, have) -> tuple[str, list[str]]:
 def value(v: Any, head: str, path: list[str]) -> Any:
     """The value at `path` inside one row's value `v` of column `head`; GRPOError naming the missing key."""
     for depth, k in enumerate(path):
+        if v is None:  # a null struct holds no value: None, as a null in a plain column
+            return None
         if not isinstance(v, dict) or k not in v:
             at = ".".join([head, *path[:depth]])
             keys = f"fields: {', '.join(map(str, v))}" if isinstance(v, dict) else f"it holds {type(v).__name__}"

@@ -26,7 +26,7 @@ from pipeline.eval.run import run_eval
 from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn
 from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 
 class InlineSampler(LocalSampler):

@@ -10,9 +10,9 @@ from pipeline.report import tracking
 from pipeline.eval.run import eval_summary
 from pipeline.logprobs import run_logprobs
 from pipeline.loop.sampler import Sampler
-from pipeline.models.policy import LogprobModels
+from pipeline.run.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.score import run_score
 from pipeline.update.publish import flush_state, run_update
 
@@ -105,7 +105,7 @@ def iteration_summary(run: Run, k: int) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
     from schemas.artifacts import SCORE, UPDATE_METRICS
 
     row: dict = {"iteration": k}

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.store import stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import ROLLOUT
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import STEP_METRICS
 from schemas.manifests import parse_manifest
 

@@ -153,6 +153,7 @@ def compute_rewards(
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
+        log.names[where] = spec.column
         if spec.served:  # its requests, their concurrency and the record of its answers
             try:
                 values = fn(prompts, completions, columns, log, where)
@@ -161,7 +162,7 @@ def compute_rewards(
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         if (other := other_contract(spec)) is not None:  # pipeline/rewards/openrlhf.py, verl.py
-            texts = [completion_text(c) for c in completions]
+            texts = [other.TEXT(c) for c in completions]
             values = other.score(fn.func, fn.keywords, prompts, rendered, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue

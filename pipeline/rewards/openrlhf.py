@@ -8,7 +8,8 @@ As OpenRLHF (commit 3c3be623, openrlhf/utils/agent.py) calls it: once per comple
 lists; `queries` the rendered prompt followed by the completion, `prompts` the rendered prompt,
 `labels` the dataset column `kwargs.label_key` names (None for every row without one). The other
 `kwargs` are passed on every call. `rewards` is the reward; each `extra_logs` entry becomes an
-`extra_<name>` column (one value per completion); `scores` (OpenRLHF's dynamic-filtering score) is
+`extra_<name>` column (one number per completion: a tensor's first element, as OpenRLHF takes it,
+booleans as 0/1); `scores` (OpenRLHF's dynamic-filtering score) is
 not used: grpo filters on the rewards (`advantages.dynamic_sampling`).
 
 Here a completion's text is the rollout's, decoded without special tokens; OpenRLHF decodes the
@@ -22,6 +23,10 @@ from typing import Any
 
 from pipeline.data import fields
 from pipeline.errors import GRPOError
+from pipeline.rewards.builtins import completion_text
+
+TEXT = completion_text
+"""A completion's text as `score` gets it (its `texts`): every message's content, tool results included."""
 
 LABEL_KEY = "label_key"
 """The kwargs option naming the dataset column passed as `labels` (OpenRLHF's --label_key)."""
@@ -34,7 +39,20 @@ def _values(x: Any) -> list:
         return [x]
     if not isinstance(x, list | tuple):
         raise GRPOError(f"returned {type(x).__name__} as rewards, expected a list or tensor of numbers")
-    return list(x)
+    return [v.tolist() if hasattr(v, "tolist") else v for v in x]  # [torch.tensor(1.0)]: OpenRLHF's torch.tensor takes it
+
+
+def _logged(v: Any, where: str) -> float | None:
+    """One extra_logs value as OpenRLHF logs it: a tensor's (or list's) first element, a number; booleans as 0/1."""
+    if hasattr(v, "tolist"):  # a torch tensor or numpy array: OpenRLHF takes value.flatten()[0]
+        v = v.tolist()
+    while isinstance(v, list | tuple) and v:
+        v = v[0]
+    if v is None:
+        return None
+    if not isinstance(v, numbers.Real):
+        raise GRPOError(f"{where} is {type(v).__name__} {str(v)[:40]!r}, expected a number (OpenRLHF logs numbers)")
+    return float(v)
 
 
 def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
@@ -72,8 +90,7 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
             raise GRPOError(f"{where} row {i}: returned {len(values)} rewards for 1 query")
         out.append(values[0])
         for name, v in logs.items():
-            vs = _values(v)
-            extra.setdefault(str(name), [None] * len(texts))[i] = vs[0] if len(vs) == 1 else str(vs)
+            extra.setdefault(str(name), [None] * len(texts))[i] = _logged(v, f"{where} row {i}: extra_logs[{name!r}]")
     for name, values in extra.items():
         log.extra_logger(where, range(len(texts)))(name, values)
     return out

@@ -26,11 +26,11 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.models.sampler_proof import check_sampler_gap
+from pipeline.run.sampler_proof import check_sampler_gap
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
-from pipeline.store.retention import prune_policies
-from pipeline.store.run import Run, policy_manifest
+from pipeline.run.retention import prune_policies
+from pipeline.run.run import Run, policy_manifest
 from pipeline.update.data import UpdateData
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
 from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer

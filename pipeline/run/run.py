@@ -15,7 +15,10 @@ from pathlib import Path
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.store.retention import is_pruned, pruned_error
+from pipeline.run import gguf_import
+from pipeline.run.policy import policy_kind
+from pipeline.run.retention import is_pruned, pruned_error
+from pipeline.run.template_date import with_template_date
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -66,8 +69,6 @@ def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | 
 def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
     """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
     cached) and its conversion record returned; a directory is checked."""
-    from pipeline.models import gguf_import  # models build on the store; a run asks them lazily
-
     if gguf_import.is_gguf_path(path):
         folder, record = gguf_import.converted(path, what)
         return check_model_dir(folder, what), record
@@ -127,10 +128,8 @@ class Run:
 
     @cached_property
     def policy(self):
-        """The run's kind of policy (whole weights, or LoRA adapters on policy 0), held once:
-        pipeline.models.policy, which builds on the store, so it is asked lazily."""
-        from pipeline.models.policy import policy_kind
-
+        """The run's kind of policy (whole weights, or LoRA adapters on policy 0), held once
+        (pipeline/run/policy.py)."""
         return policy_kind(self.cfg)
 
     def plain_dir(self, k: int) -> Path:
@@ -181,8 +180,6 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
     `code_from`: a run whose copies of the reward code are taken for the targets it has (a replay)."""
     from pipeline.store import code
 
-    from pipeline.models.template_date import with_template_date
-
     store = RunStore(uri)
     old = None
     if store.exists(CONFIG):
@@ -195,24 +192,23 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     new_yaml = config_mod.to_yaml(cfg)
     ref = model_source(cfg.ref_model, "ref_model")[0] if cfg.ref_model else None
-    from pipeline.models.policy import policy_kind  # the run does not exist yet to hold its policy
-
-    policy_kind(cfg).check_model(model)
+    policy_kind(cfg).check_model(model)  # the run does not exist yet to hold its policy
     if cfg.train.packing == "on":  # refused here, not at the logprobs stage's first forward
-        from pipeline.models.packing import check_dir
+        from pipeline.models.packing import check_dir  # lazy: it imports torch, which `grpo init` otherwise never loads
 
         for what, d in (("model", model), ("ref_model", ref)):
             if d is not None:
                 check_dir(d, what)
+    prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
+    collected = None if store.exists(CONFIG) else code.collect(cfg, prior)  # refused here (a local package) before anything is written
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
         source = conversion["gguf_file"] if conversion else str(model.resolve())
         store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion, merged_from=merged_from))
-    if not store.exists(CONFIG):
-        prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
-        code.pack(store, cfg, prior)  # the reward code, copied and recorded before the config
+    if collected is not None:
+        code.pack(store, *collected)  # the reward code, copied and recorded before the config
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     elif run.code is not None:
         if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):

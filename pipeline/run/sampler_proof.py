@@ -44,7 +44,7 @@ def probe_ids(tokenizer) -> list[int]:
 
 def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     """Policy k's logprobs of ids[1:] given the tokens before each, at temperature 1, from its stored
-    files in fp32 on the CPU (`policy`, the run's `pipeline.models.policy` object, loads it: a LoRA
+    files in fp32 on the CPU (`policy`, the run's `pipeline.run.policy` object, loads it: a LoRA
     policy is the base with its adapter). Cached per policy hash."""
     key = (run.policy_hash(k), tuple(ids))
     if key not in _REFERENCE:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.schedule import iteration_plan, old_from_update, uses_ref
+from pipeline.store import MANIFEST
 
 
 def on_logprob_device(model):
@@ -88,9 +89,7 @@ class FullPolicy:
 
         from transformers.utils import logging as hf_logging
 
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
-
-        from pipeline.models.weights_file import save_fp32_policy, streamable, write_config
+        from pipeline.run.weights_file import save_fp32_policy, streamable, write_config
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
         hashed = save_fp32_policy(module, out, state_dict) if state_dict is not None else None
@@ -126,7 +125,7 @@ class FullPolicy:
 
     def probe_model(self, run, k: int):
         """Policy k from its stored files, fp32 on the CPU: what an engine's probe is checked against
-        (pipeline.models.sampler_proof)."""
+        (pipeline.run.sampler_proof)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -149,8 +148,6 @@ class FullPolicy:
     def export(self, run, k: int, out: Path, merged: bool) -> str:
         """Policy k copied to `out` (verified by the caller); what to say about loading it."""
         import shutil
-
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
         shutil.copytree(run.policy_dir(k), out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST, ".complete"))
         return f"policy {k} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
@@ -190,7 +187,7 @@ class LoraPolicy(FullPolicy):
         return "LoRA dropout" if self.cfg.train.lora.dropout > 0 else None
 
     def check_model(self, model_dir: Path) -> None:
-        from pipeline.models.lora import check_targets
+        from pipeline.run.lora import check_targets
 
         check_targets(model_dir, self.cfg.train.lora)
 
@@ -206,7 +203,7 @@ class LoraPolicy(FullPolicy):
         return resident, kept, (fit // 2 * h + 2 * (6 * h + shape.intermediate)) if bf16_linears else fit * h
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
-        from pipeline.models import lora
+        from pipeline.run import lora
 
         adapter = policy_dir if lora.is_adapter(policy_dir) else None
         model = lora.policy_model(base_dir or policy_dir, adapter, self.cfg.train.lora, trainable=True, seed=self.cfg.seed)
@@ -215,13 +212,13 @@ class LoraPolicy(FullPolicy):
         return model
 
     def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
-        from pipeline.models.lora import save_adapter
+        from pipeline.run.lora import save_adapter
 
         save_adapter(module, out, state_dict=state_dict)
         return {}  # an adapter is small: hashed when it is published
 
     def manifest(self, run) -> dict | None:
-        from pipeline.models.lora import adapter_manifest
+        from pipeline.run.lora import adapter_manifest
 
         return adapter_manifest(run.policy_hash(0))
 
@@ -239,20 +236,20 @@ class LoraPolicy(FullPolicy):
     def engine_tensors(self, run, k: int):
         if self.cfg.rollout.lora_mode == "vllm_lora" or k == 0:
             return None
-        from pipeline.models.lora import merged_weights
+        from pipeline.run.lora import merged_weights
 
         base, adapter = run.policy_dir(0), run.policy_dir(k)
         return lambda: merged_weights(base, adapter)
 
     def probe_model(self, run, k: int):
-        from pipeline.models.lora import policy_model
+        from pipeline.run.lora import policy_model
 
         # the base with adapter k, fp32 on the CPU (not the logprob pass's device: a GPU's memory is the engine's)
         return policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora, trainable=False,
                             seed=self.cfg.seed)
 
     def engine_lora_rank(self) -> int | None:
-        from pipeline.models.lora import vllm_rank
+        from pipeline.run.lora import vllm_rank
 
         return vllm_rank(self.cfg.train.lora, self.cfg.rollout.max_lora_rank) if self.cfg.rollout.lora_mode == "vllm_lora" else None
 
@@ -267,7 +264,7 @@ class LoraPolicy(FullPolicy):
         base with the adapter merged in, a plain HF model."""
         import json
 
-        from pipeline.models.lora import ADAPTER_CONFIG, merge
+        from pipeline.run.lora import ADAPTER_CONFIG, merge
 
         if not self.stored_as_adapter(k):
             return super().export(run, k, out, merged)
@@ -287,23 +284,23 @@ class LoraPolicy(FullPolicy):
         local cache), on which the replay trains a fresh adapter."""
         if k == 0:
             return src.policy_dir(0).resolve()
-        from pipeline.models.lora import merged_dir
+        from pipeline.run.lora import merged_dir
 
         return merged_dir(src, k)
 
     def load_old(self, run, k: int):
-        from pipeline.models.lora import policy_model
+        from pipeline.run.lora import policy_model
 
         return on_logprob_device(policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora,
                                               trainable=False, seed=self.cfg.seed))
 
     def give_old(self, model, run, k: int) -> None:
-        from pipeline.models.lora import set_policy
+        from pipeline.run.lora import set_policy
 
         set_policy(model, run.policy_dir(k) if k > 0 else None)
 
     def ref_of(self, run, old):
-        from pipeline.models.lora import AdapterOff
+        from pipeline.run.lora import AdapterOff
 
         return AdapterOff(old)
 
