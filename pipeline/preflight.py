@@ -5,12 +5,14 @@ The config tree itself is validated by pydantic (built-in names, their options, 
 Here, with the dataset's header in hand:
   - data.train / data.eval exist, can be read, and have the prompt column (or the columns
     data.prompt_template names);
-  - every custom reward function imports, is callable, and its signature accepts what TRL
+  - every custom reward function imports (from the copy the run will hold, as the stages import it:
+    an import or a data file that only the current directory has is refused here), is callable, and its signature accepts what TRL
     passes it: prompts, completions, completion_ids, trainer_state, log_metric, log_extra and
     every dataset column (so either **kwargs or each of them by name); an argument it asks
     for without a default must be one of those or a `kwargs` option;
-  - the column a built-in reads by name (correct's answer_column, code_tests' tests_column)
-    is in the dataset;
+  - the column a built-in reads by name (correct's answer_column, code_tests' tests_column) or a
+    judge's rubric names is in data.train and every eval set; a dotted path (`reward_model.ground_truth`)
+    must name a field of a struct column or nested JSON object there (pipeline.data.fields);
   - with rollout.tools / rollout.environment (pipeline.agents.setup): every tool imports and has
     type hints and a docstring, the environment class has reset, and the model's chat template
     (or the Hermes fallback) can express a tool exchange;
@@ -26,9 +28,11 @@ import inspect
 from pathlib import Path
 
 from pipeline.config import Config
+from pipeline.data import fields
 from pipeline.data.prompts import dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
 from pipeline.rewards.contract import TRL_ARGS, load_reward, other_contract
+from pipeline.rewards.loading import code_as_held
 from pipeline.config.rewards import CustomReward
 
 
@@ -61,10 +65,18 @@ def check_signature(fn, label: str, target: str, columns: list[str]) -> None:
 def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
     """Every check above, in config order; raises the first failure. Returns notes for the user
     (a tool format that fell back). `judges_reachable`: ask each served reward's server one cheap
-    request (pipeline/rewards/judge/check.py)."""
+    request (pipeline/rewards/judge/check.py). Reward, tool and environment code is imported from
+    the copies the run will hold, as every stage imports it (pipeline.rewards.loading.code_as_held)."""
+    with code_as_held(cfg):
+        return _check(cfg, judges_reachable)
+
+
+def _check(cfg: Config, judges_reachable: bool) -> list[str]:
     train_columns = _checked_columns(cfg, cfg.data.train, "data.train")
+    sets = [(cfg.data.train, train_columns, "data.train")]  # (path, columns, key): where a column named in config must be
     for s in cfg.eval_sets():
-        _checked_columns(cfg, s.path, "data.eval" if s.name is None else f"data.eval.{s.name}")
+        key = "data.eval" if s.name is None else f"data.eval.{s.name}"
+        sets.append((s.path, _checked_columns(cfg, s.path, key), key))
     reserved = [c for c in train_columns if c in ("prompts", "completions", "completion_ids", *TRL_ARGS)]
     if reserved:
         raise GRPOError(f"data.train {cfg.data.train}: column {reserved[0]!r} clashes with the reward-function argument of that name; rename it")
@@ -76,19 +88,14 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
         if spec.served:  # a judge, a served reward model: its key, its rubric's columns, its server
             from pipeline.rewards.judge.check import check_served
 
-            check_served(spec.kwargs, f"rewards[{j}]", train_columns, cfg.data.train, judges_reachable)
+            check_served(spec.kwargs, f"rewards[{j}]", sets, judges_reachable)
         if (other := other_contract(spec)) is not None:
             other.check_signature(fn, f"rewards[{j}]", spec.fn, train_columns, cfg.data.train)
         elif isinstance(spec, CustomReward):
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
-        for option, column in _column_options(spec):
-            if "." in column and column not in train_columns and column.split(".")[0] in train_columns:
-                _check_field(cfg.data.train, column, f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train}")
-            elif column not in train_columns:
-                raise GRPOError(
-                    f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
-                    f"(columns: {', '.join(train_columns)})"
-                )
+        for option, column in _column_options(spec):  # in data.train and every eval set (eval scores with the same rewards)
+            for data, have, key in sets:
+                fields.check(data, have, column, f"rewards[{j}].kwargs.{option}: {key}")
     check_device(cfg)
     if cfg.rollout.agentic:
         from pipeline.agents.setup import check as check_agents
@@ -117,27 +124,6 @@ def check_device(cfg: Config, device=None) -> None:
     dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), policy_kind(cfg), device)[1], device)
 
 
-def _check_field(path: str, dotted: str, where: str) -> None:
-    """A dotted column path names a field of a struct column in the data's (Parquet) header."""
-    from pathlib import Path
-
-    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else [Path(path)]
-    if not files or files[0].suffix != ".parquet":
-        return  # only Parquet headers carry struct fields; the rows are checked when scored
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    t = pq.read_schema(files[0])
-    head, *rest = dotted.split(".")
-    kind = t.field(head).type
-    for k in rest:
-        names = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
-        if k not in names:
-            have = f"fields: {', '.join(names)}" if names else f"{kind} is no struct"
-            raise GRPOError(f"{where} has no column {dotted!r} ({have})")
-        kind = kind.field(k).type
-
-
 def _column_options(spec) -> list[tuple[str, str]]:
     names = spec.columns()
     options = spec.options()
@@ -149,10 +135,13 @@ def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
         columns = dataset_columns(path)
     except GRPOError as err:
         raise GRPOError(f"{key}: {err}") from None
+    template = cfg.data.prompt_template is not None and cfg.data.prompt_column not in columns
     for column in prompt_columns(cfg.data, columns, environment=cfg.rollout.environment is not None):
-        if column not in columns:
-            fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+        fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
+        if (fields.split(column, columns)[0] if template else column) not in columns:
             raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")
+        if template:  # a template's field may be a dotted path into a column
+            fields.check(path, columns, column, f"data.prompt_template {{{column}}}: {key}")
     if cfg.data.prompt_column not in columns:
         columns = [*columns, cfg.data.prompt_column]  # built by the template
     return columns

@@ -1,4 +1,4 @@
-"""`grpo inspect RUN [--iter K] [--top 5] [--format table|json]`: one iteration's completions.
+"""`grpo inspect RUN [--iter K] [--top 5] [--column NAME ...] [--format table|json]`: one iteration's completions.
 
 iter-K/{rollout,score}/part-*.parquet -> the best and worst completions with their rewards and
 advantages, the reward of each function, and the groups whose rewards have no spread.
@@ -13,9 +13,11 @@ from stages.options import FormatOpt, RunArg
 
 InspectIterOpt = Annotated[Optional[int], typer.Option("--iter", min=0, help="Iteration to show; default: the newest scored one.")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="Best and worst completions shown.")]
+ColumnOpt = Annotated[Optional[list[str]], typer.Option(
+    "--column", help="A dataset column to show beside each completion, or a dotted path into one (reward_model.ground_truth); repeatable.")]
 
 
-def inspect(run: RunArg, iter: InspectIterOpt = None, top: TopOpt = 5, format: FormatOpt = "table") -> None:
+def inspect(run: RunArg, iter: InspectIterOpt = None, top: TopOpt = 5, format: FormatOpt = "table", column: ColumnOpt = None) -> None:
     """Best/worst completions, reward per function and zero-spread groups of iteration K (default: the newest scored)."""
     from pipeline.errors import GRPOError
     from pipeline.report.inspect import inspect_iteration, json_safe, latest_scored
@@ -25,7 +27,7 @@ def inspect(run: RunArg, iter: InspectIterOpt = None, top: TopOpt = 5, format: F
         raise GRPOError(f"--format {format!r}: expected table or json")
     r = Run(run)
     k = latest_scored(r) if iter is None else iter
-    report = inspect_iteration(r, k, top)
+    report = inspect_iteration(r, k, top, column or [])
     if format == "json":
         print(json.dumps(json_safe(report), indent=2))
         return
@@ -63,11 +65,14 @@ def _print(rep: dict) -> None:
         t.add_column("completion", max_width=48)
         for col in ("reward", *names, "advantage", "len"):
             t.add_column(col, justify="right")
+        for col in rep.get("shown", []):  # --column: dataset columns, dotted paths into them
+            t.add_column(escape(col), max_width=24)
         for row in rep[title]:
             t.add_row(
                 f"{row['prompt_id']}/{row['sample_idx']}", escape(row["prompt"]), escape(row["completion"]),
                 _fmt(row["reward"]), *[_fmt(row["rewards"][n]) for n in names], _fmt(row["advantage"]),
                 f"{row['completion_length']}{'+' if row['finish_reason'] == 'length' else ''}",
+                *[escape(v if isinstance(v, str) else json.dumps(v, default=str)) for v in row.get("columns", {}).values()],
             )
         console.print(t)
         for row in rep[title]:  # a judge's answer beside each completion

@@ -44,7 +44,8 @@ def _write_stage(run: Run, k: int, stage: str, schema, table: pa.Table) -> None:
     ))
 
 
-def constructed_run(make_run) -> Run:
+def constructed_run(make_run, **data_columns) -> Run:
+    """`data_columns`: dataset columns the rollout carries from each prompt's row."""
     run = Run(make_run("constructed", rollout={"num_generations": 3}))
     chat = json.dumps([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}])
     prompt_ids, sample_idx = [10, 10, 10, 20, 20, 20], [0, 1, 2, 0, 1, 2]
@@ -55,6 +56,7 @@ def constructed_run(make_run) -> Run:
         "completion_ids": [[5] * n for n in LENGTHS], "sampler_logprobs": [[-0.1] * n for n in LENGTHS],
         "finish_reason": ["stop"] * 5 + ["length"], "truncated": [False] * 5 + [True],
         "completion_length": LENGTHS, "policy_hash": ["p0"] * 6, "completion_mask": [None] * 6, "episode": [None] * 6,
+        **data_columns,
     })
     group_std = [math.sqrt(1 / 3)] * 3 + [0.0] * 3
     score = pa.table({
@@ -130,6 +132,25 @@ def test_inspect_and_status_commands_on_constructed_run(make_run):
     assert status["warnings"] == []  # half the groups have spread: below "most"
     bad = grpo("inspect", run.uri, "--iter", "3", check=False)
     assert bad.returncode == 1 and "iteration 3: score is not done" in bad.stderr
+
+
+def test_inspect_shows_a_dataset_column_or_a_dotted_path_into_it(make_run):
+    """verl's data: `--column reward_model.ground_truth` shows the gold beside each completion."""
+    verl = [{"ground_truth": "gold-4", "style": "rule"}] * 3 + [{"ground_truth": "gold-hi", "style": "rule"}] * 3
+    run = constructed_run(make_run, reward_model=verl, data_source=["gsm8k"] * 6)
+    out = json.loads(grpo("inspect", run.uri, "--top", "1", "--column", "reward_model.ground_truth", "--column", "data_source",
+                          "--column", "reward_model", "--format", "json").stdout)
+    assert out["shown"] == ["reward_model.ground_truth", "data_source", "reward_model"]
+    assert out["best"][0]["columns"] == {"reward_model.ground_truth": "gold-4", "data_source": "gsm8k", "reward_model": verl[0]}
+    assert out["worst"][0]["columns"]["reward_model.ground_truth"] == "gold-hi"
+    table = grpo("inspect", run.uri, "--top", "1", "--column", "reward_model.ground_truth").stdout
+    assert "gold-4" in table and "gold-hi" in table  # the best one's gold, the worst one's
+    bad = grpo("inspect", run.uri, "--column", "reward_model.gold", check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(
+        "--column 'reward_model.gold': row 0: column 'reward_model' has no field 'gold' (fields: ground_truth, style)")
+    bad = grpo("inspect", run.uri, "--column", "answer.text", check=False)
+    assert bad.returncode == 1 and "--column 'answer': " in bad.stderr and \
+        "part-00000.parquet has no such dataset column (dataset columns: reward_model, data_source)" in bad.stderr
 
 
 # -- diagnostics on hand-made histories -------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_record
     assert record["brevmod"]["module"] == "brevmod" and "copy" in record["brevmod"]
     assert record["yaml"]["version"] == importlib.metadata.version("PyYAML") and "copy" not in record["yaml"]
     monkeypatch.chdir(tmp_path)  # brevmod is not importable from here: the run's copy is
-    monkeypatch.delitem(sys.modules, "brevmod")  # imported by `grpo init` from its directory
+    assert "brevmod" not in sys.modules  # `grpo init` found its file without running it: the copy is what runs
     with run_code(Run(run.uri)):
         assert resolve("brevmod:brev")(["abc"]) == [0.25]
     with pytest.raises(GRPOError, match="no module 'brevmod'"):
@@ -182,6 +182,93 @@ def test_a_reward_importing_a_package_beside_it_is_refused_at_init_naming_the_fi
     with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
         make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+# -- `grpo init` imports the copy the run will hold, as the stages do ---------------------------------
+HIDDEN = ('import importlib\n\nhelper = importlib.import_module("hel" + "per")  # no import statement names it\n\n'
+          'def brev(completions, **kwargs):\n    return [helper.SCALE for c in completions]\n')
+BESIDE = ('from pathlib import Path\n\nSCALE = float((Path(__file__).parent / "scale.txt").read_text())\n\n'
+          'def brev(completions, **kwargs):\n    return [SCALE for c in completions]\n')
+
+
+def _init_line(capsys, assets, src, run_dir, fn: str) -> str:
+    """`grpo init` in `src` (in process: `python -m pytest` has the current directory on sys.path, as
+    `python -m stages.cli` does) -> its one error line; init_error_line asserts no run directory."""
+    from conftest import init_error_line, write_config
+
+    cfg = write_config(src / "cfg.yaml", base_config(assets, rewards=[{"fn": fn}]))
+    return init_error_line(capsys, run_dir, "--config", cfg)
+
+
+@pytest.mark.parametrize("fn", ["brev.py:brev", "brev:brev"])
+def test_an_import_the_scan_cannot_see_works_from_the_directory_but_is_refused_at_init(assets, tmp_path, monkeypatch, capsys, fn):
+    """It imports from the user's directory, so the old init (which imported from there) passed it and the
+    score stage, importing the run's copy alone, failed after a rollout. Now init imports that copy."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "helper.py").write_text("SCALE = 2.0\n")
+    (src / "brev.py").write_text(HIDDEN)
+    monkeypatch.chdir(src)
+    monkeypatch.syspath_prepend(str(src))
+    assert importlib.import_module("helper").SCALE == 2.0  # it does work from here
+    monkeypatch.delitem(sys.modules, "helper")
+    line = _init_line(capsys, assets, src, tmp_path / "run", fn)
+    where = fn.split(":")[0]
+    assert line == (f"rewards[0].fn '{fn}': {where} imports 'helper', which the run's copy cannot find: grpo carries the "
+                    f"files beside {where} that its import statements name, not a module named at run time; write "
+                    "`import helper`, or install it")
+    assert "helper" not in sys.modules and not any("grpo-init-code-" in str(getattr(m, "__file__", "")) for m in sys.modules.values())
+
+
+def test_a_data_file_read_beside_the_reward_is_refused_at_init_naming_it(assets, tmp_path, monkeypatch, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "scale.txt").write_text("2.0\n")
+    (src / "brev.py").write_text(BESIDE)
+    monkeypatch.chdir(src)
+    assert _init_line(capsys, assets, src, tmp_path / "run", "brev.py:brev") == (
+        "rewards[0].fn 'brev.py:brev': brev.py opens 'scale.txt' beside it, which the run's copy does not hold: grpo carries "
+        "Python files only; read it from an absolute path or an installed package")
+
+
+def test_a_package_relative_import_is_refused_at_init_naming_the_file(assets, tmp_path, monkeypatch, capsys):
+    """`pkg/rewards.py` with `from .helper import SCALE`: named by its file, the copy lies in no package; named as
+    the module `pkg.rewards`, the package is the current directory's and would not reach another machine."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "__init__.py").write_text("")
+    (src / "pkg" / "helper.py").write_text("SCALE = 2.0\n")
+    (src / "pkg" / "rewards.py").write_text("from .helper import SCALE\n\ndef brev(completions, **kwargs):\n    return [SCALE] * len(completions)\n")
+    monkeypatch.chdir(src)
+    assert _init_line(capsys, assets, src, tmp_path / "run", "pkg/rewards.py:brev") == (
+        f"{src / 'pkg' / 'rewards.py'}: line 1 imports .helper relative to its package, which grpo does not carry with the "
+        "run; import the file beside it by name (`import helper`) or install the package (pip install -e)")
+    assert _init_line(capsys, assets, src, tmp_path / "run", "pkg.rewards:brev") == (
+        f"pkg.rewards: {src / 'pkg' / 'rewards.py'} is a package in the current directory, not installed, which grpo does not "
+        "carry with the run; install it (pip install -e) or make it a single file rewards.py")
+
+
+def test_a_sibling_import_passes_init_from_the_copy_and_scores_there(assets, tmp_path, monkeypatch):
+    """The carried case through `grpo init` itself: the copy (with helpers.py, more.py beside it) imports at init
+    with the current directory off sys.path, and the run scores from its copy."""
+    from conftest import grpo, write_config
+    from pipeline.run.run import Run
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "helpers.py").write_text(HELPERS)
+    (src / "more.py").write_text(MORE)
+    (src / "brev.py").write_text(USES)
+    cfg = write_config(src / "cfg.yaml", base_config(assets, rewards=[{"fn": "brev.py:brev"}]))
+    grpo("init", str(tmp_path / "run"), "--config", str(cfg), cwd=src)
+    assert sorted(Run(str(tmp_path / "run")).code["brev.py"]["imports"]) == ["helpers.py", "more.py"]
+    monkeypatch.chdir(tmp_path)
+    from pipeline.rewards import contract
+
+    for name in [m for m in sys.modules if m in ("helpers", "more") or m.startswith("_grpo_reward_brev_")]:
+        monkeypatch.delitem(sys.modules, name)  # as a score process: nothing imported yet
+    contract._resolve.cache_clear()
+    assert scores(Run(str(tmp_path / "run")), ["ab", "abcde"]) == pytest.approx([1.0, 0.5], abs=1e-12)
 
 
 def test_a_sibling_that_python_would_take_from_elsewhere_is_refused_not_scored_with(tmp_path, monkeypatch):

@@ -115,11 +115,11 @@ def test_correct_reads_a_dotted_column_path_and_init_checks_it_against_the_parqu
     data = tmp_path / "verl.parquet"
     pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [{"ground_truth": "4", "style": "rule"}]}), data)
     ok = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.ground_truth"}}]))
-    ok = ok.model_copy(update={"data": ok.data.model_copy(update={"train": str(data)})})
+    ok = ok.model_copy(update={"data": ok.data.model_copy(update={"train": str(data), "eval": str(data)})})
     preflight.check(ok, judges_reachable=False)
     bad = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.gold"}}]))
     bad = bad.model_copy(update={"data": bad.data.model_copy(update={"train": str(data)})})
-    with pytest.raises(GRPOError, match=r"kwargs.answer_column: data.train .* has no column 'reward_model.gold' \(fields: ground_truth, style\)"):
+    with pytest.raises(GRPOError, match=r"kwargs.answer_column: data.train .* has no column 'reward_model.gold': 'reward_model' has no field 'gold' \(fields: ground_truth, style\)"):
         preflight.check(bad, judges_reachable=False)
 
 

@@ -21,7 +21,7 @@ class DataConfig(Section):
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
     prompt_template: str | None = None
-    """Builds the prompt column from other columns where a row has none, e.g. "{question}" (Python str.format fields)."""
+    """Builds the prompt column from other columns where a row has none, e.g. "{question}" (Python str.format fields; a dotted path names a field of a struct column or nested JSON object, "{extra_info.question}")."""
     system_prompt: str | None = None
     """System message prepended to every prompt when the chat template is applied."""
     chat_template: bool = True

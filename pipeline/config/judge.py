@@ -65,7 +65,7 @@ class JudgeOptions(Section):
     api_key_env: str | None = None
     """The NAME of the environment variable holding the API key (sent as a Bearer token); None: no key. The key is never stored."""
     rubric: str = Field(min_length=1)
-    """The user message, a template: {prompt}, {completion} (for episodes: the model's own turns) and {<dataset column>}; {{ and }} for braces."""
+    """The user message, a template: {prompt}, {completion} (for episodes: the model's own turns) and {<dataset column>} (or a dotted path into one, {reward_model.ground_truth}); {{ and }} for braces."""
     system: str | None = None
     """An optional system message sent before the rubric."""
     verdict: VerdictOptions = VerdictOptions()
@@ -100,13 +100,14 @@ class JudgeOptions(Section):
 
 
 def rubric_fields(template: str) -> list[str]:
-    """The names a rubric template uses, in order, once each ({x.y} and {x[0]} name x)."""
+    """The names a rubric template uses, in order, once each: a column, or a dotted path into one
+    ({reward_model.ground_truth}: a field of a struct column or nested JSON object; {x[0]} names x)."""
     names: list[str] = []
     for _, name, _, _ in string.Formatter().parse(template):
         if name is None:
             continue
-        base = name.split(".")[0].split("[")[0]
-        if not base or base.isdigit():
+        base = name.split("[")[0]
+        if not base or base.split(".")[0].isdigit() or "" in base.split("."):
             raise ValueError("positional fields {} are not allowed; name a field")
         if base not in names:
             names.append(base)

@@ -162,7 +162,7 @@ class OpenRLHFServerOptions(_Options):
 
 class CodeTestsOptions(_Options):
     tests_column: str = "tests"
-    """Dataset column with the row's assert statements (a list, or a JSON string of one)."""
+    """Dataset column with the row's assert statements (a list, or a JSON string of one); a dotted path names a field of a struct column."""
     timeout_s: float = Field(5.0, gt=0.0)
     """Wall-clock limit per sandboxed run."""
     memory_mb: int = Field(256, ge=16)

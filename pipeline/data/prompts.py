@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.data import fields
 from pipeline.data import sources as data_sources
 from pipeline.config.data import DataConfig
 from pipeline.errors import GRPOError
@@ -41,11 +42,16 @@ def load_dataset(path: str, prompt_column: str, prompt_template: str | None = No
     if environment and prompt_template is None and prompt_column not in df.columns:
         return df.with_columns(pl.lit("", dtype=pl.String).alias(prompt_column))
     if prompt_template is not None:
-        fields = template_fields(prompt_template)
-        missing = [f for f in fields if f not in df.columns]
+        names = template_fields(prompt_template)  # columns, or dotted paths into them (pipeline.data.fields)
+        missing = [f for f in names if fields.split(f, df.columns)[0] not in df.columns]
         if missing:
             raise GRPOError(f"{path}: no column {missing[0]!r} for data.prompt_template (columns: {', '.join(df.columns)})")
-        built = [prompt_template.format_map(row) for row in df.select(fields).iter_rows(named=True)]
+        rows = {c: df.get_column(c).to_list() for c in dict.fromkeys(fields.split(f, df.columns)[0] for f in names)}
+        try:
+            named = {f: fields.values(rows, f) for f in names}
+        except GRPOError as err:
+            raise GRPOError(f"{path}: data.prompt_template: {err}") from None
+        built = [fields.fill(prompt_template, {f: v[i] for f, v in named.items()}) for i in range(df.height)]
         column = pl.Series(prompt_column, built, dtype=pl.String)
         if prompt_column in df.columns:
             column = df.get_column(prompt_column).fill_null(column) if df.schema[prompt_column] == pl.String else df.get_column(prompt_column)

@@ -128,6 +128,19 @@ def columns(path: str) -> list[str]:
         raise GRPOError(f"{path}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
 
 
+def schema(path: str) -> pa.Schema:
+    """The dataset's Arrow schema (its nested types): the first file's Parquet / Arrow schema, or
+    the one polars infers from a JSON file's rows (a nested object is a struct of its keys)."""
+    fs, files, kind = resolve(path)
+    try:
+        if kind in (".jsonl", ".ndjson", ".json"):
+            inferred = pl.scan_ndjson(path).collect_schema() if kind != ".json" else pl.read_json(path).schema
+            return pl.DataFrame(schema=inferred).to_arrow().schema
+        return _schema(fs, files[0], "arrow" if kind == "arrow" else "parquet")
+    except Exception as err:  # polars / pyarrow raise several types for malformed input
+        raise GRPOError(f"{_display(fs, files[0], path)}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
+
+
 def read(path: str) -> pl.DataFrame:
     """All rows, in order (see the module docstring)."""
     fs, files, kind = resolve(path)

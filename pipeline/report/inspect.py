@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import GRPOError
 from pipeline.eval.run import eval_summary
+from pipeline.report.columns import data_columns, shown_values
 from pipeline.report.episodes import episode_metrics, episode_records, episode_texts
 from pipeline.run.run import Run
 from pipeline.store import STAGES, stage_rel
@@ -239,14 +240,14 @@ def prompt_text(prompt_raw: str) -> str:
     return str(users[-1] if users else raw[-1].get("content", "") if raw else "")
 
 
-def completions(run: Run, k: int) -> pl.DataFrame:
-    """Iteration k's rollout joined with its scores on (prompt_id, sample_idx)."""
+def completions(run: Run, k: int, data_columns: list[str] = ()) -> pl.DataFrame:
+    """Iteration k's rollout (with these dataset columns) joined with its scores on (prompt_id, sample_idx)."""
     if not run.done(k, "score"):
         done = [s for s in STAGES if run.done(k, s)]
         raise GRPOError(f"iteration {k}: score is not done (done: {', '.join(done) or 'nothing'}); nothing to inspect yet")
     names = reward_names(run)
     roll = read_columns(run, k, "rollout", ["prompt_id", "sample_idx", "group_idx", "prompt_raw", "completion",
-                                            "completion_length", "finish_reason"])
+                                            "completion_length", "finish_reason", *data_columns])
     score = read_columns(run, k, "score", ["prompt_id", "sample_idx", "reward", "advantage", "group_std", "zero_std",
                                            *[REWARD_PREFIX + n for n in names]])
     if run.cfg.rollout.agentic:  # an episode shows as its conversation
@@ -259,9 +260,10 @@ def completions(run: Run, k: int) -> pl.DataFrame:
     return df.with_columns(pl.col(pl.Float32, pl.Float64).fill_nan(None)).sort("group_idx", "sample_idx")
 
 
-def _rows(df: pl.DataFrame, names: list[str]) -> list[dict]:
+def _rows(df: pl.DataFrame, names: list[str], shown: list[str] = ()) -> list[dict]:
     out = []
-    for r in df.iter_rows(named=True):
+    cols = shown_values(df, shown)
+    for i, r in enumerate(df.iter_rows(named=True)):
         out.append({
             "prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"], "prompt": r["prompt"], "completion": r["completion"],
             "reward": r["reward"], "rewards": {n: r[REWARD_PREFIX + n] for n in names}, "advantage": r["advantage"],
@@ -269,14 +271,16 @@ def _rows(df: pl.DataFrame, names: list[str]) -> list[dict]:
             # a judge's answer beside the completion (pipeline/rewards/judge), and why it gave no reward
             "judges": {n: {"answer": r[f"{EXTRA_PREFIX}{n}_answer"], "reason": r.get(f"{EXTRA_PREFIX}{n}_reason")}
                        for n in names if f"{EXTRA_PREFIX}{n}_answer" in r},
+            **({"columns": {c: v[i] for c, v in cols.items()}} if shown else {}),
         })
     return out
 
 
-def inspect_iteration(run: Run, k: int, top: int = 5) -> dict:
-    """Best and worst completions with rewards and advantages, reward per function, zero-spread groups."""
+def inspect_iteration(run: Run, k: int, top: int = 5, shown: list[str] = ()) -> dict:
+    """Best and worst completions with rewards and advantages, reward per function, zero-spread groups;
+    `shown`: dataset columns (or dotted paths into them, `reward_model.ground_truth`) beside each completion."""
     names = reward_names(run)
-    df = completions(run, k)
+    df = completions(run, k, data_columns(run, k, shown))
     key = ["reward", "advantage", "prompt_id", "sample_idx"]
     best = df.sort(key, descending=[True, True, False, False], nulls_last=True).head(top)
     worst = df.sort(key, descending=[False, False, False, False], nulls_last=True).head(top)
@@ -298,8 +302,9 @@ def inspect_iteration(run: Run, k: int, top: int = 5) -> dict:
         "frac_reward_zero_std": zero.height / groups.height if groups.height else float("nan"),
         "zero_std_groups": [{"group_idx": r["group_idx"], "prompt_id": r["prompt_id"], "prompt": r["prompt"], "reward": r["reward"]}
                             for r in zero.iter_rows(named=True)],
-        "best": _rows(best, names),
-        "worst": _rows(worst, names),
+        **({"shown": list(shown)} if shown else {}),
+        "best": _rows(best, names, shown),
+        "worst": _rows(worst, names, shown),
     }
 
 

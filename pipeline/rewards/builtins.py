@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pipeline.data import fields
 from pipeline.rewards.answers import answers_match, extract_answer, extract_gold, follows_format
 from pipeline.errors import GRPOError
 
@@ -79,21 +80,8 @@ _TRL_EXTRAS = ("trainer_state", "log_metric", "log_extra")  # passed with the co
 
 
 def _column(columns: dict[str, list], name: str, option: str) -> list:
-    """A dataset column, or a field inside a struct column by a dotted path (`reward_model.ground_truth`)."""
-    head, *path = name.split(".") if name not in columns else (name,)
-    if path and head in columns:
-        values = []
-        for i, v in enumerate(columns[head]):
-            for k in path:  # a null struct holds no value: None, as a null in a plain column
-                if v is not None and (not isinstance(v, dict) or k not in v):
-                    raise GRPOError(f"row {i}: column {head!r} has no field {'.'.join(path)!r}; set the `{option}` option")
-                v = None if v is None else v[k]
-            values.append(v)
-        return values
-    if name not in columns:
-        have = ", ".join(sorted(c for c in columns if c not in _TRL_EXTRAS)) or "none"
-        raise GRPOError(f"no dataset column {name!r} (dataset columns: {have}); set the `{option}` option")
-    return columns[name]
+    """A dataset column, or a key inside a struct column by a dotted path (`reward_model.ground_truth`)."""
+    return fields.values({c: v for c, v in columns.items() if c not in _TRL_EXTRAS}, name, f"; set the `{option}` option")
 
 
 def _lengths(completions: list, completion_ids: list | None, unit: str) -> list[int]:

@@ -35,16 +35,8 @@ first bad row. TRL silently broadcast a wrong-length return (TRL#6533); here it 
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import importlib
-import importlib.util
 import math
 import numbers
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,167 +45,13 @@ from pipeline.errors import GRPOError
 from pipeline.rewards.calls import RewardLog, TrainerState, call_sync, is_async, run_async
 from pipeline.rewards.builtins import BUILTINS, Reward, RewardFn, completion_text, extract_code, final_text, model_text  # noqa: F401 (re-exported)
 from pipeline.config.rewards import CustomReward, RewardSpec
+from pipeline.rewards.loading import _first_line, _resolve, code_as_held, load_reward, resolve, run_code  # noqa: F401 (re-exported)
 
 TRL_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """What TRL 1.16 passes every reward function besides the dataset columns."""
 _RESERVED = TRL_ARGS
 
-# -------------------------------------------------------------------------------------- loading
-
-
-def _import_file(path: str) -> Any:
-    file = Path(path).expanduser()
-    file = file if file.is_absolute() else Path.cwd() / file
-    if not file.is_file():
-        raise GRPOError(f"no file {path} (looked for {file})")
-    # named by its content, not its path: the run's copy (RUN/code/) of one file is then the same
-    # module in every run directory and on every worker, so what a record names after it (an
-    # environment's class) is the same bytes whichever run directory it was imported from
-    name = f"_grpo_reward_{file.stem}_{hashlib.sha1(file.read_bytes()).hexdigest()[:8]}"
-    if name in sys.modules:  # the same code, already imported (from another copy of the file)
-        _check_siblings(path, file)
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before running it, so dataclasses and pickling inside it work
-    # its directory on the path while it runs: `import helpers` finds the helpers.py beside it, the
-    # user's at `grpo init`, the run's copy of it (pipeline/store/code.py) in every stage
-    folder = str(file.parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        spec.loader.exec_module(module)
-        from pipeline.store.code import local_imports
-
-        for sibling in local_imports(file):  # one imported only inside a function finds its directory now, too
-            importlib.import_module(sibling.removesuffix(".py"))
-    except Exception as err:
-        sys.modules.pop(name, None)
-        raise GRPOError(f"importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
-    finally:
-        if added:
-            sys.path.remove(folder)
-    _check_siblings(path, file)
-    return module
-
-
-def _check_siblings(path: str, file: Path) -> None:
-    """Each local import of `file` is the file beside it (by content: the run's copy of it counts). Python
-    keeps one module per name, so a `helpers` another reward file imported first from its own directory,
-    or a standard or installed module of that name, is what `import helpers` gets: refused, not scored wrong."""
-    from pipeline.store.code import local_imports
-
-    for sibling, want in local_imports(file).items():
-        stem = sibling.removesuffix(".py")
-        if stem in sys.stdlib_module_names:  # whether it is the file depends on what imported the standard one first
-            raise GRPOError(f"importing {path}: `import {stem}` names the standard module {stem} as well as the {sibling} "
-                            f"beside it, and which one a stage gets depends on what it imported first; rename {sibling}")
-        got = getattr(sys.modules.get(stem), "__file__", None)
-        if got is not None and (Path(got) == want or Path(got).is_file() and Path(got).read_bytes() == want.read_bytes()):
-            continue
-        raise GRPOError(f"importing {path}: its `import {stem}` gets {got or 'a built-in module'}, "
-                        f"not the {sibling} beside it (Python keeps one module per name); rename {sibling}")
-
-
-def _import_module(name: str) -> Any:
-    """Import `name` as Python would from the current directory (the `grpo` console script
-    does not put it on sys.path, `python train.py` does: users expect the latter)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name and (name == err.name or name.startswith(err.name + ".")):
-            raise GRPOError(f"no module {name!r} (looked in the current directory and the environment)") from err
-        raise GRPOError(f"importing {name} raised ModuleNotFoundError: {_first_line(err)}") from err
-    except Exception as err:
-        raise GRPOError(f"importing {name} raised {type(err).__name__}: {_first_line(err)}") from err
-    finally:
-        if added:
-            sys.path.remove(cwd)
-
-
-_COPIES: dict[str, str] = {}
-"""While a stage computes for a run (`run_code`): a file or module the config names -> the run's copy."""
-
-
-@contextlib.contextmanager
-def run_code(run, here: str = "here"):
-    """Within it, the config's reward, tool and environment targets import the run's copies
-    (pipeline/store/code.py) instead of the current directory's files; an installed module the
-    run names is checked to be the version recorded at `grpo init` (a GRPOError naming `here`)."""
-    from pipeline.store import code
-
-    saved = dict(_COPIES)
-    if run.code:
-        copies = code.local_copies(run.store, run.code)
-        code.check_modules(run.code, here)
-        _COPIES.clear()
-        _COPIES.update({where: str(path) for where, path in copies.items()})
-    try:
-        yield
-    finally:
-        _COPIES.clear()
-        _COPIES.update(saved)
-
-
-def resolve(target: str) -> RewardFn:
-    """`module:function` or `path/file.py:function` -> the function, from the run's copy inside
-    `run_code`, else from the current directory."""
-    where, _, attr = target.rpartition(":")
-    if where in _COPIES:
-        try:
-            return _resolve(f"{_COPIES[where]}:{attr}", os.getcwd())
-        except GRPOError as err:
-            raise GRPOError(f"{err} (the run's copy of {where})") from err.__cause__
-    return _resolve(target, os.getcwd())
-
-
-@functools.lru_cache(maxsize=None)
-def _resolve(target: str, cwd: str) -> RewardFn:
-    """`module:function` or `path/file.py:function` -> the function (cached per current dir)."""
-    where, _, attr = target.rpartition(":")
-    if not where or not attr:
-        raise GRPOError("expected a built-in name, module:function or path/to/file.py:function")
-    is_file = where.endswith(".py") or "/" in where or os.sep in where
-    obj = _import_file(where) if is_file else _import_module(where)
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise GRPOError(f"no function {attr!r} in {where}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise GRPOError(f"{attr!r} in {where} is not callable")
-    return obj
-
-
-def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial:
-    """The reward function named by `spec.fn`, with its options bound (for a built-in: all of
-    them, validated by the config, defaults filled in). `index` (its place in `rewards`) only
-    makes error messages point at the config line: `rewards[1].fn 'foo.py:bar': no function 'bar' in foo.py`.
-    """
-    label = f"rewards[{index}]" if index is not None else "rewards"
-    if spec.served:  # a judge, a served reward model, an OpenRLHF server: through pipeline.rewards.judge.served_rewards
-        from pipeline.rewards import judge
-
-        return functools.partial(judge.served_rewards, spec)
-    if not isinstance(spec, CustomReward):
-        return functools.partial(BUILTINS[spec.fn], **spec.options())
-    try:
-        fn = resolve(spec.fn)
-    except GRPOError as err:
-        raise GRPOError(f"{label}.fn {spec.fn!r}: {err}") from err.__cause__
-    return functools.partial(fn, **spec.options())
-
-
 # ------------------------------------------------------------------------------------- scoring
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def _short(value: Any) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.rewards.builtins import completion_text
 
@@ -62,9 +63,10 @@ def inputs(prompts: list, rendered: list[str] | None, texts: list[str], columns:
     if rendered is None and any(not isinstance(p, str) for p in prompts):
         raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
     rendered = rendered or prompts
-    if key is not None and key not in columns:
-        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
-    labels = columns[key] if key is not None else [None] * len(texts)
+    try:  # a column, or a dotted path into one (pipeline.data.fields: `reward_model.ground_truth`)
+        labels = fields.values(columns, key) if key is not None else [None] * len(texts)
+    except GRPOError as err:
+        raise GRPOError(f"kwargs.{LABEL_KEY}: {str(err).replace('no dataset column', 'no column', 1)}") from None
     return [p + t for p, t in zip(rendered, texts)], list(rendered), list(labels)
 
 
@@ -108,10 +110,11 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
     return out
 
 
-def check_label_key(key: str | None, label: str, train_columns: list[str], data: str) -> None:
-    """At `grpo init`: kwargs.label_key names a column of the training data."""
-    if key is not None and key not in train_columns:
-        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+def check_label_key(key: str | None, label: str, columns: list[str], data: str, where: str = "data.train") -> None:
+    """At `grpo init`: kwargs.label_key names a column (or a dotted path into one) of the dataset
+    `data` (`where`: its config key, data.train or an eval set)."""
+    if key is not None:
+        fields.check(data, columns, key, f"{label}.kwargs.{LABEL_KEY}: {where}")
 
 
 def check_signature(fn, label: str, target: str, train_columns: list[str], data: str) -> None:

@@ -19,6 +19,7 @@ import inspect
 import numbers
 from typing import Any
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.rewards.builtins import final_text
 
@@ -39,9 +40,10 @@ def _declared(fn) -> set[str]:
 
 
 def _truth(row: Any, i: int, where: str) -> Any:
-    if isinstance(row, dict) and "ground_truth" in row:
-        return row["ground_truth"]
-    raise GRPOError(f"{where} row {i}: column 'reward_model' holds no 'ground_truth'")
+    try:
+        return fields.value(row, "reward_model", ["ground_truth"])
+    except GRPOError as err:
+        raise GRPOError(f"{where} row {i}: {err}") from None
 
 
 def _scalar(v: Any) -> Any:

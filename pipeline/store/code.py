@@ -6,8 +6,11 @@ into RUN/code/<sha256[:12]>/<name>.py and records it in RUN/code/CODE.json with 
 imported from the environment (an installed package) is recorded by its version and its file's
 sha256. A copied file's local imports (`import helpers` where helpers.py lies beside it, found by
 reading its source, `local_imports`) are copied beside it and recorded under its "imports", so the
-copy imports the same siblings wherever it runs; a local import that is a package directory is
-refused at init, naming the file. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
+copy imports the same siblings wherever it runs; a local import that is a package directory, a
+package-relative import (`from . import x`) and a `module:fn` inside a package of the current
+directory that no distribution installs are refused at init, naming the file. `grpo init` imports
+the code from these copies (`staged`, a temporary directory laid out as RUN/code/), as the stages
+will, so an import or a data file only the current directory has fails there, before a rollout. The record is hashed into the run's config hash (`Run.cfg_hash`), so a run with other
 reward code is another run, and every process that computes for the run (a local `grpo score`, a
 Ray actor or score task on another node, a `--shard` worker elsewhere) imports the run's copy
 (`pipeline.rewards.contract.run_code`), never whatever file its own current directory holds. A
@@ -18,12 +21,15 @@ as they were (from the current directory).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from pipeline.errors import GRPOError
@@ -70,11 +76,16 @@ def _version(module) -> str | None:
 
 
 def _module_file(name: str) -> tuple[Path | None, object]:
+    """The file of module `name` and the module; a single file of the current directory is found
+    without running it (None for the module): the run's copy of it is what runs, at init as in a stage."""
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
     try:
+        if "." not in name and (spec := importlib.util.find_spec(name)) is not None and spec.origin \
+                and Path(spec.origin).parent == Path(cwd) and name not in sys.modules:
+            return Path(spec.origin), None
         module = importlib.import_module(name)
     except Exception as err:  # preflight imported it already: this is a module that changed since
         raise GRPOError(f"module {name}: cannot be imported ({type(err).__name__})") from None
@@ -105,6 +116,10 @@ def local_imports(file: Path) -> dict[str, Path]:
                 names += [a.name.split(".")[0] for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.append(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom):  # `from . import x`: the copy lies in no package
+                raise GRPOError(f"{cur}: line {node.lineno} imports {'.' * node.level}{node.module or ''} relative to its "
+                                "package, which grpo does not carry with the run; import the file beside it by name "
+                                "(`import helper`) or install the package (pip install -e)")
         for name in names:
             pkg = root / name
             if pkg.is_dir() and ((pkg / "__init__.py").is_file() or (not (root / f"{name}.py").is_file() and any(pkg.glob("*.py")))):
@@ -117,10 +132,11 @@ def local_imports(file: Path) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
-def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, bytes]]:
+def collect(cfg, prior: dict[str, Path] | None = None, missing_ok: bool = False) -> tuple[dict, dict[str, bytes]]:
     """The record of what `cfg` names and the bytes of each copy ({} for a config that names no
     file or module). `prior`: where -> a local copy to take instead of the current directory's
-    file (a replay takes its source run's copies)."""
+    file (a replay takes its source run's copies). `missing_ok`: leave out a file or module that is
+    not there (its loader then says so, naming the config key)."""
     record: dict = {}
     copies: dict[str, bytes] = {}
     for where in sources(cfg):
@@ -129,7 +145,12 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             local = Path(where).expanduser()
             local = local if local.is_absolute() else Path.cwd() / local
         if local is None:
-            file, module = _module_file(where)
+            try:
+                file, module = _module_file(where)
+            except GRPOError:
+                if missing_ok:
+                    continue
+                raise
             if file is not None and file.is_relative_to(Path.cwd()) and file.parent != Path.cwd() \
                     and not _distributions().get(where.split(".")[0]):  # a stage elsewhere (a Ray node, a --shard worker) cannot import it
                 raise GRPOError(f"{where}: {file} is a package in the current directory, not installed, which grpo does "
@@ -140,6 +161,8 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
                 continue
             local = file  # a module file of yours, in the current directory: copied as a file is
         if not local.is_file():
+            if missing_ok:
+                continue
             raise GRPOError(f"{where}: no such file (looked for {local})")
         data = local.read_bytes()
         sha = sha256_bytes(data)
@@ -154,6 +177,24 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             record[where]["imports"] = {n: {"copy": f"code/{folder}/{n}", "sha256": sha256_bytes(b)} for n, b in siblings.items()}
             copies.update({f"code/{folder}/{n}": b for n, b in siblings.items()})
     return record, copies
+
+
+@contextlib.contextmanager
+def staged(cfg):
+    """`grpo init`, before it writes the run: the copies `collect` would put into it, written to a
+    temporary directory laid out as RUN/code/; yields where -> the copy's path. On the way out the
+    directory and every module imported from it are gone."""
+    record, copies = collect(cfg, missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="grpo-init-code-") as tmp:
+        for rel, data in copies.items():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_bytes(data)
+        try:
+            yield {where: str(Path(tmp) / e["copy"]) for where, e in record.items() if "copy" in e}
+        finally:
+            for name, module in list(sys.modules.items()):
+                if str(getattr(module, "__file__", None) or "").startswith(tmp):
+                    del sys.modules[name]
 
 
 def pack(store: RunStore, record: dict, copies: dict[str, bytes]) -> dict | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import Answer, chat_answer, endpoint, request_body
 from pipeline.rewards.judge.verdict import read_verdict
@@ -35,9 +36,9 @@ def _value(v: Any) -> str:
 
 
 def render(o: JudgeOptions, prompt: Any, completion: Any, row: dict[str, Any]) -> str:
-    """The rubric filled in for one completion."""
+    """The rubric filled in for one completion (`row`: each of the rubric's columns or dotted paths -> its value)."""
     values = {c: _value(row.get(c)) for c in o.columns()}
-    return o.rubric.format_map({"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
+    return fields.fill(o.rubric, {"prompt": prompt_text(prompt), "completion": completion_text(completion), **values})
 
 
 class ChatJudge:
@@ -53,10 +54,13 @@ class ChatJudge:
     def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str,
                rendered: list[str] | None = None) -> list[str]:
         o = self.o
-        missing = [c for c in o.columns() if c not in columns]
-        if missing:
-            raise GRPOError(f"{where}: the rubric names {{{missing[0]}}}, which is no dataset column")
-        return [request_body(o, render(o, prompts[i], completions[i], {c: columns[c][i] for c in o.columns()}))
+        named = {}
+        for c in o.columns():  # a column, or a dotted path into one (pipeline.data.fields)
+            try:
+                named[c] = fields.values(columns, c)
+            except GRPOError as err:
+                raise GRPOError(f"{where}: the rubric names {{{c}}}: {err}") from None
+        return [request_body(o, render(o, prompts[i], completions[i], {c: v[i] for c, v in named.items()}))
                 for i in range(len(completions))]
 
     @staticmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import endpoint, headers
 from pipeline.rewards.openrlhf import check_label_key
@@ -23,12 +24,13 @@ REACH_TIMEOUT_S = 10.0
 SKIP = "; grpo init --no-judge-check skips this check"
 
 
-def check_served(o, label: str, columns: list[str], data: str, reach: bool = True) -> None:
-    """A `judge` (JudgeOptions) or a served `reward_model` (RewardModelOptions with base_url)."""
+def check_served(o, label: str, sets: list[tuple[str, list[str], str]], reach: bool = True) -> None:
+    """A `judge` (JudgeOptions) or a served `reward_model` (RewardModelOptions with base_url).
+    `sets`: (path, columns, config key) of data.train and each eval set, where a rubric's columns must be."""
     if isinstance(o, JudgeOptions):
-        return check_judge(o, label, columns, data, reach)
+        return check_judge(o, label, sets, reach)
     if isinstance(o, OpenRLHFServerOptions):
-        return check_openrlhf_server(o, label, columns, data, reach)
+        return check_openrlhf_server(o, label, sets, reach)
     key_is_set(o, label, "the reward model server's API key")
     if reach:
         reachable(o, label)
@@ -41,19 +43,22 @@ def key_is_set(o, label: str, whose: str) -> None:
         raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set (it holds {whose})")
 
 
-def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+def check_judge(o: JudgeOptions, label: str, sets: list[tuple[str, list[str], str]], reach: bool = True) -> None:
     key_is_set(o, label, "the judge's API key")
-    for column in o.columns():
-        if column not in columns:
-            raise GRPOError(f"{label}.kwargs.rubric: names {{{column}}}, but data.train {data} has no column {column!r} "
-                            f"(columns: {', '.join(columns)}; the rubric also knows {{prompt}} and {{completion}})")
+    for column in o.columns():  # a column, or a dotted path into one (pipeline.data.fields)
+        for data, have, key in sets:
+            try:
+                fields.check(data, have, column, f"{label}.kwargs.rubric: names {{{column}}}, but {key}")
+            except GRPOError as err:
+                raise GRPOError(f"{err}; the rubric also knows {{prompt}} and {{completion}}") from None
     if reach:
         reachable(o, label)
 
 
-def check_openrlhf_server(o, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+def check_openrlhf_server(o, label: str, sets: list[tuple[str, list[str], str]], reach: bool = True) -> None:
     key_is_set(o, label, "the reward server's API key")
-    check_label_key(o.label_key, label, columns, data)
+    for data, have, key in sets:  # data.train and every eval set: the eval scores with the same rewards
+        check_label_key(o.label_key, label, have, data, key)
     if not reach:
         return
     import httpx
