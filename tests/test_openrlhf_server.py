@@ -261,3 +261,39 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     pq.write_table(table.set_column(table.column_names.index("extra_dummy_scores"), "extra_dummy_scores", pa.array(dummy)), part)
     assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 1: the stored answer's extra_logs give dummy_scores = "
             f"{was!r}, the part records extra_dummy_scores = {dummy[1]!r}") in audit(logs).problems
+
+
+def test_a_dotted_label_key_sends_the_field_of_a_struct_column_at_init_and_when_scored(rm, assets, tmp_path):
+    """verl-format data (reward_model.ground_truth), as issue 55 item 2 asks wherever a column is named:
+    refused as 'no column' at init and in the stage before (r55s)."""
+    from pipeline import config as config_mod
+    from pipeline import preflight
+
+    e = entry(rm.url, kwargs={"label_key": "reward_model.ground_truth"})
+    truths = [{"ground_truth": "4", "style": "rule"}, None]  # a null struct: a null label, as a null column
+    spec = reward_spec(e, 0)
+    log = RewardLog(2)
+    with recording(Ledger()):
+        values = compute_rewards([spec], PROMPTS[:2], TEXTS[:2], None, {"reward_model": truths}, iteration=0, log=log,
+                                 rendered=RENDERED[:2])[:, 0]
+    assert [json.loads(r)["labels"] for r in log.extra["orm_request"]] == [["4"], [None]]
+    assert values.tolist() == [rm_reward(RENDERED[0] + TEXTS[0], "4"), rm_reward(RENDERED[1] + TEXTS[1], None)]
+    data = tmp_path / "verl.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [truths[0]]}), data)
+
+    def checked(label_key: str, fn: str | None = None):
+        e = entry(rm.url, kwargs={"label_key": label_key})
+        if fn is not None:
+            e = {"fn": fn, "contract": "openrlhf", "kwargs": {"label_key": label_key}}
+        cfg = config_mod.resolve(base_config(assets, rewards=[e]))
+        preflight.check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"train": str(data)})}), judges_reachable=False)
+
+    checked("reward_model.ground_truth")
+    with pytest.raises(GRPOError, match=r"rewards\[0\].kwargs.label_key: data.train .* has no column 'reward_model.gold' "
+                                        r"\(fields: ground_truth, style\)"):
+        checked("reward_model.gold")
+    here = tmp_path / "rf.py"  # the file contract reads it the same way
+    here.write_text("def reward_func(queries, prompts, labels):\n    return [float(labels[0] == '4')]\n")
+    with pytest.raises(GRPOError, match=r"has no column 'reward_model.gold'"):
+        checked("reward_model.gold", fn=f"{here}:reward_func")
+    checked("reward_model.ground_truth", fn=f"{here}:reward_func")

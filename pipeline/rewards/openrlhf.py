@@ -22,7 +22,7 @@ import numbers
 from typing import Any
 
 from pipeline.errors import GRPOError
-from pipeline.rewards.builtins import completion_text
+from pipeline.rewards.builtins import _column, completion_text
 
 TEXT = completion_text
 """A completion's text as `score` gets it (its `texts`): every message's content, tool results included."""
@@ -62,9 +62,15 @@ def inputs(prompts: list, rendered: list[str] | None, texts: list[str], columns:
     if rendered is None and any(not isinstance(p, str) for p in prompts):
         raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
     rendered = rendered or prompts
-    if key is not None and key not in columns:
-        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
-    labels = columns[key] if key is not None else [None] * len(texts)
+    labels = [None] * len(texts)
+    if key is not None:  # a column, or a field of a struct column by a dotted path (verl's reward_model.ground_truth)
+        head = key if key in columns else key.split(".")[0]
+        if head not in columns:
+            raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
+        try:
+            labels = _column(columns, key, LABEL_KEY)
+        except GRPOError as err:
+            raise GRPOError(f"kwargs.{LABEL_KEY}: {err}") from None
     return [p + t for p, t in zip(rendered, texts)], list(rendered), list(labels)
 
 
@@ -109,7 +115,13 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
 
 
 def check_label_key(key: str | None, label: str, train_columns: list[str], data: str) -> None:
-    """At `grpo init`: kwargs.label_key names a column of the training data."""
+    """At `grpo init`: kwargs.label_key names a column of the training data, or a field of a struct column by a
+    dotted path (`reward_model.ground_truth`), checked in a Parquet header as the built-ins' column options are."""
+    if key is not None and key not in train_columns and "." in key and key.split(".")[0] in train_columns:
+        from pipeline.preflight import _check_field
+
+        _check_field(data, key, f"{label}.kwargs.{LABEL_KEY}: data.train {data}")
+        return
     if key is not None and key not in train_columns:
         raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
 
