@@ -26,7 +26,7 @@ import inspect
 from pathlib import Path
 
 from pipeline.config import Config
-from pipeline.data.prompts import dataset_columns, prompt_columns
+from pipeline.data.prompts import check_field, dataset_columns, prompt_columns
 from pipeline.errors import GRPOError
 from pipeline.rewards.contract import TRL_ARGS, load_reward, other_contract
 from pipeline.config.rewards import CustomReward
@@ -83,7 +83,7 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
             check_signature(fn, f"rewards[{j}]", spec.fn, columns)
         for option, column in _column_options(spec):
             if "." in column and column not in train_columns and column.split(".")[0] in train_columns:
-                _check_field(cfg.data.train, column, f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train}")
+                check_field(cfg.data.train, column, f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train}")
             elif column not in train_columns:
                 raise GRPOError(
                     f"rewards[{j}].kwargs.{option}: data.train {cfg.data.train} has no column {column!r} "
@@ -115,27 +115,6 @@ def check_device(cfg: Config, device=None) -> None:
     if cfg.rollout.engine == "vllm":
         dp.engine_settings_for(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
     dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), policy_kind(cfg), device)[1], device)
-
-
-def _check_field(path: str, dotted: str, where: str) -> None:
-    """A dotted column path names a field of a struct column in the data's (Parquet) header."""
-    from pathlib import Path
-
-    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else [Path(path)]
-    if not files or files[0].suffix != ".parquet":
-        return  # only Parquet headers carry struct fields; the rows are checked when scored
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    t = pq.read_schema(files[0])
-    head, *rest = dotted.split(".")
-    kind = t.field(head).type
-    for k in rest:
-        names = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
-        if k not in names:
-            have = f"fields: {', '.join(names)}" if names else f"{kind} is no struct"
-            raise GRPOError(f"{where} has no column {dotted!r} ({have})")
-        kind = kind.field(k).type
 
 
 def _column_options(spec) -> list[tuple[str, str]]:

@@ -297,3 +297,36 @@ def test_a_dotted_label_key_sends_the_field_of_a_struct_column_at_init_and_when_
     with pytest.raises(GRPOError, match=r"has no column 'reward_model.gold'"):
         checked("reward_model.gold", fn=f"{here}:reward_func")
     checked("reward_model.ground_truth", fn=f"{here}:reward_func")
+
+
+def test_an_episodes_query_is_the_rollouts_recorded_text_with_the_template_between_its_turns(rm, tmp_path):
+    """OpenRLHF decodes an episode's tokens, the template's glue and the tool results between the turns
+    included; the query was the rendered prompt + the messages' contents fused with no separator (r55s)."""
+    from pipeline.score import trl_inputs
+    from schemas.artifacts import ROLLOUT
+
+    prompt = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    glue = "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    recorded = call + glue + "It is 5."  # the rollout's `completion`: what the model and the template wrote, in order
+    record = {"version": 1, "format": "hermes", "tools": ["add"], "observation": None, "turns": 2, "ending": "done",
+              "model_tokens": 20, "context_tokens": 20, "messages": [
+                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+                  {"role": "tool", "name": "add", "content": "5", "result": "5"},
+                  {"role": "assistant", "content": "It is 5."}]}
+    row = {"prompt_id": 0, "sample_idx": 0, "group_idx": 0, "prompt": prompt, "prompt_raw": json.dumps([{"role": "user", "content": "What is 2+3?"}]),
+           "prompt_ids": [1], "completion": recorded, "completion_ids": [2] * 40, "sampler_logprobs": [0.0] * 40,
+           "finish_reason": "stop", "truncated": False, "completion_length": 20, "policy_hash": "h",
+           "completion_mask": [1] * 20 + [0] * 20, "episode": json.dumps(record), "answer": "5"}
+    table = ROLLOUT.conform(pa.Table.from_pylist([row]))
+    prompts, completions, ids, columns = trl_inputs(table, None)
+    assert isinstance(completions[0], list)  # an episode: TRL's messages
+    here = tmp_path / "rf.py"
+    here.write_text("def reward_func(queries, prompts, labels):\n    return {'rewards': [0.0], 'extra_logs': {'q': [len(queries[0])]}}\n")
+    specs = [reward_spec(entry(rm.url), 0), reward_spec({"fn": f"{here}:reward_func", "contract": "openrlhf", "name": "rf"}, 1)]
+    log = RewardLog(1)
+    with recording(Ledger()):
+        out = compute_rewards(specs, prompts, completions, ids, columns, iteration=0, log=log,
+                              rendered=table.column("prompt").to_pylist(), recorded=table.column("completion").to_pylist())
+    assert json.loads(log.extra["orm_request"][0])["query"] == [prompt + recorded]
+    assert out[0, 0] == rm_reward(prompt + recorded, "5") and log.extra["q"] == [len(prompt + recorded)]

@@ -158,3 +158,22 @@ def raw_to_json(raw) -> str:
 
 def raw_from_json(text: str):
     return json.loads(text)
+
+
+def check_field(path: str, dotted: str, where: str) -> None:
+    """A dotted column path names a field of a struct column in the data's (Parquet) header."""
+    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else [Path(path)]
+    if not files or files[0].suffix != ".parquet":
+        return  # only Parquet headers carry struct fields; the rows are checked when scored
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_schema(files[0])
+    head, *rest = dotted.split(".")
+    kind = t.field(head).type
+    for k in rest:
+        names = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
+        if k not in names:
+            have = f"fields: {', '.join(names)}" if names else f"{kind} is no struct"
+            raise GRPOError(f"{where} has no column {dotted!r} ({have})")
+        kind = kind.field(k).type

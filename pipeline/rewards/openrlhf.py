@@ -12,7 +12,7 @@ lists; `queries` the rendered prompt followed by the completion, `prompts` the r
 booleans as 0/1); `scores` (OpenRLHF's dynamic-filtering score) is
 not used: grpo filters on the rewards (`advantages.dynamic_sampling`).
 
-Here a completion's text is the rollout's, decoded without special tokens; OpenRLHF decodes the
+Here a completion's text is the rollout's recorded one (`texts`), decoded without special tokens; OpenRLHF decodes the
 whole sequence with them (an EOS token's text ends its queries).
 """
 
@@ -25,7 +25,14 @@ from pipeline.errors import GRPOError
 from pipeline.rewards.builtins import _column, completion_text
 
 TEXT = completion_text
-"""A completion's text as `score` gets it (its `texts`): every message's content, tool results included."""
+"""A completion's text where the rollout's recorded text is not given (a direct call): every message's content."""
+
+
+def texts(completions: list, recorded: list[str] | None) -> list[str]:
+    """Each completion's text in its query: the rollout's recorded text (`completion`), which for an episode
+    is every turn with the chat template's glue and the tool results between them, as OpenRLHF decodes an
+    episode's tokens; its messages' contents fused with no separator are not what any OpenRLHF server sees."""
+    return list(recorded) if recorded is not None else [TEXT(c) for c in completions]
 
 LABEL_KEY = "label_key"
 """The kwargs option naming the dataset column passed as `labels` (OpenRLHF's --label_key)."""
@@ -118,9 +125,9 @@ def check_label_key(key: str | None, label: str, train_columns: list[str], data:
     """At `grpo init`: kwargs.label_key names a column of the training data, or a field of a struct column by a
     dotted path (`reward_model.ground_truth`), checked in a Parquet header as the built-ins' column options are."""
     if key is not None and key not in train_columns and "." in key and key.split(".")[0] in train_columns:
-        from pipeline.preflight import _check_field
+        from pipeline.data.prompts import check_field
 
-        _check_field(data, key, f"{label}.kwargs.{LABEL_KEY}: data.train {data}")
+        check_field(data, key, f"{label}.kwargs.{LABEL_KEY}: data.train {data}")
         return
     if key is not None and key not in train_columns:
         raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")

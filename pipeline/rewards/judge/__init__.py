@@ -46,16 +46,17 @@ def asker_of(options):
 
 
 def served_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
-                   ledger: Ledger | None = None, rendered: list[str] | None = None) -> list[float | None]:
+                   ledger: Ledger | None = None, rendered: list[str] | None = None,
+                   recorded: list[str] | None = None) -> list[float | None]:
     """Rewards of `spec` (a `judge` entry of `rewards:`, a served `reward_model`, an `openrlhf_server`)
     for N completions; the records go to `log` as extra columns (with what an answer asks to log:
     an OpenRLHF server's extra_logs), the counts to the ledger (the stage's, or a fresh one).
-    `rendered`: the rollout's rendered prompts (OpenRLHF's protocol sends them)."""
+    `rendered`, `recorded`: the rollout's rendered prompts and completion texts (OpenRLHF's protocol sends them)."""
     o = spec.kwargs
     asker = asker_of(o)
     ledger = ledger or current()
     n = len(completions)
-    bodies = asker.bodies(prompts, completions, columns, where, rendered)
+    bodies = asker.bodies(prompts, completions, columns, where, rendered, recorded)
     hashes = [request_hash(b) for b in bodies]
     server, sent, failures = _ask_all(spec, asker, dict(zip(hashes, bodies)), ledger)
     records: list[dict] = []
