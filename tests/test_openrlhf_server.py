@@ -330,3 +330,39 @@ def test_an_episodes_query_is_the_rollouts_recorded_text_with_the_template_betwe
                               rendered=table.column("prompt").to_pylist(), recorded=table.column("completion").to_pylist())
     assert json.loads(log.extra["orm_request"][0])["query"] == [prompt + recorded]
     assert out[0, 0] == rm_reward(prompt + recorded, "5") and log.extra["q"] == [len(prompt + recorded)]
+
+
+def test_two_openrlhf_servers_logging_the_same_name_audit_clean_and_an_edit_of_the_second_is_caught(rm):
+    """OpenRLHF's serve_rm always logs `dummy_scores`: two reward models served so (helpfulness, safety) log the
+    same name; the second's lands in extra_<reward>_dummy_scores, where audit did not look: it compared the
+    second server's answers with the first's column and reported an untouched run as edited (r55s)."""
+    from types import SimpleNamespace
+
+    from pipeline.report.audit_record import Audit
+    from pipeline.report.audit_verdicts import _check_judge
+    from pipeline.score import extra_column
+
+    first, second = entry(rm.url), {**entry(rm.url), "name": "orm2"}
+    del second["kwargs"]["label_key"]  # null labels: other rewards
+    specs = [reward_spec(first, 0), reward_spec(second, 1)]
+    log = RewardLog(3)
+    with recording(Ledger()):
+        out = compute_rewards(specs, PROMPTS[:3], TEXTS[:3], None, {k: v[:3] for k, v in COLUMNS.items()}, iteration=0,
+                              log=log, rendered=RENDERED[:3])
+    assert log.extra["dummy_scores"] == out[:, 0].tolist() != out[:, 1].tolist() == log.extra["orm2_dummy_scores"]
+    cols = {f"reward_{s.column}": pa.array(out[:, j]) for j, s in enumerate(specs)}
+    table = pa.table({**cols, **{f"extra_{k}": extra_column(v) for k, v in log.extra.items()}})
+
+    def problems(t) -> list[str]:
+        a = SimpleNamespace(audit=Audit("run"))
+        for s in specs:
+            _check_judge(a, "part", t, s)
+        return a.audit.problems
+
+    assert problems(table) == []
+    edited = log.extra["orm2_dummy_scores"][:]
+    edited[2] = 0.5 if edited[2] != 0.5 else 0.25
+    i = table.column_names.index("extra_orm2_dummy_scores")
+    assert problems(table.set_column(i, "extra_orm2_dummy_scores", pa.array(edited))) == [
+        f"part: judge 'orm2' row 2: the stored answer's extra_logs give dummy_scores = {log.extra['orm2_dummy_scores'][2]!r}, "
+        f"the part records extra_orm2_dummy_scores = {edited[2]!r}"]
