@@ -366,3 +366,18 @@ def test_two_openrlhf_servers_logging_the_same_name_audit_clean_and_an_edit_of_t
     assert problems(table.set_column(i, "extra_orm2_dummy_scores", pa.array(edited))) == [
         f"part: judge 'orm2' row 2: the stored answer's extra_logs give dummy_scores = {log.extra['orm2_dummy_scores'][2]!r}, "
         f"the part records extra_orm2_dummy_scores = {edited[2]!r}"]
+
+
+def test_a_servers_log_that_another_reward_logged_first_never_overwrites_its_own_record(rm, tmp_path):
+    """A name another reward logged first lands in <reward>_<name>: for a server logging `reason` that is its
+    own record column extra_<reward>_reason, which it silently overwrote (r55s). Alone, it is logged as asked."""
+    here = tmp_path / "rf.py"
+    here.write_text("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0], 'extra_logs': {'reason': [2.0]}}\n")
+    rf = reward_spec({"fn": f"{here}:reward_func", "contract": "openrlhf", "name": "rf"}, 0)
+    values, log, _ = served(entry(rm.url, "reason"), n=2)  # alone: its `reason` column, its record untouched
+    assert log.extra["reason"] == values.tolist() and log.extra["orm_reason"] == [None, None]
+    with pytest.raises(GRPOError) as info, recording(Ledger()):
+        compute_rewards([rf, reward_spec(entry(rm.url, "reason"), 1)], PROMPTS[:2], TEXTS[:2], None,
+                        {k: v[:2] for k, v in COLUMNS.items()}, iteration=0, log=RewardLog(2), rendered=RENDERED[:2])
+    assert str(info.value) == ("reward 'orm' (iteration 0): the server's extra_logs name 'reason' (as 'orm_reason': another "
+                               "reward logged 'reason' first), which is this reward's own record; rename the reward (`name:`)")

@@ -91,8 +91,10 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     for field in FIELDS:
         log_extra(f"{col}_{field}", [rec.get(field) for rec in records])
     for name in sorted({k for d in logged for k in d}):
-        if name.startswith(f"{col}_") and name.removeprefix(f"{col}_") in FIELDS:
-            raise GRPOError(f"{where}: the server's extra_logs name {name!r}, which is this reward's own record; "
+        landed = log.column(where, name)  # a name another reward logged first lands in <reward>_<name>
+        if landed.startswith(f"{col}_") and landed.removeprefix(f"{col}_") in FIELDS:
+            moved = f" (as {landed!r}: another reward logged {name!r} first)" if landed != name else ""
+            raise GRPOError(f"{where}: the server's extra_logs name {name!r}{moved}, which is this reward's own record; "
                             f"rename the reward (`name:`)")
         log_extra(name, [d.get(name) for d in logged])
     return out
