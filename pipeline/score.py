@@ -93,7 +93,8 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
         log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                                  trainer_state=trainer_state(run, k), log=log, completion_masks=completion_masks(rollout),
-                                 rendered=rollout.column("prompt").to_pylist())  # [N, F]
+                                 rendered=rollout.column("prompt").to_pylist(),
+                                 recorded=rollout.column("completion").to_pylist())  # [N, F]
     weights = np.array([r.weight for r in cfg.rewards], dtype=np.float64)
     total = advantages.combine_rewards(per_fn, weights)  # [N]
     if not np.isfinite(total[~np.isnan(total)]).all():

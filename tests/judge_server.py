@@ -35,7 +35,7 @@ and an OpenRLHF reward server, POST /<mode>/get_reward as `openrlhf.cli.serve_rm
 `{"query": [...], "prompts": [...], "labels": [...]}` -> `{"rewards": [...], "scores": [...],
 "extra_logs": {"dummy_scores": [...], "query_chars": [...]}}`, each reward `rm_reward(query, label)`,
 any number of queries per request, with the same modes; its garbage answers are GARBAGE_REWARDS
-(no reward, a word, NaN); mode `clash` adds an extra_logs entry `orm_answer`; it has no /models (GET /<mode>/get_reward is a 405, as FastAPI answers a
+(no reward, a word, NaN); mode `clash` adds an extra_logs entry `orm_answer`, mode `reason` one named `reason`; it has no /models (GET /<mode>/get_reward is a 405, as FastAPI answers a
 POST-only route).
 GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
 may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
@@ -217,6 +217,8 @@ class Judge:
                         logs = {"dummy_scores": rewards, "query_chars": [len(q) for q, _ in pairs]}
                         if mode == "clash":  # a log named as a reward `orm`'s own record column
                             logs["orm_answer"] = rewards
+                        if mode == "reason":  # a log named as a record field (`reason`), which another reward may log too
+                            logs["reason"] = rewards
                         return self.answer(200, json.dumps({"rewards": rewards, "scores": rewards, "extra_logs": logs}))
                     if classify:  # vLLM's ClassificationResponse
                         usage = {"prompt_tokens": len(text.split()), "total_tokens": len(text.split()), "completion_tokens": 0}

@@ -261,3 +261,124 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     pq.write_table(table.set_column(table.column_names.index("extra_dummy_scores"), "extra_dummy_scores", pa.array(dummy)), part)
     assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 1: the stored answer's extra_logs give dummy_scores = "
             f"{was!r}, the part records extra_dummy_scores = {dummy[1]!r}") in audit(logs).problems
+
+
+def test_a_dotted_label_key_sends_the_field_of_a_struct_column_at_init_and_when_scored(rm, assets, tmp_path):
+    """verl-format data (reward_model.ground_truth), as issue 55 item 2 asks wherever a column is named:
+    refused as 'no column' at init and in the stage before (r55s)."""
+    from pipeline import config as config_mod
+    from pipeline import preflight
+
+    e = entry(rm.url, kwargs={"label_key": "reward_model.ground_truth"})
+    truths = [{"ground_truth": "4", "style": "rule"}, None]  # a null struct: a null label, as a null column
+    spec = reward_spec(e, 0)
+    log = RewardLog(2)
+    with recording(Ledger()):
+        values = compute_rewards([spec], PROMPTS[:2], TEXTS[:2], None, {"reward_model": truths}, iteration=0, log=log,
+                                 rendered=RENDERED[:2])[:, 0]
+    assert [json.loads(r)["labels"] for r in log.extra["orm_request"]] == [["4"], [None]]
+    assert values.tolist() == [rm_reward(RENDERED[0] + TEXTS[0], "4"), rm_reward(RENDERED[1] + TEXTS[1], None)]
+    data = tmp_path / "verl.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [truths[0]]}), data)
+
+    def checked(label_key: str, fn: str | None = None):
+        e = entry(rm.url, kwargs={"label_key": label_key})
+        if fn is not None:
+            e = {"fn": fn, "contract": "openrlhf", "kwargs": {"label_key": label_key}}
+        cfg = config_mod.resolve(base_config(assets, rewards=[e]))
+        preflight.check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"train": str(data), "eval": str(data)})}),
+                        judges_reachable=False)  # the eval set is checked too: it scores with the same rewards
+
+    checked("reward_model.ground_truth")
+    with pytest.raises(GRPOError, match=r"rewards\[0\].kwargs.label_key: data.train .* has no column 'reward_model.gold': "
+                                        r"'reward_model' has no field 'gold' \(fields: ground_truth, style\)"):
+        checked("reward_model.gold")
+    here = tmp_path / "rf.py"  # the file contract reads it the same way
+    here.write_text("def reward_func(queries, prompts, labels):\n    return [float(labels[0] == '4')]\n")
+    with pytest.raises(GRPOError, match=r"has no column 'reward_model.gold'"):
+        checked("reward_model.gold", fn=f"{here}:reward_func")
+    checked("reward_model.ground_truth", fn=f"{here}:reward_func")
+
+
+def test_an_episodes_query_is_the_rollouts_recorded_text_with_the_template_between_its_turns(rm, tmp_path):
+    """OpenRLHF decodes an episode's tokens, the template's glue and the tool results between the turns
+    included; the query was the rendered prompt + the messages' contents fused with no separator (r55s)."""
+    from pipeline.score import trl_inputs
+    from schemas.artifacts import ROLLOUT
+
+    prompt = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    glue = "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    recorded = call + glue + "It is 5."  # the rollout's `completion`: what the model and the template wrote, in order
+    record = {"version": 1, "format": "hermes", "tools": ["add"], "observation": None, "turns": 2, "ending": "done",
+              "model_tokens": 20, "context_tokens": 20, "messages": [
+                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+                  {"role": "tool", "name": "add", "content": "5", "result": "5"},
+                  {"role": "assistant", "content": "It is 5."}]}
+    row = {"prompt_id": 0, "sample_idx": 0, "group_idx": 0, "prompt": prompt, "prompt_raw": json.dumps([{"role": "user", "content": "What is 2+3?"}]),
+           "prompt_ids": [1], "completion": recorded, "completion_ids": [2] * 40, "sampler_logprobs": [0.0] * 40,
+           "finish_reason": "stop", "truncated": False, "completion_length": 20, "policy_hash": "h",
+           "completion_mask": [1] * 20 + [0] * 20, "episode": json.dumps(record), "answer": "5"}
+    table = ROLLOUT.conform(pa.Table.from_pylist([row]))
+    prompts, completions, ids, columns = trl_inputs(table, None)
+    assert isinstance(completions[0], list)  # an episode: TRL's messages
+    here = tmp_path / "rf.py"
+    here.write_text("def reward_func(queries, prompts, labels):\n    return {'rewards': [0.0], 'extra_logs': {'q': [len(queries[0])]}}\n")
+    specs = [reward_spec(entry(rm.url), 0), reward_spec({"fn": f"{here}:reward_func", "contract": "openrlhf", "name": "rf"}, 1)]
+    log = RewardLog(1)
+    with recording(Ledger()):
+        out = compute_rewards(specs, prompts, completions, ids, columns, iteration=0, log=log,
+                              rendered=table.column("prompt").to_pylist(), recorded=table.column("completion").to_pylist())
+    assert json.loads(log.extra["orm_request"][0])["query"] == [prompt + recorded]
+    assert out[0, 0] == rm_reward(prompt + recorded, "5") and log.extra["q"] == [len(prompt + recorded)]
+
+
+def test_two_openrlhf_servers_logging_the_same_name_audit_clean_and_an_edit_of_the_second_is_caught(rm):
+    """OpenRLHF's serve_rm always logs `dummy_scores`: two reward models served so (helpfulness, safety) log the
+    same name; the second's lands in extra_<reward>_dummy_scores, where audit did not look: it compared the
+    second server's answers with the first's column and reported an untouched run as edited (r55s)."""
+    from types import SimpleNamespace
+
+    from pipeline.report.audit_record import Audit
+    from pipeline.report.audit_verdicts import _check_judge
+    from pipeline.score import extra_column
+
+    first, second = entry(rm.url), {**entry(rm.url), "name": "orm2"}
+    del second["kwargs"]["label_key"]  # null labels: other rewards
+    specs = [reward_spec(first, 0), reward_spec(second, 1)]
+    log = RewardLog(3)
+    with recording(Ledger()):
+        out = compute_rewards(specs, PROMPTS[:3], TEXTS[:3], None, {k: v[:3] for k, v in COLUMNS.items()}, iteration=0,
+                              log=log, rendered=RENDERED[:3])
+    assert log.extra["dummy_scores"] == out[:, 0].tolist() != out[:, 1].tolist() == log.extra["orm2_dummy_scores"]
+    cols = {f"reward_{s.column}": pa.array(out[:, j]) for j, s in enumerate(specs)}
+    table = pa.table({**cols, **{f"extra_{k}": extra_column(v) for k, v in log.extra.items()}})
+
+    def problems(t) -> list[str]:
+        a = SimpleNamespace(audit=Audit("run"))
+        for s in specs:
+            _check_judge(a, "part", t, s)
+        return a.audit.problems
+
+    assert problems(table) == []
+    edited = log.extra["orm2_dummy_scores"][:]
+    edited[2] = 0.5 if edited[2] != 0.5 else 0.25
+    i = table.column_names.index("extra_orm2_dummy_scores")
+    assert problems(table.set_column(i, "extra_orm2_dummy_scores", pa.array(edited))) == [
+        f"part: judge 'orm2' row 2: the stored answer's extra_logs give dummy_scores = {log.extra['orm2_dummy_scores'][2]!r}, "
+        f"the part records extra_orm2_dummy_scores = {edited[2]!r}"]
+
+
+def test_a_servers_log_that_another_reward_logged_first_never_overwrites_its_own_record(rm, tmp_path):
+    """A name another reward logged first lands in <reward>_<name>: for a server logging `reason` that is its
+    own record column extra_<reward>_reason, which it silently overwrote (r55s). Alone, it is logged as asked."""
+    here = tmp_path / "rf.py"
+    here.write_text("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0], 'extra_logs': {'reason': [2.0]}}\n")
+    rf = reward_spec({"fn": f"{here}:reward_func", "contract": "openrlhf", "name": "rf"}, 0)
+    values, log, _ = served(entry(rm.url, "reason"), n=2)  # alone: its `reason` column, its record untouched
+    assert log.extra["reason"] == values.tolist() and log.extra["orm_reason"] == [None, None]
+    with pytest.raises(GRPOError) as info, recording(Ledger()):
+        compute_rewards([rf, reward_spec(entry(rm.url, "reason"), 1)], PROMPTS[:2], TEXTS[:2], None,
+                        {k: v[:2] for k, v in COLUMNS.items()}, iteration=0, log=RewardLog(2), rendered=RENDERED[:2])
+    assert str(info.value) == ("reward 'orm' (iteration 0): the server's extra_logs name 'reason' (as 'orm_reason': another "
+                               "reward logged 'reason' first), which is this reward's own record; rename the reward (`name:`)")

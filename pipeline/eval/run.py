@@ -86,7 +86,8 @@ def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorde
         log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts_, completions, completion_ids, columns, iteration=k, log=log,
                                  completion_masks=completion_masks(table),
-                                 rendered=table.column("prompt").to_pylist() if "prompt" in table.column_names else None)  # [N, F]
+                                 rendered=table.column("prompt").to_pylist() if "prompt" in table.column_names else None,
+                                 recorded=table.column("completion").to_pylist())  # [N, F]
     if why := unknown_eval_reward(cfg, s):  # the config asks only when eval.every > 0; `grpo eval` runs it anyway
         raise GRPOError(why)
     names = [r.column for r in cfg.rewards]

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from pipeline.report.audit_record import Auditor
 from pipeline.rewards.judge import asker_of
 from pipeline.rewards.judge.client import request_hash
+from pipeline.rewards.judge.record import FIELDS
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX
 
 
@@ -71,7 +72,10 @@ def _check_logs(a: Auditor, rel: str, table, col: str, logged: list[dict]) -> No
     from pipeline.score import extra_column
 
     for name in sorted({k for d in logged for k in d}):
-        column = EXTRA_PREFIX + name
+        # a name another reward logged first lands in the reward's own column (RewardLog.extra_logger: serve_rm
+        # logs `dummy_scores` whatever it serves, so two of its servers always do)
+        renamed = f"{EXTRA_PREFIX}{col}_{name}"
+        column = renamed if renamed in table.column_names and name not in FIELDS else EXTRA_PREFIX + name
         if column not in table.column_names:
             a.audit.problem(rel, f"judge {col!r}: no column {column!r} (its answers' extra_logs are not recorded)")
             continue

@@ -78,14 +78,16 @@ class RewardLog:
             values = list(values)
             if not isinstance(column, str) or len(values) != len(rows):
                 raise GRPOError(f"{where}: log_extra({column!r}, ...) got {len(values)} values for {len(rows)} completions")
-            if self._owner.setdefault(column, where) != where and where in self.names:
-                # a second reward logs a name another one logged (verl's `acc` from two scorers): its own
-                # column, named after the reward, instead of overwriting the first one's values
-                column = f"{self.names[where]}_{column}"
-            col = self.extra.setdefault(column, [None] * self.n)
+            self._owner.setdefault(column, where)
+            col = self.extra.setdefault(self.column(where, column), [None] * self.n)
             col[rows.start : rows.stop] = values
 
         return log_extra
+
+    def column(self, where: str, name: str) -> str:
+        """The column `where`'s log `name` lands in: `name`, or `<reward>_<name>` when another reward logged it
+        first (verl's `acc` from two scorers), instead of overwriting the first one's values."""
+        return f"{self.names[where]}_{name}" if self._owner.get(name, where) != where and where in self.names else name
 
     def metric_sums(self) -> dict[str, list[float]]:
         """{name: [sum, count]}: what parts store, so an iteration's mean can be taken over all of them."""

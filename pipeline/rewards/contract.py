@@ -118,6 +118,7 @@ def compute_rewards(
     log: RewardLog | None = None,
     completion_masks: list[list[int] | None] | None = None,
     rendered: list[str] | None = None,
+    recorded: list[str] | None = None,
 ) -> np.ndarray:
     """Every reward function on every completion: float64 [N, F], NaN where one returned None.
 
@@ -126,7 +127,8 @@ def compute_rewards(
     completion_masks: the rollout's completion_mask (1 where the model sampled the token; None
     for a single completion). Your functions get completion_ids as TRL passes them, every token of
     an episode; the built-ins get the model's tokens only, so their lengths count what it wrote.
-    rendered: the rollout's rendered prompts (after the chat template), for OpenRLHF's contract.
+    rendered: the rollout's rendered prompts (after the chat template), for OpenRLHF's contract;
+    recorded: the rollout's completion texts as recorded (an episode's with the template between its turns), its queries.
     trainer_state is passed to every function (default: global_step = iteration); what they
     log with log_metric / log_extra lands in `log`. Async functions run concurrently after the
     synchronous ones (pipeline.rewards.calls).
@@ -156,13 +158,13 @@ def compute_rewards(
         log.names[where] = spec.column
         if spec.served:  # its requests, their concurrency and the record of its answers
             try:
-                values = fn(prompts, completions, columns, log, where, rendered=rendered)
+                values = fn(prompts, completions, columns, log, where, rendered=rendered, recorded=recorded)
             except GRPOError as err:
                 raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         if (other := other_contract(spec)) is not None:  # pipeline/rewards/openrlhf.py, verl.py
-            texts = [other.TEXT(c) for c in completions]
+            texts = other.texts(completions, recorded)
             values = other.score(fn.func, fn.keywords, prompts, rendered, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue

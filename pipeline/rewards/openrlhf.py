@@ -12,7 +12,7 @@ lists; `queries` the rendered prompt followed by the completion, `prompts` the r
 booleans as 0/1); `scores` (OpenRLHF's dynamic-filtering score) is
 not used: grpo filters on the rewards (`advantages.dynamic_sampling`).
 
-Here a completion's text is the rollout's, decoded without special tokens; OpenRLHF decodes the
+Here a completion's text is the rollout's recorded one (`texts`), decoded without special tokens; OpenRLHF decodes the
 whole sequence with them (an EOS token's text ends its queries).
 """
 
@@ -26,7 +26,14 @@ from pipeline.errors import GRPOError
 from pipeline.rewards.builtins import completion_text
 
 TEXT = completion_text
-"""A completion's text as `score` gets it (its `texts`): every message's content, tool results included."""
+"""A completion's text where the rollout's recorded text is not given (a direct call): every message's content."""
+
+
+def texts(completions: list, recorded: list[str] | None) -> list[str]:
+    """Each completion's text in its query: the rollout's recorded text (`completion`), which for an episode
+    is every turn with the chat template's glue and the tool results between them, as OpenRLHF decodes an
+    episode's tokens; its messages' contents fused with no separator are not what any OpenRLHF server sees."""
+    return list(recorded) if recorded is not None else [TEXT(c) for c in completions]
 
 LABEL_KEY = "label_key"
 """The kwargs option naming the dataset column passed as `labels` (OpenRLHF's --label_key)."""

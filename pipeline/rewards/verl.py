@@ -29,6 +29,11 @@ TEXT = final_text
 """A completion's text as `score` gets it (its `texts`): the final assistant message, tool results left out."""
 
 
+def texts(completions: list, recorded: list[str] | None) -> list[str]:
+    """`score`'s texts: TEXT of each completion (the rollout's recorded text is not verl's solution_str)."""
+    return [TEXT(c) for c in completions]
+
+
 def _declared(fn) -> set[str]:
     try:
         params = inspect.signature(fn).parameters.values()

@@ -46,16 +46,17 @@ def asker_of(options):
 
 
 def served_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
-                   ledger: Ledger | None = None, rendered: list[str] | None = None) -> list[float | None]:
+                   ledger: Ledger | None = None, rendered: list[str] | None = None,
+                   recorded: list[str] | None = None) -> list[float | None]:
     """Rewards of `spec` (a `judge` entry of `rewards:`, a served `reward_model`, an `openrlhf_server`)
     for N completions; the records go to `log` as extra columns (with what an answer asks to log:
     an OpenRLHF server's extra_logs), the counts to the ledger (the stage's, or a fresh one).
-    `rendered`: the rollout's rendered prompts (OpenRLHF's protocol sends them)."""
+    `rendered`, `recorded`: the rollout's rendered prompts and completion texts (OpenRLHF's protocol sends them)."""
     o = spec.kwargs
     asker = asker_of(o)
     ledger = ledger or current()
     n = len(completions)
-    bodies = asker.bodies(prompts, completions, columns, where, rendered)
+    bodies = asker.bodies(prompts, completions, columns, where, rendered, recorded)
     hashes = [request_hash(b) for b in bodies]
     server, sent, failures = _ask_all(spec, asker, dict(zip(hashes, bodies)), ledger)
     records: list[dict] = []
@@ -90,8 +91,10 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     for field in FIELDS:
         log_extra(f"{col}_{field}", [rec.get(field) for rec in records])
     for name in sorted({k for d in logged for k in d}):
-        if name.startswith(f"{col}_") and name.removeprefix(f"{col}_") in FIELDS:
-            raise GRPOError(f"{where}: the server's extra_logs name {name!r}, which is this reward's own record; "
+        landed = log.column(where, name)  # a name another reward logged first lands in <reward>_<name>
+        if landed.startswith(f"{col}_") and landed.removeprefix(f"{col}_") in FIELDS:
+            moved = f" (as {landed!r}: another reward logged {name!r} first)" if landed != name else ""
+            raise GRPOError(f"{where}: the server's extra_logs name {name!r}{moved}, which is this reward's own record; "
                             f"rename the reward (`name:`)")
         log_extra(name, [d.get(name) for d in logged])
     return out

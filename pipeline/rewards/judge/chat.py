@@ -52,7 +52,7 @@ class ChatJudge:
         self.what = f"judge {o.model} at {o.base_url}"
 
     def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str,
-               rendered: list[str] | None = None) -> list[str]:
+               rendered: list[str] | None = None, recorded: list[str] | None = None) -> list[str]:
         o = self.o
         named = {}
         for c in o.columns():  # a column, or a dotted path into one (pipeline.data.fields)

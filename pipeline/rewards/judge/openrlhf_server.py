@@ -27,9 +27,8 @@ import math
 import numbers
 
 from pipeline.errors import GRPOError
-from pipeline.rewards.builtins import completion_text
 from pipeline.rewards.judge.client import Answer
-from pipeline.rewards.openrlhf import inputs, log_value
+from pipeline.rewards.openrlhf import inputs, log_value, texts
 
 
 def request_body(query: str, prompt: str, label) -> str:
@@ -87,9 +86,8 @@ class OpenRLHFServer:
         return self.url
 
     def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str,
-               rendered: list[str] | None = None) -> list[str]:
-        texts = [completion_text(c) for c in completions]
-        queries, rendered_, labels = inputs(prompts, rendered, texts, columns, self.o.label_key, where)
+               rendered: list[str] | None = None, recorded: list[str] | None = None) -> list[str]:
+        queries, rendered_, labels = inputs(prompts, rendered, texts(completions, recorded), columns, self.o.label_key, where)
         out = []
         for i, (q, p, label) in enumerate(zip(queries, rendered_, labels)):
             try:
