@@ -172,3 +172,25 @@ def test_a_resume_between_two_states_reruns_each_missing_update_and_checks_its_h
     assert record(run) == record(ref), first_difference(run, ref)
     assert (run / "iter-0001/update/state/trainer.json").exists()  # the end of a command writes it
     assert not (run / "iter-0000/update/state").exists()
+
+
+def test_a_resume_that_must_rerun_updates_in_another_process_count_stops_with_one_line(assets, tmp_path_factory, tmp_path):
+    """The reference run's updates were recorded by one process and kept no state after update 0.
+    Update 1 under torchrun over 2 processes would re-run update 0 over 2, whose gradients sum in
+    another order: its policy hash could not be the recorded one. Every rank stops before any
+    work with one line naming the iteration and the process count to resume with, not a hash
+    mismatch that blames the record."""
+    ref = reference_run(tmp_path_factory, assets)
+    run = copy_run(ref, tmp_path / "run")
+    for rel in ("iter-0001/update", "policy/iter-0002"):
+        shutil.rmtree(run / rel)
+    assert not (run / "iter-0000/update/state").exists()
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "stages.cli", "update", str(run), "--iter", "1"],
+                         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    errors = {ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("error: ")}
+    assert errors == {"error: update iteration 0: its trainer state was not kept (train.state_every 10) and resuming re-runs it, "
+                      "but it was recorded by 1 process(es) in fp32 and this update has 2 in fp32; "
+                      "resume with 1 process(es) on a machine computing in fp32"}, out.stderr[-3000:]
+    assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
