@@ -194,3 +194,23 @@ def test_a_resume_that_must_rerun_updates_in_another_process_count_stops_with_on
                       "but it was recorded by 1 process(es) in fp32 and this update has 2 in fp32; "
                       "resume with 1 process(es) on a machine computing in fp32"}, out.stderr[-3000:]
     assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
+
+
+def test_a_lora_dropout_update_resumed_or_rerun_in_a_new_process_is_the_warm_one(assets, tmp_path):
+    """LoRA dropout draws from torch's RNG. In `iterate` the trainer is warm and rollouts and
+    logprob passes run between its updates; `grpo update --iter 1` starts a new process from
+    state 0, and without state 0 re-runs update 0 first. Each must publish the warm run's
+    policy 2 (pipeline.update.rng seeds each update's draws from the seed and the iteration)."""
+    cfg = base_config(assets, train={"mini_batch_size": 8, "lr": 1e-3, "precision": "fp32", "state_every": 1, "keep_states": 2,
+                                     "lora": {"r": 4, "alpha": 8, "dropout": 0.5}})
+    ref = tmp_path / "ref"
+    grpo("init", str(ref), "--config", str(write_config(tmp_path / "config.yaml", cfg)))
+    grpo("iterate", str(ref), "--iters", "2")
+    assert (ref / "iter-0000/update/state/trainer.json").exists()
+    for name, without in (("from-state", ()), ("re-run", ("iter-0000/update/state",))):
+        run = copy_run(ref, tmp_path / name)
+        for rel in ("iter-0001/update", "policy/iter-0002", *without):
+            shutil.rmtree(run / rel)
+        grpo("update", str(run), "--iter", "1")
+        assert manifest(run, "policy/iter-0002")["policy_hash"] == manifest(ref, "policy/iter-0002")["policy_hash"], name
+        assert record(run) == record(ref), first_difference(run, ref)

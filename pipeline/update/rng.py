@@ -1,30 +1,24 @@
-"""Each rank's torch RNG, kept with the trainer state (as TRL keeps rng_state.pth in a checkpoint).
-
-LoRA dropout (train.lora.dropout) draws from it during the update. The trainer seeds it once when
-it starts, and a warm trainer (`iterate`) carries it from update to update; an update resumed or
-re-run from a state (train.state_every) must draw what the uninterrupted run drew, so the state
-carries it. A state written before it did resumes from the seed, as it did then.
+"""The torch RNG an update draws from (LoRA dropout, train.lora.dropout): seeded from (seed,
+iteration, rank) at the update's start, so what update K draws does not depend on what ran before
+it in the process. A warm trainer (`iterate`) ran rollouts and logprob passes between updates, a
+resumed one starts fresh, and a re-run (train.state_every) runs updates back to back; with the
+process's own RNG each drew other dropout masks, so a resume was not the uninterrupted run and a
+re-run stopped on a policy hash it could not reproduce. (TRL keeps the process RNG in its
+checkpoints, rng_state.pth; here the state would also have to hold the rollouts' draws.) The
+process's RNG is left as it was outside the update.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
 
+import numpy as np
 import torch
 
-RNG = "rng-rank{rank}.pt"
 
-
-def save_rng(out: Path, rank: int) -> None:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    torch.save({"cpu": torch.get_rng_state(), "cuda": cuda}, out / RNG.format(rank=rank))
-
-
-def load_rng(src: Path, rank: int) -> None:
-    path = src / RNG.format(rank=rank)
-    if not path.exists():
-        return
-    state = torch.load(path, weights_only=True)
-    torch.set_rng_state(state["cpu"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+@contextlib.contextmanager
+def update_rng(device: torch.device, seed: int, k: int, rank: int):
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(int(np.random.SeedSequence([seed, k, rank]).generate_state(1)[0]))
+        yield

@@ -23,7 +23,7 @@ from pipeline.objective import loss as grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models import packing
-from pipeline.models.policy import policy_kind
+from pipeline.run.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.schedule import steps_per_iter
 from pipeline.progress import progress
@@ -32,7 +32,7 @@ from pipeline.objective.correction import combine
 from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
-from pipeline.update.rng import load_rng, save_rng
+from pipeline.update.rng import update_rng
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -117,7 +117,6 @@ class Trainer:
         with serialization.patch({"save.compute_crc32": False}):
             self.engine.save_checkpoint(str(out), tag="state", save_latest=False,
                                         exclude_frozen_parameters=self.policy.frozen_base)
-            save_rng(out, self.rank)  # LoRA dropout's draws continue where this state's run left them
         if self.rank == 0:
             (out / TRAINER_JSON).write_text(json.dumps({"global_step": self.global_step, "kl_controller": self.kl_ctl.state_dict()}, sort_keys=True))
 
@@ -126,7 +125,6 @@ class Trainer:
         path, _ = self.engine.load_checkpoint(str(src), tag="state", load_module_strict=not self.policy.frozen_base)
         if path is None:
             raise GRPOError(f"{src}: trainer state could not be loaded")
-        load_rng(src, self.rank)
         meta = json.loads((src / TRAINER_JSON).read_text())
         self.global_step = meta["global_step"]
         self.kl_ctl.load_state_dict(meta["kl_controller"])
@@ -185,7 +183,8 @@ class Trainer:
             return rows
         self.engine.train()
         steps = t.epochs * -(-n // t.mini_batch_size)
-        with progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(self.engine.device):
+        with (progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(self.engine.device),
+              update_rng(self.engine.device, self.cfg.seed, k, self.rank)):  # dropout draws as on any path to update k
             for epoch in range(t.epochs):
                 rows += self._epoch(data, k, epoch, bar)
                 if epoch == 0 and data.old_from_update and self.world > 1:
