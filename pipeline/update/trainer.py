@@ -23,7 +23,7 @@ from pipeline.objective import loss as grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models import packing
-from pipeline.run.policy import policy_kind
+from pipeline.models.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.schedule import steps_per_iter
 from pipeline.progress import progress
