@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-overlap bench-agent bench-ray bench-long docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast bench bench-record bench-overlap bench-agent bench-ray bench-long docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,14 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.record
+	$(BIN)/python -m bench.page
+
+# what the record costs warm `iterate` (SmolLM2-135M full fine-tuning, two shapes): seconds outside
+# the stages' own compute and bytes written and read per iteration (bench/record.py)
+bench-record: $(STAMP)
+	$(BIN)/python -m bench.record
+	$(BIN)/python -m bench.page
 
 # asynchronous against synchronous iterate on the same work, cores shared and split (bench/overlap.py)
 bench-overlap: $(STAMP)

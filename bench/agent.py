@@ -96,7 +96,7 @@ def ours_worker(w_json: str, out: str) -> None:
     cpu_env()
     from pipeline.loop.iterate import iterate
     from pipeline.report.episodes import episode_metrics, episode_records
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     w = load_workload(w_json)
     path = WORK / "runs" / w.name

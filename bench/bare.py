@@ -29,7 +29,7 @@ from pipeline.schedule import old_from_update
 
 def iteration_data(run, k: int) -> dict:
     """Iteration k's prompts, completions, old logprobs and advantages, read from the run."""
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
     from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
 
     roll = pa.concat_tables(read_parts(run, k, "rollout", ROLLOUT))
@@ -169,7 +169,7 @@ class BareDeepSpeed:
         if cfg.train.lora is not None:
             from peft import get_peft_model
 
-            from pipeline.models.lora import peft_config
+            from pipeline.run.lora import peft_config
 
             model = get_peft_model(model, peft_config(cfg.train.lora))
         params = [p for p in model.parameters() if p.requires_grad]

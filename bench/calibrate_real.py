@@ -66,7 +66,7 @@ def points_per_min(first: dict, final: dict, seconds: float) -> float:
 def evaluate(cfg, model: Path, run_dir: Path) -> dict:
     """Held-out eval of MODEL with the demo's evaluation (a run whose policy 0 is MODEL)."""
     from pipeline.eval.run import eval_summary, run_eval
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     run = init_run(str(run_dir), cfg.model_copy(update={"model": str(model)}))
     run_eval(run, 0)

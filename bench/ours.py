@@ -30,7 +30,7 @@ def run_dir(name: str) -> Path:
 def main(workload_json: str, out: str) -> None:
     from pipeline.loop import iterate as iterate_mod
     from pipeline.models.engines import cpu_env
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     cpu_env()
     w = load_workload(workload_json)

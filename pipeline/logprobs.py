@@ -17,14 +17,14 @@ import torch
 
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch, resolve_precision, shared_budget_batches, token_logprobs
-from pipeline.models.lora import AdapterOff
+from pipeline.run.lora import AdapterOff
 from pipeline.models.packing import resolve as resolve_packing
-from pipeline.models.policy import LogprobModels
-from pipeline.models.sampler_proof import check_sampler_gap
+from pipeline.run.policy import LogprobModels
+from pipeline.run.sampler_proof import check_sampler_gap
 from pipeline.schedule import iteration_plan
 from pipeline.store import stage_rel
-from pipeline.store.parts import Shard, read_part, run_parts, upstream
-from pipeline.store.run import Run
+from pipeline.run.parts import Shard, read_part, run_parts, upstream
+from pipeline.run.run import Run
 from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, ROLLOUT
 
 

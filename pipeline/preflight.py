@@ -101,6 +101,7 @@ def check(cfg: Config, judges_reachable: bool = True) -> list[str]:
 def check_device(cfg: Config, device=None) -> None:
     """On a GPU (`device`, default this machine's): the engine alone and the trainer alone fit."""
     from pipeline.models import device_budget as dp
+    from pipeline.run.policy import policy_kind
 
     if device is None and not dp.may_have_gpu():  # no NVIDIA driver: no GPU, and no torch import at init
         return
@@ -113,7 +114,7 @@ def check_device(cfg: Config, device=None) -> None:
 
     if cfg.rollout.engine == "vllm":
         dp.engine_settings_for(cfg.rollout, model, engine_max_len(cfg, model_context(model)), cfg.train.precision, device)
-    dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), cfg, device)[1], device)
+    dp.check_trainer(dp.trainer_bytes(dp.ModelShape.from_dir(model), policy_kind(cfg), device)[1], device)
 
 
 def _check_field(path: str, dotted: str, where: str) -> None:

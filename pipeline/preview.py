@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from pipeline.config import Config
+from pipeline.run.policy import policy_kind
 from pipeline.schedule import iteration_plan, steps_per_iter
 
 
@@ -144,6 +145,4 @@ def _training(cfg: Config) -> str:
 
 
 def _policy(cfg: Config):
-    from pipeline.models.policy import policy_kind  # it imports this module
-
     return policy_kind(cfg)

@@ -14,10 +14,10 @@ from pipeline.errors import GRPOError
 from pipeline.data.prompts import derive_seed, iteration_prompt_ids, load_dataset, make_prompts, prompt_made_up, raw_to_json
 from pipeline.models.engines import engine_dtype, make_engine, model_context
 from pipeline.models.stop_tokens import stop_token_ids
-from pipeline.models.template_date import dated
-from pipeline.store.parts import Shard, n_parts, part_groups, run_parts
+from pipeline.run.template_date import dated
+from pipeline.run.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import policy_rel
 from pipeline.schedule import iteration_plan
 from schemas.artifacts import ROLLOUT
@@ -39,7 +39,7 @@ class RolloutInputs:
         self.run, self.k = run, k
         self.iteration = iteration_plan(cfg, k)
         self.policy_iter = b = self.iteration.behaviour
-        self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}")
+        self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}", weights=False)  # the engine's load waits for them
         self.policy_hash = run.policy_hash(b)
         self.tokenizer = dated(AutoTokenizer.from_pretrained(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
@@ -105,7 +105,7 @@ def engine_settings(run: Run, k: int, shared: bool = False):
 
     plain = run.plain_dir(k)
     return engine_settings_for(cfg.rollout, plain, engine_max_len(cfg, model_context(plain)), cfg.train.precision, this_device(),
-                       shared_with=cfg if shared else None)
+                       shared_with=run.policy if shared else None)
 
 
 def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | None = None, where: str | None = None):
@@ -115,12 +115,14 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base.
     After every load the engine proves it holds policy k (`sampler_proof.check_engine`: a one-line
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
-    from pipeline.models.sampler_proof import check_engine
+    from pipeline.run.sampler_proof import check_engine
 
     cfg, policy = run.cfg, run.policy
     built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
     weights_given = built or weights
     weights, adapter = policy.engine_weights(run, k)
+    if not weights_given:  # the engine reads policy k's files: one still being written is waited for
+        run.policy_dir(k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
     if engine is None:  # weights built in memory: a new engine starts from policy 0's files, then takes them
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))

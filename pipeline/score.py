@@ -19,10 +19,10 @@ import pyarrow as pa
 from pipeline.objective import advantages
 from pipeline.data.prompts import as_messages, dataset_num_rows
 from pipeline.errors import GRPOError
-from pipeline.store.parts import Shard, read_part, read_parts, run_parts, upstream
+from pipeline.run.parts import Shard, read_part, read_parts, run_parts, upstream
 from pipeline.rewards.calls import RewardLog, TrainerState, trainer_state_at
 from pipeline.rewards.contract import compute_rewards, run_code
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import part_name, stage_rel
 from schemas.artifacts import EXTRA_PREFIX, REWARD_PREFIX, ROLLOUT, SCORE
 

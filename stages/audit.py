@@ -20,7 +20,7 @@ def audit(runs: RunsArg, compare: CompareOpt = False, without_weights: WeightsOp
     from pipeline.report.audit import audit_run
     from pipeline.report.compare import compare_runs
     from pipeline.errors import GRPOError
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     if compare:
         if len(runs) != 2:

@@ -29,7 +29,7 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
     """Held-out accuracy, pass@k, maj@k and rewards of policy K (default: the newest policy), with intervals."""
     from pipeline.errors import GRPOError
     from pipeline.eval.run import eval_figures, run_eval
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
 
     if compare is not None:
@@ -66,7 +66,7 @@ def _record(run: str, model: str, data, config, sets, iter):
     from pipeline import preflight
     from pipeline.errors import GRPOError
     from pipeline.config.options import from_command_line
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     if config is None:
         raise GRPOError("--model needs --config FILE (the rewards, data and eval settings to evaluate with)")
@@ -79,7 +79,7 @@ def _record(run: str, model: str, data, config, sets, iter):
 
 def _compare(a: str, b: str, iter) -> None:
     from pipeline.eval.compare import compare, lines, record
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ra, rb = Run(a), Run(b)
     (ka, ta), (kb, tb) = record(ra, iter), record(rb, iter)

@@ -22,7 +22,7 @@ def export(
 ) -> None:
     """Copy policy K out of the run, verified against its manifest."""
     from pipeline.errors import GRPOError
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.store import hash_dir
 
     r = Run(run)

@@ -69,7 +69,7 @@ def init(
     from pipeline import preflight
     from pipeline.config.options import from_command_line
     from pipeline.preview import machine_precision, preview
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     given = {
         "--model": model, "--data": data, "--eval-data": eval_data, "--prompt-column": prompt_column,

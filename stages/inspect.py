@@ -19,7 +19,7 @@ def inspect(run: RunArg, iter: InspectIterOpt = None, top: TopOpt = 5, format: F
     """Best/worst completions, reward per function and zero-spread groups of iteration K (default: the newest scored)."""
     from pipeline.errors import GRPOError
     from pipeline.report.inspect import inspect_iteration, json_safe, latest_scored
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     if format not in ("table", "json"):
         raise GRPOError(f"--format {format!r}: expected table or json")

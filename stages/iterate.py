@@ -21,7 +21,7 @@ def iterate(
     """Run whole iterations with warm engines and print a table as they finish."""
     from pipeline.errors import GRPOError
     from pipeline.loop.iterate import iterate as run_iterate
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from stages.report import IterationTable
 
     if (iters is None) == (more is None):

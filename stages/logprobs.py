@@ -9,8 +9,8 @@ from stages.options import IterOpt, RunArg, ShardOpt
 def logprobs(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     """Stage 3: teacher-forced logprobs of every completion."""
     from pipeline.logprobs import run_logprobs
-    from pipeline.store.parts import Shard
-    from pipeline.store.run import Run
+    from pipeline.run.parts import Shard
+    from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
     from stages.report import stage_done
 

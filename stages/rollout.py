@@ -8,9 +8,9 @@ from stages.options import IterOpt, RunArg, ShardOpt
 
 def rollout(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     """Stage 1: generate completions for iteration K's prompts."""
-    from pipeline.store.parts import Shard
+    from pipeline.run.parts import Shard
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
     from stages.report import stage_done
 

@@ -8,8 +8,8 @@ from stages.options import IterOpt, RunArg, ShardOpt
 
 def score(run: RunArg, iter: IterOpt = None, shard: ShardOpt = None) -> None:
     """Stage 2: score completions and compute advantages."""
-    from pipeline.store.parts import Shard
-    from pipeline.store.run import Run
+    from pipeline.run.parts import Shard
+    from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
     from pipeline.score import run_score
     from stages.report import stage_done

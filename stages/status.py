@@ -16,7 +16,7 @@ def status(run: RunArg, format: FormatOpt = "table") -> None:
     """Show iterations x stages: done, rows, seconds, the headline metrics and warnings."""
     from pipeline.errors import GRPOError
     from pipeline.report.inspect import json_safe
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.report.status import status_report
 
     if format not in ("table", "json"):

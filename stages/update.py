@@ -10,7 +10,7 @@ from stages.options import IterOpt, RunArg
 
 def update(run: RunArg, iter: IterOpt = None) -> None:
     """Stage 4: the clipped-surrogate update over iteration K's completions."""
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
     from pipeline.update.publish import run_update
     from stages.report import stage_done

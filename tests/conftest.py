@@ -164,7 +164,7 @@ def unlisted_end_of_turn(src: Path, dst: Path) -> Path:
 def make_run(assets, tmp_path):
     """make_run(name, **sections) -> run path: `grpo init` on base_config with overrides (in-process)."""
     from pipeline import config as config_mod
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     def _make(name: str = "run", **sections) -> str:
         cfg = config_mod.resolve(base_config(assets, **sections))
@@ -179,7 +179,7 @@ def make_run(assets, tmp_path):
 def smollm2() -> dict:
     """SmolLM2-135M-Instruct: the GGUF file and its converted HF directory, from the per-machine
     model cache (fetched and converted once per machine, reused across test runs)."""
-    from pipeline.models.gguf_import import converted, smollm2_gguf
+    from pipeline.run.gguf_import import converted, smollm2_gguf
 
     gguf = smollm2_gguf()
     folder, record = converted(gguf, "SmolLM2")

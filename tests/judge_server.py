@@ -5,6 +5,7 @@ daemon thread, bounded (it shuts itself down after `lifetime` seconds) and stopp
     /flaky?text=T   answers 503 to the first `failures` requests for each T, then len(T)
     /hang?text=T    answers nothing for up to `lifetime` s
     /broken?text=T  always 500
+    (any other GET path is a 404)
 
 and an OpenAI-compatible chat judge, POST /<mode>/v1/chat/completions (GET /<mode>/v1/models lists
 MODEL), whose verdict is `score(user message)`, a number 0-10 the tests compute themselves:
@@ -30,6 +31,12 @@ not under it), whose logits for a text (its `input`, or its messages' contents n
 `use_activation: false`; its garbage answers are GARBAGE_LOGITS (no logits, one logit, a NaN),
 which cannot be read for label 1; mode `ignores` is an older vLLM that knows only `activation` and
 ignores `use_activation` (with a warning), so it answers probabilities.
+and an OpenRLHF reward server, POST /<mode>/get_reward as `openrlhf.cli.serve_rm` answers it:
+`{"query": [...], "prompts": [...], "labels": [...]}` -> `{"rewards": [...], "scores": [...],
+"extra_logs": {"dummy_scores": [...], "query_chars": [...]}}`, each reward `rm_reward(query, label)`,
+any number of queries per request, with the same modes; its garbage answers are GARBAGE_REWARDS
+(no reward, a word, NaN); mode `clash` adds an extra_logs entry `orm_answer`; it has no /models (GET /<mode>/get_reward is a 405, as FastAPI answers a
+POST-only route).
 GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
 may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
 `created` that is the time of the request.
@@ -51,6 +58,12 @@ from urllib.parse import parse_qs, urlparse
 MODEL = "fault-judge"
 GARBAGE = ("Score: 42", "I refuse to grade this", "")
 GARBAGE_LOGITS = ([], [0.5], [float("nan"), 1.0])
+GARBAGE_REWARDS = ([], ["high"], [float("nan")])
+
+
+def rm_reward(query: str, label) -> float:
+    """The fault OpenRLHF server's reward for one query and its label, in [0, 1] in steps of 1/100."""
+    return int(hashlib.sha256(f"{query}|{json.dumps(label)}".encode()).hexdigest(), 16) % 101 / 100
 
 
 def score(user: str) -> int:
@@ -103,6 +116,8 @@ class Judge:
                 url = urlparse(self.path)
                 if url.path.endswith("/v1/models") and url.path.startswith(("/nolist/", "/listfails/")):  # chats as "ok"
                     return self.answer(404 if url.path.startswith("/nolist/") else 500, "no model list")
+                if url.path.endswith("/get_reward"):  # a POST-only route
+                    return self.answer(405, json.dumps({"detail": "Method Not Allowed"}))
                 if url.path.endswith("/v1/models"):
                     entry = {"id": MODEL, "object": "model", "created": time.time(), "owned_by": "vllm", "root": judge.root,
                              "parent": None, "max_model_len": judge.context}
@@ -122,8 +137,10 @@ class Judge:
                         self.answer(503, "busy") if seen <= judge.failures else self.answer(200, str(len(text)))
                     elif path == "hang":
                         judge.stopping.wait(judge.lifetime)
-                    else:
+                    elif path == "broken":
                         self.answer(500, "broken")
+                    else:
+                        self.answer(404, "no such route")
                 finally:
                     with judge.lock:
                         judge.in_flight -= 1
@@ -151,7 +168,13 @@ class Judge:
                     body = json.loads(raw)
                     classify = self.path.rstrip("/").endswith("/classify")
                     finish = "stop"
-                    if classify:
+                    openrlhf = self.path.rstrip("/").endswith("/get_reward")
+                    if openrlhf:
+                        pairs = list(zip(body["query"], body["labels"]))
+                        rewards = [rm_reward(q, label) for q, label in pairs]
+                        if mode == "garbage":  # one query's garbage answer
+                            rewards = list(GARBAGE_REWARDS[score(body["query"][0]) % len(GARBAGE_REWARDS)])
+                    elif classify:
                         text = classified_text(body)
                         said = GARBAGE_LOGITS[score(text) % len(GARBAGE_LOGITS)] if mode == "garbage" else logits(text)
                         flag = body.get("activation") if mode == "ignores" else body.get("use_activation")
@@ -190,6 +213,11 @@ class Judge:
                         return
                     with judge.lock:
                         judge.answered[key] += 1
+                    if openrlhf:  # openrlhf.cli.serve_rm's answer
+                        logs = {"dummy_scores": rewards, "query_chars": [len(q) for q, _ in pairs]}
+                        if mode == "clash":  # a log named as a reward `orm`'s own record column
+                            logs["orm_answer"] = rewards
+                        return self.answer(200, json.dumps({"rewards": rewards, "scores": rewards, "extra_logs": logs}))
                     if classify:  # vLLM's ClassificationResponse
                         usage = {"prompt_tokens": len(text.split()), "total_tokens": len(text.split()), "completion_tokens": 0}
                         return self.answer(200, json.dumps({"id": "classify-x", "object": "list", "created": 0, "model": body["model"],

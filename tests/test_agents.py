@@ -295,7 +295,7 @@ def forced(tok, text: str):
 
 def agent_plan(make_run, tiny2k, tmp_path, tools, name="agents", **rollout):
     from pipeline.rollout import RolloutInputs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ro = {"tools": tools, "max_new_tokens": 12, "max_episode_tokens": 400, "tool_timeout_s": 0.3, **rollout}
     path = make_run(name, model=tiny2k, data={"train": tool_rows(tmp_path / "tools.jsonl"), "system_prompt": None},
@@ -551,7 +551,7 @@ def test_episode_metrics_and_conversation_view():
 @pytest.mark.slow
 def test_eval_runs_episodes_with_the_tools(make_run, tiny2k, tools_file, tmp_path):
     from pipeline.eval.run import run_eval
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     rows = tool_rows(tmp_path / "tools.jsonl")
     run = Run(make_run("eval", model=tiny2k, data={"train": rows, "eval": rows, "system_prompt": None},

@@ -22,7 +22,7 @@ def ref(assets, tmp_path_factory) -> Path:
 
 def audit(run: Path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     report = audit_run(Run(str(run)))
     assert all("\n" not in line for line in report.problems)

@@ -213,7 +213,7 @@ def test_nan_logprobs(iter1_undone, cli):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.store.run import policy_manifest
+    from pipeline.run.run import policy_manifest
     from schemas.manifests import Lineage, dump_manifest
 
     policy = iter1_undone / "policy/iter-0001"
@@ -255,7 +255,7 @@ def test_disk_full_while_writing_parts_and_manifest(ref, iter1_undone, cli, monk
     assert sorted(p.name for p in score.iterdir() if not p.name.startswith(".lock")) == ["part-00000.parquet", "part-00001.parquet"]
 
     monkeypatch.setattr(os, "fsync", REAL_FSYNC)  # space again: the same command finishes from the parts written
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
 
     run_score(Run(str(iter1_undone)), 1)
@@ -283,7 +283,7 @@ def test_disk_full_while_copying_a_model_dir(assets, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_iterations_out_of_order(iter1_undone, cli):
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
 
     run = iter1_undone

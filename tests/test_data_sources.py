@@ -131,7 +131,7 @@ def test_shards_save_to_disk_and_jsonl_give_byte_identical_rollout_parts(assets,
 
     from pipeline import config as config_mod
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     rows = [json.loads(line) for line in Path(assets["train"]).read_text().splitlines()[:16]]
     sources = {

@@ -15,6 +15,7 @@ from pipeline.config.train import LoraSpec
 from pipeline.errors import GRPOError
 from pipeline.models import device_budget as dp
 from pipeline.models.device_budget import Device, ModelShape
+from pipeline.run.policy import policy_kind
 
 GiB = 1 << 30
 CPU = Device("cpu")
@@ -108,27 +109,27 @@ def test_trainer_estimates_full_bf16_and_lora():
     P = 134_515_008
     # full fp32, one step per iteration, no KL: 4 + 4 + 8 = 16 bytes a parameter, no logprob model kept
     a = make_cfg(rollout={"prompts_per_iter": 4, "num_generations": 4}, train={"mini_batch_size": 16})
-    resident, peak = dp.trainer_bytes(shape, a, H100)
+    resident, peak = dp.trainer_bytes(shape, policy_kind(a), H100)
     assert resident == 16 * P == 2_152_240_128
     # activations 90 x 576 x 30 x 1024 tokens = 1,592,524,800 + fixed 320 MiB = 335,544,320 (the two-term fit,
     # bench/long.py --one fit); head 2 x 4 x 1024 x 49152 = 402,653,184
     assert peak == 2_152_240_128 + 1_592_524_800 + 335_544_320 + 402_653_184
     b = a.model_copy(update={"train": a.train.model_copy(update={"gradient_checkpointing": True})})
     # a tenth of the per-token activations, 159,252,480; the fixed part stays
-    assert dp.trainer_bytes(shape, b, H100)[1] == 2_152_240_128 + 159_252_480 + 335_544_320 + 402_653_184
+    assert dp.trainer_bytes(shape, policy_kind(b), H100)[1] == 2_152_240_128 + 159_252_480 + 335_544_320 + 402_653_184
     # train.bf16 (2 + 2 + 4 master + 4 accumulator + 8 moments = 20) with KL and a logprobs pass: ref and old kept, 4 + 4
     c = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
-    assert dp.trainer_bytes(shape, c, H100)[0] == 28 * P == 3_766_420_224
+    assert dp.trainer_bytes(shape, policy_kind(c), H100)[0] == 28 * P == 3_766_420_224
     # ZeRO-3 over 4 ranks splits weights, gradients and optimizer: 20P / 4, kept models unsplit
     z = make_cfg(train={"bf16": True, "mini_batch_size": 8, "zero_stage": 3}, loss={"kl_coef": 0.05})
-    assert dp.trainer_bytes(shape, z, H100, world=4)[0] == 5 * P + 8 * P
+    assert dp.trainer_bytes(shape, policy_kind(z), H100, world=4)[0] == 5 * P + 8 * P
     # LoRA r16 under bf16: embedding fp32 4 x 28,311,552 + linears bf16 2 x 106,203,456 = 325,653,120;
     # adapter 16 x 30 x (2 x (576+576) + 2 x (576+192) + 3 x (576+1536)) = 4,884,480 params x 16 = 78,151,680;
     # with KL one fp32 base kept for old and ref: 4P = 538,060,032
     d = make_cfg(train={"lora": {"r": 16}, "precision": "auto", "mini_batch_size": 8}, loss={"kl_coef": 0.05})
     assert shape.lora_params(16) == 4_884_480
-    assert dp.trainer_bytes(shape, d, H100)[0] == 325_653_120 + 78_151_680 + 538_060_032
-    assert dp.trainer_bytes(shape, d, OLD_GPU)[0] == 4 * P + 78_151_680 + 538_060_032  # no bf16: the base stays fp32
+    assert dp.trainer_bytes(shape, policy_kind(d), H100)[0] == 325_653_120 + 78_151_680 + 538_060_032
+    assert dp.trainer_bytes(shape, policy_kind(d), OLD_GPU)[0] == 4 * P + 78_151_680 + 538_060_032  # no bf16: the base stays fp32
 
 
 def test_a_long_completion_is_one_piece_and_a_length_that_cannot_fit_is_refused():
@@ -137,18 +138,18 @@ def test_a_long_completion_is_one_piece_and_a_length_that_cannot_fit_is_refused(
     shape = ModelShape.from_config(SMOLLM2)
     short = make_cfg(rollout={"max_new_tokens": 512})
     assert dp.piece_tokens(short) == 1024  # 256 (prompt allowance) + 512 fits the budget
-    resident, peak = dp.trainer_bytes(shape, short, H100)
+    resident, peak = dp.trainer_bytes(shape, policy_kind(short), H100)
     # 90 x 576 x 30 x 1024 = 1,592,524,800 + 320 MiB fixed + one head chunk 2 x 4 x 1024 x 49152
     assert peak - resident == 1_592_524_800 + 335_544_320 + 402_653_184
     long = make_cfg(rollout={"max_new_tokens": 16384})
     assert dp.piece_tokens(long) == 256 + 16384
-    resident, peak = dp.trainer_bytes(shape, long, H100)
+    resident, peak = dp.trainer_bytes(shape, policy_kind(long), H100)
     # linear in tokens: 90 x 576 x 30 x 16640 = 25,878,528,000; the fixed part and the head chunk do not grow
     assert peak - resident == 25_878_528_000 + 335_544_320 + 402_653_184
     dp.check_trainer(peak, H100)  # 16k tokens of SmolLM2 fit 80 GiB
     longer = make_cfg(rollout={"max_new_tokens": 65536})
     with pytest.raises(GRPOError, match=r"^GPU \(80.0 GiB\): the trainer needs ~\d+.\d GiB .*rollout.max_new_tokens") as err:
-        dp.check_trainer(dp.trainer_bytes(shape, longer, H100)[1], H100)
+        dp.check_trainer(dp.trainer_bytes(shape, policy_kind(longer), H100)[1], H100)
     assert "\n" not in str(err.value)
     pinned = make_cfg(rollout={"max_new_tokens": 65536, "max_model_len": 2048})  # the engine cuts rows at 2048 tokens
     assert dp.piece_tokens(pinned) == 2048
@@ -164,17 +165,17 @@ def test_engine_minimum_is_weights_one_sequence_of_kv_and_the_overhead():
 def test_gpu_memory_utilization_is_derived_to_leave_the_trainer_room(tmp_path):
     m = model_dir(tmp_path, SMOLLM2)
     cfg = make_cfg(train={"bf16": True, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
-    plan = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, GPU24, shared_with=cfg)
+    plan = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, GPU24, shared_with=policy_kind(cfg))
     # (24 GiB - 3,766,420,224 trainer - 1,288,490,188 margin (24 GiB / 20)) / 24 GiB = 0.80384...
     assert plan.gpu_memory_utilization == round((24 * GiB - 3_766_420_224 - 1_288_490_188) / (24 * GiB), 4) == 0.8038
     assert plan.enforce_eager is False and plan.sleep_level == 2 and plan.dtype == "bfloat16"
     assert plan.kv_cache_bytes is None  # on a GPU vLLM sizes the KV cache from the fraction
     alone = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, GPU24)
     assert alone.gpu_memory_utilization == 0.9  # vLLM's default, for a rollout command alone
-    small = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, H100, shared_with=cfg)
+    small = dp.engine_settings_for(cfg.rollout, m, 2048, cfg.train.precision, H100, shared_with=policy_kind(cfg))
     assert small.gpu_memory_utilization == 0.9  # never more than vLLM's own default
     given = make_cfg(rollout={"gpu_memory_utilization": 0.5, "kv_cache_gib": 2.0, "enforce_eager": True})
-    plan = dp.engine_settings_for(given.rollout, m, 2048, "auto", GPU24, shared_with=given)
+    plan = dp.engine_settings_for(given.rollout, m, 2048, "auto", GPU24, shared_with=policy_kind(given))
     assert (plan.gpu_memory_utilization, plan.kv_cache_bytes, plan.enforce_eager) == (0.5, 2 * GiB, True)
 
 
@@ -187,14 +188,14 @@ def test_a_7b_model_shares_an_h100_only_with_lora(tmp_path):
     assert shape.params == 7_615_487_488 == 7_615_616_512 - 129_024
     full = make_cfg(train={"mini_batch_size": 8})
     with pytest.raises(GRPOError) as err:
-        dp.engine_settings_for(full.rollout, m, 4096, "auto", H100, shared_with=full)
+        dp.engine_settings_for(full.rollout, m, 4096, "auto", H100, shared_with=policy_kind(full))
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("GPU (80.0 GiB): the trainer needs ~") and "train.lora" in msg
     with pytest.raises(GRPOError):  # and so it does alone (checked at grpo init)
-        dp.check_trainer(dp.trainer_bytes(shape, full, H100)[1], H100)
+        dp.check_trainer(dp.trainer_bytes(shape, policy_kind(full), H100)[1], H100)
     lora = make_cfg(train={"lora": {"r": 16}, "mini_batch_size": 8}, loss={"kl_coef": 0.05})
-    resident = dp.trainer_bytes(shape, lora, H100)[0]
-    plan = dp.engine_settings_for(lora.rollout, m, 4096, "auto", H100, shared_with=lora)
+    resident = dp.trainer_bytes(shape, policy_kind(lora), H100)[0]
+    plan = dp.engine_settings_for(lora.rollout, m, 4096, "auto", H100, shared_with=policy_kind(lora))
     assert 0.35 < plan.gpu_memory_utilization == round((80 * GiB - resident - 4 * GiB) / (80 * GiB), 4) < 0.45
     assert plan.gpu_memory_utilization * 80 * GiB > dp.engine_min_bytes(shape, "bfloat16", 4096)
 
@@ -211,15 +212,15 @@ def test_a_split_that_cannot_fit_is_one_line_naming_the_option(tmp_path):
     for util, pattern in cases.items():
         cfg = lora.model_copy(update={"rollout": lora.rollout.model_copy(update={"gpu_memory_utilization": util})})
         with pytest.raises(GRPOError, match=pattern) as err:
-            dp.engine_settings_for(cfg.rollout, m, 4096, "auto", H100, shared_with=cfg)
+            dp.engine_settings_for(cfg.rollout, m, 4096, "auto", H100, shared_with=policy_kind(cfg))
         assert "\n" not in str(err.value)
     # derived, on a 60 GiB GPU: the trainer's peak (~53.8 GiB) fits, but its ~44.2 GiB resident
     # and the 3 GiB margin leave vLLM ~12.8 GiB, less than its ~15.4 GiB minimum
     gpu60 = Device("cuda", 60 * GiB, True)
     with pytest.raises(GRPOError, match=r"^GPU \(60.0 GiB\): the trainer needs ~44.2 GiB beside the engine .* they cannot share it"):
-        dp.engine_settings_for(lora.rollout, m, 4096, "auto", gpu60, shared_with=lora)
+        dp.engine_settings_for(lora.rollout, m, 4096, "auto", gpu60, shared_with=policy_kind(lora))
     dp.engine_settings_for(lora.rollout, m, 4096, "auto", gpu60)  # each alone fits: separate commands run
-    dp.check_trainer(dp.trainer_bytes(ModelShape.from_dir(m), lora, gpu60)[1], gpu60)
+    dp.check_trainer(dp.trainer_bytes(ModelShape.from_dir(m), policy_kind(lora), gpu60)[1], gpu60)
 
 
 def test_the_cpu_plan_is_what_the_cpu_path_always_passed(tmp_path):
@@ -227,11 +228,11 @@ def test_the_cpu_plan_is_what_the_cpu_path_always_passed(tmp_path):
 
     m = model_dir(tmp_path, SMOLLM2)
     cfg = make_cfg(train={"mini_batch_size": 8, "precision": "fp32"})
-    for shared in (None, cfg):
+    for shared in (None, policy_kind(cfg)):
         plan = dp.engine_settings_for(cfg.rollout, m, 2048, "fp32", CPU, shared_with=shared)
         assert plan == dp.EngineSettings(True, None, 0.5, kv_cache_bytes(cfg.rollout, m, 2048, "float32"), "float32")
     # a CPU never refuses: it cannot know a GPU, and nothing here needs one
-    tiny = dp.engine_settings_for(cfg.rollout, model_dir(tmp_path, QWEN_7B), 4096, "fp32", CPU, shared_with=cfg)
+    tiny = dp.engine_settings_for(cfg.rollout, model_dir(tmp_path, QWEN_7B), 4096, "fp32", CPU, shared_with=policy_kind(cfg))
     assert tiny.sleep_level is None and tiny.enforce_eager
 
 
@@ -292,7 +293,7 @@ def test_the_gpu_proofs_estimates_are_within_1_3x_of_its_measured_peaks_and_not_
         cfg = make_cfg(rollout={"prompts_per_iter": 16, "num_generations": 8, "max_new_tokens": 256}, train=train,
                        loss={"kl_coef": 0.04})
         assert dp.piece_tokens(cfg) == 9216
-        resident, peak = dp.trainer_bytes(shape, cfg, h200)
+        resident, peak = dp.trainer_bytes(shape, policy_kind(cfg), h200)
         # + fixed 320 MiB = 335,544,320 + one head chunk 2 x 4 x 1024 x 151936 = 1,244,659,712
         assert peak - resident == act + 335_544_320 + 1_244_659_712
         assert measured <= peak / GiB <= 1.3 * measured  # were 2.0 (full) and 2.4 (LoRA) x with the whole budget at fp32 width
@@ -308,7 +309,7 @@ def test_the_cpu_estimate_of_one_rows_backward_is_within_1_3x_of_bench_longs_mea
         cfg = make_cfg(rollout={"prompts_per_iter": 1, "num_generations": 2, "max_new_tokens": int(n) - 256},
                        train={"mini_batch_size": 1, "update_token_budget": 256})
         assert dp.piece_tokens(cfg) == int(n)  # one row: 256 allowance + its completion
-        resident, peak = dp.trainer_bytes(shape, cfg, CPU)
+        resident, peak = dp.trainer_bytes(shape, policy_kind(cfg), CPU)
         estimate = point["grad_mb"] + (peak - resident) / (1 << 20)
         measured = point["backward"]["above_mb"]
         assert measured <= estimate <= 1.3 * measured, (n, estimate, measured)

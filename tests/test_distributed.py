@@ -62,7 +62,7 @@ def test_a_grpo_command_runs_after_an_update_in_this_process(make_run):
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.update.publish import run_update
 
     def update(name: str):

@@ -85,7 +85,7 @@ def test_first_minibatch_loss_equals_policy_loss_from_parts(two_runs):
     """Recompute the first optimizer step's loss of iteration 0 from the stored parts."""
     from pipeline import config as config_mod
     from pipeline.objective.loss import policy_loss
-    from pipeline.models.policy import load_model
+    from pipeline.run.policy import load_model
     from pipeline.models.tokens import Batch, token_logprobs
 
     sep, _, _ = two_runs

@@ -10,7 +10,7 @@ import torch
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.logprobs import Batch, token_logprobs
-from pipeline.models.policy import load_model
+from pipeline.run.policy import load_model
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_reloaded_vllm_engine_samples_like_a_fresh_one(two_policies):
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
     # and the reload did change something (policy b is not policy a)
     assert [s.logprobs for s in before[0]] != [s.logprobs for s in got[0]]
-    # the probe (pipeline.models.sampler_proof): vLLM's prompt logprobs at temperature 1 are the
+    # the probe (pipeline.run.sampler_proof): vLLM's prompt logprobs at temperature 1 are the
     # trainer's for the policy it holds, within fp32's limit; before the reload they are policy a's
     with torch.no_grad():
         ref = torch.log_softmax(load_model(b).cpu()(input_ids=torch.tensor([probe])).logits[0, :-1].float(), -1)

@@ -233,12 +233,12 @@ def test_stages_honour_an_episode_rollout(assets, make_run):
     correction's weight and in the token counts; none does, and the first step's loss is
     `policy_loss` over the model's tokens, recomputed from the parts."""
     from pipeline.logprobs import run_logprobs
-    from pipeline.models.policy import load_model
+    from pipeline.run.policy import load_model
     from pipeline.models.tokens import token_logprobs
     from pipeline.rollout import RolloutInputs, run_rollout
     from pipeline.score import run_score
-    from pipeline.store.parts import Shard, read_part, run_parts
-    from pipeline.store.run import Run
+    from pipeline.run.parts import Shard, read_part, run_parts
+    from pipeline.run.run import Run
     from pipeline.update.publish import run_update
     from schemas.artifacts import ROLLOUT
 

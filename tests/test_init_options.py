@@ -84,7 +84,7 @@ def test_options_only_make_the_same_run_as_yaml_and_as_both(files, smollm2):
     cfg = config_mod.from_yaml_text(text, "config.yaml")
     from pipeline.store import canonical_hash
     from pipeline.store.code import code_hash
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     code = Run(str(files / "options")).code  # my_rewards.py, copied into the run: its hash is in the run's
     assert list(code) == ["my_rewards.py"] and code == Run(str(files / "yaml")).code

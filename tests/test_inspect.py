@@ -18,7 +18,7 @@ from conftest import base_config, grpo
 
 from pipeline.report.diagnostics import Finding, diagnose
 from pipeline.report.inspect import history, inspect_iteration, prompt_text, stage_metrics
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import part_name, stage_rel
 from schemas.manifests import FileEntry, PartsManifest
 from schemas.artifacts import ROLLOUT, SCORE
@@ -168,7 +168,7 @@ def zero_spread_run(assets, tmp_path_factory) -> dict:
     """Two real iterations whose total reward is always 0: `contains` a keyword the tiny model never
     writes, plus a user function that returns None for every completion."""
     from pipeline import config as config_mod
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     root = tmp_path_factory.mktemp("zero-spread")
     (root / "never.py").write_text("def never(completions, **kwargs):\n    return [None] * len(completions)\n")

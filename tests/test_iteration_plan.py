@@ -34,7 +34,7 @@ def test_tools_with_staleness_plan_iteration_1_before_policy_1_exists(make_run, 
     """Issue 32 (1): the agents were loaded from policy k's directory, which the overlapped
     sampler asks for before update k-1 wrote it: `RUN/policy/iter-0001: policy missing`."""
     from pipeline.rollout import RolloutInputs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     path = make_run("stale-tools", model=tiny2k, data={"train": tool_rows(tmp_path / "tools.jsonl"), "system_prompt": None},
                     rollout={"tools": [f"{tools_file}:multiply"], "max_new_tokens": 12, "max_episode_tokens": 400},
@@ -45,7 +45,7 @@ def test_tools_with_staleness_plan_iteration_1_before_policy_1_exists(make_run, 
     assert plan.policy_iter == 0 and plan.episodes is not None and "multiply" in plan.episodes.a.tools
 
 
-ALLOWED = {"pipeline/models/policy.py", "pipeline/models/lora.py", "pipeline/config/tree.py", "pipeline/config/rules.py",
+ALLOWED = {"pipeline/run/policy.py", "pipeline/run/lora.py", "pipeline/config/tree.py", "pipeline/config/rules.py",
            "pipeline/config/errors.py",
            "pipeline/config/rollout.py"}
 """The policy object, the LoRA module and the config tree: the only modules that may ask whether a run trains LoRA."""
@@ -62,7 +62,7 @@ def test_no_module_outside_the_policy_object_branches_on_lora():
                 offenders.append(f"{rel}:{node.lineno} reads .lora")
             elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "is_adapter":
                 offenders.append(f"{rel}:{node.lineno} calls is_adapter")
-    assert not offenders, "ask the policy object (pipeline/models/policy.py) instead:\n  " + "\n  ".join(offenders)
+    assert not offenders, "ask the policy object (pipeline/run/policy.py) instead:\n  " + "\n  ".join(offenders)
 
 
 @pytest.mark.slow

@@ -365,7 +365,7 @@ def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, 
 
 def audit(run: Path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     return audit_run(Run(str(run)))
 
@@ -454,7 +454,7 @@ def test_audit_catches_an_edited_verdict_and_inspect_and_mlflow_show_the_judge(j
     import mlflow
 
     from pipeline.report.tracking import sync
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     sync(Run(str(run)))  # what `grpo iterate` does at its end: every stage not yet in MLflow
     client = mlflow.tracking.MlflowClient(f"sqlite:///{run}/mlflow.db")

@@ -8,6 +8,9 @@
   never imports pipeline or stages, pipeline/ never imports stages;
 - a folder per concept: at most ten modules flat in pipeline/, the config (pipeline/config/) imports
   nothing of the pipeline above it, and its sections share the one base (pipeline/config/base.py);
+- what a run is (pipeline/run/: the run, its parts, its policy kinds and files) stands on one floor above
+  the storage (pipeline/store/) and the models and engines (pipeline/models/): run imports both, store and
+  models import neither run nor each other;
 - every import of the project's own code, inside functions too, names a module or a name it defines;
 - every module under bench/ imports (one process, all of them), and the loop's samplers declare the one Sampler.
 
@@ -210,6 +213,21 @@ def test_config_imports_nothing_above_it():
            for target, line in _imports(name, path, type_checking=True)
            if target.startswith("pipeline.") and not target.startswith(("pipeline.config", "pipeline.errors"))]
     assert not bad, "the config imports above itself: " + "; ".join(bad)
+
+
+FLOORS = {"pipeline.store": ("pipeline.run", "pipeline.models"), "pipeline.models": ("pipeline.run", "pipeline.store")}
+
+
+def test_store_and_models_stand_below_the_run():
+    """The run (pipeline/run/) builds on the store and the models; neither imports it, nor each other, annotations
+    and imports inside functions included: no late import hides a dependency that runs the wrong way."""
+    mods, _ = _graph()
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+           for name, path in mods.items() for floor, above in FLOORS.items()
+           if name == floor or name.startswith(floor + ".")
+           for target, line in _imports(name, path, type_checking=True)
+           if any(target == a or target.startswith(a + ".") for a in above)]
+    assert not bad, "pipeline/store/ and pipeline/models/ import what stands beside or above them: " + "; ".join(bad)
 
 
 def test_one_base_section():

@@ -136,7 +136,7 @@ def test_lora_merge_writes_the_bits_peft_merge_and_unload_writes(lora_run):
     the same weights, bit for bit, for a trained adapter (B != 0)."""
     import torch
 
-    from pipeline.models.lora import load_base, merged_model, policy_model
+    from pipeline.run.lora import load_base, merged_model, policy_model
 
     base, adapter = lora_run / "policy/iter-0000", lora_run / "policy/iter-0002"
     want = policy_model(base, adapter, None, trainable=False).merge_and_unload().state_dict()
@@ -268,9 +268,9 @@ def test_lora_rollout_gets_the_merged_policy_in_memory_and_writes_no_merged_mode
     from pipeline import config as config_mod
     from pipeline.loop.iterate import iterate
     from pipeline.models.engines import make_engine, model_context
-    from pipeline.models.lora import merge
+    from pipeline.run.lora import merge
     from pipeline.rollout import engine_max_len, policy_engine
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path / "cache"))
     cfg = config_mod.resolve(base_config(assets, rollout={"engine": "hf", "max_new_tokens": 16},

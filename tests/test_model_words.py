@@ -149,7 +149,7 @@ def test_episode_rewards_and_lengths_through_rollout_score_and_eval(make_run, ti
     from pipeline.report.inspect import stage_metrics
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     (tmp_path / "words_tools.py").write_text(TOOLS)
     (tmp_path / "words_rewards.py").write_text(REWARDS)
@@ -260,7 +260,7 @@ def test_vllm_engine_samples_softmax_of_logits_over_temperature_whatever_generat
 
     from pipeline.config.rollout import RolloutConfig
     from pipeline.logprobs import Batch, token_logprobs
-    from pipeline.models.policy import load_model
+    from pipeline.run.policy import load_model
     from pipeline.models.vllm_engine import VLLMEngine
 
     loaded = unlisted_end_of_turn(Path(assets["model"]), tmp_path / "loaded")

@@ -42,7 +42,7 @@ def update_in_one_and_two_processes(root: Path, cfg: dict) -> tuple[Path, Path]:
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     run = init_run(str(root / "base"), config_mod.resolve(cfg))
     run_rollout(run, 0)

@@ -94,3 +94,33 @@ def test_the_example_config_passes_init_and_scores_with_its_labels(assets, monke
     preflight.check(cfg, judges_reachable=False)
     got, log = score(cfg.rewards[0], {"answer": ["4", "6"]})
     assert got == [1.0, 0.0] and log.extra["has_answer"] == [1.0, 1.0]
+
+
+LOGS = '''import torch
+
+
+def reward_func(queries, prompts, labels):
+    ok = [q.endswith("<answer>4</answer>") for q in queries]
+    return {"rewards": torch.tensor([float(x) for x in ok]), "extra_logs": {"ok": torch.tensor(ok), "flag": ok[0], "pair": torch.tensor([[0.25, 9.0]])}}
+
+
+def listed(queries, prompts, labels):
+    return {"rewards": [torch.tensor(float(queries[0].endswith("<answer>4</answer>")))]}  # a list of 0-d tensors
+
+
+def says(queries, prompts, labels):
+    return {"rewards": [1.0], "extra_logs": {"pred": "4"}}
+'''
+
+
+def test_extra_logs_are_numbers_as_openrlhf_logs_them_booleans_as_0_or_1(tmp_path):
+    """A boolean extra_logs value became the string column 'True'; a string one stopped the stage with
+    'returned str as rewards' and no row."""
+    f = tmp_path / "logs.py"
+    f.write_text(LOGS)
+    got, log = score(_spec(f"{f}:reward_func", {}), {})
+    assert got == [1.0, 0.0]
+    assert log.extra["ok"] == [1.0, 0.0] and log.extra["flag"] == [1.0, 0.0] and log.extra["pair"] == [0.25, 0.25]  # flatten()[0]
+    assert score(_spec(f"{f}:listed", {}), {})[0] == [1.0, 0.0]
+    with pytest.raises(GRPOError, match=r"reward 'says' \(iteration 0\) row 0: extra_logs\['pred'\] is str '4', expected a number"):
+        score(_spec(f"{f}:says", {}), {})

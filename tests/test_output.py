@@ -60,7 +60,7 @@ def test_ctrl_c_in_iterate_says_how_to_go_on_and_the_rerun_finishes(make_run):
     import time
 
     from conftest import REPO, grpo
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     path = make_run("interrupted")
     proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", path, "--iters", "1"], cwd=REPO,

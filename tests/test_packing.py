@@ -113,7 +113,7 @@ def test_packed_and_padded_iterate_write_the_same_parts_and_update_metrics(make_
     import pyarrow.parquet as pq
 
     from pipeline.loop.iterate import iterate
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     small = {"engine": "hf", "max_new_tokens": 12, "prompts_per_iter": 2, "groups_per_part": 1}
     runs = {mode: Run(make_run(mode, rollout=small, train={"packing": mode})) for mode in ("on", "off")}

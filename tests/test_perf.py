@@ -215,7 +215,7 @@ def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
 
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
 
     tables, manifests = {}, {}
@@ -244,10 +244,10 @@ def test_iteration_zero_makes_one_logprobs_pass_equal_to_a_separate_reference_pa
     import pyarrow as pa
 
     from pipeline.logprobs import run_logprobs, sequence_logprobs
-    from pipeline.models.policy import load_model
-    from pipeline.store.parts import read_parts
+    from pipeline.run.policy import load_model
+    from pipeline.run.parts import read_parts
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
     from schemas.artifacts import LOGPROBS, ROLLOUT
 
@@ -275,14 +275,14 @@ def test_one_step_update_takes_the_old_logprobs_from_its_forward_equal_to_a_sepa
     import pyarrow as pa
 
     from pipeline.logprobs import run_logprobs, sequence_logprobs
-    from pipeline.models.policy import load_model
+    from pipeline.run.policy import load_model
     from pipeline.report.audit import audit_run
     from pipeline.report.inspect import stage_metrics
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
     from pipeline.store import canonical_hash, hash_dir
-    from pipeline.store.parts import read_parts
-    from pipeline.store.run import Run
+    from pipeline.run.parts import read_parts
+    from pipeline.run.run import Run
     from pipeline.update.publish import run_update
     from schemas.artifacts import LOGPROBS, ROLLOUT, UPDATE_METRICS
 
@@ -355,8 +355,8 @@ def test_one_step_per_epoch_takes_the_old_logprobs_from_the_first_epoch(make_run
     from pipeline.report.audit import audit_run
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.parts import read_parts
-    from pipeline.store.run import Run
+    from pipeline.run.parts import read_parts
+    from pipeline.run.run import Run
     from pipeline.update.publish import run_update
     from schemas.artifacts import LOGPROBS, UPDATE_METRICS
 
@@ -417,7 +417,7 @@ def _heavy_modules(*args: str) -> set[str]:
 
 def test_commands_without_an_engine_import_neither_vllm_nor_deepspeed(make_run):
     from pipeline.rollout import run_rollout
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     path = make_run("cold", rollout={"engine": "hf"})
     run_rollout(Run(path), 0)
@@ -434,7 +434,7 @@ def test_a_bf16_frozen_lora_base_computes_the_same_bits_under_autocast():
     from peft import get_peft_model
 
     from pipeline.config.train import LoraSpec
-    from pipeline.models import lora
+    from pipeline.run import lora
 
     def lora_model(seed: int):
         torch.manual_seed(seed)
@@ -580,7 +580,7 @@ def test_an_update_with_gradient_checkpointing_writes_the_policy_of_one_without(
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.update.publish import run_update
     from schemas.artifacts import UPDATE_METRICS
 

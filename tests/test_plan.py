@@ -115,9 +115,9 @@ def test_the_logprob_pass_loads_what_the_plan_says(assets, tmp_path):
     import torch
 
     from conftest import base_config, grpo, write_config
-    from pipeline.models.lora import AdapterOff
-    from pipeline.models.policy import LogprobModels, load_model
-    from pipeline.store.run import Run
+    from pipeline.run.lora import AdapterOff
+    from pipeline.run.policy import LogprobModels, load_model
+    from pipeline.run.run import Run
 
     def run_of(name, **sections):
         cfg = base_config(assets, train={"mini_batch_size": 16, "precision": "fp32", **sections.pop("train", {})}, **sections)

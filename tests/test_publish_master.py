@@ -7,7 +7,8 @@ fp32 master as DeepSpeed itself gives it back: its own consolidation of the chec
 dict (bf16, ZeRO 0: FP16_UnfusedOptimizer, where the module holds bf16 copies) or the module's own
 parameters (fp32, ZeRO 0: torch's AdamW steps them). Where the weights were streamed (ZeRO 0-2),
 the weights file is byte-identical to what `save_pretrained` writes for the same tensors and its
-recorded sha256 is that of the file's bytes.
+recorded sha256 is that of the file's bytes, also where `iterate` computes the sha256 first, in
+memory, and writes the file later (its background write).
 """
 
 from __future__ import annotations
@@ -87,5 +88,54 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
             ref_dir = tmp_path / "save_pretrained"
             trainer.engine.module.save_pretrained(ref_dir, state_dict=master_state_dict(trainer.engine.module, masters))
             assert (out / "model.safetensors").read_bytes() == (ref_dir / "model.safetensors").read_bytes()
+            # iterate's background write: the sha256 known first, from memory; the file written later, the same bytes
+            deferred: list = []
+            later = tmp_path / "later"
+            assert trainer.save_policy(later, Path(assets["model"]), ckpt, deferred) == hashed
+            assert not (later / "model.safetensors").exists() and (later / "config.json").read_bytes() == (out / "config.json").read_bytes()
+            deferred[0].write()
+            assert (later / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+            assert [p.name for p in later.iterdir() if p.name.startswith(".tmp-")] == []
     finally:
         trainer.close()
+
+
+def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(assets, tmp_path):
+    """pipeline.store.pending: while `iterate`'s thread writes policy K+1, its hash is answered at once
+    (the rollout's parts stamp it) and its tokenizer directory is there, but whoever asks whether it
+    exists (or reads its weights) waits for the write; a failed write is raised there, once."""
+    import threading
+
+    from pipeline import config as config_mod
+    from pipeline.errors import GRPOError
+    from pipeline.store import pending, policy_rel
+    from pipeline.run.run import init_run, policy_manifest
+    from tests.conftest import base_config
+
+    run = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets)))
+    release, wrote = threading.Event(), []
+
+    def write() -> None:
+        assert release.wait(60)
+        run.store.put_dir(run.policy_dir(0), policy_rel(1))
+        wrote.append(run.store.write_manifest(policy_rel(1), policy_manifest(run.policy_dir(0), 1, source="test")).policy_hash)
+
+    pending.start(run.store.root, 1, "f" * 64, {}, write)
+    assert run.policy_hash(1) == "f" * 64 and run.writing(1) is not None
+    assert run.policy_dir(1, weights=False) == run.store.local_dir(policy_rel(1))  # not waited for
+    answers: list = []
+    reader = threading.Thread(target=lambda: answers.append(run.policy_done(1)))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and answers == [] and wrote == []  # it waits: the write cannot have finished
+    release.set()
+    reader.join(60)
+    assert answers == [True] and run.writing(1) is None and run.policy_hash(1) == wrote[0]
+
+    def fail() -> None:
+        raise GRPOError("policy/iter-0002: write failed: No space left on device")
+
+    pending.start(run.store.root, 2, "e" * 64, {}, fail)
+    with pytest.raises(GRPOError, match="No space left"):
+        run.policy_dir(2)
+    assert not run.policy_done(2)  # raised once; the policy is missing

@@ -191,7 +191,7 @@ def assert_worker_records(run: Path) -> None:
     """Each rollout and score manifest names the worker of every part, and MLflow's metrics of the
     stage (pipeline.report.inspect.stage_metrics, what the tracker logs) carry them."""
     from pipeline.report.inspect import stage_metrics
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     r = Run(str(run))
     for k in range(ITERS):
@@ -391,7 +391,7 @@ def test_the_update_on_two_ray_placed_processes_agrees_with_the_local_one(assets
 HOLDER = """import sys, time
 from pipeline.cluster.executor import driver_record
 from pipeline.store import IN_FLIGHT
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 Run(sys.argv[1]).store.write_json(IN_FLIGHT, {"stage": "rollout", "iteration": 0, "in_flight": {"1": "abcd1234"}, "queued": 2,
                                               "waiting": "score iteration 0: 1 x 1 CPU fit on no node alive", "driver": driver_record()})
 print("written", flush=True)

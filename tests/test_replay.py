@@ -31,7 +31,7 @@ def replays(assets, tmp_path_factory):
 
 def audit(run: Path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     return audit_run(Run(str(run)))
 
@@ -70,7 +70,7 @@ def test_replay_links_the_rollout_by_hash_and_records_its_source(replays):
 
 def test_loss_types_are_compared_on_identical_data(replays):
     from pipeline.report.compare import compare_runs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref, plain, dr = replays
     # identical inputs to both updates: completions, rewards/advantages and old logprobs
@@ -106,7 +106,7 @@ def test_rescore_old_completions_with_another_reward(replays, tmp_path):
 
 def test_kl_in_a_replay_is_measured_against_the_source_reference(replays, tmp_path):
     from pipeline.loop.replay import replay
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref, *_ = replays
     new = replay(str(ref), 1, str(tmp_path / "kl"), ["loss.kl_coef=0.05"], until="logprobs")

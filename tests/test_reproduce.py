@@ -122,7 +122,7 @@ def _rewrite_reward(part: Path, row: int, value: float) -> None:
 
 def test_compare_names_the_first_diverging_artifact(twins, tmp_path):
     from pipeline.report.compare import compare_runs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.store import sha256_bytes
 
     ref, _ = twins
@@ -147,7 +147,7 @@ def test_compare_names_the_first_diverging_artifact(twins, tmp_path):
 
 def test_compare_reports_config_and_missing_iterations(twins, tmp_path):
     from pipeline.report.compare import compare_runs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref, _ = twins
     short = copy_run(ref, tmp_path / "short")

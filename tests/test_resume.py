@@ -53,7 +53,7 @@ def done(run: Path, rel: str) -> bool:
 
 def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_factory, tmp_path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref = reference_run(tmp_path_factory, assets)
     run = tmp_path / "run"
@@ -86,12 +86,33 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
     killed("update", R, fault="update:publish")
     assert done(run, "policy/iter-0001") and not done(run, "iter-0000/update")
 
-    # iterate: iteration 1's rollout before its manifest, then its update after publishing
+    # iterate: update 0 done, killed while it writes its closing trainer state (no state 0 then:
+    # update 1 below re-runs update 0 from its stored parts, its recorded policy hash checked)
+    killed("iterate", R, "--iters", "1", fault="update:state:0")
+    assert done(run, "iter-0000/update") and done(run, "policy/iter-0001") and not (run / "iter-0000/update/state").exists()
+
+    # iterate: iteration 1's rollout before its manifest, then its update after publishing (policy 2's
+    # file on its background thread), then in that thread after the file, before its MANIFEST.json
     killed("iterate", R, "--iters", "2", fault="rollout:manifest:1")
     assert done(run, "iter-0000/update") and parts(run, "iter-0001/rollout") == ["part-00000.parquet", "part-00001.parquet"]
     killed("iterate", R, "--iters", "2", fault="update:publish:1")
-    assert done(run, "policy/iter-0002") and not done(run, "iter-0001/update")
+    assert not done(run, "iter-0001/update")
+    killed("iterate", R, "--iters", "2", fault="update:write:1")
+    assert done(run, "iter-0001/update") and not done(run, "policy/iter-0002")
+    assert (run / "policy/iter-0002/model.safetensors").exists()  # the whole file, unconfirmed without its manifest
+
+    # the resume re-runs update 1 and checks the hash it recorded: a tampered one stops it, naming iteration 1
+    recorded_file = run / "iter-0001/update/MANIFEST.json"
+    text, recorded = recorded_file.read_text(), manifest(run, "iter-0001/update")["policy_hash"]
+    recorded_file.write_text(text.replace(recorded, "0" * 64))
+    out = grpo("iterate", R, "--iters", "2", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: update iteration 1: re-run from its stored parts") and recorded[:16] in lines[0]
+    assert not done(run, "policy/iter-0002")
+    recorded_file.write_text(text)
     grpo("iterate", R, "--iters", "2")
+    assert (run / "iter-0001/update/state/trainer.json").exists()
 
     assert record(run) == record(ref), first_difference(run, ref)  # the same parts, metrics and policies (the update too)
     report = audit_run(Run(R))
@@ -113,7 +134,7 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
 
 
 def test_a_second_process_on_a_running_stage_fails_clearly(assets, tmp_path_factory, tmp_path):
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
     from pipeline.score import run_score
 
     ref = reference_run(tmp_path_factory, assets)

@@ -26,7 +26,7 @@ from test_reproduce import manifest, reference_run
     ],
 )
 def test_kept_set(newest, last, every, want):
-    from pipeline.store.retention import kept
+    from pipeline.run.retention import kept
 
     assert kept(newest, last, every) == want
 
@@ -52,7 +52,7 @@ def policy_files(run: Path, k: int) -> list[str]:
 @pytest.mark.slow
 def test_retained_run_resumes_audits_and_refuses_replay_of_pruned(assets, tmp_path_factory, tmp_path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     ref = reference_run(tmp_path_factory, assets)  # the same settings, every policy kept
     run = tmp_path / "run"

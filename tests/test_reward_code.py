@@ -21,7 +21,7 @@ DECOY = "def brev(completions, **kwargs):\n    return [0.0 for c in completions]
 
 
 def make_run(assets, tmp_path, monkeypatch, name: str, code: str, rewards: list[dict] | None = None):
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     user = tmp_path / f"{name}-src"
     user.mkdir(exist_ok=True)
@@ -40,7 +40,7 @@ def scores(run, completions):
 
 def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_current_directory(assets, tmp_path, monkeypatch):
     from pipeline.rewards.contract import compute_rewards
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run, cfg = make_run(assets, tmp_path, monkeypatch, "run", BREV)
     record = json.loads((tmp_path / "run" / "code" / "CODE.json").read_text())
@@ -67,7 +67,7 @@ def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_curren
     assert Run(again.uri).cfg_hash == Run(run.uri).cfg_hash  # where the file was is not in the hash
 
     # `grpo init` of the same run with changed code is refused, not silently reused
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     (tmp_path / "run-src" / "brev.py").write_text(DECOY)
     monkeypatch.chdir(tmp_path / "run-src")
@@ -76,7 +76,7 @@ def test_a_reward_file_is_copied_hashed_and_imported_from_the_run_not_the_curren
 
 
 def test_a_run_without_custom_code_keeps_its_hash(assets, tmp_path):
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     cfg = config_mod.resolve(base_config(assets))  # built-ins only
     run = init_run(str(tmp_path / "run"), cfg)
@@ -87,14 +87,14 @@ def test_a_run_without_custom_code_keeps_its_hash(assets, tmp_path):
 def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_recorded_by_version(assets, tmp_path, monkeypatch):
     from pipeline.rewards.contract import run_code, resolve
     from pipeline.store import code
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "brevmod.py").write_text(BREV)
     monkeypatch.chdir(src)
     cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "brevmod:brev"}, {"fn": "yaml:safe_dump"}]))
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     run = init_run(str(tmp_path / "run"), cfg)
     record = Run(run.uri).code
@@ -116,7 +116,7 @@ def test_a_module_of_the_current_directory_is_copied_and_an_installed_one_record
 def test_a_worker_that_cannot_import_the_runs_code_fails_before_any_work(assets, tmp_path, monkeypatch):
     """What each Ray rollout actor runs in its ready() check (pipeline/cluster/workers.py)."""
     from pipeline.cluster.workers import check_environment
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run, _ = make_run(assets, tmp_path, monkeypatch, "run", BREV)
     monkeypatch.chdir(tmp_path)
@@ -142,7 +142,7 @@ USES = "import helpers\n\ndef brev(completions, **kwargs):\n    return [helpers.
 def test_a_reward_importing_sibling_files_carries_them_with_the_run(assets, tmp_path, monkeypatch, fn):
     """The issue's trap: a reward whose module imports a file beside it passed init and failed in the
     score stage, the run holding a copy of the module alone. Its local imports (and theirs) travel with it."""
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     src = tmp_path / "run-src"
     src.mkdir()
@@ -167,7 +167,7 @@ def test_a_reward_importing_sibling_files_carries_them_with_the_run(assets, tmp_
     assert scores(Run(run.uri), ["ab", "abcde"]) == pytest.approx([1.0, 0.5], abs=1e-12)
 
     # a changed sibling is other code: the same run directory is refused at init
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     (src / "more.py").write_text("def plus(n):\n    return n + 2\n")
     monkeypatch.chdir(src)
@@ -182,3 +182,63 @@ def test_a_reward_importing_a_package_beside_it_is_refused_at_init_naming_the_fi
     with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
         make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n")
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_sibling_that_python_would_take_from_elsewhere_is_refused_not_scored_with(tmp_path, monkeypatch):
+    """Python keeps one module per name: two reward files each importing their own `shared_r55` (one
+    scale 1, one 2) both got the first one's, and a sibling named like a standard module (json.py) got
+    the standard one. Refused with the file named, at init (which imports them) and in every stage."""
+    from pipeline.rewards.contract import resolve
+
+    uses = "import shared_r55\n\ndef f(completions, **kwargs):\n    return [shared_r55.K for c in completions]\n"
+    for name, k in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "shared_r55.py").write_text(f"K = {k}\n")
+        (tmp_path / name / "r.py").write_text(uses + f"# {name}\n")
+    (tmp_path / "c").mkdir()  # the same content as a's, in another directory: the same module, fine
+    (tmp_path / "c" / "shared_r55.py").write_text("K = 1.0\n")
+    (tmp_path / "c" / "r.py").write_text(uses + "# a\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "json.py").write_text("K = 3.0\n")
+    (tmp_path / "d" / "r.py").write_text("import json\n\ndef f(completions, **kwargs):\n    return [json.K for c in completions]\n")
+    monkeypatch.delitem(sys.modules, "shared_r55", raising=False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert resolve("a/r.py:f")(["x"]) == [1.0] and resolve("c/r.py:f")(["x"]) == [1.0]
+        with pytest.raises(GRPOError, match=r"importing b/r.py: its `import shared_r55` gets .*a/shared_r55.py, not the shared_r55.py beside it"):
+            resolve("b/r.py:f")
+        with pytest.raises(GRPOError, match=r"importing d/r.py: `import json` names the standard module json as well as the json.py beside it"):
+            resolve("d/r.py:f")
+    finally:
+        sys.modules.pop("shared_r55", None)
+
+
+def test_a_reward_in_a_local_package_is_refused_at_init_and_a_refused_init_leaves_nothing(assets, tmp_path, monkeypatch):
+    """`mypkg.mod:f` (a package in the current directory, not installed) was recorded as an installed
+    module: a stage in another directory (a Ray node, a --shard worker) failed after the rollout. And a
+    reward refused by the code record (`brev:brev` importing a package beside it) had already copied
+    the policy in: fixing the code and running `grpo init` again was refused, 'directory exists'."""
+    from pipeline.run.run import init_run
+
+    for name in [m for m in sys.modules if m in ("helpers", "brev") or m.startswith("mypkg_r55")]:
+        monkeypatch.delitem(sys.modules, name)  # imported here from this test's directory, put back after it
+    src = tmp_path / "run-src"
+    (src / "mypkg_r55").mkdir(parents=True)
+    (src / "mypkg_r55" / "__init__.py").write_text("")
+    (src / "mypkg_r55" / "mod.py").write_text(BREV)
+    monkeypatch.chdir(src)
+    cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "mypkg_r55.mod:brev"}]))
+    with pytest.raises(GRPOError, match=r"mypkg_r55.mod: .*mypkg_r55/mod.py is a package in the current directory, not installed"):
+        init_run(str(tmp_path / "run"), cfg)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+    (src / "helpers").mkdir()
+    (src / "helpers" / "__init__.py").write_text("SCALE = 3.0\n")
+    with pytest.raises(GRPOError, match=r"brev\.py: imports helpers/, a package directory beside it"):
+        make_run(assets, tmp_path, monkeypatch, "run", "import helpers\n\ndef brev(completions, **kw):\n    return [1.0 for c in completions]\n",
+                 rewards=[{"fn": "brev:brev"}])
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    run, _ = make_run(assets, tmp_path, monkeypatch, "run", BREV, rewards=[{"fn": "brev:brev"}])  # fixed: the same directory takes it
+    assert (tmp_path / "run" / "config.yaml").is_file() and run.code["brev"]["copy"].endswith("brev.py")
+    for name in [m for m in sys.modules if m in ("helpers", "brev") or m.startswith("mypkg_r55")]:
+        del sys.modules[name]

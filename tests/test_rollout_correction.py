@@ -287,7 +287,7 @@ def test_a_run_made_before_the_option_keeps_its_behaviour_and_hash(tmp_path):
     import hashlib
     import json
 
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     tree = config_mod.resolve(MINIMAL).model_dump(mode="json")
     for *path, key in config_mod.ADDED_OPTIONS:  # as written before every added option

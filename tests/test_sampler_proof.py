@@ -1,4 +1,4 @@
-"""A sampler that proves what it samples (pipeline/models/sampler_proof.py): strict weight loads, the
+"""A sampler that proves what it samples (pipeline/run/sampler_proof.py): strict weight loads, the
 probe after every engine load, and the on-policy sampler gap as an error."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_an_engine_load_missing_a_weight_is_an_error(assets, tmp_path):
 
 def test_the_sampler_gap_limit_follows_the_dtypes(assets):
     from pipeline import config as config_mod
-    from pipeline.models.sampler_proof import check_sampler_gap, gap_limit
+    from pipeline.run.sampler_proof import check_sampler_gap, gap_limit
     from tests.conftest import base_config
 
     assert gap_limit("float32", "fp32") == 1e-3 and gap_limit("bfloat16", "fp32") == gap_limit("bf16") == 0.1
@@ -113,7 +113,7 @@ def test_a_sampler_that_never_loads_the_new_policy_stops_iterate(make_run, capsy
     from pipeline.models.hf_engine import HFEngine
     from pipeline.rollout import policy_engine, run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run = Path(make_run(rollout={"engine": "hf"}, train={"lr": 1e-3}))
     monkeypatch.setattr(HFEngine, "load", lambda self, model_dir, weights=None: setattr(self, "model_dir", Path(model_dir)))

@@ -218,7 +218,7 @@ def eval_rows(run: Path, k: int = 0) -> list[dict]:
 
 def audit(run: Path):
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     return audit_run(Run(str(run)))
 
@@ -261,7 +261,7 @@ def test_eval_records_served_answers_resumes_without_asking_twice_and_audit_read
     assert [r["fn"] for r in m["rewards"]] == ["judge", "reward_model", "format"]
     assert "eval policy 0: accuracy" in out.stdout and audit(run).ok
     from pipeline.report.inspect import stage_metrics
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     metrics = stage_metrics(Run(str(run)), 0, "eval")  # what MLflow gets for the eval
     assert metrics["eval/judge/judge/requests"] == metrics["eval/judge/rm/requests"] == 6

@@ -29,7 +29,7 @@ def shard_config(assets: dict, engine: str) -> dict:
 
 def new_run(path: Path, cfg: dict) -> str:
     from pipeline import config as config_mod
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     init_run(str(path), config_mod.resolve(cfg))
     return str(path)

@@ -45,7 +45,7 @@ def stale_run(assets, tmp_path_factory) -> Path:
 def test_each_rollout_names_its_behaviour_policy_and_audit_checks_it(stale_run):
     from pipeline.report.audit import audit_run
     from pipeline.report.status import status_report
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     hashes = [manifest(stale_run, f"policy/iter-{k:04d}")["policy_hash"] for k in range(ITERS + 1)]
     assert len(set(hashes)) == ITERS + 1  # every update moved the weights
@@ -73,7 +73,7 @@ def test_audit_names_a_rollout_linked_to_the_wrong_policy(stale_run, tmp_path):
     """Iteration 2's rollout relabelled as sampled from policy 2 (the on-policy schedule's
     choice): audit says which policy it must name, and that its staleness is wrong."""
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run = tmp_path / "run"
     shutil.copytree(stale_run, run)
@@ -112,9 +112,9 @@ def test_killed_at_several_moments_then_rerun_finishes_the_run(stale_run, assets
     to the uninterrupted run's bytes (every rollout, score, logprob and update artifact and every
     policy), with every stage done once and audit clean. The trainer trains beside the sampler on
     the same cores here, so this also checks that its arithmetic does not follow the thread
-    schedule (`trainer.serial_accumulation`)."""
+    schedule (`pipeline.update.determinism.serial_accumulation`)."""
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     run = tmp_path / "run"
     R = str(run)
@@ -157,7 +157,7 @@ def test_replay_of_a_stale_iteration(stale_run, tmp_path):
     """Iteration 2 was sampled from policy 1: the replay starts from policy 2 (what update 2
     trained), keeps the copied rollout's staleness, and its logprobs are policy 2's."""
     from pipeline.report.audit import audit_run
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     new = tmp_path / "new"
     grpo("replay", str(stale_run), "--iter", "2", "--to", str(new), "--until", "logprobs")

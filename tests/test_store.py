@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import GRPOError
-from pipeline.store.parts import Shard, part_groups, n_parts
+from pipeline.run.parts import Shard, part_groups, n_parts
 from pipeline.store import RunStore, sha256_bytes
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
 
@@ -146,8 +146,8 @@ def test_shards_cover_every_part_once():
 def test_stage_killed_between_parts_and_manifest_is_not_done(make_run):
     """Parts without a manifest are leftovers: the stage is not done, and a rerun does not
     count a part computed from different inputs."""
-    from pipeline.store.parts import run_parts
-    from pipeline.store.run import Run
+    from pipeline.run.parts import run_parts
+    from pipeline.run.run import Run
 
     run = Run(make_run())
     calls = []
@@ -181,8 +181,8 @@ def test_stage_killed_between_parts_and_manifest_is_not_done(make_run):
 
 
 def test_sharded_workers_write_the_manifest_once_all_parts_are_in(make_run):
-    from pipeline.store.parts import run_parts
-    from pipeline.store.run import Run
+    from pipeline.run.parts import run_parts
+    from pipeline.run.run import Run
 
     run = Run(make_run())
     assert run_parts(run, 0, "logprobs", LOGPROBS, 3, Shard(0, 2), {}, lambda p: logprobs_rows(1)) is None

@@ -347,8 +347,8 @@ def test_completions_end_at_the_templates_end_of_turn_and_the_manifest_records_i
     from transformers import AutoTokenizer
 
     from pipeline.rollout import RolloutInputs, run_rollout
-    from pipeline.store.parts import input_hash
-    from pipeline.store.run import Run
+    from pipeline.run.parts import input_hash
+    from pipeline.run.run import Run
 
     model = unlisted_end_of_turn(Path(assets["model"]), tmp_path / "unlisted")
     tok = AutoTokenizer.from_pretrained(model)

@@ -26,7 +26,7 @@ from conftest import base_config, grpo
 
 from pipeline.report import mlflow_run, tracking
 from pipeline.eval.run import eval_summary
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import hash_file, stage_rel
 
 ITERATION_METRICS = [
@@ -56,7 +56,7 @@ def test_resolve_target_precedence(make_run, monkeypatch):
 
 def test_remote_run_dir_tracks_to_local_cache(assets, monkeypatch):
     from pipeline import config as config_mod
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
     from pipeline.store import cache_dir
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -139,7 +139,7 @@ def server_run(assets, mlflow_server, tmp_path_factory) -> dict:
     """Two iterations with eval and a KL term, logged to the server; the second `grpo iterate`
     process resumes the first (it must find the same MLflow run)."""
     from pipeline import config as config_mod
-    from pipeline.store.run import init_run
+    from pipeline.run.run import init_run
 
     cfg = base_config(
         assets, eval={"every": 1, "max_prompts": 8}, loss={"kl_coef": 0.04},

@@ -539,7 +539,7 @@ def test_unlimited_turns_bounded_by_the_token_budget(make_run, tiny4k, examples,
 def test_reset_gets_no_prompt_where_the_data_has_none(make_run, tiny2k, examples, tmp_path):  # noqa: F811
     """TRL passes reset the data set's row: no `prompt` when the data set has no prompt column."""
     from pipeline.rollout import RolloutInputs
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     (tmp_path / "levels.jsonl").write_text("".join(json.dumps({"level": i}) + "\n" for i in range(8)))
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": "hi", "level": i}) + "\n" for i in range(8)))

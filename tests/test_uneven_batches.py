@@ -33,7 +33,7 @@ def twenty_rows(assets, tmp_path_factory):
     from pipeline.logprobs import run_logprobs
     from pipeline.rollout import run_rollout
     from pipeline.score import run_score
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
     from pipeline.update.data import UpdateData
     from tests.conftest import base_config
 

@@ -226,9 +226,9 @@ def test_a_template_that_writes_todays_date_renders_the_day_init_recorded(assets
     no date records none, so the config hashes of such runs stay what they were."""
     from pipeline import config as config_mod
     from pipeline.errors import GRPOError
-    from pipeline.models import template_date
+    from pipeline.run import template_date
     from pipeline.rollout import RolloutInputs
-    from pipeline.store.run import Run, init_run
+    from pipeline.run.run import Run, init_run
 
     vendors = trl_templates()
     for name, reads in [("gptoss", True), ("llama3_2", True), ("qwen3", False), ("llama3_1", False)]:
@@ -513,8 +513,9 @@ def test_named_templates_record_the_tool_use_one_a_tool_run_renders(assets):
     transformers renders `tool_use` whenever `tools=` is passed, as every tool run's rendering is.
     The template a tool run records (the rollout manifest's sha256) is that one. Was: the `default`
     one's, a template the run never rendered with tools."""
+    from pipeline.agents.format import ToolFormat
     from pipeline.agents.probe import choose
-    from pipeline.agents.templates import template_sha256
+    from pipeline.agents.templates import ChatTemplate, template_sha256
 
     tool_use = (LLAMA_CPP / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja").read_text()
     default = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -526,6 +527,14 @@ def test_named_templates_record_the_tool_use_one_a_tool_run_renders(assets):
     schema = {"type": "function", "function": {"name": "multiply", "description": "x", "parameters": {"type": "object", "properties": {}}}}
     assert "<tools>" in fmt.render([{"role": "user", "content": "hi"}], [schema], True)  # rendered with tool_use
     assert fmt.template.record() == {"name": "model", "sha256": template_sha256(tool_use)}
+    # an episode with no tools (an environment without methods) where `tool_use` is the only template:
+    # it iterates `tools` and cannot render None (TRL's `tools or None`), so it gets an empty list;
+    # Qwen keeps None (Llama 3.x would render tool boilerplate for an empty list)
+    alone = ToolFormat(llama_cpp_tokenizer(Path(assets["model"]), tool_use), "template", template=ChatTemplate("model", None, ""))
+    assert alone.render([{"role": "user", "content": "hi"}], [], True).endswith("<|im_start|>assistant\n")
+    text = (LLAMA_CPP / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    qwen = ToolFormat(tok, "template", template=ChatTemplate("qwen", text, template_sha256(text)))
+    assert qwen.conversation([{"role": "user", "content": "hi"}], [])[1] == {"tools": None}
 
 
 def test_the_end_of_turn_of_a_template_that_needs_tools_is_read(assets):

@@ -18,12 +18,12 @@ TEXTS = ["so the answer is #### 72", "#### 10", "The answer is \\boxed{72}", "An
 TRUTHS = ["72", "72", "72", "72", "72"]
 
 
-def _spec(fn, kwargs=None):
+def _spec(fn, kwargs=None, name=None):
     from pydantic import TypeAdapter
 
     from pipeline.config.rewards import RewardSpec
 
-    return TypeAdapter(RewardSpec).validate_python({"fn": fn, "contract": "verl", "kwargs": kwargs or {}})
+    return TypeAdapter(RewardSpec).validate_python({"fn": fn, "contract": "verl", "kwargs": kwargs or {}, "name": name})
 
 
 def score(s, columns):
@@ -59,6 +59,22 @@ def test_math_dapos_dict_gives_its_score_as_reward_and_logs_acc_as_0_or_1_but_no
     assert "pred" not in log.extra
 
 
+def test_two_rewards_logging_one_name_keep_both_columns():
+    """math_dapo and a second verl scorer both return `acc`: the first keeps `acc`, the second's goes to
+    `<its reward column>_acc`. Was: one column, the second reward's values over the first's."""
+    from pipeline.rewards.calls import RewardLog
+    from pipeline.rewards.contract import compute_rewards, resolve
+
+    dapo = f"{FIXTURES / 'math_dapo.py'}:compute_score"
+    second = _spec(f"{FIXTURES.parent.parent.parent / 'examples' / 'verl_reward.py'}:compute_score", name="mine")
+    log = RewardLog(len(TEXTS))
+    compute_rewards([_spec(dapo), second], ["q"] * len(TEXTS), TEXTS, None, COLUMNS, iteration=0, log=log)
+    direct = [resolve(dapo)(t, g) for t, g in zip(TEXTS, TRUTHS)]
+    assert log.extra["acc"] == [float(d["acc"]) for d in direct]
+    mine = [float(resolve(second.fn)("openai/gsm8k", t, g)["acc"]) for t, g in zip(TEXTS, TRUTHS)]
+    assert log.extra["mine_acc"] == mine and mine != log.extra["acc"]
+
+
 DOCUMENTED = '''def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(solution_str.endswith(ground_truth)), "src": data_source, "split": (extra_info or {}).get("split")}
 '''
@@ -90,6 +106,12 @@ def test_correct_reads_a_dotted_column_path_and_init_checks_it_against_the_parqu
     assert _column(COLUMNS, "reward_model.ground_truth", "answer_column") == TRUTHS
     with pytest.raises(GRPOError, match=r"column 'reward_model' has no field 'gold'"):
         _column(COLUMNS, "reward_model.gold", "answer_column")
+    # a null struct (a Parquet row without one) holds no answer, as a null in a plain column: None, not an error
+    assert _column({"reward_model": [{"ground_truth": "4"}, None]}, "reward_model.ground_truth", "answer_column") == ["4", None]
+    from pipeline.rewards.builtins import correct
+
+    assert correct(["q", "q"], ["<answer>4</answer>"] * 2, reward_model=[{"ground_truth": "4"}, None],
+                   answer_column="reward_model.ground_truth") == [1.0, None]
     data = tmp_path / "verl.parquet"
     pq.write_table(pa.table({"prompt": ["2+2?"], "reward_model": [{"ground_truth": "4", "style": "rule"}]}), data)
     ok = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct", "kwargs": {"answer_column": "reward_model.ground_truth"}}]))
@@ -110,3 +132,99 @@ def test_the_example_verl_reward_scores_as_calling_it_directly():
     got, log = score(_spec(target), COLUMNS)
     direct = [fn("openai/gsm8k", t, g) for t, g in zip(TEXTS, TRUTHS)]
     assert got == [d["score"] for d in direct] and log.extra["acc"] == [float(d["acc"]) for d in direct]
+
+
+AS_VERL = '''import asyncio
+
+
+def reads_info(data_source, solution_str, ground_truth, extra_info=None):
+    extra_info["seen"] = True  # verl's managers add to it too: the row's own dict must not change
+    return float(extra_info.get("split", "none") == "train")
+
+
+def kwargs_win(data_source, solution_str, ground_truth, extra_info=None):
+    return float(ground_truth == "10" and solution_str.endswith(ground_truth))
+
+
+async def awaited(data_source, solution_str, ground_truth, extra_info=None):
+    await asyncio.sleep(0)
+    return float(solution_str.endswith(str(ground_truth)))
+
+'''
+
+
+def test_verl_is_called_as_its_reward_managers_call_it(tmp_path):
+    """verl passes extra_info as a dict ({} when the data has none: `extra_info.get(...)` works), its
+    reward_kwargs win over the four names (_call_with_kwargs), and its reward loop awaits an async
+    compute_score: each failed after a whole rollout here."""
+    f = tmp_path / "as_verl.py"
+    f.write_text(AS_VERL)
+    got, _ = score(_spec(f"{f}:reads_info"), COLUMNS)
+    assert got == [0.0] * len(TEXTS)
+    info = [{"split": "train"}, {"split": "test"}, None, {"split": "train"}, {}]
+    columns = {**COLUMNS, "extra_info": info}
+    got, _ = score(_spec(f"{f}:reads_info"), columns)
+    assert got == [1.0, 0.0, 0.0, 1.0, 0.0] and columns["extra_info"] == [{"split": "train"}, {"split": "test"}, None, {"split": "train"}, {}]
+    got, _ = score(_spec(f"{f}:kwargs_win", {"ground_truth": "10"}), COLUMNS)
+    assert got == [0.0, 1.0, 0.0, 0.0, 0.0]
+    got, _ = score(_spec(f"{f}:awaited"), COLUMNS)
+    assert got == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_solution_str_of_a_tool_episode_is_its_final_assistant_message():
+    """Every message joined without a separator made "#### 7" and a tool's "2" read as "#### 72" to
+    verl's gsm8k scorer, in an episode whose answer is 9."""
+    from pipeline.rewards.calls import RewardLog
+    from pipeline.rewards.contract import compute_rewards
+
+    right = [{"role": "assistant", "content": "calc(8*9)"}, {"role": "tool", "content": "72"},
+             {"role": "assistant", "content": "so #### 72"}]
+    wrong = [{"role": "assistant", "content": "checking #### 7"}, {"role": "tool", "content": "2"},
+             {"role": "assistant", "content": "The answer is 9"}]
+    chat = [[{"role": "user", "content": "8*9?"}]] * 2
+    out = compute_rewards([_spec(f"{FIXTURES / 'gsm8k.py'}:compute_score")], chat, [right, wrong], None,
+                          {"reward_model": [{"ground_truth": "72"}] * 2}, iteration=0, log=RewardLog(2))
+    assert out[:, 0].tolist() == [1.0, 0.0]
+
+
+NUMPY = '''import numpy as np
+import torch
+
+
+def compute_score(solution_str, ground_truth):
+    ok = np.array([solution_str.endswith(ground_truth)])[0]  # np.bool_, as a scorer comparing arrays returns
+    return {"score": torch.tensor(float(ok)), "acc": ok, "hits": np.int64(ok), "t": torch.tensor(True)}
+'''
+
+
+def test_numpy_and_torch_scalars_are_numbers_and_their_booleans_log_as_0_or_1(tmp_path):
+    f = tmp_path / "np_score.py"
+    f.write_text(NUMPY)
+    got, log = score(_spec(f"{f}:compute_score"), COLUMNS)
+    want = [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert got == want and log.extra["acc"] == want and log.extra["hits"] == want and log.extra["t"] == [1.0] * 5
+
+
+def test_init_refuses_a_verl_function_the_stages_could_not_call(assets, tmp_path, monkeypatch):
+    """A misspelt reward_kwargs option or an argument verl never passes failed only in the score stage."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import preflight
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "verl.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2?"], "data_source": ["x"], "reward_model": [{"ground_truth": "4"}]}), data)
+    (tmp_path / "f.py").write_text("def compute_score(solution_str, ground_truth, method='strict'):\n    return 1.0\n"
+                                   "def needs(solution_str, ground_truth, tokenizer):\n    return 1.0\n")
+
+    def check(fn, kwargs):
+        cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": fn, "contract": "verl", "kwargs": kwargs}]))
+        preflight.check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"train": str(data)})}), judges_reachable=False)
+
+    check("f.py:compute_score", {"method": "flexible"})
+    check("f.py:needs", {"tokenizer": "t"})
+    with pytest.raises(GRPOError, match=r"rewards\[0\].fn 'f.py:compute_score': cannot be called as verl calls it, .*'methd'"):
+        check("f.py:compute_score", {"methd": "flexible"})
+    with pytest.raises(GRPOError, match=r"rewards\[0\].fn 'f.py:needs': cannot be called as verl calls it, .*'tokenizer'"):
+        check("f.py:needs", {})

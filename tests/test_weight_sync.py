@@ -19,7 +19,7 @@ def test_memory_weight_sync_writes_what_a_disk_reload_writes(make_run):
     warm engine's new weights come from."""
     from pipeline.loop.iterate import iterate
     from pipeline.models.vllm_engine import VLLMEngine
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     runs = {"disk": Path(make_run("disk")), "memory": Path(make_run("memory", rollout={"weight_sync": "memory"}))}
     loads, load = [], VLLMEngine.load

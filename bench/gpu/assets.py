@@ -95,13 +95,15 @@ SIZES = {
 }
 
 
-def config(model: Path, data: Path, reward: str, size: str, lora: bool) -> dict:
+def config(model: Path, data: Path, reward: str, size: str, lora: bool, engine: str = "hf") -> dict:
+    """The proof's run config; `engine` vllm samples with vLLM and hands each new policy's weights to it
+    in memory (`rollout.weight_sync: memory`, full fine-tuning only), as the CPU path does."""
     s = SIZES[size]
     cfg = {
         "model": str(model),
         "seed": 0,
         "data": {"train": str(data), "system_prompt": "You are a careful writer."},
-        "rollout": {"engine": "hf", "num_generations": s["G"], "prompts_per_iter": s["prompts"],
+        "rollout": {"engine": engine, "num_generations": s["G"], "prompts_per_iter": s["prompts"],
                     "max_new_tokens": s["tokens"], "temperature": 1.0},
         "rewards": [{"fn": reward}],
         "loss": {"kl_coef": 0.04},
@@ -109,6 +111,8 @@ def config(model: Path, data: Path, reward: str, size: str, lora: bool) -> dict:
                   "precision": "auto", "update_token_budget": s["budget"]},
         "tracking": {"mlflow": False},
     }
+    if engine == "vllm":
+        cfg["rollout"]["weight_sync"] = "memory"
     if lora:
         cfg["train"]["lora"] = {"r": 16, "alpha": 32}
         cfg["train"]["lr"] = 1.0e-5

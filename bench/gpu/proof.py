@@ -1,13 +1,17 @@
 """The GPU proof: every step of docs/gpu.md's "What ran on a GPU", in one command, each step timed and
 recorded even when an earlier one failed, inside a time budget.
 
-    python -m bench.gpu.proof OUT --size real|small [--budget-s 420] [--steps gpu_check,full,full-again,lora,trl]
+    python -m bench.gpu.proof OUT --size real|small [--budget-s 420] [--steps full,full-vllm,...]
     python -m bench.gpu.proof one-run RUN RESULT_JSON --iters N      (a step's own process)
 
-Steps: the arithmetic check (bench.gpu_check); the assets (bench.gpu.assets); `grpo init` and
-`grpo iterate` (HF engine, bf16, DeepSpeed ZeRO-2 on one GPU) for full fine-tuning, LoRA and the full
-config again; `grpo audit` of each and `grpo audit --compare` of the two full runs; TRL 1.16's
-GRPOTrainer on the same model and work (bench.gpu.trl_gpu); `grpo status --format json` of each run.
+Steps, in ORDER (what the issue must have first; each later one runs only if its time is left):
+`vllm_api` (vLLM 0.26 takes every argument the pipeline's and TRL's engines pass it: no GPU needed);
+`grpo init` and `grpo iterate` (bf16, DeepSpeed ZeRO-2 on one GPU) for full fine-tuning with the HF
+engine (`full`) and with vLLM, weights handed to it in memory (`full-vllm`); TRL 1.16's GRPOTrainer on
+the same model and work with HF generate (`trl`); the full config again (`full-again`, `grpo audit
+--compare` against `full`); TRL with its vLLM colocate mode (`trl-vllm`, falling back to HF generate, and
+saying so, where vLLM does not run); LoRA and LoRA again (`lora`, `lora-again`, compared); the
+arithmetic check (`gpu_check`); `grpo audit` and `grpo status --format json` of each run.
 Each iterate runs in its own process, which records seconds per iteration and stage and torch's peak
 GPU memory beside device_budget's estimates. OUT gets gpu.json (every figure and each step's outcome)
 and runs.tar.gz (the runs' manifests and parts, not their policies), which `grpo audit` checks
@@ -55,7 +59,7 @@ def one_run(run: str, result: str, iters: int) -> None:
 
     from pipeline.loop.iterate import iterate
     from pipeline.models.device_budget import ModelShape, this_device, trainer_bytes
-    from pipeline.store.run import Run
+    from pipeline.run.run import Run
 
     cuda = torch.cuda.is_available()
     r = Run(run)
@@ -64,7 +68,7 @@ def one_run(run: str, result: str, iters: int) -> None:
     iterate(r, iters, on_iteration=lambda row: (rows.append(row), print(f"iteration {row['iteration']}: {row['seconds']:.1f} s "
                                                                          f"{ {k: round(v, 1) for k, v in row['timings'].items()} }", flush=True)))
     shape = ModelShape.from_dir(Path(r.cfg.model) if Path(r.cfg.model).is_dir() else Path(run) / "policy" / "iter-0000")
-    resident, peak = trainer_bytes(shape, r.cfg, this_device())
+    resident, peak = trainer_bytes(shape, r.policy, this_device())
     out = {
         "wall_s": time.time() - t0,
         "rows": rows,
@@ -77,6 +81,83 @@ def one_run(run: str, result: str, iters: int) -> None:
         print(f"trainer peak: estimated {peak / 2**30:.1f} GiB, measured {out['max_allocated_gib']:.1f} GiB allocated "
               f"({peak / 2**30 / max(out['max_allocated_gib'], 1e-9):.2f} x)", flush=True)
     Path(result).write_text(json.dumps(out, indent=1, default=str))
+
+
+ORDER = ["vllm_api", "full", "full-vllm", "trl", "full-again", "trl-vllm", "lora", "lora-again", "gpu_check"]
+"""The proof's steps, must-haves first: grpo on each engine and TRL's HF-generate time the issue's bounds are
+against, the full rerun's bytes, then TRL's own vLLM mode, LoRA and its rerun, the arithmetic check."""
+NEEDS_CUDA = {"full-vllm": "the CUDA vLLM wheel samples on a GPU only", "gpu_check": "it compares CUDA with the CPU"}
+"""Steps that cannot run without CUDA, and why: the dry run on a CPU records them as skipped."""
+NEED_S = {"vllm_api": 5, "full": 60, "full-vllm": 90, "trl-vllm": 80, "full-again": 60, "trl": 60, "lora": 60,
+          "lora-again": 60, "gpu_check": 30}
+"""Seconds a step needs at the real size on an H200 to be started (the first lease's times, vLLM's start
+with CUDA graphs estimated): a step with less left is skipped and says so."""
+
+
+def llm_kwargs(source: Path) -> set[str]:
+    """The keyword names a file passes to `LLM(...)` (its `**` expansions' literal dicts included)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LLM":
+            for kw in node.keywords:
+                if kw.arg:
+                    names.add(kw.arg)
+                else:  # **(dict(a=...) if ... else {})
+                    for sub in ast.walk(kw.value):
+                        if isinstance(sub, ast.Call) and getattr(sub.func, "id", None) == "dict":
+                            names |= {k.arg for k in sub.keywords if k.arg}
+    return names
+
+
+def vllm_api() -> dict:
+    """vLLM as installed takes what the pipeline's engine and TRL's colocate mode pass it: every module
+    the pack's import trace names imports (bench.gpu.pack.VLLM_TRACE: nothing the pack left out is
+    needed to generate); every `LLM(...)` keyword is an `LLM` or `EngineArgs` parameter; the model
+    runner's `reload_weights` takes weights in memory; `LLM` has sleep, wake_up and collective_rpc.
+    Imports and signatures only: no GPU."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    import vllm
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from bench.gpu.pack import VLLM_TRACE
+
+    accepted = set(inspect.signature(LLM.__init__).parameters) | {f.name for f in dataclasses.fields(EngineArgs)}
+    got: dict = {"ok": True, "vllm": vllm.__version__, "imports_failed": {}, "imports_need_driver": []}
+    for mod in VLLM_TRACE:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            if "libcuda.so.1" in str(e):  # the CUDA driver's library: on the GPU machine, not here
+                got["imports_need_driver"].append(mod)
+            else:
+                got["imports_failed"][mod] = f"{type(e).__name__}: {e}"
+    got["ok"] &= not got["imports_failed"]
+    sources = {"pipeline": ROOT / "pipeline/models/vllm_engine.py"}
+    try:
+        import trl
+
+        sources["trl"] = Path(trl.__file__).parent / "generation" / "vllm_generation.py"
+    except ImportError as e:
+        got["trl"] = f"not checked ({e})"
+    for who, src in sources.items():
+        passed = llm_kwargs(src)
+        unknown = sorted(passed - accepted)
+        got[who] = {"kwargs": sorted(passed), "unknown": unknown}
+        got["ok"] &= bool(passed) and not unknown
+    reload = set(inspect.signature(GPUModelRunner.reload_weights).parameters)
+    got["reload_weights"] = sorted(reload)
+    got["ok"] &= {"weights_iterator", "weights_path", "is_checkpoint_format"} <= reload
+    missing = [m for m in ("sleep", "wake_up", "collective_rpc", "generate") if not hasattr(LLM, m)]
+    got["llm_methods_missing"] = missing
+    got["ok"] &= not missing
+    return got
 
 
 class Proof:
@@ -119,7 +200,7 @@ class Proof:
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
             info |= {"gpu": p.name, "gpu_memory_gib": p.total_memory / 2**30, "bf16": torch.cuda.is_bf16_supported()}
-        for mod in ("transformers", "peft", "deepspeed", "polars", "pyarrow", "pydantic", "trl", "datasets", "accelerate"):
+        for mod in ("transformers", "peft", "deepspeed", "polars", "pyarrow", "pydantic", "trl", "datasets", "accelerate", "vllm"):
             try:
                 info[mod] = __import__(mod).__version__
             except Exception as e:
@@ -134,8 +215,8 @@ class Proof:
         model = assets.build_model(self.work / "model", s["shape"])
         data = assets.write_data(self.work / "prompts.jsonl", s["prompts"] * (s["iters"] + 1))
         reward = f"{HERE / 'reward.py'}:letters"
-        for name, lora in (("full", False), ("lora", True)):
-            (self.work / f"{name}.yaml").write_text(yaml.safe_dump(assets.config(model, data, reward, self.size, lora)))
+        for name, lora, engine in (("full", False, "hf"), ("lora", True, "hf"), ("full-vllm", False, "vllm")):
+            (self.work / f"{name}.yaml").write_text(yaml.safe_dump(assets.config(model, data, reward, self.size, lora, engine)))
         return {"ok": True, "model": str(model), "config": assets.config(model, data, reward, self.size, False)}
 
     def run(self, name: str, config: str) -> dict:
@@ -163,13 +244,19 @@ class Proof:
         c = sh(grpo("audit", "--compare", str(runs / a), str(runs / b)), timeout=min(self.left(), 300))
         return {"ok": c["ok"], "tail": c["tail"][-3000:]}  # the first difference, if any
 
-    def trl(self) -> dict:
-        res = self.work / "trl.json"
+    def trl(self, vllm: bool = False) -> dict:
+        """TRL on the full run's config; with `vllm` its colocate mode, and where that fails HF generate,
+        the result saying so (`fallback`, `vllm_error`)."""
+        res = self.work / ("trl-vllm.json" if vllm else "trl.json")
         if not (self.work / "runs" / "full").is_dir():  # TRL reads the full run's config: init it alone
             sh(grpo("init", str(self.work / "runs" / "full"), "--config", str(self.work / "full.yaml")), timeout=min(self.left(), 120))
-        t = sh([sys.executable, "-m", "bench.gpu.trl_gpu", str(self.work / "runs" / "full"), str(res), "--iters", str(self.iters)],
-               timeout=self.left())
+        cmd = [sys.executable, "-m", "bench.gpu.trl_gpu", str(self.work / "runs" / "full"), str(res), "--iters", str(self.iters)]
+        t = sh(cmd + (["--vllm"] if vllm else []), timeout=self.left())
         got = {"ok": t["ok"], "tail": t["tail"][-1500:]}  # its whole output is in the log
+        if vllm and not t["ok"] and self.left() > NEED_S["trl"]:
+            print("== trl-vllm: TRL's vLLM colocate mode failed; HF generate instead", flush=True)
+            t = sh(cmd, timeout=self.left())
+            got = {"ok": t["ok"], "tail": t["tail"][-1500:], "fallback": "hf generate", "vllm_error": got["tail"][-1500:]}
         if res.is_file():
             got |= json.loads(res.read_text())
         return got
@@ -187,20 +274,30 @@ class Proof:
         return {"ok": path.stat().st_size < 15 * 2**20, "bytes": path.stat().st_size}
 
     def main(self) -> int:
+        import torch
+
         self.iters = __import__("bench.gpu.assets", fromlist=["SIZES"]).SIZES[self.size]["iters"]
         steps = {
-            "gpu_check": (lambda: sh([sys.executable, "-m", "bench.gpu_check"], timeout=min(self.left(), 180)), 30),
-            "full": (lambda: self.run("full", "full.yaml"), 60),
-            "lora": (lambda: self.run("lora", "lora.yaml"), 60),
-            "trl": (self.trl, 60),
-            "full-again": (lambda: self.run("full-again", "full.yaml"), 60),
-            "lora-again": (lambda: self.run("lora-again", "lora.yaml"), 60),
+            "vllm_api": vllm_api,
+            "gpu_check": lambda: sh([sys.executable, "-m", "bench.gpu_check"], timeout=min(self.left(), 180)),
+            "full": lambda: self.run("full", "full.yaml"),
+            "full-vllm": lambda: self.run("full-vllm", "full-vllm.yaml"),
+            "trl-vllm": lambda: self.trl(vllm=True),
+            "trl": self.trl,
+            "full-again": lambda: self.run("full-again", "full.yaml"),
+            "lora": lambda: self.run("lora", "lora.yaml"),
+            "lora-again": lambda: self.run("lora-again", "lora.yaml"),
         }
         self.step("environment", self.environment, 0)
         if not self.step("assets", self.assets, 20):
             return 1
-        for name in self.only or ["gpu_check", "full", "full-again", "lora", "trl"]:  # the rerun first: reproducibility is the claim
-            self.step(name, *steps[name])
+        cuda = torch.cuda.is_available()
+        for name in [n for n in ORDER if n in (self.only or ORDER)]:
+            if not cuda and name in NEEDS_CUDA:
+                self.result["steps"][name] = {"ok": False, "skipped": f"no CUDA here: {NEEDS_CUDA[name]}", "needs_cuda": True}
+                print(f"== {name}: skipped (no CUDA here)", flush=True)
+                continue
+            self.step(name, steps[name], NEED_S[name])
             if name.endswith("-again") and (self.work / "runs" / name).is_dir():
                 self.step(f"compare-{name[:-6]}", lambda: self.compare(name[:-6], name), 10)
         self.step("tarball", self.tarball, float("-inf"))  # whatever ran comes back

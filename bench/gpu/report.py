@@ -59,6 +59,56 @@ def gap(status) -> tuple[float | None, float | None]:
     return (sum(g) / len(g) if g else None), (sum(c) / len(c) if c else None)
 
 
+RUNS = ("full", "full-vllm", "lora", "full-again", "lora-again")
+"""The proof's grpo runs, in the table's order."""
+
+
+def per_iteration(step: dict) -> float | None:
+    """A grpo run's seconds per iteration after the first (the first pays start-up), or None."""
+    rows = (step or {}).get("rows") or []
+    if not rows:
+        return None
+    return sum(r["seconds"] for r in rows[1:]) / (len(rows) - 1) if len(rows) > 1 else rows[0]["seconds"]
+
+
+def trl_cycle(step: dict) -> float | None:
+    """TRL's seconds per generation cycle after the first, or None."""
+    c = (step or {}).get("cycle_s") or []
+    return (sum(c[1:]) / (len(c) - 1) if len(c) > 1 else c[0]) if c else None
+
+
+def trl_lines(steps: dict) -> list[str]:
+    """One line per TRL run (how it generated, and a fallback said as such), then grpo's time per
+    iteration over TRL's on each engine against the issue's bounds (HF 1.0 x, vLLM 0.5 x)."""
+    lines = []
+    for name in ("trl", "trl-vllm"):
+        t = steps.get(name) or {}
+        per = trl_cycle(t)
+        if per is None:
+            why = t.get("skipped") or t.get("error") or (t.get("tail") or "not run").strip()[-300:]
+            lines.append(f"TRL ({name}): {why}")
+            continue
+        how = t.get("generation", "hf generate")
+        if t.get("fallback"):
+            err = (t.get("vllm_error") or "").strip().splitlines()
+            how += f" (vLLM colocate failed: {err[-1] if err else 'no output'})"
+        lines.append(f"TRL {t.get('trl')} GRPOTrainer ({name}), same model, config and GPU, {how}: {per:.1f} s per generation "
+                     f"cycle (after the first), peak allocated {_f(t.get('max_allocated_gib'))} GiB, reserved "
+                     f"{_f(t.get('max_reserved_gib'))} GiB.")
+    trl_hf = trl_cycle(steps.get("trl") or {})
+    trl_vllm = trl_cycle(steps.get("trl-vllm") or {}) if not (steps.get("trl-vllm") or {}).get("fallback") else None
+    for ours, bound, label in (("full", 1.0, "HF engine"), ("full-vllm", 0.5, "vLLM")):
+        mine = per_iteration(steps.get(ours) or {})
+        if mine is None:
+            continue
+        parts = [f"{mine / ref:.2f} x TRL with {what}" for ref, what in ((trl_hf, "HF generate"), (trl_vllm, "vLLM colocate")) if ref]
+        if parts:
+            met = trl_hf and mine / trl_hf <= bound
+            lines.append(f"grpo {ours} ({label}): {mine:.1f} s per iteration = {'; '.join(parts)} "
+                         f"(bound {bound} x TRL's HF-generate time: {'met' if met else 'NOT met'}).")
+    return lines
+
+
 ESTIMATE_BOUND = 1.3
 """The issue's bound on device_budget's trainer peak against the measured peak allocated (issue 53)."""
 
@@ -67,7 +117,7 @@ def memory_line(steps: dict) -> str:
     """device_budget's trainer peak over the measured peak allocated, per run: met when at least 1
     (the estimate never below what ran) and at most `ESTIMATE_BOUND`."""
     parts = []
-    for name in ("full", "lora", "full-again", "lora-again"):
+    for name in RUNS:
         s = steps.get(name) or {}
         est, got = (s.get("estimate") or {}).get("trainer_peak_gib"), s.get("max_allocated_gib")
         if est and got:
@@ -81,12 +131,13 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
     gpu = env.get("gpu", "no GPU")
     lines = [f"Measured {result.get('started', '?')} on one {gpu} ({_f(env.get('gpu_memory_gib'))} GiB), torch {env.get('torch')}, "
              f"transformers {env.get('transformers')}, DeepSpeed {env.get('deepspeed')}, TRL {env.get('trl')}; "
-             f"`bash bench/gpu/run.sh {result.get('size')}` (bench/gpu/proof.py). Random weights of Qwen2.5-0.5B's shape; "
-             "HF engine (no vLLM on that machine); bf16; DeepSpeed ZeRO-2 on one GPU.", "",
+             f"vLLM {env.get('vllm')}; `bash bench/gpu/run.sh {result.get('size')}` (bench/gpu/proof.py). Random weights of "
+             "Qwen2.5-0.5B's shape; bf16; DeepSpeed ZeRO-2 on one GPU; engine HF unless the run's name says vllm (weights "
+             "handed to vLLM in memory).", "",
              "| run | iterations | s / iteration | rollout | score | logprobs | update | peak allocated GiB | reserved GiB "
              "| estimate (device_budget) GiB | sampler gap | cut share | audit there | audit here |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in ("full", "lora", "full-again", "lora-again"):
+    for name in RUNS:
         s = steps.get(name)
         if not s or "rows" not in s:
             why = (s or {}).get("skipped") or (s or {}).get("error") or ((s or {}).get("iterate") or {}).get("tail", "")[-200:] or "not run"
@@ -94,25 +145,14 @@ def sections(result: dict, audits: dict[str, str]) -> tuple[str, str]:
             continue
         rows = s["rows"]
         st = stage_means(rows)
-        per_it = sum(r["seconds"] for r in rows[1:]) / max(len(rows) - 1, 1) if len(rows) > 1 else rows[0]["seconds"]
+        per_it = per_iteration(s)
         g, cut = gap(s.get("status"))
         lines.append(f"| {name} | {len(rows)} | {per_it:.1f} | {_f(st.get('rollout'))} | {_f(st.get('score'), '.2f')} | "
                      f"{_f(st.get('logprobs'))} | {_f(st.get('update'))} | {_f(s.get('max_allocated_gib'))} | "
                      f"{_f(s.get('max_reserved_gib'))} | {_f(s['estimate']['trainer_peak_gib'])} | {_f(g, '.2e')} | "
                      f"{_f(cut, '.3f')} | {'clean' if (s.get('audit') or {}).get('ok') else 'PROBLEMS'} | {audits.get(name, '-')} |")
     lines += ["", memory_line(steps)]
-    trl = steps.get("trl") or {}
-    if trl.get("cycle_s"):
-        c = trl["cycle_s"]
-        per = sum(c[1:]) / max(len(c) - 1, 1) if len(c) > 1 else c[0]
-        ours = steps.get("full", {}).get("rows") or []
-        our = sum(r["seconds"] for r in ours[1:]) / max(len(ours) - 1, 1) if len(ours) > 1 else None
-        ratio = f"; grpo's full run took {our / per:.2f} x TRL's time per iteration" if our else ""
-        lines += ["", f"TRL {trl.get('trl')} GRPOTrainer, same model, config and GPU (full fine-tuning, bf16, HF generate): "
-                      f"{per:.1f} s per generation cycle (after the first), peak allocated {_f(trl.get('max_allocated_gib'))} GiB, "
-                      f"reserved {_f(trl.get('max_reserved_gib'))} GiB{ratio}."]
-    else:
-        lines += ["", f"TRL: {trl.get('skipped') or trl.get('error') or (trl.get('tail') or 'not run')[-300:]}"]
+    lines += ["", *trl_lines(steps)]
     for name in sorted(k for k in steps if k.startswith("compare-")):
         cmp_, which = steps[name], name.removeprefix("compare-")
         lines += ["", f"Second run of the {which} config against the first (`grpo audit --compare`): "

@@ -142,7 +142,7 @@ class ToolFormat:
     def conversation(self, messages: list[dict], schemas: list[dict]) -> tuple[list[dict], dict]:
         """Episode messages (TRL's shapes) -> (messages to render, apply_chat_template kwargs)."""
         if self.kind == "template":
-            return _template_messages(messages), {"tools": schemas or None}
+            return _template_messages(messages), {"tools": schemas or self._no_tools()}
         out, pending = [], []
         for m in messages:
             if m["role"] == "tool":
@@ -161,6 +161,19 @@ class ToolFormat:
             else:
                 out.insert(0, {"role": "system", "content": block})
         return out, {}
+
+    def _no_tools(self) -> list | None:
+        """What a tool-less episode passes as `tools=`: None, as TRL does (Llama 3.x renders its tool
+        boilerplate for `tools=[]`), unless the template cannot render None (Hermes 2 Pro / 3's
+        `tool_use` iterate `tools` unconditionally): then an empty list. Probed once a template."""
+        if not hasattr(self, "_empty_tools"):
+            try:
+                self.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True,
+                                                   chat_template=self.template.text, tools=None)
+                self._empty_tools = None
+            except TypeError:
+                self._empty_tools = []
+        return self._empty_tools
 
     def render(self, messages: list[dict], schemas: list[dict], generation_prompt: bool) -> str:
         msgs, kwargs = self.conversation(messages, schemas)

@@ -46,7 +46,7 @@ def check(cfg) -> str | None:
     """`grpo init`'s checks of rollout.tools / rollout.environment; returns the format note, if any."""
     from transformers import AutoTokenizer
 
-    from pipeline.store.run import model_source
+    from pipeline.run.run import model_source
 
     model_dir, _ = model_source(cfg.model, "model")
     try:

@@ -27,8 +27,8 @@ from pipeline.cluster.workers import stall
 from pipeline.errors import GRPOError
 from pipeline.loop.sampler import Sampler
 from pipeline.store import IN_FLIGHT, part_name, stage_rel
-from pipeline.store.parts import finalize, input_hash
-from pipeline.store.run import Run
+from pipeline.run.parts import finalize, input_hash
+from pipeline.run.run import Run
 
 
 def driver_record() -> dict:
@@ -180,7 +180,7 @@ def score(run: Run, k: int, cc, uri: str, pool) -> dict:
     from pipeline.cluster.pool import POLL_S, RESUME, Room, raise_task_error
     from pipeline.cluster.workers import score_part
     from pipeline.score import run_score
-    from pipeline.store.parts import upstream
+    from pipeline.run.parts import upstream
 
     a = run.cfg.advantages
     if run.done(k, "score") or a.scale == "batch" or a.batch_renorm:

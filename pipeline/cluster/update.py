@@ -23,7 +23,7 @@ import sys
 import time
 
 from pipeline.errors import GRPOError
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 ATTEMPTS = 3
 
@@ -79,11 +79,13 @@ def update_on_cluster(run: Run, k: int, cc, uri: str, log, pool) -> dict:
         pg = placement_group(bundles, strategy="PACK")
         actors = []
         try:
-            placed_by = time.monotonic() + cc.start_timeout_s
+            placed_by = time.monotonic() + cc.place_timeout_s  # room.check() stops the run sooner where it fits nowhere
             while not pg.wait(timeout_seconds=POLL_S):
-                if time.monotonic() >= placed_by:
+                if time.monotonic() >= placed_by:  # it fits the nodes' totals: what holds the room is outside this run
                     raise GRPOError(f"cluster: no room for {n} update workers of {cc.update_cpus:g} CPUs and {cc.update_gpus:g} "
-                                    f"GPUs in {cc.start_timeout_s:.0f} s (cluster.update_workers, update_cpus, update_gpus); {RESUME}")
+                                    f"GPUs in {cc.place_timeout_s:g} s (cluster.place_timeout_s), though the nodes' totals hold them: "
+                                    f"work outside this run (a second run's warm actors?) holds the room; give each run its own "
+                                    f"nodes: {RESUME}")
                 room.check()
             cls = ray.remote(UpdateRank)
             actors = [cls.options(num_cpus=cc.update_cpus, num_gpus=cc.update_gpus, max_restarts=0,
@@ -102,6 +104,10 @@ def update_on_cluster(run: Run, k: int, cc, uri: str, log, pool) -> dict:
                     late, _ = ray.wait(pending, num_returns=len(pending), timeout=30) if pending else ([], [])
                     reports += ray.get(late)
                     break
+        except ray.exceptions.GetTimeoutError:  # placed, but its first rank's actor did not start in time
+            log(f"update iteration {k}: the update workers did not start in {cc.start_timeout_s:g} s "
+                f"(cluster.start_timeout_s); attempt {attempt} of {ATTEMPTS}")
+            continue
         except ray.exceptions.RayError as err:  # a rank's actor or node died: the update goes again from its start
             log(f"update iteration {k}: a worker died ({type(err).__name__}); attempt {attempt} of {ATTEMPTS}")
             continue

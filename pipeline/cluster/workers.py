@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pipeline.errors import GRPOError
 from pipeline.store import part_name, stage_rel
-from pipeline.store.parts import write_part
-from pipeline.store.run import Run
+from pipeline.run.parts import write_part
+from pipeline.run.run import Run
 
 
 def fault(where: str, k: int, part: int) -> None:
@@ -156,7 +156,7 @@ class RolloutWorker:
 def score_part(run_uri: str, k: int, part: int, stamp: str) -> dict:
     """A score task: score rollout part `part` of iteration k into score part `part`."""
     from pipeline.score import score_table
-    from pipeline.store.parts import read_part
+    from pipeline.run.parts import read_part
     from schemas.artifacts import ROLLOUT, SCORE
 
     t0 = time.time()

@@ -124,6 +124,42 @@ class RewardModelOptions(_Options):
         return self.base_url is not None
 
 
+class OpenRLHFServerOptions(_Options):
+    url: str
+    """The reward server's endpoint, as given to OpenRLHF's --remote_rm_url (`openrlhf.cli.serve_rm` serves http://HOST:5000/get_reward); each completion is one POST of {query, prompts, labels} to it; no user:password in it (use api_key_env)."""
+    label_key: str | None = None
+    """Dataset column sent as `labels` (OpenRLHF's --label_key); None: null labels."""
+    api_key_env: str | None = None
+    """The NAME of the environment variable holding a key sent as a Bearer token (OpenRLHF's server needs none); the key is never stored."""
+    on_failure: Literal["error", "none"] = "error"
+    """A request still failing after its retries stops the stage (answers so far are kept), or gives that completion None."""
+
+    @field_validator("url")
+    @classmethod
+    def _an_http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} is not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("holds a user or password, which would be stored with every answer: "
+                             "put the key in an environment variable and name it in api_key_env")
+        return value
+
+    @property
+    def served(self) -> bool:
+        """Always asked over HTTP, its answers recorded (pipeline.rewards.judge.served_rewards)."""
+        return True
+
+    def columns(self) -> list[str]:
+        return [self.label_key] if self.label_key is not None else []
+
+
 class CodeTestsOptions(_Options):
     tests_column: str = "tests"
     """Dataset column with the row's assert statements (a list, or a JSON string of one)."""
@@ -146,7 +182,7 @@ class _Reward(Section):
     rows_per_call: int | None = Field(None, ge=1)
     """Async functions only: call the function on slices of this many rows, concurrently; None: one call with the whole batch (TRL)."""
     max_concurrency: int = Field(8, ge=1, le=1024)
-    """Async functions and served rewards (`judge`, a served `reward_model`): calls (served: requests) of this function in flight at once, per scoring process (N shard workers or Ray score tasks: up to N times this)."""
+    """Async functions and served rewards (`judge`, a served `reward_model`, `openrlhf_server`): calls (served: requests) of this function in flight at once, per scoring process (N shard workers or Ray score tasks: up to N times this)."""
     timeout_s: float = Field(60.0, gt=0.0)
     """Async functions and served rewards: limit per call (served: per request); a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)
@@ -204,6 +240,7 @@ BUILTIN_MODELS: dict[str, type[_Reward]] = {
     "reward_model": _builtin("reward_model", RewardModelOptions, "A frozen sequence-classification model's logit (or probability), in-process or served (vLLM's pooling server)."),
     "code_tests": _builtin("code_tests", CodeTestsOptions, "Fraction of the row's assert-style tests the completion's code passes (sandboxed)."),
     "judge": _builtin("judge", JudgeOptions, "An LLM judge behind an OpenAI-compatible server, reading a rubric (pipeline/rewards/judge)."),
+    "openrlhf_server": _builtin("openrlhf_server", OpenRLHFServerOptions, "A reward server speaking OpenRLHF's protocol, POST {query, prompts, labels} -> {rewards} (pipeline/rewards/judge/openrlhf_server.py)."),
 }
 CUSTOM = "custom"
 

@@ -27,7 +27,7 @@ class LoraSpec(Section):
 
 
 class KeepPoliciesConfig(Section):
-    """Policy retention: which stored policies keep their weights (see pipeline/store/retention.py)."""
+    """Policy retention: which stored policies keep their weights (see pipeline/run/retention.py)."""
 
     last: int | None = Field(None, ge=1)
     """Keep the weights of the newest `last` policies; None (the default) keeps every policy.

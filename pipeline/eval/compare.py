@@ -4,13 +4,14 @@ A and B are runs (or records `grpo eval --model` wrote); each side is the eval o
 newest evaluated, or `--iter K`). Per figure (pipeline/eval/metrics.py), over the prompts both
 evaluated (the same set, prompt id and prompt text, the same number of samples):
 
-    difference B - A of the mean over prompts, its 95 % paired bootstrap interval over prompts,
-    the prompts where B's per-prompt value is higher (B wins), where A's is (A wins), and the p-value
-    of the paired sign-flip (permutation) test over prompts (pipeline/eval/stats.py: sign_flip_p)
+    difference B - A of the mean over prompts, the p-value of the paired sign-flip (permutation) test
+    over prompts (pipeline/eval/stats.py: sign_flip_p) and its 95 % interval, the shifts that test does
+    not reject (stats.paired), the prompts where B's per-prompt value is higher (B wins), where A's is
+    (A wins)
 
 and one line on the headline figure (accuracy over all sets): distinguishable from noise only when the
-sign-flip test rejects at 5 % (an exact test: with few differing prompts the bootstrap interval can
-exclude 0 where the test cannot, "4 of 30 won, none lost" is p = 0.125). Records sampled with different
+sign-flip test rejects at 5 %, which is exactly when the interval leaves out 0 ("4 of 30 won, none
+lost" is p = 0.125, interval [+0.000, +0.267]). Records sampled with different
 eval settings (greedy, samples, temperature, top_p, top_k, min_p, max_new_tokens) are refused.
 """
 
@@ -21,13 +22,13 @@ import pyarrow as pa
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import per_prompt
 from pipeline.eval.stats import paired, sign_flip_p
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import EVAL
 
 
 def record(run: Run, k: int | None) -> tuple[int, pa.Table]:
     """(k, the eval table of policy k): the newest evaluated policy when k is None."""
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
 
     done = [i for i in range(run.completed_iters() + 1) if run.done(i, "eval")]
     if k is None:
@@ -121,8 +122,8 @@ def verdict(result: dict, figure: str = "accuracy") -> str:
     f = result["figures"][figure]
     d, lo, hi, p = f["diff"], f["lo"], f["hi"], f["p"]
     head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
-    if lo != lo or hi != hi:  # NaN: fewer than two prompts differ in a way the bootstrap can resample
-        return f"{head}: no interval (too few prompts to resample); not distinguishable from noise"
+    if lo != lo or hi != hi:  # NaN: under 6 prompts, where no 5 % sign-flip test can reject anything
+        return f"{head}: no interval (too few prompts for a 5 % test); not distinguishable from noise"
     if p <= 0.05:
         return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (sign-flip test p = {p:.3g})"
     return f"{head}: not distinguishable from noise (sign-flip test p = {p:.3g})"

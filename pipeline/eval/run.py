@@ -26,13 +26,13 @@ from pipeline.config.eval import SetRef
 from pipeline.config.rules import unknown_eval_reward
 from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
 from pipeline.models.engines import model_context
-from pipeline.models.template_date import dated
+from pipeline.run.template_date import dated
 from pipeline.errors import GRPOError
-from pipeline.store.parts import Shard, read_parts, run_parts
+from pipeline.run.parts import Shard, read_parts, run_parts
 from pipeline.rewards.calls import RewardLog
 from pipeline.rewards.contract import compute_rewards, run_code
 from pipeline.rollout import policy_engine
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.score import completion_masks, drop_cache, extra_column, judge_summary, judging, served, trl_inputs
 from pipeline.store import part_name, policy_rel, stage_rel
 from schemas.artifacts import EVAL, EXTRA_PREFIX, REWARD_PREFIX

@@ -26,7 +26,8 @@ from pipeline.eval.run import run_eval
 from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn
 from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
-from pipeline.store.run import Run
+from pipeline.run.run import Run
+from pipeline.update.publish import restore_policy
 
 
 class InlineSampler(LocalSampler):
@@ -65,7 +66,15 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             update={"cluster": cfg.cluster.model_copy(update={"executor": executor})}))):
         raise GRPOError(f"--executor {executor}: {why}")  # the rules a config with this executor would break
     start = run.completed_iters()
-    warm = WarmEngines(run)
+    # a kill stopped the background write of the newest policy: its update again, hash checked
+    trainer = restore_policy(run, start - 1) if start > 0 and not run.policy_done(start) else None
+    try:
+        warm = WarmEngines(run)
+    except BaseException:
+        if trainer is not None:
+            trainer.close()
+        raise
+    warm.trainer = trainer
     try:
         if (executor or cfg.cluster.executor) == "ray":
             from pipeline.cluster.executor import RaySampler
@@ -77,6 +86,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             sampler = ProcessSampler(run)
         else:
             sampler = InlineSampler(run, warm)
+            warm.background = True  # every reader of policy k+1's file is in this process, and waits for it
     except BaseException:
         warm.close()
         raise
@@ -100,6 +110,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             rows.append(finish_row(run, k, t0, timings, lambda row, extra=extra: (row.update(extra), on_iteration and on_iteration(row))))
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
+        run.policy_done(run.completed_iters())  # the newest policy's file, if it is still being written
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         sampler.close()

@@ -10,9 +10,9 @@ from pipeline.report import tracking
 from pipeline.eval.run import eval_summary
 from pipeline.logprobs import run_logprobs
 from pipeline.loop.sampler import Sampler
-from pipeline.models.policy import LogprobModels
+from pipeline.run.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.score import run_score
 from pipeline.update.publish import flush_state, run_update
 
@@ -24,6 +24,9 @@ class WarmEngines:
         self.engine = None
         self.logprobs = LogprobModels(run)  # the logprob pass's models, kept across iterations
         self.trainer = None
+        self.background = False
+        """Whether the update may write its policy's weights file in the background (the sampler runs
+        in this process, and whatever reads the file waits for it: pipeline.store.pending)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
         self.settings = engine_settings(run, run.completed_iters(), shared=True)
@@ -34,7 +37,7 @@ class WarmEngines:
         `where` names the stage in the error of an engine that does not hold it."""
         weights = None
         if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
-            weights = self.trainer.published_weights(self.run.policy_dir(k))
+            weights = self.trainer.published_weights(self.run.policy_dir(k, weights=False))
         self.engine = policy_engine(self.run, k, self.engine, settings=self.settings, weights=weights, where=where)
         return self.engine
 
@@ -46,10 +49,11 @@ class WarmEngines:
             self.engine.sleep()
 
     def close(self) -> None:
-        """The trainer's state is written first if it is not on disk (train.state_every: at the
-        end of `iterate`, on Ctrl-C), then the engines close."""
+        """A policy file still being written is finished and the trainer's state written if it is
+        not on disk (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the
+        engines close."""
         try:
-            flush_state(self.run, self.trainer)
+            flush_state(self.run, self.trainer)  # waits for the background write first
         finally:
             if self.engine is not None:
                 self.engine.close()
@@ -86,7 +90,8 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     with tracking.reporting(run, k, "update"):
         if not sampler.update(k):
-            _, warm.trainer = run_update(run, k, warm.trainer, final=False)  # iterate writes the state at its end
+            # iterate writes the state at its end; policy k+1's file is written while rollout k+1 runs
+            _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.background)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
 
@@ -105,7 +110,7 @@ def iteration_summary(run: Run, k: int) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
     from schemas.artifacts import SCORE, UPDATE_METRICS
 
     row: dict = {"iteration": k}

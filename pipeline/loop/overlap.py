@@ -27,7 +27,7 @@ import os
 
 from pipeline.errors import GRPOError
 from pipeline.loop.iteration import LocalSampler
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 SAMPLER_CPUS = "GRPO_SAMPLER_CPUS"
 

@@ -48,12 +48,12 @@ from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.config.errors import parse_overrides
 from pipeline.errors import GRPOError
-from pipeline.models.policy import policy_kind
-from pipeline.store.parts import input_hash
-from pipeline.store.retention import pruned_error
+from pipeline.run.policy import policy_kind
+from pipeline.run.parts import input_hash
+from pipeline.run.retention import pruned_error
 from pipeline.rewards.contract import load_reward, run_code
 from pipeline.schedule import iteration_plan
-from pipeline.store.run import Run, init_run
+from pipeline.run.run import Run, init_run
 from pipeline.store import RunStore, policy_rel, sha256_bytes, stage_rel
 from schemas.artifacts import ROLLOUT
 from schemas.manifests import PartsManifest, ReplayLink

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pipeline.errors import GRPOError
 from pipeline.store import RunStore, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 
 def replay_eval(src_uri: str, k: int | None, new_uri: str, sets: list[str] | None = None) -> tuple[Run, int]:
@@ -24,8 +24,8 @@ def replay_eval(src_uri: str, k: int | None, new_uri: str, sets: list[str] | Non
     from pipeline.eval.compare import record
     from pipeline.eval.run import run_eval
     from pipeline.loop.replay import merged_origin, replay_config
-    from pipeline.store.parts import read_part
-    from pipeline.store.run import init_run
+    from pipeline.run.parts import read_part
+    from pipeline.run.run import init_run
     from schemas.artifacts import EVAL
 
     src = Run(src_uri)

@@ -178,7 +178,7 @@ def _bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tuple[int, int]:
+def trainer_bytes(shape: ModelShape, policy, device: Device, world: int = 1) -> tuple[int, int]:
     """(resident, peak) GPU bytes of `iterate`'s side beside the engine: the trainer's weights,
     gradients and AdamW states, and the logprob models `iterate` keeps; the peak adds the
     update's activations for one piece (`piece_tokens`, plus `ACTIVATION_FIXED`) and the LM head's fp32 logits and their
@@ -188,12 +188,12 @@ def trainer_bytes(shape: ModelShape, cfg, device: Device, world: int = 1) -> tup
     train.bf16, bf16 weights and gradients, fp32 master, fp32 gradient accumulator and moments =
     20; ZeRO stage >= 1 splits the optimizer's share over `world` ranks, >= 2 the gradients,
     3 the weights. LoRA: the frozen base (linears in bf16 under bf16 precision) and 16 bytes per
-    adapter parameter."""
-    from pipeline.models.policy import policy_kind
-
+    adapter parameter. `policy`: the run's policy kind (pipeline/run/policy.py), which holds its config and
+    its share of these figures."""
+    cfg = policy.cfg
     t = cfg.train
     bf16 = resolve_precision(t.precision, device) == "bf16"
-    resident, kept, per_token = policy_kind(cfg).trainer_bytes(shape, bf16, world, ACTIVATION_BYTES)
+    resident, kept, per_token = policy.trainer_bytes(shape, bf16, world, ACTIVATION_BYTES)
     tokens = piece_tokens(cfg)
     act = per_token * shape.layers * tokens
     act = (int(act * CHECKPOINTED_SHARE) if t.gradient_checkpointing else act) + ACTIVATION_FIXED
@@ -286,7 +286,7 @@ def engine_settings(rollout, device: Device, dtype: str, engine_min: int, kv_byt
 
 
 def engine_settings_for(rollout, model_dir: Path, max_model_len: int, precision: str, device: Device, shared_with=None) -> EngineSettings:
-    """`engine_settings` for the model in `model_dir`; `shared_with`: the run's Config when its
+    """`engine_settings` for the model in `model_dir`; `shared_with`: the run's policy kind when its
     trainer shares the GPU (`iterate`), None for an engine alone."""
     from pipeline.models.engine_memory import kv_cache_bytes
 

@@ -63,7 +63,7 @@ class HFEngine:
 
     def probe(self, ids: list[int]) -> list[float]:
         """Logprobs of ids[1:] given the tokens before each, at temperature 1, as this engine
-        computes them (pipeline.models.sampler_proof)."""
+        computes them (pipeline.run.sampler_proof)."""
         torch = self.torch
         with torch.no_grad():
             logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float().cpu()  # [P-1, V]

@@ -8,10 +8,11 @@ from __future__ import annotations
 from pipeline.errors import GRPOError
 
 
-def load_strict(model, state: dict, where: str) -> None:
+def load_strict(model, state: dict, where: str, assign: bool = False) -> None:
     """`model.load_state_dict(state)` where every weight must be in `state` except a tied LM head
-    (the embedding it shares), and nothing in `state` may be unknown to the model."""
-    result = model.load_state_dict(state, strict=False)
+    (the embedding it shares), and nothing in `state` may be unknown to the model. `assign`: the
+    model takes `state`'s tensors themselves (no copy)."""
+    result = model.load_state_dict(state, strict=False, assign=assign)
     _refuse_mismatch(model, result.missing_keys, result.unexpected_keys, where)
 
 

@@ -198,7 +198,7 @@ class VLLMEngine:
     @_env_kept
     def probe(self, ids: list[int]) -> list[float]:
         """Logprobs of ids[1:] given the tokens before each, at temperature 1, as this engine
-        computes them (its prompt logprobs: the raw logits' log-softmax; pipeline.models.sampler_proof)."""
+        computes them (its prompt logprobs: the raw logits' log-softmax; pipeline.run.sampler_proof)."""
         from vllm import SamplingParams
 
         self.wake()

@@ -36,7 +36,7 @@ from pipeline.report.audit_lineage import check_policy, check_update
 from pipeline.report.audit_parts import check_stage
 from pipeline.report.audit_record import PART_STAGES, Audit, Auditor, short
 from pipeline.store import MANIFEST, policy_rel, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 
 def audit_run(run: Run, weights: bool = True) -> Audit:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pipeline.report.audit_record import LINEAGE_STAGES, Auditor, short
 from pipeline.store import MANIFEST, canonical_hash, policy_rel, stage_rel
-from pipeline.store.retention import TOMBSTONE
+from pipeline.run.retention import TOMBSTONE
 from schemas.artifacts import OLD_LOGPROBS, UPDATE_METRICS
 
 

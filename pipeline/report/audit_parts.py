@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 from pipeline.eval.metrics import FIGURES_VERSION, figures
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
 from pipeline.report.audit_verdicts import check_verdicts
-from pipeline.store import MANIFEST, RunStore, parts, policy_rel, stage_rel
+from pipeline.run import parts
+from pipeline.store import MANIFEST, RunStore, policy_rel, stage_rel
 from schemas.artifacts import BY_KIND, SchemaError
 from pipeline.schedule import behaviour, staleness
 from schemas.manifests import FileEntry, ReplayLink
@@ -65,7 +66,7 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
 
     import pyarrow as pa
 
-    from pipeline.store.parts import read_parts
+    from pipeline.run.parts import read_parts
     from schemas.artifacts import EVAL
 
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pipeline.errors import GRPOError
 from pipeline.store import MANIFEST, TMP_MARK, hash_dir, policy_rel, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 PART_STAGES = ("rollout", "score", "logprobs", "eval")
 LINEAGE_STAGES = ("rollout", "score", "logprobs")

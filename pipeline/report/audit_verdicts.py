@@ -1,7 +1,7 @@
 """`grpo audit`'s check of the served rewards' answers (a judge's verdicts, a served reward model's
-logits) in the score and eval parts: each completion's stored request hashes to its
-`request_hash`, and its stored answer, read as the configured reward reads it, gives the stored
-reward and reason. An answer, a request or a reward edited after the fact (even with the
+logits, an OpenRLHF server's rewards) in the score and eval parts: each completion's stored request
+hashes to its `request_hash`, and its stored answer, read as the configured reward reads it, gives the
+stored reward and reason (and an OpenRLHF server's extra_logs, the stored `extra_<name>` columns). An answer, a request or a reward edited after the fact (even with the
 manifest's sha256 rewritten to match) shows as the row and what disagrees.
 """
 
@@ -62,3 +62,22 @@ def _check_judge(a: Auditor, rel: str, table, spec) -> None:
             a.audit.problem(rel, f"{where}: the stored answer reads as {value!r} ({why or 'readable'}), "
                                  f"the part records reward {stored!r} ({reason or 'readable'})")
             return
+    asker = asker_of(spec.kwargs)
+    if hasattr(asker, "logs"):  # an OpenRLHF server's extra_logs: each column as the stored answers give it
+        _check_logs(a, rel, table, col, [asker.logs(x) for x in answers])
+
+
+def _check_logs(a: Auditor, rel: str, table, col: str, logged: list[dict]) -> None:
+    from pipeline.score import extra_column
+
+    for name in sorted({k for d in logged for k in d}):
+        column = EXTRA_PREFIX + name
+        if column not in table.column_names:
+            a.audit.problem(rel, f"judge {col!r}: no column {column!r} (its answers' extra_logs are not recorded)")
+            continue
+        want = extra_column([d.get(name) for d in logged]).to_pylist()
+        for i, (w, g) in enumerate(zip(want, table.column(column).to_pylist())):
+            if not (w == g or (isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g))):
+                a.audit.problem(rel, f"judge {col!r} row {i}: the stored answer's extra_logs give {name} = {w!r}, "
+                                     f"the part records {column} = {g!r}")
+                break

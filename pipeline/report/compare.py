@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pipeline.report.audit_record import PART_STAGES, short
 from pipeline.store import policy_rel, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import OLD_LOGPROBS
 
 

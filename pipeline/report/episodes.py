@@ -22,7 +22,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 
 from pipeline.store import stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 
 ENDINGS = ("answered", "malformed", "max_turns", "max_episode_tokens", "length", "tool_timeout")
 ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout")

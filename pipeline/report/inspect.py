@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import GRPOError
 from pipeline.eval.run import eval_summary
 from pipeline.report.episodes import episode_metrics, episode_records, episode_texts
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import STAGES, stage_rel
 from schemas.artifacts import (BY_KIND, EXTRA_PREFIX, LOGPROBS, OLD_LOGPROBS, REWARD_PREFIX, ROLLOUT_CORRECTION_METRICS,
                               UPDATE_METRICS, SchemaError)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from schemas.artifacts import STEP_METRICS
 from schemas.manifests import parse_manifest
 
@@ -143,6 +143,8 @@ class Tracker:
             for k in range(last + 1):
                 for stage in TRACKED_STAGES:
                     tag = f"{LEDGER}{iter_name(k)}.{stage}"
+                    if stage == "update" and run.writing(k + 1) is not None:
+                        continue  # logged with its policy's manifest by a sync after the background write
                     if tag not in tags and run.done(k, stage):
                         self.log_stage(run, k, stage, tag)
                         done.append((k, stage))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pipeline.report.diagnostics import diagnose
 from pipeline.report.inspect import history
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import IN_FLIGHT, STAGES
 
 

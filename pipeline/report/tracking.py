@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.report.tracking_names import TRACKING_JSON, Target
 from pipeline.store import cache_dir, sha256_bytes
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.update.distributed import is_rank_zero
 
 if TYPE_CHECKING:

@@ -84,10 +84,10 @@ def _column(columns: dict[str, list], name: str, option: str) -> list:
     if path and head in columns:
         values = []
         for i, v in enumerate(columns[head]):
-            for k in path:
-                if not isinstance(v, dict) or k not in v:
+            for k in path:  # a null struct holds no value: None, as a null in a plain column
+                if v is not None and (not isinstance(v, dict) or k not in v):
                     raise GRPOError(f"row {i}: column {head!r} has no field {'.'.join(path)!r}; set the `{option}` option")
-                v = v[k]
+                v = None if v is None else v[k]
             values.append(v)
         return values
     if name not in columns:

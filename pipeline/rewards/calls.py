@@ -62,6 +62,8 @@ class RewardLog:
         self.n = n
         self.metrics: dict[str, list[float]] = defaultdict(list)
         self.extra: dict[str, list[Any]] = {}
+        self.names: dict[str, str] = {}  # where -> the reward's column name (contract.score_rewards sets it)
+        self._owner: dict[str, str] = {}  # extra column -> the `where` that first logged it
 
     def metric_logger(self, where: str) -> Callable[[str, float], None]:
         def log_metric(name: str, value: float) -> None:
@@ -76,6 +78,10 @@ class RewardLog:
             values = list(values)
             if not isinstance(column, str) or len(values) != len(rows):
                 raise GRPOError(f"{where}: log_extra({column!r}, ...) got {len(values)} values for {len(rows)} completions")
+            if self._owner.setdefault(column, where) != where and where in self.names:
+                # a second reward logs a name another one logged (verl's `acc` from two scorers): its own
+                # column, named after the reward, instead of overwriting the first one's values
+                column = f"{self.names[where]}_{column}"
             col = self.extra.setdefault(column, [None] * self.n)
             col[rows.start : rows.stop] = values
 

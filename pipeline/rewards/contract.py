@@ -71,6 +71,7 @@ def _import_file(path: str) -> Any:
     # environment's class) is the same bytes whichever run directory it was imported from
     name = f"_grpo_reward_{file.stem}_{hashlib.sha1(file.read_bytes()).hexdigest()[:8]}"
     if name in sys.modules:  # the same code, already imported (from another copy of the file)
+        _check_siblings(path, file)
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
@@ -93,7 +94,26 @@ def _import_file(path: str) -> Any:
     finally:
         if added:
             sys.path.remove(folder)
+    _check_siblings(path, file)
     return module
+
+
+def _check_siblings(path: str, file: Path) -> None:
+    """Each local import of `file` is the file beside it (by content: the run's copy of it counts). Python
+    keeps one module per name, so a `helpers` another reward file imported first from its own directory,
+    or a standard or installed module of that name, is what `import helpers` gets: refused, not scored wrong."""
+    from pipeline.store.code import local_imports
+
+    for sibling, want in local_imports(file).items():
+        stem = sibling.removesuffix(".py")
+        if stem in sys.stdlib_module_names:  # whether it is the file depends on what imported the standard one first
+            raise GRPOError(f"importing {path}: `import {stem}` names the standard module {stem} as well as the {sibling} "
+                            f"beside it, and which one a stage gets depends on what it imported first; rename {sibling}")
+        got = getattr(sys.modules.get(stem), "__file__", None)
+        if got is not None and (Path(got) == want or Path(got).is_file() and Path(got).read_bytes() == want.read_bytes()):
+            continue
+        raise GRPOError(f"importing {path}: its `import {stem}` gets {got or 'a built-in module'}, "
+                        f"not the {sibling} beside it (Python keeps one module per name); rename {sibling}")
 
 
 def _import_module(name: str) -> Any:
@@ -175,7 +195,7 @@ def load_reward(spec: RewardSpec, index: int | None = None) -> functools.partial
     makes error messages point at the config line: `rewards[1].fn 'foo.py:bar': no function 'bar' in foo.py`.
     """
     label = f"rewards[{index}]" if index is not None else "rewards"
-    if spec.served:  # a judge, a served reward model: through pipeline.rewards.judge.served_rewards (see compute_rewards)
+    if spec.served:  # a judge, a served reward model, an OpenRLHF server: through pipeline.rewards.judge.served_rewards
         from pipeline.rewards import judge
 
         return functools.partial(judge.served_rewards, spec)
@@ -295,15 +315,16 @@ def compute_rewards(
     for j, spec in enumerate(specs):
         fn = load_reward(spec, index=j)
         where = f"reward {spec.column!r} (iteration {iteration})"
+        log.names[where] = spec.column
         if spec.served:  # its requests, their concurrency and the record of its answers
             try:
-                values = fn(prompts, completions, columns, log, where)
+                values = fn(prompts, completions, columns, log, where, rendered=rendered)
             except GRPOError as err:
                 raise GRPOError(err.args[0] if str(err).startswith(where) else f"{where}: {err}") from err
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue
         if (other := other_contract(spec)) is not None:  # pipeline/rewards/openrlhf.py, verl.py
-            texts = [completion_text(c) for c in completions]
+            texts = [other.TEXT(c) for c in completions]
             values = other.score(fn.func, fn.keywords, prompts, rendered, texts, columns, log, where)
             out[:, j] = _check_rewards(values, n, where)  # [N]
             continue

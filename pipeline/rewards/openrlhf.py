@@ -8,7 +8,8 @@ As OpenRLHF (commit 3c3be623, openrlhf/utils/agent.py) calls it: once per comple
 lists; `queries` the rendered prompt followed by the completion, `prompts` the rendered prompt,
 `labels` the dataset column `kwargs.label_key` names (None for every row without one). The other
 `kwargs` are passed on every call. `rewards` is the reward; each `extra_logs` entry becomes an
-`extra_<name>` column (one value per completion); `scores` (OpenRLHF's dynamic-filtering score) is
+`extra_<name>` column (one number per completion: a tensor's first element, as OpenRLHF takes it,
+booleans as 0/1); `scores` (OpenRLHF's dynamic-filtering score) is
 not used: grpo filters on the rewards (`advantages.dynamic_sampling`).
 
 Here a completion's text is the rollout's, decoded without special tokens; OpenRLHF decodes the
@@ -21,6 +22,10 @@ import numbers
 from typing import Any
 
 from pipeline.errors import GRPOError
+from pipeline.rewards.builtins import completion_text
+
+TEXT = completion_text
+"""A completion's text as `score` gets it (its `texts`): every message's content, tool results included."""
 
 LABEL_KEY = "label_key"
 """The kwargs option naming the dataset column passed as `labels` (OpenRLHF's --label_key)."""
@@ -33,26 +38,53 @@ def _values(x: Any) -> list:
         return [x]
     if not isinstance(x, list | tuple):
         raise GRPOError(f"returned {type(x).__name__} as rewards, expected a list or tensor of numbers")
-    return list(x)
+    return [v.tolist() if hasattr(v, "tolist") else v for v in x]  # [torch.tensor(1.0)]: OpenRLHF's torch.tensor takes it
+
+
+def _logged(v: Any, where: str) -> float | None:
+    """One extra_logs value as OpenRLHF logs it: a tensor's (or list's) first element, a number; booleans as 0/1."""
+    if hasattr(v, "tolist"):  # a torch tensor or numpy array: OpenRLHF takes value.flatten()[0]
+        v = v.tolist()
+    while isinstance(v, list | tuple) and v:
+        v = v[0]
+    if v is None:
+        return None
+    if not isinstance(v, numbers.Real):
+        raise GRPOError(f"{where} is {type(v).__name__} {str(v)[:40]!r}, expected a number (OpenRLHF logs numbers)")
+    return float(v)
+
+
+def inputs(prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list], key: str | None,
+           where: str) -> tuple[list[str], list[str], list]:
+    """What OpenRLHF sends for each completion: its query (the rendered prompt followed by the
+    completion), its rendered prompt and its label (column `key`; None without one). Shared by the
+    file contract (`score`) and the reward server (judge/openrlhf_server.py)."""
+    if rendered is None and any(not isinstance(p, str) for p in prompts):
+        raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
+    rendered = rendered or prompts
+    if key is not None and key not in columns:
+        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
+    labels = columns[key] if key is not None else [None] * len(texts)
+    return [p + t for p, t in zip(rendered, texts)], list(rendered), list(labels)
+
+
+def log_value(value: Any) -> float | None:
+    """One completion's value of an `extra_logs` entry as the file contract logs it (`_logged`); a
+    GRPOError for a value OpenRLHF could not log (the server's reader keeps it as JSON text instead)."""
+    return _logged(value, "extra_logs value")
 
 
 def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: list[str], columns: dict[str, list],
           log, where: str) -> list:
     """Each completion's reward; what extra_logs holds goes to `log` (a RewardLog). `rendered`: the
     prompts after the chat template (plain-text `prompts` are already that)."""
-    if rendered is None and any(not isinstance(p, str) for p in prompts):
-        raise GRPOError(f"{where}: OpenRLHF's contract needs the rendered prompts, which this stage does not pass")
-    rendered = rendered or prompts
     opts = dict(options)
-    key = opts.pop(LABEL_KEY, None)
-    if key is not None and key not in columns:
-        raise GRPOError(f"kwargs.{LABEL_KEY}: no column {key!r} (columns: {', '.join(columns)})")
-    labels = columns[key] if key is not None else [None] * len(texts)
+    queries, rendered, labels = inputs(prompts, rendered, texts, columns, opts.pop(LABEL_KEY, None), where)
     out: list = []
     extra: dict[str, list] = {}
-    for i, (prompt, text, label) in enumerate(zip(rendered, texts, labels)):
+    for i, (query, prompt, label) in enumerate(zip(queries, rendered, labels)):
         try:
-            got = fn([prompt + text], [prompt], [label], **opts)
+            got = fn([query], [prompt], [label], **opts)
         except Exception as err:
             lines = str(err).strip().splitlines()
             raise GRPOError(f"{where} row {i}: raised {type(err).__name__}: {lines[0] if lines else ''}") from err
@@ -70,11 +102,16 @@ def score(fn, options: dict, prompts: list, rendered: list[str] | None, texts: l
             raise GRPOError(f"{where} row {i}: returned {len(values)} rewards for 1 query")
         out.append(values[0])
         for name, v in logs.items():
-            vs = _values(v)
-            extra.setdefault(str(name), [None] * len(texts))[i] = vs[0] if len(vs) == 1 else str(vs)
+            extra.setdefault(str(name), [None] * len(texts))[i] = _logged(v, f"{where} row {i}: extra_logs[{name!r}]")
     for name, values in extra.items():
         log.extra_logger(where, range(len(texts)))(name, values)
     return out
+
+
+def check_label_key(key: str | None, label: str, train_columns: list[str], data: str) -> None:
+    """At `grpo init`: kwargs.label_key names a column of the training data."""
+    if key is not None and key not in train_columns:
+        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
 
 
 def check_signature(fn, label: str, target: str, train_columns: list[str], data: str) -> None:
@@ -83,9 +120,7 @@ def check_signature(fn, label: str, target: str, train_columns: list[str], data:
     import inspect
 
     where = f"{label}.fn {target!r}"
-    key = fn.keywords.get(LABEL_KEY)
-    if key is not None and key not in train_columns:
-        raise GRPOError(f"{label}.kwargs.{LABEL_KEY}: data.train {data} has no column {key!r} (columns: {', '.join(train_columns)})")
+    check_label_key(fn.keywords.get(LABEL_KEY), label, train_columns, data)
     try:
         sig = inspect.signature(fn.func)
     except (TypeError, ValueError):

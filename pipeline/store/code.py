@@ -130,6 +130,10 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
             local = local if local.is_absolute() else Path.cwd() / local
         if local is None:
             file, module = _module_file(where)
+            if file is not None and file.is_relative_to(Path.cwd()) and file.parent != Path.cwd() \
+                    and not _distributions().get(where.split(".")[0]):  # a stage elsewhere (a Ray node, a --shard worker) cannot import it
+                raise GRPOError(f"{where}: {file} is a package in the current directory, not installed, which grpo does "
+                                f"not carry with the run; install it (pip install -e) or make it a single file {file.name}")
             if file is None or file.name == "__init__.py" or file.parent != Path.cwd():  # installed: version and hash
                 record[where] = {"module": where, "version": _version(module),
                                  "sha256": sha256_bytes(file.read_bytes()) if file and file.is_file() else None}
@@ -152,10 +156,9 @@ def collect(cfg, prior: dict[str, Path] | None = None) -> tuple[dict, dict[str, 
     return record, copies
 
 
-def pack(store: RunStore, cfg, prior: dict[str, Path] | None = None) -> dict | None:
-    """Copy what `cfg` names into the run and write its record; None (nothing written) when the
-    config names no file or module."""
-    record, copies = collect(cfg, prior)
+def pack(store: RunStore, record: dict, copies: dict[str, bytes]) -> dict | None:
+    """Write what `collect` gave into the run: the copies, then the record; None (nothing written)
+    when the config names no file or module."""
     if not record:
         return None
     for rel, data in copies.items():

@@ -13,8 +13,8 @@ from pipeline.objective.advantages import advantages_of
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models.tokens import Batch
-from pipeline.store.parts import read_parts
-from pipeline.store.run import Run
+from pipeline.run.parts import read_parts
+from pipeline.run.run import Run
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
 
 

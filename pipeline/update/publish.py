@@ -11,6 +11,15 @@ machine, so an update killed midway is simply redone from its start and gives th
 
 Single process here; under `deepspeed` / `torchrun` each rank takes its slice of every
 mini-batch (data parallel, same global batch).
+
+In `iterate` (`background`: one rank, a local run, streamed fp32 weights) policy k+1's weights file
+is written by a thread while rollout k+1 runs: its sha256 is computed first, in memory, over the
+bytes the file will hold, so the update's manifest and the rollout's parts can name it; the
+sampler gets the weights in memory; the policy's MANIFEST.json is written after the file, and
+whatever reads the files or asks whether the policy exists waits (pipeline.store.pending). The
+next update waits too before its first step changes the weights the file is written from. A kill
+before that MANIFEST.json leaves update k done and policy k+1 missing: `restore_policy` re-runs
+update k from its stored parts and checks the hash it recorded.
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.models.sampler_proof import check_sampler_gap
+from pipeline.run.sampler_proof import check_sampler_gap
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
+from pipeline.run.weights_file import DeferredWeights
+from pipeline.store import pending
 from pipeline.store.faults import fault_point
-from pipeline.store.retention import prune_policies
-from pipeline.store.run import Run, policy_manifest
+from pipeline.run.retention import prune_policies
+from pipeline.run.run import Run, policy_manifest
 from pipeline.update.data import UpdateData
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
 from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer
@@ -64,11 +75,20 @@ def _work_dir(run: Run, k: int) -> Path:
     return cache_dir() / "update" / canonical_hash([run.store.display(), k])[:24]
 
 
-def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = True) -> tuple[UpdateManifest | None, Trainer | None]:
+def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = True,
+               background: bool = False) -> tuple[UpdateManifest | None, Trainer | None]:
     """Train policy k -> k+1. Returns the manifest and the (warm) trainer. `final`: the command's
     last update, whose trainer state is always written (`iterate` passes False and writes the
-    state at its end, `flush_state`)."""
+    state at its end, `flush_state`). `background`: policy k+1's weights file may be written by a
+    thread after this returns (one rank, a local run; `iterate` with its sampler in this process)."""
+    if run.store.local:  # a previous update's file is written from the weights this one changes
+        pending.wait(run.store.root)
     if run.done(k, "update"):
+        if not run.policy_done(k + 1):  # a kill stopped its background write
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise GRPOError(f"update iteration {k}: policy {k + 1}'s write was interrupted; re-create it in one "
+                                f"process (`grpo update {run.uri} --iter {k}` or `grpo iterate`) first")
+            return run.manifest(k, "update"), restore_policy(run, k, trainer)
         return run.manifest(k, "update"), trainer
     store, cfg = run.store, run.cfg
     for needs in ("rollout", "score", "logprobs"):
@@ -99,16 +119,17 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
         if with_state:
             trainer.save_state(state_dir)
             _barrier()  # every rank's shard of the state is written
+        deferred = [] if background and trainer.world == 1 and run.store.local else None  # DeferredWeights, if streamed
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
             state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 and with_state else None
-            hashed = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir)
+            hashed = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir, deferred)
             _barrier()
             manifest = None
             if trainer.rank == 0:
-                manifest = _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed)
+                manifest = _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred[0] if deferred else None)
                 if trainer.published is not None:  # the weights it saved are now policy k+1 (rollout.weight_sync memory)
-                    trainer.published = (run.policy_dir(k + 1), trainer.published[1])
+                    trainer.published = (run.policy_dir(k + 1, weights=False), *trainer.published[1:])
             _barrier()
         trainer.clean_after = k
     return manifest, trainer
@@ -149,7 +170,11 @@ def resume_trainer(run: Run, k: int) -> Trainer:
     for i in range(0 if newest is None else newest + 1, k):
         _rerunnable(run, i, trainer)
     for i in range(0 if newest is None else newest + 1, k):
-        _rerun(run, i, k, trainer)
+        work = _fresh_work(run, i, trainer)
+        try:
+            _rerun(run, i, k, trainer, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     trainer.clean_after = k - 1
     return trainer
 
@@ -165,32 +190,54 @@ def _rerunnable(run: Run, i: int, trainer: Trainer) -> None:
                         f"{trainer.world} in {trainer.precision}; resume with {m.world_size} process(es) on a machine computing in {m.precision}")
 
 
-def _rerun(run: Run, i: int, k: int, trainer: Trainer) -> None:
-    """Update i again from its stored parts, on a trainer holding the state before it; its policy
-    must hash to what update i recorded."""
+def _rerun(run: Run, i: int, k: int, trainer: Trainer, work: Path) -> dict[str, str]:
+    """Update i again from its stored parts, on a trainer holding the state before it, its policy
+    saved into `work`/policy; it must hash to what update i recorded. Returns {file: sha256}."""
     data = UpdateData(run, i, trainer.kl_ctl)
     trainer.train_iteration(data, i)
     if data.kl_stats is not None:
         trainer.kl_ctl.update(data.kl_stats, data.size)
-    work = _fresh_work(run, i, trainer)
+    # the side files (tokenizer, template) are every policy's: taken from policy k, never pruned
+    hashed = trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE)
+    trainer.published = None
+    if trainer.rank == 0:
+        got = policy_manifest(work / "policy", i + 1, source="re-run", hashed=hashed).policy_hash
+        recorded = run.manifest(i, "update").policy_hash
+        if got != recorded:
+            raise GRPOError(f"update iteration {i}: re-run from its stored parts to resume, it gave policy hash {got[:16]} "
+                            f"but the run records {recorded[:16]} (the record or its parts changed); nothing was written")
+    return hashed
+
+
+def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
+    """Policy k+1 where update k is done and a kill stopped the background write of its file:
+    update k re-run from its stored parts (on the trainer before it, `resume_trainer`), its
+    policy checked against the hash update k recorded (one line naming the iteration if not) and
+    written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
+    if trainer is None or trainer.clean_after != k - 1:
+        if trainer is not None:
+            trainer.close()
+        trainer = resume_trainer(run, k)
+    _rerunnable(run, k, trainer)
+    work = _fresh_work(run, k, trainer)
     try:
-        # the side files (tokenizer, template) are every policy's: taken from policy k, never pruned
-        hashed = trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE)
-        trainer.published = None
-        if trainer.rank == 0:
-            got = policy_manifest(work / "policy", i + 1, source="re-run", hashed=hashed).policy_hash
-            recorded = run.manifest(i, "update").policy_hash
-            if got != recorded:
-                raise GRPOError(f"update iteration {i}: re-run from its stored parts to resume, it gave policy hash {got[:16]} "
-                                f"but the run records {recorded[:16]} (the record or its parts changed); nothing was written")
+        hashed = _rerun(run, k, k, trainer, work)
+        pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
+        run.store.put_dir(work / "policy", policy_rel(k + 1), move=True)
+        run.store.write_manifest(policy_rel(k + 1), pm)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    prune_policies(run, k + 1)
+    trainer.clean_after = k
+    return trainer
 
 
 def flush_state(run: Run, trainer: Trainer | None) -> None:
     """The warm trainer's state after the last update it published, written if it is not on disk
     yet: at the end of `iterate`, also on Ctrl-C or an error outside an update (a trainer stopped
     mid-update holds no iteration's state and writes nothing)."""
+    if run.store.local:  # the policy file written from these weights, and its scratch directory
+        pending.wait(run.store.root)
     k = getattr(trainer, "clean_after", None)
     if trainer is None or k is None or k < 0 or _has_state(run, k):
         return
@@ -217,15 +264,44 @@ def _prev_state_hash(run: Run, k: int) -> str | None:
     return canonical_hash(hash_dir(run.store.local_dir(state_rel(k - 1)))) if _has_state(run, k - 1) else None
 
 
-def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future | None, hashed: dict[str, str]) -> UpdateManifest:
-    """Write policy k+1, the trainer state (where one was written), metrics, and last the update manifest."""
+def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashed: dict[str, str]):
+    """Policy k+1's manifest, as update k writes it (and `restore_policy` again)."""
+    inputs = {s: run.store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
+    lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
+    return policy_manifest(policy_dir, k + 1, source=f"update of {stage_rel(k, 'update')}", lineage=lineage, hashed=hashed,
+                           adapter=trainer.policy.manifest(run))
+
+
+def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
+    """On a thread, once update k's manifest is written: policy k+1's weights file into its
+    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention."""
+    store = run.store
+    target = store.local_dir(policy_rel(k + 1)) / weights.path.name
+
+    def write() -> None:
+        try:
+            weights.write(target)
+        except OSError as err:  # raised again, as one line, where the policy is next waited for
+            raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
+        fault_point("update:write", k)
+        store.write_manifest(policy_rel(k + 1), pm)
+        prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
+
+    pending.start(store.root, k + 1, pm.policy_hash, weights.tensors, write)
+
+
+def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future | None, hashed: dict[str, str],
+             deferred: DeferredWeights | None = None) -> UpdateManifest:
+    """Write policy k+1 (its weights file on a thread, `deferred`), the trainer state (where one was
+    written), metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
-        lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-        pm = policy_manifest(work / "policy", k + 1, source=f"update of {sd}", lineage=lineage, hashed=hashed, adapter=trainer.policy.manifest(run))
-        store.put_dir(work / "policy", policy_rel(k + 1), move=True)
-        store.write_manifest(policy_rel(k + 1), pm)
+        pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
+        lineage = pm.lineage
+        store.put_dir(work / "policy", policy_rel(k + 1), move=True)  # deferred: without its weights file yet
+        if deferred is None:
+            store.write_manifest(policy_rel(k + 1), pm)
         fault_point("update:publish", k)
         state = state_hash.result() if state_hash is not None else None  # before the state is moved under the hashing thread
         if state is not None:
@@ -247,7 +323,10 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
     manifest = store.write_manifest(sd, body)
     if state is not None:
         _prune_states(run, k)
-    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
+    if deferred is None:
+        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
+    else:
+        _write_later(run, k, pm, deferred)
     return manifest
 
 

@@ -10,7 +10,6 @@ takes its slice of every mini-batch (data parallel, same global batch).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
@@ -23,7 +22,7 @@ from pipeline.objective import loss as grpo
 from pipeline.config import Config
 from pipeline.errors import GRPOError
 from pipeline.models import packing
-from pipeline.models.policy import policy_kind
+from pipeline.run.policy import policy_kind
 from pipeline.models.tokens import resolve_precision, shared_budget_batches, token_logprobs
 from pipeline.schedule import steps_per_iter
 from pipeline.progress import progress
@@ -32,7 +31,7 @@ from pipeline.objective.correction import combine
 from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
-from pipeline.update.rng import update_rng
+from pipeline.update.determinism import serial_accumulation, update_rng
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ class Trainer:
         with captured():  # DeepSpeed prints its config on stdout (it joins vLLM's process group here)
             self.engine, _, _, self.scheduler = self._initialize(deepspeed, model, cfg)
         self.global_step = 0
-        self.published: tuple[Path, dict] | None = None  # the last saved policy's weights (save_policy)
+        self.published: tuple[Path, dict, set | None] | None = None  # the last saved policy's weights and names (save_policy)
         self.clean_after: int | None = -1
         """The iteration whose update this trainer's state is the result of (-1: none yet; None:
         mid-update, no iteration's), what `pipeline.update.publish.flush_state` writes."""
@@ -130,11 +129,12 @@ class Trainer:
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
     @deepspeed_env
-    def save_policy(self, out: Path, src_dir: Path, ckpt: Path) -> dict[str, str]:
+    def save_policy(self, out: Path, src_dir: Path, ckpt: Path, deferred: list | None = None) -> dict[str, str]:
         """Policy K+1 as the policy object saves it (a plain HF model dir, or a LoRA adapter) from
         the fp32 master weights: views of the optimizer's own where they are whole in this process
         (pipeline.update.weights), consolidated from the checkpoint `ckpt` under ZeRO-3 or several
-        ranks. Returns {file: sha256} of the files hashed as they were written."""
+        ranks. Returns {file: sha256} of the files hashed as they were written. `deferred` (a list):
+        a streamed weights file is hashed, left to the `DeferredWeights` appended to it."""
         from pipeline.update.weights import fp32_masters, master_state_dict
 
         module, t = self.engine.module, self.cfg.train
@@ -149,11 +149,13 @@ class Trainer:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = None
-        if self.rank == 0 and self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
-            self.published = (out, state if state is not None else module.state_dict())
-        if self.rank == 0:
-            return self.policy.save(module, out, src_dir, state) or {}  # whole weights, or the LoRA adapter
-        return {}
+        if self.rank != 0:
+            return {}
+        hashed = self.policy.save(module, out, src_dir, state, deferred) or {}  # whole weights, or the LoRA adapter
+        if self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
+            names = set(deferred[0].tensors) if deferred else None  # as the file will name them
+            self.published = (out, state if state is not None else module.state_dict(), names)
+        return hashed
 
     def published_weights(self, policy_dir: Path) -> list | None:
         """rollout.weight_sync memory: the weights `save_policy` wrote, once published as
@@ -163,11 +165,13 @@ class Trainer:
             return None
         from safetensors import safe_open
 
-        names = set()
-        for f in sorted(Path(policy_dir).glob("*.safetensors")):
-            with safe_open(f, "pt") as st:
-                names.update(st.keys())
-        state, self.published = self.published[1], None
+        _, state, names = self.published
+        if names is None:  # written already: named as its files name them
+            names = set()
+            for f in sorted(Path(policy_dir).glob("*.safetensors")):
+                with safe_open(f, "pt") as st:
+                    names.update(st.keys())
+        self.published = None
         return [(n, t.detach()) for n, t in state.items() if n in names]
 
     def close(self) -> None:
@@ -320,27 +324,6 @@ class Trainer:
                 metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.loss_mask))
         self.engine.backward(loss * weight, scale_wrt_gas=False)
         return metrics
-
-
-@contextlib.contextmanager
-def serial_accumulation(device: torch.device):
-    """torch's deterministic kernels inside, on a CPU. The backward of an index with repeated
-    rows (each completion takes its prompt's keys and values from the shared KV cache) adds
-    into the prompt's gradient rows; on a CPU with more than one thread torch does that with
-    atomic float adds whose order follows the thread schedule, so a trainer competing for its
-    cores (the sampler of `train.max_staleness`, another job) gave gradients differing in the
-    last bits. The deterministic kernel adds in index order: bit-identical updates, and no
-    slower (0.9 ms against 4.3 ms for one layer's keys of 8 prompts x 8 completions here).
-    CUDA is left as it was (its deterministic mode needs cuBLAS set up before the device starts)."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -27,32 +27,39 @@ from __future__ import annotations
 import asyncio
 
 from pipeline.config.judge import JudgeOptions
+from pipeline.config.rewards import OpenRLHFServerOptions
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.chat import ChatJudge, completion_text, prompt_text, render  # noqa: F401 (the package's names)
 from pipeline.rewards.judge.client import REFUSED_ALL, JudgeFailure, ask, headers, request_hash, served_identity
 from pipeline.rewards.judge.record import FIELDS, Ledger, current
+from pipeline.rewards.judge.openrlhf_server import OpenRLHFServer
 from pipeline.rewards.judge.served_model import ServedClassifier
 
 
 def asker_of(options):
     """How a served reward's requests are made and its answers read: a judge's options
-    (pipeline.config.judge.JudgeOptions) give a ChatJudge, a served reward model's a ServedClassifier."""
-    return ChatJudge(options) if isinstance(options, JudgeOptions) else ServedClassifier(options)
+    (pipeline.config.judge.JudgeOptions) give a ChatJudge, an `openrlhf_server`'s an OpenRLHFServer,
+    a served reward model's a ServedClassifier."""
+    if isinstance(options, JudgeOptions):
+        return ChatJudge(options)
+    return OpenRLHFServer(options) if isinstance(options, OpenRLHFServerOptions) else ServedClassifier(options)
 
 
 def served_rewards(spec, prompts: list, completions: list, columns: dict[str, list], log, where: str,
-                   ledger: Ledger | None = None) -> list[float | None]:
-    """Rewards of `spec` (a `judge` entry of `rewards:`, or a served `reward_model`) for N
-    completions; the records go to `log` as extra columns, the counts to the ledger (the stage's,
-    or a fresh one)."""
+                   ledger: Ledger | None = None, rendered: list[str] | None = None) -> list[float | None]:
+    """Rewards of `spec` (a `judge` entry of `rewards:`, a served `reward_model`, an `openrlhf_server`)
+    for N completions; the records go to `log` as extra columns (with what an answer asks to log:
+    an OpenRLHF server's extra_logs), the counts to the ledger (the stage's, or a fresh one).
+    `rendered`: the rollout's rendered prompts (OpenRLHF's protocol sends them)."""
     o = spec.kwargs
     asker = asker_of(o)
     ledger = ledger or current()
     n = len(completions)
-    bodies = asker.bodies(prompts, completions, columns, where)
+    bodies = asker.bodies(prompts, completions, columns, where, rendered)
     hashes = [request_hash(b) for b in bodies]
     server, sent, failures = _ask_all(spec, asker, dict(zip(hashes, bodies)), ledger)
     records: list[dict] = []
+    logged: list[dict] = []  # what each answer asks to log beside its reward (OpenRLHF's extra_logs)
     out: list[float | None] = []
     seen: set[str] = set()  # one request per distinct body, however many rows share it
     col = spec.column
@@ -66,6 +73,7 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
         else:
             value, reason = asker.read(rec["answer"], rec.get("finish_reason"))
         out.append(value)
+        logged.append(asker.logs(rec["answer"]) if hasattr(asker, "logs") else {})
         records.append({**rec, "reason": reason, "request_hash": h})
         called = source == "call"  # what this scoring paid for: the manifest's, never the part's (record.py)
         ledger.count(col, calls=int(called and rec["answer"] is not None), reused=int(not called),
@@ -81,6 +89,11 @@ def served_rewards(spec, prompts: list, completions: list, columns: dict[str, li
     log_extra = log.extra_logger(where, range(n))
     for field in FIELDS:
         log_extra(f"{col}_{field}", [rec.get(field) for rec in records])
+    for name in sorted({k for d in logged for k in d}):
+        if name.startswith(f"{col}_") and name.removeprefix(f"{col}_") in FIELDS:
+            raise GRPOError(f"{where}: the server's extra_logs name {name!r}, which is this reward's own record; "
+                            f"rename the reward (`name:`)")
+        log_extra(name, [d.get(name) for d in logged])
     return out
 
 
@@ -96,8 +109,9 @@ def _ask_all(spec, asker, bodies: dict[str, str], ledger: Ledger) -> tuple[str |
         url, hdrs = asker.url, headers(asker.o)
         limits = httpx.Limits(max_connections=spec.max_concurrency, max_keepalive_connections=spec.max_concurrency)
         async with httpx.AsyncClient(limits=limits) as client:
-            try:
-                server = await served_identity(client, asker.o, hdrs, spec.timeout_s, spec.retries)
+            try:  # a server with no model list (OpenRLHF's) is known by its URL
+                server = await served_identity(client, asker.o, hdrs, spec.timeout_s, spec.retries) \
+                    if getattr(asker, "lists_models", True) else asker.identity
             except JudgeFailure as failure:
                 raise GRPOError(f"{asker.what}: its model list (GET /models) failed ({failure}); what the server serves "
                                 "is part of each verdict's record, so nothing was asked") from None

@@ -50,7 +50,8 @@ class ChatJudge:
         self.url = endpoint(o)
         self.what = f"judge {o.model} at {o.base_url}"
 
-    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str) -> list[str]:
+    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str,
+               rendered: list[str] | None = None) -> list[str]:
         o = self.o
         missing = [c for c in o.columns() if c not in columns]
         if missing:

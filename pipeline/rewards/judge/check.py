@@ -3,7 +3,9 @@ required base_url, model and a judge's rubric): the API key's variable is set, a
 names only columns the dataset has, and the server answers one cheap request (GET /models) and
 serves the model; a served reward model is also sent one short text twice, which shows that the
 server classifies, gives the `label` logit and obeys `use_activation: false` (both skipped with `grpo init --no-judge-check`, for a
-server that is not up yet).
+server that is not up yet). An `openrlhf_server` has no model list and nothing to probe without
+scoring: its `label_key` names a column, and its URL is answered at all (one GET, which OpenRLHF's
+POST-only route answers 405; no answer, or a 404, is the wrong URL).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import os
 
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import endpoint, headers
+from pipeline.rewards.openrlhf import check_label_key
 from pipeline.config.judge import JudgeOptions
+from pipeline.config.rewards import OpenRLHFServerOptions
 
 REACH_TIMEOUT_S = 10.0
 SKIP = "; grpo init --no-judge-check skips this check"
@@ -23,6 +27,8 @@ def check_served(o, label: str, columns: list[str], data: str, reach: bool = Tru
     """A `judge` (JudgeOptions) or a served `reward_model` (RewardModelOptions with base_url)."""
     if isinstance(o, JudgeOptions):
         return check_judge(o, label, columns, data, reach)
+    if isinstance(o, OpenRLHFServerOptions):
+        return check_openrlhf_server(o, label, columns, data, reach)
     key_is_set(o, label, "the reward model server's API key")
     if reach:
         reachable(o, label)
@@ -43,6 +49,24 @@ def check_judge(o: JudgeOptions, label: str, columns: list[str], data: str, reac
                             f"(columns: {', '.join(columns)}; the rubric also knows {{prompt}} and {{completion}})")
     if reach:
         reachable(o, label)
+
+
+def check_openrlhf_server(o, label: str, columns: list[str], data: str, reach: bool = True) -> None:
+    key_is_set(o, label, "the reward server's API key")
+    check_label_key(o.label_key, label, columns, data)
+    if not reach:
+        return
+    import httpx
+
+    try:
+        r = httpx.get(o.url, headers=headers(o), timeout=REACH_TIMEOUT_S)
+    except httpx.HTTPError as err:
+        raise GRPOError(f"{label}.kwargs.url: {o.url} cannot be reached ({type(err).__name__}){SKIP}") from None
+    if r.status_code in (401, 403):
+        raise GRPOError(f"{label}.kwargs.api_key_env: {o.url} refused the key (HTTP {r.status_code}){SKIP}")
+    if r.status_code == 404:
+        raise GRPOError(f"{label}.kwargs.url: {o.url} answered HTTP 404: no such route (OpenRLHF's serve_rm "
+                        f"answers POST /get_reward){SKIP}")
 
 
 def reachable(o, label: str) -> None:

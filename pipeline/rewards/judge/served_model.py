@@ -129,7 +129,8 @@ class ServedClassifier:
         self.url = classify_url(o.base_url)
         self.what = f"reward model {o.model} at {o.base_url}"
 
-    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str) -> list[str]:
+    def bodies(self, prompts: list, completions: list, columns: dict[str, list], where: str,
+               rendered: list[str] | None = None) -> list[str]:
         return [request_body(self.o, p, c) for p, c in zip(prompts, completions)]
 
     @staticmethod

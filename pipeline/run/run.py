@@ -15,7 +15,11 @@ from pathlib import Path
 from pipeline import config as config_mod
 from pipeline.config import Config
 from pipeline.errors import GRPOError
-from pipeline.store.retention import is_pruned, pruned_error
+from pipeline.run import gguf_import
+from pipeline.run.policy import policy_kind
+from pipeline.run.retention import is_pruned, pruned_error
+from pipeline.run.template_date import with_template_date
+from pipeline.store import pending
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -66,8 +70,6 @@ def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | 
 def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
     """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
     cached) and its conversion record returned; a directory is checked."""
-    from pipeline.models import gguf_import  # models build on the store; a run asks them lazily
-
     if gguf_import.is_gguf_path(path):
         folder, record = gguf_import.converted(path, what)
         return check_model_dir(folder, what), record
@@ -106,11 +108,26 @@ class Run:
         return plain if self.code is None else canonical_hash({"config": plain, "code": code.code_hash(self.code)})
 
     # -- policies ------------------------------------------------------------------------
+    def writing(self, k: int):
+        """Policy k's weights file while this process writes it in the background
+        (`pipeline.store.pending.Pending`: its hash and the tensors it is written from), else None."""
+        return pending.get(self.store.root, k) if self.store.local else None
+
     def policy_done(self, k: int) -> bool:
+        """Whether policy k is on disk (its MANIFEST.json, written last); a background write of it
+        in this process is waited for."""
+        if self.store.local:
+            pending.wait(self.store.root, k)
         return self.store.exists(f"{policy_rel(k)}/{MANIFEST}")
 
     def policy_hash(self, k: int) -> str:
+        """Policy k's hash: known before its weights file is written (a background write is not waited for)."""
+        if (w := self.writing(k)) is not None:
+            return w.policy_hash
         if not self.policy_done(k):
+            if k > 0 and self.done(k - 1, "update"):
+                raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing, its write was interrupted (update "
+                                f"{k - 1} is done); `grpo update {self.uri} --iter {k - 1}` or `grpo iterate` re-creates it")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
 
@@ -118,8 +135,13 @@ class Run:
         """Whether policy k's weights were removed by `train.keep_policies` (its manifest stays)."""
         return is_pruned(self, k)
 
-    def policy_dir(self, k: int, needed_by: str = "this stage") -> Path:
-        """Local directory of policy k (downloaded to the cache for remote runs)."""
+    def policy_dir(self, k: int, needed_by: str = "this stage", weights: bool = True) -> Path:
+        """Local directory of policy k (downloaded to the cache for remote runs). `weights` False:
+        only its tokenizer and config are read, which are there before a weights file this process
+        is writing in the background; otherwise that write is waited for."""
+        if not weights and self.writing(k) is not None:
+            return self.store.local_dir(policy_rel(k))
+        self.policy_done(k)  # waits for a background write of it
         self.policy_hash(k)
         if self.policy_pruned(k):
             raise pruned_error(self, k, needed_by)
@@ -127,10 +149,8 @@ class Run:
 
     @cached_property
     def policy(self):
-        """The run's kind of policy (whole weights, or LoRA adapters on policy 0), held once:
-        pipeline.models.policy, which builds on the store, so it is asked lazily."""
-        from pipeline.models.policy import policy_kind
-
+        """The run's kind of policy (whole weights, or LoRA adapters on policy 0), held once
+        (pipeline/run/policy.py)."""
         return policy_kind(self.cfg)
 
     def plain_dir(self, k: int) -> Path:
@@ -181,8 +201,6 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
     `code_from`: a run whose copies of the reward code are taken for the targets it has (a replay)."""
     from pipeline.store import code
 
-    from pipeline.models.template_date import with_template_date
-
     store = RunStore(uri)
     old = None
     if store.exists(CONFIG):
@@ -195,24 +213,23 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     new_yaml = config_mod.to_yaml(cfg)
     ref = model_source(cfg.ref_model, "ref_model")[0] if cfg.ref_model else None
-    from pipeline.models.policy import policy_kind  # the run does not exist yet to hold its policy
-
-    policy_kind(cfg).check_model(model)
+    policy_kind(cfg).check_model(model)  # the run does not exist yet to hold its policy
     if cfg.train.packing == "on":  # refused here, not at the logprobs stage's first forward
-        from pipeline.models.packing import check_dir
+        from pipeline.models.packing import check_dir  # lazy: it imports torch, which `grpo init` otherwise never loads
 
         for what, d in (("model", model), ("ref_model", ref)):
             if d is not None:
                 check_dir(d, what)
+    prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
+    collected = None if store.exists(CONFIG) else code.collect(cfg, prior)  # refused here (a local package) before anything is written
     run = Run(uri)
     if not run.policy_done(0):
         store.put_dir(model, policy_rel(0))
         local = store.local_dir(policy_rel(0)) if store.local else model
         source = conversion["gguf_file"] if conversion else str(model.resolve())
         store.write_manifest(policy_rel(0), policy_manifest(local, 0, source=source, conversion=conversion, merged_from=merged_from))
-    if not store.exists(CONFIG):
-        prior = code.local_copies(code_from.store, code_from.code) if code_from is not None and code_from.code else None
-        code.pack(store, cfg, prior)  # the reward code, copied and recorded before the config
+    if collected is not None:
+        code.pack(store, *collected)  # the reward code, copied and recorded before the config
         store.write_bytes(CONFIG, new_yaml.encode())  # last: a run exists once its config does
     elif run.code is not None:
         if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):

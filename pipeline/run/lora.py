@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.errors import GRPOError
+from pipeline.store import cache_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -230,8 +231,6 @@ def merge(base_dir: Path, adapter_dir: Path, out: Path) -> None:
 def merged_dir(run, k: int) -> Path:
     """Policy k of a LoRA run as merged weights, in the local cache (built once per policy)."""
     import filelock
-
-    from pipeline.store import cache_dir  # lazy: the store holds a run's policy kind (pipeline.store.run), so it sits above models
 
     dest = cache_dir() / "merged" / run.policy_hash(k)[:24]
     done = dest / ".complete"

@@ -44,13 +44,16 @@ def probe_ids(tokenizer) -> list[int]:
 
 def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     """Policy k's logprobs of ids[1:] given the tokens before each, at temperature 1, from its stored
-    files in fp32 on the CPU (`policy`, the run's `pipeline.models.policy` object, loads it: a LoRA
+    files in fp32 on the CPU (`policy`, the run's `pipeline.run.policy` object, loads it: a LoRA
     policy is the base with its adapter). Cached per policy hash."""
     key = (run.policy_hash(k), tuple(ids))
     if key not in _REFERENCE:
         import torch
 
-        model = policy.probe_model(run, k)
+        from pipeline.run.weights_file import model_of
+
+        writing = run.writing(k)  # its weights file is being written: the tensors it is written from, the same bytes
+        model = model_of(run.plain_dir(k), writing.weights, f"policy/iter-{k:04d}") if writing else policy.probe_model(run, k)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()  # [P-1, V]
         _REFERENCE[key] = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()

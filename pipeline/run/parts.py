@@ -24,7 +24,7 @@ import pyarrow as pa
 from pipeline.errors import GRPOError
 from pipeline.progress import progress
 from pipeline.store.faults import fault_point
-from pipeline.store.run import Run
+from pipeline.run.run import Run
 from pipeline.store import TMP_MARK, canonical_hash, part_name, sha256_bytes, stage_rel
 from schemas.artifacts import ArtifactSchema
 from schemas.manifests import FileEntry, PartsManifest

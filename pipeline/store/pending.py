@@ -1,0 +1,79 @@
+"""Policies whose weights file this process is still writing, in the background.
+
+`iterate` publishes policy K+1 while rollout K+1 runs (pipeline.update.publish): its sha256 is
+computed in memory over the exact bytes the file will hold, the sampler gets the weights in
+memory, and a thread writes the file, then the policy's MANIFEST.json (what says the policy is
+on disk). Meanwhile `pipeline.run.run.Run` answers policy K+1's hash from here, and everything
+that reads its files or asks whether it exists waits for the thread (`wait`). A kill before the
+manifest leaves the update done and the policy missing: the next command re-runs that update
+from its stored parts and checks the hash it recorded (`pipeline.update.publish.restore_policy`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Pending:
+    """Policy `k` of the run at `root`, being written by `thread`."""
+
+    root: str
+    k: int
+    policy_hash: str
+    weights: dict
+    """{name: tensor} the file will hold (the fp32 master: what an engine's probe is checked against)."""
+    thread: threading.Thread = field(init=False)
+    error: BaseException | None = None
+
+
+_PENDING: dict[tuple[str, int], Pending] = {}
+_LOCK = threading.Lock()
+
+
+def key(root: str) -> str:
+    return os.path.realpath(root)
+
+
+def start(root: str, k: int, policy_hash: str, weights: dict, write: Callable[[], None]) -> Pending:
+    """Run `write` on a thread as the write of policy k of the run at (local) `root`."""
+    p = Pending(key(root), k, policy_hash, weights)
+
+    def body() -> None:
+        try:
+            write()
+        except BaseException as e:  # raised again in whoever waits for the policy
+            p.error = e
+
+    # not a daemon: an interpreter that exits normally (also after an error) finishes the write first
+    p.thread = threading.Thread(target=body, name=f"write policy {k}")
+    with _LOCK:
+        _PENDING[(p.root, k)] = p
+    p.thread.start()
+    return p
+
+
+def get(root: str, k: int) -> Pending | None:
+    """Policy k's write if it is still running (or finished and not yet waited for)."""
+    return _PENDING.get((key(root), k))
+
+
+def wait(root: str, k: int | None = None) -> None:
+    """Return once policy k's write (every write of this run where k is None) is finished; raise its error."""
+    r = key(root)
+    for (pr, pk), p in list(_PENDING.items()):
+        if pr == r and (k is None or pk == k):
+            p.thread.join()
+            with _LOCK:
+                _PENDING.pop((pr, pk), None)
+            if p.error is not None:
+                raise p.error
+
+
+def wait_all() -> None:
+    """Every write this process started (the end of a command)."""
+    for pr, _ in list(_PENDING):
+        wait(pr)

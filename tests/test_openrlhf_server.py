@@ -1,0 +1,263 @@
+"""`openrlhf_server`: a reward server speaking OpenRLHF's protocol (POST {query, prompts, labels} ->
+{rewards, scores, extra_logs}), asked with the judge's machinery. Against the fault server's
+/<mode>/get_reward (tests/judge_server.py, a real HTTP server counting every request): the rewards are
+the server's answers for the queries the file contract builds, concurrency and retries hold, every
+request and answer is recorded and reused, `grpo init` refuses a bad config with one line; through the
+real stages (slow): a killed score stage resumes without asking twice, replay asks nothing, audit
+catches an edited answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import base_config, grpo, init_error_line, write_config
+from judge_server import GARBAGE_REWARDS, Judge, rm_reward, score
+
+from pipeline.config.errors import reward_spec
+from pipeline.errors import GRPOError
+from pipeline.rewards.calls import RewardLog
+from pipeline.rewards.contract import compute_rewards
+from pipeline.rewards.judge.record import Ledger, recording, stored_records
+
+RENDERED = ["<|user|>2+2?<|assistant|>", "<|user|>3+3?<|assistant|>", "<|user|>Say hi<|assistant|>"] * 2
+PROMPTS = ["2+2?", "3+3?", [{"role": "user", "content": "Say hi"}]] * 2
+TEXTS = ["<answer>4</answer>", "<answer>5</answer>", "hello", "four", "six", "hi there"]
+COLUMNS = {"answer": ["4", "6", None, "4", "6", None]}
+KEY = "GRPO_TEST_ORM_KEY"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The fault server, shared by the module; `rm` is it with its counters zeroed for one test."""
+    s = Judge(delay=0.6, failures=2, lifetime=900.0).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+rm = pytest.fixture(lambda server: server.reset() or server, name="rm")
+
+
+def entry(url: str, mode: str = "ok", **top) -> dict:
+    kwargs = top.pop("kwargs", {})
+    return {"fn": "openrlhf_server", "name": "orm", **top, "kwargs": {"url": f"{url}/{mode}/get_reward", "label_key": "answer", **kwargs}}
+
+
+def served(e: dict, texts=TEXTS, ledger: Ledger | None = None, n: int | None = None):
+    n = n or len(texts)
+    spec = reward_spec(e, 0)
+    log, ledger = RewardLog(n), ledger or Ledger()
+    with recording(ledger):
+        out = compute_rewards([spec], PROMPTS[:n], list(texts[:n]), None, {k: v[:n] for k, v in COLUMNS.items()},
+                              iteration=0, log=log, rendered=RENDERED[:n])
+    return out[:, 0], log, ledger
+
+
+def sent(rm) -> int:
+    return sum(rm.chats.values())
+
+
+def test_the_reward_is_the_servers_answer_to_the_query_the_file_contract_builds(rm):
+    from pipeline.rewards.openrlhf import inputs
+
+    values, log, ledger = served(entry(rm.url))
+    queries, prompts, labels = inputs(PROMPTS, RENDERED, TEXTS, COLUMNS, "answer", "here")
+    assert queries == [p + t for p, t in zip(RENDERED, TEXTS)]  # the rendered prompt, then the completion
+    want = [rm_reward(q, label) for q, label in zip(queries, labels)]
+    assert len(set(want)) > 3  # the queries score differently: a mix-up would show
+    assert values.tolist() == want
+    ex = log.extra
+    assert [json.loads(r) for r in ex["orm_request"]] == [{"query": [q], "prompts": [p], "labels": [label]}
+                                                         for q, p, label in zip(queries, prompts, labels)]
+    assert ex["dummy_scores"] == want and ex["query_chars"] == [len(q) for q in queries]  # extra_logs, one value each
+    assert ex["orm_server"] == [f"{rm.url}/ok/get_reward"] * 6 and ex["orm_reason"] == [None] * 6
+    for request, h, answer in zip(ex["orm_request"], ex["orm_request_hash"], ex["orm_answer"]):
+        assert hashlib.sha256(request.encode()).hexdigest() == h and "scores" in json.loads(answer)
+    assert sent(rm) == 6 and set(rm.chats.values()) == {1}  # one POST per completion, no /models asked
+    s = ledger.summary()["orm"]
+    assert (s["requests"], s["calls"], s["reused"], s["failures"], s["unreadable"]) == (6, 6, 0, 0, 0)
+
+
+def test_no_label_key_sends_null_labels(rm):
+    e = entry(rm.url)
+    del e["kwargs"]["label_key"]
+    values, log, _ = served(e, n=2)
+    assert [json.loads(r)["labels"] for r in log.extra["orm_request"]] == [[None], [None]]
+    assert values.tolist() == [rm_reward(p + t, None) for p, t in zip(RENDERED[:2], TEXTS[:2])]
+
+
+def test_concurrency_is_held_the_key_never_recorded_and_answers_reused_by_a_resume_and_a_replay(rm, monkeypatch):
+    monkeypatch.setenv(KEY, "sk-secret")
+    e = entry(rm.url, "slow", max_concurrency=2, kwargs={"api_key_env": KEY})
+    values, log, ledger = served(e)
+    assert rm.max_in_flight == 2 and sent(rm) == 6  # 6 requests of 0.6 s each: 2 at once, never more
+    assert rm.keys == {"Bearer sk-secret": 6}  # the key is sent ...
+    assert not any("sk-secret" in json.dumps(v) for v in log.extra.values())  # ... and never recorded
+    again, log2, _ = served(e, ledger=ledger)  # a resumed stage: its cache
+    table = pa.table({f"extra_{k}": v for k, v in log.extra.items()})
+    replayed, log3, ledger3 = served(e, ledger=Ledger(prior=stored_records([table])))  # a replay: the stored parts
+    assert again.tolist() == replayed.tolist() == values.tolist() and sent(rm) == 6
+    assert log2.extra == log3.extra == log.extra
+    assert ledger3.summary()["orm"]["from_replay"] == 6 and ledger3.summary()["orm"]["calls"] == 0
+    other = entry(rm.url, "ok", kwargs={"api_key_env": KEY})  # another URL: another server, asked again
+    served(other, ledger=Ledger(prior=stored_records([table])))
+    assert sent(rm) == 12
+
+
+def test_429_is_retried_a_broken_server_stops_the_stage_garbage_is_unreadable_and_a_clashing_log_refused(rm):
+    values, _, ledger = served(entry(rm.url, "flaky", retries=2), n=3)
+    assert values.tolist() == [rm_reward(p + t, a) for p, t, a in zip(RENDERED, TEXTS, COLUMNS["answer"][:3])]
+    assert set(rm.chats.values()) == {3} and ledger.summary()["orm"]["retries"] == 6
+    with pytest.raises(GRPOError) as info:
+        served(entry(rm.url, "broken", retries=1), n=2)
+    assert str(info.value) == (f"reward 'orm' (iteration 0): reward server {rm.url}/broken/get_reward: 2 of 2 requests failed "
+                               "(first: HTTP 500 (2 attempts)); the 0 answered are kept for the next attempt")
+    values, log, _ = served(entry(rm.url, "hang", retries=0, timeout_s=0.5, kwargs={"on_failure": "none"}), n=2)
+    assert np.isnan(values).all() and log.extra["orm_reason"] == ["failed: timed out after 0.5 s (1 attempt)"] * 2
+    values, log, _ = served(entry(rm.url, "garbage"))
+    said = [GARBAGE_REWARDS[score(p + t) % len(GARBAGE_REWARDS)] for p, t in zip(RENDERED, TEXTS)]
+    why = {0: "not one reward (0)", 1: "not a number", 2: "not finite"}
+    assert np.isnan(values).all() and log.extra["orm_reason"] == [why[GARBAGE_REWARDS.index(s)] for s in said]
+    with pytest.raises(GRPOError) as info:  # a log would overwrite the reward's own record of its answers
+        served(entry(rm.url, "clash"), n=1)
+    assert str(info.value) == ("reward 'orm' (iteration 0): the server's extra_logs name 'orm_answer', which is this "
+                               "reward's own record; rename the reward (`name:`)")
+
+
+def test_bad_configs_fail_at_init_with_one_line(assets, tmp_path, capsys, rm, monkeypatch):
+    def line(e) -> str:
+        cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[e]))
+        return init_error_line(capsys, tmp_path / "run", "--config", cfg)
+
+    ok = entry(rm.url)
+    assert line({**ok, "kwargs": {"label_key": "answer"}}).endswith("rewards.0.kwargs.url: required key is missing")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "url": "localhost:5000"}}).endswith(
+        "rewards.0.kwargs.url: 'localhost:5000' is not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "url": "http://me:pw@127.0.0.1:5000/get_reward"}}).endswith(
+        "rewards.0.kwargs.url: holds a user or password, which would be stored with every answer: "
+        "put the key in an environment variable and name it in api_key_env")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "model": "rm"}}).endswith(
+        "rewards.0.kwargs.model: openrlhf_server has no option 'model' (options: url, label_key, api_key_env, on_failure)")
+    msg = line({**ok, "kwargs": {**ok["kwargs"], "label_key": "gold"}})
+    assert msg.startswith("rewards[0].kwargs.label_key: data.train") and "has no column 'gold' (columns: prompt, answer" in msg
+    monkeypatch.delenv(KEY, raising=False)
+    assert line({**ok, "kwargs": {**ok["kwargs"], "api_key_env": KEY}}) == (
+        f"rewards[0].kwargs.api_key_env: the environment variable {KEY} is not set (it holds the reward server's API key)")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert line(entry(dead)) == (f"rewards[0].kwargs.url: {dead}/ok/get_reward cannot be reached (ConnectError); "
+                                 "grpo init --no-judge-check skips this check")
+    assert line({**ok, "kwargs": {**ok["kwargs"], "url": f"{rm.url}/ok/reward"}}) == (
+        f"rewards[0].kwargs.url: {rm.url}/ok/reward answered HTTP 404: no such route (OpenRLHF's serve_rm answers "
+        "POST /get_reward); grpo init --no-judge-check skips this check")
+    rm.reset()
+    grpo("init", str(tmp_path / "good"), "--config", str(write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[ok]))))
+    assert (tmp_path / "good" / "config.yaml").is_file() and rm.chats == {}  # init scores nothing
+    cfg = write_config(tmp_path / "cfg.yaml", base_config(assets, rewards=[entry(dead)]))
+    grpo("init", str(tmp_path / "later"), "--config", str(cfg), "--no-judge-check")  # a server that is not up yet
+    assert (tmp_path / "later" / "config.yaml").is_file()
+
+
+def test_the_example_config_loads_and_passes_init_without_its_server(assets, monkeypatch):
+    import yaml
+
+    from conftest import REPO
+    from pipeline import config as config_mod
+    from pipeline import preflight
+
+    monkeypatch.chdir(REPO)
+    example = yaml.safe_load((REPO / "examples" / "openrlhf_server.yaml").read_text())
+    cfg = config_mod.resolve(base_config(assets, rewards=example["rewards"]))
+    assert [r.fn for r in cfg.rewards] == ["openrlhf_server"] and cfg.rewards[0].kwargs.label_key == "answer"
+    preflight.check(cfg, judges_reachable=False)
+
+
+# -- through the stages: kill and resume, replay, audit --------------------------------------------
+
+def part_rows(run: Path, k: int = 0) -> list[dict]:
+    return [r for p in sorted((run / f"iter-{k:04d}/score").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def audit(run: Path):
+    from pipeline.report.audit import audit_run
+    from pipeline.run.run import Run
+
+    return audit_run(Run(str(run)))
+
+
+@pytest.fixture(scope="module")
+def served_run(assets, server, tmp_path_factory):
+    """A run scored by the fault OpenRLHF server (one request at a time), its score stage SIGKILLed
+    right after the 5th answer was cached, then run again."""
+    root = tmp_path_factory.mktemp("openrlhf_served")
+    cfg = base_config(assets, rewards=[entry(server.url, max_concurrency=1), {"fn": "format", "weight": 0.5}])
+    run = root / "run"
+    grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)))
+    grpo("rollout", str(run))
+    server.reset()
+    died = grpo("score", str(run), env={"GRPO_FAULT": "score:verdict:5"}, check=False)
+    state = {"returncode": died.returncode, "answered": sum(server.answered.values()),
+             "cached": len(list((run / "iter-0000/score/judge-cache").glob("*.json")))}
+    grpo("score", str(run))
+    state["chats"] = dict(server.chats)
+    return run, state
+
+
+@pytest.mark.slow
+def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing_and_audit_catches_an_edit(
+        served_run, server, tmp_path):
+    import shutil
+
+    run, s = served_run
+    assert s["returncode"] == -9 and s["cached"] == 5
+    rows = part_rows(run)
+    assert len(rows) == 16 and set(s["chats"].values()) == {1}  # the server's log: no request twice
+    assert {h for _, h in s["chats"]} == {r["extra_orm_request_hash"] for r in rows}
+    rollout = [r for p in sorted((run / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    by_key = {(r["prompt_id"], r["sample_idx"]): r for r in rollout}
+    for r in rows:  # the reward is the server's answer to the rendered prompt + the completion, with its label
+        got = by_key[(r["prompt_id"], r["sample_idx"])]
+        query = got["prompt"] + got["completion"]
+        assert json.loads(r["extra_orm_request"]) == {"query": [query], "prompts": [got["prompt"]], "labels": [got["answer"]]}
+        assert r["reward_orm"] == rm_reward(query, got["answer"]) == r["extra_dummy_scores"]
+    m = json.loads((run / "iter-0000/score/MANIFEST.json").read_text())
+    assert m["judge"]["orm"]["requests"] == 16 and m["judge"]["orm"]["from_cache"] >= 5
+    assert not (run / "iter-0000/score/judge-cache").exists() and audit(run).ok
+
+    server.reset()
+    out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "same"), "--until", "score")
+    assert server.chats == {}  # not one request
+    assert "judge 'orm': 16 verdicts, 0 calls made, 16 reused" in out.stdout
+    cols = ["reward", "reward_orm", "extra_orm_answer", "extra_dummy_scores"]
+    assert [[r[c] for c in cols] for r in part_rows(tmp_path / "same")] == [[r[c] for c in cols] for r in rows]
+
+    copy = tmp_path / "edited"
+    shutil.copytree(run, copy)
+    part = copy / "iter-0000/score/part-00000.parquet"
+    table = pq.read_table(part)
+    answers = table.column("extra_orm_answer").to_pylist()
+    answers[0] = json.dumps({"rewards": [7.0]})  # the server said otherwise, says the edit
+    pq.write_table(table.set_column(table.column_names.index("extra_orm_answer"), "extra_orm_answer", pa.array(answers)), part)
+    reward = table.column("reward_orm").to_pylist()[0]
+    assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 0: the stored answer reads as 7.0 (readable), "
+            f"the part records reward {reward!r} (readable)") in audit(copy).problems
+
+    logs = tmp_path / "edited_logs"  # an extra_logs column edited: audit reads it from the answers too
+    shutil.copytree(run, logs)
+    part = logs / "iter-0000/score/part-00000.parquet"
+    table = pq.read_table(part)
+    dummy = table.column("extra_dummy_scores").to_pylist()
+    was, dummy[1] = dummy[1], 0.5 if dummy[1] != 0.5 else 0.25
+    pq.write_table(table.set_column(table.column_names.index("extra_dummy_scores"), "extra_dummy_scores", pa.array(dummy)), part)
+    assert (f"iter-0000/score/part-00000.parquet: judge 'orm' row 1: the stored answer's extra_logs give dummy_scores = "
+            f"{was!r}, the part records extra_dummy_scores = {dummy[1]!r}") in audit(logs).problems
