@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import pydantic
@@ -146,6 +147,17 @@ def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
     assert config_mod.config_hash(a) == before
     on = config_mod.load(write(tmp_path, MINIMAL), ["train.gradient_checkpointing=true"])
     assert on.train.gradient_checkpointing and config_mod.config_hash(on) != before
+
+
+def test_a_run_made_before_the_newest_options_reads_to_the_hash_its_manifests_carry():
+    """tests/fixtures/old_run/config.yaml was stored by `grpo init` at cf72eda, before
+    `train.state_every`: read today (`from_yaml_text`, as a run reads its config), it must hash to
+    what its manifests were written with, or `grpo audit` calls the run's config.yaml edited. An
+    option added without its earlier behaviour in ADDED_OPTIONS fails here."""
+    text = (Path(__file__).parent / "fixtures/old_run/config.yaml").read_text()
+    cfg = config_mod.from_yaml_text(text, "old_run/config.yaml")
+    assert cfg.train.state_every == 1  # what that run did: a trainer state after every update
+    assert config_mod.config_hash(cfg) == "3d7e99433444ea4467a3bf9524490aa7dbed686c4ade62e774fe2e771210c481"
 
 
 def test_a_ray_run_with_staleness_is_refused_when_the_config_is_read(tmp_path):

@@ -193,3 +193,46 @@ def test_a_resume_between_two_states_reruns_each_missing_update_and_checks_its_h
     assert record(run) == record(ref), first_difference(run, ref)
     assert (run / "iter-0001/update/state/trainer.json").exists()  # the end of a command writes it
     assert not (run / "iter-0000/update/state").exists()
+
+
+def test_a_resume_that_must_rerun_updates_in_another_process_count_stops_with_one_line(assets, tmp_path_factory, tmp_path):
+    """The reference run's updates were recorded by one process and kept no state after update 0.
+    Update 1 under torchrun over 2 processes would re-run update 0 over 2, whose gradients sum in
+    another order: its policy hash could not be the recorded one. Every rank stops before any
+    work with one line naming the iteration and the process count to resume with, not a hash
+    mismatch that blames the record."""
+    ref = reference_run(tmp_path_factory, assets)
+    run = copy_run(ref, tmp_path / "run")
+    for rel in ("iter-0001/update", "policy/iter-0002"):
+        shutil.rmtree(run / rel)
+    assert not (run / "iter-0000/update/state").exists()
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "stages.cli", "update", str(run), "--iter", "1"],
+                         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr  # the ranks' lines may interleave: the message is looked for, not a line
+    assert ("error: update iteration 0: its trainer state was not kept (train.state_every 10) and resuming re-runs it, "
+            "but it was recorded by 1 process(es) in fp32 and this update has 2 in fp32; "
+            "resume with 1 process(es) on a machine computing in fp32") in text, text[-3000:]
+    assert "re-run from its stored parts" not in text and "[rank1]: Traceback" not in text and "[rank0]: Traceback" not in text
+    assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
+
+
+def test_a_lora_dropout_update_resumed_or_rerun_in_a_new_process_is_the_warm_one(assets, tmp_path):
+    """LoRA dropout draws from torch's RNG. In `iterate` the trainer is warm and rollouts and
+    logprob passes run between its updates; `grpo update --iter 1` starts a new process from
+    state 0, and without state 0 re-runs update 0 first. Each must publish the warm run's
+    policy 2 (pipeline.update.rng seeds each update's draws from the seed and the iteration)."""
+    cfg = base_config(assets, train={"mini_batch_size": 8, "lr": 1e-3, "precision": "fp32", "state_every": 1, "keep_states": 2,
+                                     "lora": {"r": 4, "alpha": 8, "dropout": 0.5}})
+    ref = tmp_path / "ref"
+    grpo("init", str(ref), "--config", str(write_config(tmp_path / "config.yaml", cfg)))
+    grpo("iterate", str(ref), "--iters", "2")
+    assert (ref / "iter-0000/update/state/trainer.json").exists()
+    for name, without in (("from-state", ()), ("re-run", ("iter-0000/update/state",))):
+        run = copy_run(ref, tmp_path / name)
+        for rel in ("iter-0001/update", "policy/iter-0002", *without):
+            shutil.rmtree(run / rel)
+        grpo("update", str(run), "--iter", "1")
+        assert manifest(run, "policy/iter-0002")["policy_hash"] == manifest(ref, "policy/iter-0002")["policy_hash"], name
+        assert record(run) == record(ref), first_difference(run, ref)

@@ -112,7 +112,7 @@ def test_killed_at_several_moments_then_rerun_finishes_the_run(stale_run, assets
     to the uninterrupted run's bytes (every rollout, score, logprob and update artifact and every
     policy), with every stage done once and audit clean. The trainer trains beside the sampler on
     the same cores here, so this also checks that its arithmetic does not follow the thread
-    schedule (`trainer.serial_accumulation`)."""
+    schedule (`pipeline.update.determinism.serial_accumulation`)."""
     from pipeline.report.audit import audit_run
     from pipeline.run.run import Run
 

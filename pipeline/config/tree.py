@@ -117,6 +117,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("loss", "rollout_correction"): NEUTRAL_ROLLOUT_CORRECTION,
     **AGENT_NEUTRAL,
     ("train", "max_staleness"): 0,
+    ("train", "state_every"): 1,  # the trainer state after every update, as every update wrote it
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
     ("data", "template_date"): None,  # a template that reads no date: nothing pinned

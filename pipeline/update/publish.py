@@ -168,6 +168,8 @@ def resume_trainer(run: Run, k: int) -> Trainer:
     else:  # policy k (kept by retention) gives the shapes; the state then sets every weight
         trainer = Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(newest)), base_dir=base)
     for i in range(0 if newest is None else newest + 1, k):
+        _rerunnable(run, i, trainer)
+    for i in range(0 if newest is None else newest + 1, k):
         work = _fresh_work(run, i, trainer)
         try:
             _rerun(run, i, k, trainer, work)
@@ -175,6 +177,17 @@ def resume_trainer(run: Run, k: int) -> Trainer:
             shutil.rmtree(work, ignore_errors=True)
     trainer.clean_after = k - 1
     return trainer
+
+
+def _rerunnable(run: Run, i: int, trainer: Trainer) -> None:
+    """A re-run reproduces update i's bytes only with the process count and arithmetic it was
+    recorded with (2 processes sum gradients in another order); every rank reads the same record
+    and stops alike, before any work."""
+    m = run.manifest(i, "update")
+    if (m.world_size, m.precision or trainer.precision) != (trainer.world, trainer.precision):
+        raise GRPOError(f"update iteration {i}: its trainer state was not kept (train.state_every {run.cfg.train.state_every}) and resuming "
+                        f"re-runs it, but it was recorded by {m.world_size} process(es) in {m.precision} and this update has "
+                        f"{trainer.world} in {trainer.precision}; resume with {m.world_size} process(es) on a machine computing in {m.precision}")
 
 
 def _rerun(run: Run, i: int, k: int, trainer: Trainer, work: Path) -> dict[str, str]:
@@ -205,6 +218,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
         if trainer is not None:
             trainer.close()
         trainer = resume_trainer(run, k)
+    _rerunnable(run, k, trainer)
     work = _fresh_work(run, k, trainer)
     try:
         hashed = _rerun(run, k, k, trainer, work)

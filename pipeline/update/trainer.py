@@ -10,7 +10,6 @@ takes its slice of every mini-batch (data parallel, same global batch).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
@@ -32,6 +31,7 @@ from pipeline.objective.correction import combine
 from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
+from pipeline.update.determinism import serial_accumulation, update_rng
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -187,7 +187,8 @@ class Trainer:
             return rows
         self.engine.train()
         steps = t.epochs * -(-n // t.mini_batch_size)
-        with progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(self.engine.device):
+        with (progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(self.engine.device),
+              update_rng(self.engine.device, self.cfg.seed, k, self.rank)):  # dropout draws as on any path to update k
             for epoch in range(t.epochs):
                 rows += self._epoch(data, k, epoch, bar)
                 if epoch == 0 and data.old_from_update and self.world > 1:
@@ -323,27 +324,6 @@ class Trainer:
                 metrics["kl/mean"] = float(_masked_mean(grpo.kl_estimate(logp, ref, cfg.loss.kl_estimator), batch.loss_mask))
         self.engine.backward(loss * weight, scale_wrt_gas=False)
         return metrics
-
-
-@contextlib.contextmanager
-def serial_accumulation(device: torch.device):
-    """torch's deterministic kernels inside, on a CPU. The backward of an index with repeated
-    rows (each completion takes its prompt's keys and values from the shared KV cache) adds
-    into the prompt's gradient rows; on a CPU with more than one thread torch does that with
-    atomic float adds whose order follows the thread schedule, so a trainer competing for its
-    cores (the sampler of `train.max_staleness`, another job) gave gradients differing in the
-    last bits. The deterministic kernel adds in index order: bit-identical updates, and no
-    slower (0.9 ms against 4.3 ms for one layer's keys of 8 prompts x 8 completions here).
-    CUDA is left as it was (its deterministic mode needs cuBLAS set up before the device starts)."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
