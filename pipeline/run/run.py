@@ -126,6 +126,9 @@ class Run:
             return w.policy_hash
         if not self.policy_done(k):
             if k > 0 and self.done(k - 1, "update"):
+                if self.store.local and pending.held(self.store.root, k):
+                    raise GRPOError(f"{self.store.display(policy_rel(k))}: policy not written yet: another grpo process "
+                                    f"(its `grpo iterate`) is writing it in the background; wait for it")
                 raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing, its write was interrupted (update "
                                 f"{k - 1} is done); `grpo update {self.uri} --iter {k - 1}` or `grpo iterate` re-creates it")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")

@@ -201,18 +201,23 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
     update k re-run from its stored parts (on the trainer before it, `resume_trainer`), its
     policy checked against the hash update k recorded (one line naming the iteration if not) and
     written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
-    if trainer is None or trainer.clean_after != k - 1:
-        if trainer is not None:
-            trainer.close()
-        trainer = resume_trainer(run, k)
-    work = _fresh_work(run, k, trainer)
-    try:
-        hashed = _rerun(run, k, k, trainer, work)
-        pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
-        run.store.put_dir(work / "policy", policy_rel(k + 1), move=True)
-        run.store.write_manifest(policy_rel(k + 1), pm)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # another process's background write of it may still be running (a second `iterate`, or this
+    # command started as the policy's "write was interrupted" error says): refused, never raced
+    with pending.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
+        if run.policy_done(k + 1):  # that write finished meanwhile
+            return trainer
+        if trainer is None or trainer.clean_after != k - 1:
+            if trainer is not None:
+                trainer.close()
+            trainer = resume_trainer(run, k)
+        work = _fresh_work(run, k, trainer)
+        try:
+            hashed = _rerun(run, k, k, trainer, work)
+            pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
+            run.store.put_dir(work / "policy", policy_rel(k + 1), move=True)
+            run.store.write_manifest(policy_rel(k + 1), pm)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     prune_policies(run, k + 1)
     trainer.clean_after = k
     return trainer
@@ -264,13 +269,20 @@ def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
     store = run.store
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
 
+    # taken here, while update k's lock is held: no moment when another process could take the
+    # policy for one whose write was interrupted (restore_policy); released by the thread
+    lock = pending.acquire(store.root, k + 1)
+
     def write() -> None:
         try:
-            weights.write(target)
-        except OSError as err:  # raised again, as one line, where the policy is next waited for
-            raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
-        fault_point("update:write", k)
-        store.write_manifest(policy_rel(k + 1), pm)
+            try:
+                weights.write(target)
+            except OSError as err:  # raised again, as one line, where the policy is next waited for
+                raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
+            fault_point("update:write", k)
+            store.write_manifest(policy_rel(k + 1), pm)
+        finally:
+            lock.release()
         prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
 
     pending.start(store.root, k + 1, pm.policy_hash, weights.tensors, write)
