@@ -58,15 +58,16 @@ def _busy(root: str, k: int) -> str:
             f"background write); wait for it or stop it")
 
 
-def acquire(root: str, k: int):
-    """Policy k's write lock, held (release it with `.release()`, from any thread), else a one-line error."""
+def acquire(root: str, k: int, wait: float = 0.0):
+    """Policy k's write lock, held (release it with `.release()`, from any thread), else a one-line
+    error. `wait`: seconds to wait for it (another process's `held` probe takes it for a moment)."""
     import filelock
 
     from pipeline.errors import GRPOError
 
     lk = _file_lock(root, k)
     try:
-        lk.acquire()
+        lk.acquire(timeout=wait)
     except filelock.Timeout:
         raise GRPOError(_busy(root, k)) from None
     return lk

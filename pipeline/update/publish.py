@@ -263,15 +263,12 @@ def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashe
                            adapter=trainer.policy.manifest(run))
 
 
-def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
+def _write_later(run: Run, k: int, pm, weights: DeferredWeights, lock) -> None:
     """On a thread, once update k's manifest is written: policy k+1's weights file into its
-    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention."""
+    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention.
+    `lock`: policy k+1's write lock (pending.acquire), released by the thread once the manifest is written."""
     store = run.store
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
-
-    # taken here, while update k's lock is held: no moment when another process could take the
-    # policy for one whose write was interrupted (restore_policy); released by the thread
-    lock = pending.acquire(store.root, k + 1)
 
     def write() -> None:
         try:
@@ -292,6 +289,25 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
              deferred: DeferredWeights | None = None) -> UpdateManifest:
     """Write policy k+1 (its weights file on a thread, `deferred`), the trainer state (where one was
     written), metrics, and last the update manifest."""
+    store, sd = run.store, stage_rel(k, "update")
+    # taken before update k's manifest says the update is done: no moment when another process could
+    # take the policy for one whose write was interrupted (restore_policy); released by the writing thread
+    lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # a reader's probe holds it a moment
+    try:
+        manifest, pm = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if deferred is None:
+        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
+    else:
+        _write_later(run, k, pm, deferred, lock)
+    return manifest
+
+
+def _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred):
+    """`_publish` up to the update's manifest: (it, policy k+1's manifest)."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
@@ -321,11 +337,7 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
     manifest = store.write_manifest(sd, body)
     if state is not None:
         _prune_states(run, k)
-    if deferred is None:
-        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
-    else:
-        _write_later(run, k, pm, deferred)
-    return manifest
+    return manifest, pm
 
 
 def _prune_states(run: Run, k: int) -> None:
