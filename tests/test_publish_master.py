@@ -175,3 +175,21 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
         lock.release()
     said = other_process("run.policy_hash(1)")  # nobody writes it: a kill stopped the write
     assert "its write was interrupted (update 0 is done)" in said, said
+
+
+def test_export_of_a_policy_whose_write_did_not_finish_is_one_line(assets, tmp_path):
+    """A kill inside `iterate`'s background write leaves update K done and policy K+1's directory
+    without its weights and MANIFEST.json; `grpo export` then crashed reading the missing manifest
+    (AttributeError: 'NoneType' object has no attribute 'files'), as it did for any missing --iter."""
+    from tests.conftest import base_config, grpo, write_config
+
+    R = str(tmp_path / "run")
+    grpo("init", R, "--config", str(write_config(tmp_path / "config.yaml", base_config(assets))))
+    (tmp_path / "run/policy/iter-0001").mkdir()
+    (tmp_path / "run/policy/iter-0001/config.json").write_text("{}")  # written before the weights, as publish puts it
+    (tmp_path / "run/policy/iter-0001/.tmp-0-model.safetensors").write_bytes(b"\0" * 64)  # the kill's half-written file
+    out = grpo("export", R, str(tmp_path / "out"), "--iter", "1", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and "policy/iter-0001: policy missing" in lines[0], lines
+    assert not (tmp_path / "out").exists()
