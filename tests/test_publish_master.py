@@ -146,6 +146,7 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
     not yet written), a second process sees no policy. It must not say the write was interrupted (whose
     advice, `grpo update --iter K`, would re-create the policy into the directory being written) nor
     re-create it (a second `grpo iterate` does so at its start): the write's lock tells the two apart."""
+    import shutil
     import subprocess
     import sys
 
@@ -157,6 +158,9 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
     run = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets)))
     (tmp_path / "run/iter-0000/update").mkdir(parents=True)
     (tmp_path / "run/iter-0000/update/MANIFEST.json").write_text("{}")  # update 0 done, as the writer sees it
+    shutil.copytree(tmp_path / "run/policy/iter-0000", tmp_path / "run/policy/iter-0001",  # its directory, before the weights
+                    ignore=shutil.ignore_patterns("MANIFEST.json", "*.safetensors"))
+    audit = "from pipeline.report.audit import audit_run; print([p for p in audit_run(run).problems if 'policy/iter-0001:' in p])"
 
     def other_process(code: str) -> str:
         out = subprocess.run([sys.executable, "-c", "from pipeline.run.run import Run\nfrom pipeline.errors import GRPOError\n"
@@ -171,10 +175,14 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
         assert "another grpo process" in said and "interrupted" not in said, said
         said = other_process("from pipeline.update.publish import restore_policy; restore_policy(run, 0)")
         assert said.endswith("another grpo process is writing policy 1 (its `grpo iterate`'s background write); wait for it or stop it"), said
+        said = other_process(audit)
+        assert "no MANIFEST.json: policy not written yet: another grpo process" in said, said
     finally:
         lock.release()
     said = other_process("run.policy_hash(1)")  # nobody writes it: a kill stopped the write
     assert "its write was interrupted (update 0 is done)" in said, said
+    said = other_process(audit)  # and audit says so, with what re-creates it
+    assert "no MANIFEST.json: policy missing, its write was interrupted (update 0 is done)" in said, said
 
 
 def test_export_of_a_policy_whose_write_did_not_finish_is_one_line(assets, tmp_path):
