@@ -201,8 +201,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
     update k re-run from its stored parts (on the trainer before it, `resume_trainer`), its
     policy checked against the hash update k recorded (one line naming the iteration if not) and
     written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
-    # another process's background write of it may still be running (a second `iterate`, or this
-    # command started as the policy's "write was interrupted" error says): refused, never raced
+    # another process's background write of it may still run (a second `iterate`, say): refused, never raced
     with pending.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
         if run.policy_done(k + 1):  # that write finished meanwhile
             return trainer
@@ -265,8 +264,8 @@ def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashe
 
 def _write_later(run: Run, k: int, pm, weights: DeferredWeights, lock) -> None:
     """On a thread, once update k's manifest is written: policy k+1's weights file into its
-    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention.
-    `lock`: policy k+1's write lock (pending.acquire), released by the thread once the manifest is written."""
+    directory (already in the run with its tokenizer and config), then its MANIFEST.json (then `lock` is
+    released: pending.acquire), then retention."""
     store = run.store
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
 
@@ -290,9 +289,8 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
     """Write policy k+1 (its weights file on a thread, `deferred`), the trainer state (where one was
     written), metrics, and last the update manifest."""
     store, sd = run.store, stage_rel(k, "update")
-    # taken before update k's manifest says the update is done: no moment when another process could
-    # take the policy for one whose write was interrupted (restore_policy); released by the writing thread
-    lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # a reader's probe holds it a moment
+    # before update k's manifest: no moment another process could take the write for an interrupted one (restore_policy)
+    lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # released by the writing thread
     try:
         manifest, pm = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
     except BaseException:
