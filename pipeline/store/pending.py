@@ -94,6 +94,8 @@ def held(root: str, k: int) -> bool:
         lk.acquire()
     except filelock.Timeout:
         return True
+    except OSError:  # a run this process may only read (a read-only copy being audited): nobody writes it there
+        return False
     lk.release()
     return False
 
