@@ -74,9 +74,10 @@ def acquire(root: str, k: int, wait: float = 0.0):
 
 
 @contextlib.contextmanager
-def hold(root: str, k: int):
-    """Policy k's write lock for the block (a process re-creating the policy), else a one-line error."""
-    lk = acquire(root, k)
+def hold(root: str, k: int, wait: float = 10.0):
+    """Policy k's write lock for the block (a process re-creating the policy), else a one-line error.
+    `wait`: a reader's probe holds it for a moment, and a write about to finish needs no re-creating."""
+    lk = acquire(root, k, wait)
     try:
         yield
     finally:
