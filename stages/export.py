@@ -28,8 +28,9 @@ def export(
     r = Run(run)
     k = r.completed_iters() if iter is None else iter
     for j in {0, k}:  # a merged export reads the base too
+        where = r.policy_dir(j, needed_by="export")  # a policy missing, or its write interrupted: one line
         expected = r.store.manifest(f"policy/iter-{j:04d}").files
-        if hash_dir(r.policy_dir(j, needed_by="export")) != expected:
+        if hash_dir(where) != expected:
             raise GRPOError(f"{r.store.display(f'policy/iter-{j:04d}')}: files do not match the policy manifest (run `grpo audit`)")
     if out.exists() and any(out.iterdir()):
         raise GRPOError(f"{out}: exists and is not empty; choose a new directory")

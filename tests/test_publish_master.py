@@ -139,3 +139,65 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing
+
+
+def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_re_created(assets, tmp_path):
+    """While `iterate`'s background write of policy K+1 runs (update K done, the policy's MANIFEST.json
+    not yet written), a second process sees no policy. It must not say the write was interrupted (whose
+    advice, `grpo update --iter K`, would re-create the policy into the directory being written) nor
+    re-create it (a second `grpo iterate` does so at its start): the write's lock tells the two apart."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pipeline import config as config_mod
+    from pipeline.store import pending
+    from pipeline.run.run import init_run
+    from tests.conftest import REPO, base_config
+
+    run = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets)))
+    (tmp_path / "run/iter-0000/update").mkdir(parents=True)
+    (tmp_path / "run/iter-0000/update/MANIFEST.json").write_text("{}")  # update 0 done, as the writer sees it
+    shutil.copytree(tmp_path / "run/policy/iter-0000", tmp_path / "run/policy/iter-0001",  # its directory, before the weights
+                    ignore=shutil.ignore_patterns("MANIFEST.json", "*.safetensors"))
+    audit = "from pipeline.report.audit import audit_run; print([p for p in audit_run(run).problems if 'policy/iter-0001:' in p])"
+
+    def other_process(code: str) -> str:
+        out = subprocess.run([sys.executable, "-c", "from pipeline.run.run import Run\nfrom pipeline.errors import GRPOError\n"
+                              f"run = Run({run.uri!r})\ntry:\n    {code}\nexcept GRPOError as e:\n    print(e)"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip()
+
+    lock = pending.acquire(run.store.root, 1)  # as `_write_later` takes it for policy 1
+    try:
+        said = other_process("run.policy_hash(1)")
+        assert "another grpo process" in said and "interrupted" not in said, said
+        said = other_process("from pipeline.update.publish import restore_policy; restore_policy(run, 0)")
+        assert said.endswith("another grpo process is writing policy 1 (its `grpo iterate`'s background write); wait for it or stop it"), said
+        said = other_process(audit)
+        assert "no MANIFEST.json: policy not written yet: another grpo process" in said, said
+    finally:
+        lock.release()
+    said = other_process("run.policy_hash(1)")  # nobody writes it: a kill stopped the write
+    assert "its write was interrupted (update 0 is done)" in said, said
+    said = other_process(audit)  # and audit says so, with what re-creates it
+    assert "no MANIFEST.json: policy missing, its write was interrupted (update 0 is done)" in said, said
+
+
+def test_export_of_a_policy_whose_write_did_not_finish_is_one_line(assets, tmp_path):
+    """A kill inside `iterate`'s background write leaves update K done and policy K+1's directory
+    without its weights and MANIFEST.json; `grpo export` then crashed reading the missing manifest
+    (AttributeError: 'NoneType' object has no attribute 'files'), as it did for any missing --iter."""
+    from tests.conftest import base_config, grpo, write_config
+
+    R = str(tmp_path / "run")
+    grpo("init", R, "--config", str(write_config(tmp_path / "config.yaml", base_config(assets))))
+    (tmp_path / "run/policy/iter-0001").mkdir()
+    (tmp_path / "run/policy/iter-0001/config.json").write_text("{}")  # written before the weights, as publish puts it
+    (tmp_path / "run/policy/iter-0001/.tmp-0-model.safetensors").write_bytes(b"\0" * 64)  # the kill's half-written file
+    out = grpo("export", R, str(tmp_path / "out"), "--iter", "1", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and "policy/iter-0001: policy missing" in lines[0], lines
+    assert not (tmp_path / "out").exists()

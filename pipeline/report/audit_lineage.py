@@ -25,8 +25,8 @@ def check_policy(a: Auditor, k: int) -> None:
         return
     m = a.manifest(rel)
     if m is None:
-        if not a.store.exists(f"{rel}/{MANIFEST}"):
-            a.audit.problem(rel, "no MANIFEST.json")
+        if not a.store.exists(f"{rel}/{MANIFEST}"):  # update k-1 is done: the policy's (background) write did not finish
+            a.audit.problem(rel, f"no MANIFEST.json: {a.run.unwritten(k)}" if k > 0 else "no MANIFEST.json")
         return
     a.audit.manifests += 1
     if m.stage != "policy" or m.iteration != k:

@@ -126,10 +126,17 @@ class Run:
             return w.policy_hash
         if not self.policy_done(k):
             if k > 0 and self.done(k - 1, "update"):
-                raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing, its write was interrupted (update "
-                                f"{k - 1} is done); `grpo update {self.uri} --iter {k - 1}` or `grpo iterate` re-creates it")
+                raise GRPOError(f"{self.store.display(policy_rel(k))}: {self.unwritten(k)}")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
+
+    def unwritten(self, k: int) -> str:
+        """Why policy k has no MANIFEST.json though update k-1 is done: another process is writing it
+        in the background now, or a kill stopped that write (and what re-creates it)."""
+        if self.store.local and pending.held(self.store.root, k):
+            return "policy not written yet: another grpo process (its `grpo iterate`) is writing it in the background; wait for it"
+        return (f"policy missing, its write was interrupted (update {k - 1} is done); `grpo update {self.uri} --iter {k - 1}` "
+                f"or `grpo iterate` re-creates it")
 
     def policy_pruned(self, k: int) -> bool:
         """Whether policy k's weights were removed by `train.keep_policies` (its manifest stays)."""

@@ -43,6 +43,7 @@ from pipeline.store.faults import fault_point
 from pipeline.run.retention import prune_policies
 from pipeline.run.run import Run, policy_manifest
 from pipeline.update.data import UpdateData
+from pipeline.update.rerun import rerun, rerunnable
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
 from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer
 from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, UPDATE_METRICS
@@ -168,45 +169,15 @@ def resume_trainer(run: Run, k: int) -> Trainer:
     else:  # policy k (kept by retention) gives the shapes; the state then sets every weight
         trainer = Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(newest)), base_dir=base)
     for i in range(0 if newest is None else newest + 1, k):
-        _rerunnable(run, i, trainer)
+        rerunnable(run, i, trainer)
     for i in range(0 if newest is None else newest + 1, k):
         work = _fresh_work(run, i, trainer)
         try:
-            _rerun(run, i, k, trainer, work)
+            rerun(run, i, k, trainer, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     trainer.clean_after = k - 1
     return trainer
-
-
-def _rerunnable(run: Run, i: int, trainer: Trainer) -> None:
-    """A re-run reproduces update i's bytes only with the process count and arithmetic it was
-    recorded with (2 processes sum gradients in another order); every rank reads the same record
-    and stops alike, before any work."""
-    m = run.manifest(i, "update")
-    if (m.world_size, m.precision or trainer.precision) != (trainer.world, trainer.precision):
-        raise GRPOError(f"update iteration {i}: its trainer state was not kept (train.state_every {run.cfg.train.state_every}) and resuming "
-                        f"re-runs it, but it was recorded by {m.world_size} process(es) in {m.precision} and this update has "
-                        f"{trainer.world} in {trainer.precision}; resume with {m.world_size} process(es) on a machine computing in {m.precision}")
-
-
-def _rerun(run: Run, i: int, k: int, trainer: Trainer, work: Path) -> dict[str, str]:
-    """Update i again from its stored parts, on a trainer holding the state before it, its policy
-    saved into `work`/policy; it must hash to what update i recorded. Returns {file: sha256}."""
-    data = UpdateData(run, i, trainer.kl_ctl)
-    trainer.train_iteration(data, i)
-    if data.kl_stats is not None:
-        trainer.kl_ctl.update(data.kl_stats, data.size)
-    # the side files (tokenizer, template) are every policy's: taken from policy k, never pruned
-    hashed = trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE)
-    trainer.published = None
-    if trainer.rank == 0:
-        got = policy_manifest(work / "policy", i + 1, source="re-run", hashed=hashed).policy_hash
-        recorded = run.manifest(i, "update").policy_hash
-        if got != recorded:
-            raise GRPOError(f"update iteration {i}: re-run from its stored parts to resume, it gave policy hash {got[:16]} "
-                            f"but the run records {recorded[:16]} (the record or its parts changed); nothing was written")
-    return hashed
 
 
 def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
@@ -214,19 +185,23 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
     update k re-run from its stored parts (on the trainer before it, `resume_trainer`), its
     policy checked against the hash update k recorded (one line naming the iteration if not) and
     written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
-    if trainer is None or trainer.clean_after != k - 1:
-        if trainer is not None:
-            trainer.close()
-        trainer = resume_trainer(run, k)
-    _rerunnable(run, k, trainer)
-    work = _fresh_work(run, k, trainer)
-    try:
-        hashed = _rerun(run, k, k, trainer, work)
-        pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
-        run.store.put_dir(work / "policy", policy_rel(k + 1), move=True)
-        run.store.write_manifest(policy_rel(k + 1), pm)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # another process's background write of it may still run (a second `iterate`, say): refused, never raced
+    with pending.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
+        if run.policy_done(k + 1):  # that write finished meanwhile
+            return trainer
+        if trainer is None or trainer.clean_after != k - 1:
+            if trainer is not None:
+                trainer.close()
+            trainer = resume_trainer(run, k)
+        rerunnable(run, k, trainer)
+        work = _fresh_work(run, k, trainer)
+        try:
+            hashed = rerun(run, k, k, trainer, work)
+            pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
+            run.store.put_dir(work / "policy", policy_rel(k + 1), move=True)
+            run.store.write_manifest(policy_rel(k + 1), pm)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     prune_policies(run, k + 1)
     trainer.clean_after = k
     return trainer
@@ -272,19 +247,23 @@ def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashe
                            adapter=trainer.policy.manifest(run))
 
 
-def _write_later(run: Run, k: int, pm, weights: DeferredWeights) -> None:
+def _write_later(run: Run, k: int, pm, weights: DeferredWeights, lock) -> None:
     """On a thread, once update k's manifest is written: policy k+1's weights file into its
-    directory (already in the run with its tokenizer and config), then its MANIFEST.json, then retention."""
+    directory (already in the run with its tokenizer and config), then its MANIFEST.json (then `lock` is
+    released: pending.acquire), then retention."""
     store = run.store
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
 
     def write() -> None:
         try:
-            weights.write(target)
-        except OSError as err:  # raised again, as one line, where the policy is next waited for
-            raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
-        fault_point("update:write", k)
-        store.write_manifest(policy_rel(k + 1), pm)
+            try:
+                weights.write(target)
+            except OSError as err:  # raised again, as one line, where the policy is next waited for
+                raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
+            fault_point("update:write", k)
+            store.write_manifest(policy_rel(k + 1), pm)
+        finally:
+            lock.release()
         prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
 
     pending.start(store.root, k + 1, pm.policy_hash, weights.tensors, write)
@@ -294,6 +273,24 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
              deferred: DeferredWeights | None = None) -> UpdateManifest:
     """Write policy k+1 (its weights file on a thread, `deferred`), the trainer state (where one was
     written), metrics, and last the update manifest."""
+    store, sd = run.store, stage_rel(k, "update")
+    # before update k's manifest: no moment another process could take the write for an interrupted one (restore_policy)
+    lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # released by the writing thread
+    try:
+        manifest, pm = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if deferred is None:
+        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
+    else:
+        _write_later(run, k, pm, deferred, lock)
+    return manifest
+
+
+def _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred):
+    """`_publish` up to the update's manifest: (it, policy k+1's manifest)."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
@@ -323,11 +320,7 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
     manifest = store.write_manifest(sd, body)
     if state is not None:
         _prune_states(run, k)
-    if deferred is None:
-        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
-    else:
-        _write_later(run, k, pm, deferred)
-    return manifest
+    return manifest, pm
 
 
 def _prune_states(run: Run, k: int) -> None:
