@@ -33,7 +33,7 @@ class RolloutInputs:
     behaviour policy b(k) that samples them."""
 
     def __init__(self, run: Run, k: int):
-        from transformers import AutoTokenizer
+        from pipeline.models.tokenizer_cache import tokenizer_of
 
         cfg = run.cfg
         self.run, self.k = run, k
@@ -41,7 +41,7 @@ class RolloutInputs:
         self.policy_iter = b = self.iteration.behaviour
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}", weights=False)  # the engine's load waits for them
         self.policy_hash = run.policy_hash(b)
-        self.tokenizer = dated(AutoTokenizer.from_pretrained(run.plain_dir(b)), cfg.data.template_date)
+        self.tokenizer = dated(tokenizer_of(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
         self.n_rows = df.height

@@ -68,9 +68,9 @@ def check_engine(run, k: int, engine, policy, where: str) -> float:
     """Raise a one-line GRPOError when `engine` does not compute policy k's probe logprobs within
     its dtype's limit; returns the gap. `policy`: the run's policy object; `where`: who loaded it
     ("rollout iteration 3")."""
-    from transformers import AutoTokenizer
+    from pipeline.models.tokenizer_cache import tokenizer_of
 
-    ids = probe_ids(AutoTokenizer.from_pretrained(run.plain_dir(k)))
+    ids = probe_ids(tokenizer_of(run.plain_dir(k)))
     got = np.asarray(engine.probe(ids), np.float64)
     want = reference_probe(run, k, ids, policy).astype(np.float64)
     gap = float(np.abs(got - want).mean())
