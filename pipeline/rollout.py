@@ -33,7 +33,7 @@ class RolloutInputs:
     behaviour policy b(k) that samples them."""
 
     def __init__(self, run: Run, k: int):
-        from transformers import AutoTokenizer
+        from pipeline.models.tokenizer_cache import tokenizer_of
 
         cfg = run.cfg
         self.run, self.k = run, k
@@ -41,7 +41,7 @@ class RolloutInputs:
         self.policy_iter = b = self.iteration.behaviour
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}", weights=False)  # the engine's load waits for them
         self.policy_hash = run.policy_hash(b)
-        self.tokenizer = dated(AutoTokenizer.from_pretrained(run.plain_dir(b)), cfg.data.template_date)
+        self.tokenizer = dated(tokenizer_of(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
         self.n_rows = df.height
@@ -115,7 +115,7 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base.
     After every load the engine proves it holds policy k (`sampler_proof.check_engine`: a one-line
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
-    from pipeline.run.sampler_proof import check_engine
+    from pipeline.run.sampler_proof import check_engine, reference_meanwhile
 
     cfg, policy = run.cfg, run.policy
     built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
@@ -128,9 +128,10 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, settings=settings)
-    if engine.model_dir != weights:
-        engine.load(weights, weights=None if adapter is not None else weights_given)
-    engine.adapter = adapter
+    with reference_meanwhile(run, k, policy, loaded):  # the proof's reference, computed while the engine loads
+        if engine.model_dir != weights:
+            engine.load(weights, weights=None if adapter is not None else weights_given)
+        engine.adapter = adapter
     if loaded:
         check_engine(run, k, engine, policy, where or f"engine for policy {k}")
     return engine

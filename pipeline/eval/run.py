@@ -52,10 +52,10 @@ def eval_parts(cfg) -> list[tuple[SetRef, list[int]]]:
 def eval_table(run: Run, k: int, engine, part: tuple[SetRef, list[int]], recorded: pa.Table | None = None) -> pa.Table:
     """One eval part: its prompts sampled (or, `recorded`, another eval's part of them replayed), scored."""
     cfg = run.cfg
-    from transformers import AutoTokenizer
+    from pipeline.models.tokenizer_cache import tokenizer_of
 
     s, ids = part
-    tok = dated(AutoTokenizer.from_pretrained(run.plain_dir(k)), cfg.data.template_date)
+    tok = dated(tokenizer_of(run.plain_dir(k)), cfg.data.template_date)
     df = load_dataset(s.path, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
     context = model_context(run.plain_dir(k))
     prompts = make_prompts(df, ids, tok, cfg.data, s.path, context - cfg.rollout.max_new_tokens)
