@@ -115,7 +115,7 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     LoRA policy is sent as merged weights, or (rollout.lora_mode vllm_lora) as an adapter over the base.
     After every load the engine proves it holds policy k (`sampler_proof.check_engine`: a one-line
     error naming `where`, e.g. "rollout iteration 3", and the gap, when it does not)."""
-    from pipeline.run.sampler_proof import check_engine, reference_meanwhile
+    from pipeline.run.sampler_proof import check_engine
 
     cfg, policy = run.cfg, run.policy
     built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
@@ -128,10 +128,9 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, settings=settings)
-    with reference_meanwhile(run, k, policy, loaded):  # the proof's reference, computed while the engine loads
-        if engine.model_dir != weights:
-            engine.load(weights, weights=None if adapter is not None else weights_given)
-        engine.adapter = adapter
+    if engine.model_dir != weights:
+        engine.load(weights, weights=None if adapter is not None else weights_given)
+    engine.adapter = adapter
     if loaded:
         check_engine(run, k, engine, policy, where or f"engine for policy {k}")
     return engine

@@ -17,8 +17,6 @@ dtypes; docs/off-policy.md gives the measurements they come from.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from pipeline.errors import GRPOError
@@ -66,26 +64,6 @@ def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
 _REFERENCE: dict[tuple, np.ndarray] = {}
 
 
-@contextlib.contextmanager
-def reference_meanwhile(run, k: int, policy, wanted: bool = True):
-    """Policy k's reference probe (`reference_probe`, what `check_engine` compares the engine
-    with) computed on a thread while the body runs (the engine's load: 0.2-0.3 s of fp32 forward on
-    a CPU that need not wait for it), and waited for at its end; its error is raised there, as
-    `check_engine` would raise it. Nothing is started where `wanted` is False."""
-    if not wanted:
-        yield
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pipeline.models.tokenizer_cache import tokenizer_of
-
-    ids = probe_ids(tokenizer_of(run.plain_dir(k)))
-    with ThreadPoolExecutor(1, thread_name_prefix="reference probe") as pool:
-        ref = pool.submit(reference_probe, run, k, ids, policy)
-        yield  # an error here is raised once the thread is done
-        ref.result()
-
-
 def check_engine(run, k: int, engine, policy, where: str) -> float:
     """Raise a one-line GRPOError when `engine` does not compute policy k's probe logprobs within
     its dtype's limit; returns the gap. `policy`: the run's policy object; `where`: who loaded it
@@ -94,7 +72,7 @@ def check_engine(run, k: int, engine, policy, where: str) -> float:
 
     ids = probe_ids(tokenizer_of(run.plain_dir(k)))
     got = np.asarray(engine.probe(ids), np.float64)
-    want = reference_probe(run, k, ids, policy).astype(np.float64)  # computed already while the engine loaded (`reference_meanwhile`)
+    want = reference_probe(run, k, ids, policy).astype(np.float64)
     gap = float(np.abs(got - want).mean())
     limit = gap_limit(engine.dtype)
     if not np.isfinite(gap) or gap > limit:
