@@ -300,8 +300,9 @@ def test_a_run_made_before_the_option_keeps_its_behaviour_and_hash(tmp_path):
     run = Run(str(tmp_path))
     assert run.cfg.loss.rollout_correction.mode == "none"
     assert run.cfg_hash == old_hash
-    # the same run written today (the key present, at none) has the same hash; any correction changes it
-    now = config_mod.resolve(tree, ["loss.rollout_correction.mode=none"])
+    # the same run written today (the key present, at none; the trainer state after every update, as then)
+    # has the same hash; any correction changes it
+    now = config_mod.resolve(tree, ["loss.rollout_correction.mode=none", "train.state_every=1"])
     assert config_mod.config_hash(now) == old_hash
     assert config_mod.config_hash(config_mod.resolve(tree)) != old_hash
 
