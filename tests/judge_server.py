@@ -61,6 +61,15 @@ GARBAGE_LOGITS = ([], [0.5], [float("nan"), 1.0])
 GARBAGE_REWARDS = ([], ["high"], [float("nan")])
 
 
+def dead_url() -> str:
+    """The URL of a local port nobody listens on (bound, then closed): a server that cannot be reached."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def rm_reward(query: str, label) -> float:
     """The fault OpenRLHF server's reward for one query and its label, in [0, 1] in steps of 1/100."""
     return int(hashlib.sha256(f"{query}|{json.dumps(label)}".encode()).hexdigest(), 16) % 101 / 100

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
-from judge_server import GARBAGE, MODEL, TOO_LONG, Judge, score
+from judge_server import GARBAGE, MODEL, TOO_LONG, Judge, dead_url, score
 from vllm_serve import vllm_serve
 
 from pipeline.config.errors import reward_spec
@@ -340,9 +339,7 @@ def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, 
         "rewards[0].kwargs.api_key_env: the environment variable GRPO_TEST_JUDGE_KEY is not set (it holds the judge's API key)")
     msg = line({**ok, "kwargs": {**ok["kwargs"], "rubric": "Gold: {solution}\n{completion}"}})
     assert msg.startswith("rewards[0].kwargs.rubric: names {solution}, but data.train") and "no column 'solution' (columns: prompt, answer" in msg
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = dead_url()  # a port nobody listens on
     msg = line(judge_entry(dead))
     assert msg.startswith(f"rewards[0].kwargs.base_url: {dead}/ok/v1/models cannot be reached (ConnectError)")
     assert msg.endswith("grpo init --no-judge-check skips this check")

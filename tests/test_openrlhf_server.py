@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
-from judge_server import GARBAGE_REWARDS, Judge, rm_reward, score
+from judge_server import GARBAGE_REWARDS, Judge, dead_url, rm_reward, score
 
 from pipeline.config.errors import reward_spec
 from pipeline.errors import GRPOError
@@ -152,9 +151,7 @@ def test_bad_configs_fail_at_init_with_one_line(assets, tmp_path, capsys, rm, mo
     monkeypatch.delenv(KEY, raising=False)
     assert line({**ok, "kwargs": {**ok["kwargs"], "api_key_env": KEY}}) == (
         f"rewards[0].kwargs.api_key_env: the environment variable {KEY} is not set (it holds the reward server's API key)")
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = dead_url()  # a port nobody listens on
     assert line(entry(dead)) == (f"rewards[0].kwargs.url: {dead}/ok/get_reward cannot be reached (ConnectError); "
                                  "grpo init --no-judge-check skips this check")
     assert line({**ok, "kwargs": {**ok["kwargs"], "url": f"{rm.url}/ok/reward"}}) == (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import base_config, grpo, init_error_line, write_config
-from judge_server import GARBAGE_LOGITS, MODEL, Judge, classified_text, logits, score
+from judge_server import GARBAGE_LOGITS, MODEL, Judge, classified_text, dead_url, logits, score
 from vllm_serve import vllm_serve
 
 from pipeline.config.errors import reward_spec
@@ -193,9 +192,7 @@ def test_bad_served_reward_models_fail_at_init_with_one_line(assets, tmp_path, c
     monkeypatch.delenv(KEY, raising=False)
     assert line({**ok, "kwargs": {**ok["kwargs"], "api_key_env": KEY}}) == (
         f"rewards[0].kwargs.api_key_env: the environment variable {KEY} is not set (it holds the reward model server's API key)")
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = dead_url()  # a port nobody listens on
     assert line(rm_entry(dead)).startswith(f"rewards[0].kwargs.base_url: {dead}/ok/v1/models cannot be reached (ConnectError)")
     assert line({**ok, "kwargs": {**ok["kwargs"], "model": "other"}}).startswith(
         f"rewards[0].kwargs.model: 'other' is not served at {rm.url}/ok/v1 (it serves {MODEL})")
