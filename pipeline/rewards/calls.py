@@ -62,7 +62,7 @@ class RewardLog:
         self.n = n
         self.metrics: dict[str, list[float]] = defaultdict(list)
         self.extra: dict[str, list[Any]] = {}
-        self.names: dict[str, str] = {}  # where -> the reward's column name (contract.score_rewards sets it)
+        self.names: dict[str, str] = {}  # where -> the reward's column name (contract.compute_rewards sets it)
         self._owner: dict[str, str] = {}  # extra column -> the `where` that first logged it
 
     def metric_logger(self, where: str) -> Callable[[str, float], None]:
