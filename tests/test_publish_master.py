@@ -88,10 +88,11 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
             ref_dir = tmp_path / "save_pretrained"
             trainer.engine.module.save_pretrained(ref_dir, state_dict=master_state_dict(trainer.engine.module, masters))
             assert (out / "model.safetensors").read_bytes() == (ref_dir / "model.safetensors").read_bytes()
-            # iterate's background write: the sha256 known first, from memory; the file written later, the same bytes
+            # iterate's background write: the sha256 computed from memory (on its thread); the file written later, the same bytes
             deferred: list = []
             later = tmp_path / "later"
-            assert trainer.save_policy(later, Path(assets["model"]), ckpt, deferred) == hashed
+            assert trainer.save_policy(later, Path(assets["model"]), ckpt, deferred) == {}
+            assert {deferred[0].path.name: deferred[0].hash()} == hashed
             assert not (later / "model.safetensors").exists() and (later / "config.json").read_bytes() == (out / "config.json").read_bytes()
             deferred[0].write()
             assert (later / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
@@ -120,7 +121,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
         run.store.put_dir(run.policy_dir(0), policy_rel(1))
         wrote.append(run.store.write_manifest(policy_rel(1), policy_manifest(run.policy_dir(0), 1, source="test")).policy_hash)
 
-    pending.start(run.store.root, 1, "f" * 64, {}, write)
+    pending.start(run.store.root, 1, {}, lambda p: write(), policy_hash="f" * 64)
     assert run.policy_hash(1) == "f" * 64 and run.writing(1) is not None
     assert run.policy_dir(1, weights=False) == run.store.local_dir(policy_rel(1))  # not waited for
     answers: list = []
@@ -135,7 +136,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     def fail() -> None:
         raise GRPOError("policy/iter-0002: write failed: No space left on device")
 
-    pending.start(run.store.root, 2, "e" * 64, {}, fail)
+    pending.start(run.store.root, 2, {}, lambda p: fail(), policy_hash="e" * 64)
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing

@@ -92,11 +92,16 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
     assert done(run, "iter-0000/update") and done(run, "policy/iter-0001") and not (run / "iter-0000/update/state").exists()
 
     # iterate: iteration 1's rollout before its manifest, then its update after publishing (policy 2's
-    # file on its background thread), then in that thread after the file, before its MANIFEST.json
+    # record on its background thread), then in that thread before update 1's manifest, then after the
+    # file, before the policy's MANIFEST.json
     killed("iterate", R, "--iters", "2", fault="rollout:manifest:1")
     assert done(run, "iter-0000/update") and parts(run, "iter-0001/rollout") == ["part-00000.parquet", "part-00001.parquet"]
     killed("iterate", R, "--iters", "2", fault="update:publish:1")
     assert not done(run, "iter-0001/update")
+    # in the background write, policy 2 hashed and update 1's manifest not written: nothing names the
+    # hash yet (rollout 2, running beside it, waits for the record before its first part)
+    killed("iterate", R, "--iters", "3", fault="update:record:1")
+    assert not done(run, "iter-0001/update") and parts(run, "iter-0002/rollout") == []
     killed("iterate", R, "--iters", "2", fault="update:write:1")
     assert done(run, "iter-0001/update") and not done(run, "policy/iter-0002")
     assert (run / "policy/iter-0002/model.safetensors").exists()  # the whole file, unconfirmed without its manifest

@@ -62,6 +62,31 @@ def test_an_engine_load_missing_a_weight_is_an_error(assets, tmp_path):
     engine.load(Path(assets["model"]))  # the complete directory loads
 
 
+def test_the_background_writes_reference_is_the_stored_policys_and_gives_its_tensors_back(assets):
+    """`iterate`'s background write computes the proof's reference from the tensors the file is
+    written from (`reference_meanwhile`), on its thread: it must equal the reference of the stored
+    files bit for bit, twice in a row on the kept model, and hold none of the tensors afterwards."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from pipeline.models.tokenizer_cache import tokenizer_of
+    from pipeline.run.sampler_proof import _logprobs_of, probe_ids, reference_meanwhile
+
+    model_dir = Path(assets["model"])
+    tensors = {n: t.float() for n, t in load_file(model_dir / "model.safetensors").items()}
+    ids = probe_ids(tokenizer_of(model_dir))
+    stored = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = _logprobs_of(stored(input_ids=torch.tensor([ids])).logits[0, :-1].float(), ids)
+    for _ in range(2):
+        got_ids, got = reference_meanwhile(model_dir)(tensors, "policy/iter-0001")
+        assert got_ids == tuple(ids) and got.tobytes() == want.tobytes()
+    from pipeline.run import sampler_proof
+    kept = next(iter(sampler_proof._SKELETON.values()))
+    assert all(p.device.type == "meta" for p in kept.parameters())
+    with pytest.raises(GRPOError, match="policy/iter-0001: the weights do not match the model: missing"):
+        reference_meanwhile(model_dir)({n: t for n, t in tensors.items() if "norm" not in n}, "policy/iter-0001")
+
+
 def test_the_sampler_gap_limit_follows_the_dtypes(assets):
     from pipeline import config as config_mod
     from pipeline.run.sampler_proof import check_sampler_gap, gap_limit

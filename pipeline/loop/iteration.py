@@ -119,7 +119,7 @@ def iteration_summary(run: Run, k: int) -> dict:
         rewards = score.column("reward").to_numpy(zero_copy_only=False)
         row["reward/mean"] = float(np.nanmean(rewards))
         row["frac_reward_zero_std"] = float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)))
-    if run.done(k, "update"):
+    if run.writing(k + 1) is not None or run.done(k, "update"):  # its metrics are written before its manifest's background write
         m = run.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS)
         kl = m.column("kl/mean").to_numpy(zero_copy_only=False)
         row["kl/mean"] = float(np.nanmean(kl)) if len(kl) and not np.isnan(kl).all() else float("nan")

@@ -67,6 +67,12 @@ def policy_manifest(path: Path, iteration: int, source: str, lineage: Lineage | 
                           policy_hash=canonical_hash(files), lineage=lineage, **extra)
 
 
+def with_hashed(pm: PolicyManifest, hashed: dict[str, str]) -> PolicyManifest:
+    """`pm` with the files of `hashed` ({file: sha256}, hashed as they were written) listed too, and its hash anew."""
+    files = dict(sorted({**pm.files, **hashed}.items()))
+    return pm.model_copy(update={"files": files, "policy_hash": canonical_hash(files)})
+
+
 def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
     """A `model:` value as a local HF directory: a GGUF file is converted (once per machine,
     cached) and its conversion record returned; a directory is checked."""
@@ -121,11 +127,12 @@ class Run:
         return self.store.exists(f"{policy_rel(k)}/{MANIFEST}")
 
     def policy_hash(self, k: int) -> str:
-        """Policy k's hash: known before its weights file is written (a background write is not waited for)."""
+        """Policy k's hash: known before its weights file is written (a background write is waited
+        for only until the update's manifest names the hash)."""
         if (w := self.writing(k)) is not None:
             return w.policy_hash
         if not self.policy_done(k):
-            if k > 0 and self.done(k - 1, "update"):
+            if k > 0 and (self.done(k - 1, "update") or (self.store.local and pending.held(self.store.root, k))):
                 raise GRPOError(f"{self.store.display(policy_rel(k))}: {self.unwritten(k)}")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
@@ -171,15 +178,23 @@ class Run:
 
     # -- stages --------------------------------------------------------------------------
     def done(self, k: int, stage: str) -> bool:
+        self._recorded(k, stage)
         return self.store.exists(f"{stage_rel(k, stage)}/{MANIFEST}")
 
     def manifest(self, k: int, stage: str) -> Manifest | None:
+        self._recorded(k, stage)
         return self.store.manifest(stage_rel(k, stage))
+
+    def _recorded(self, k: int, stage: str) -> None:
+        """An update whose policy this process writes in the background is done once its manifest
+        is written, on that thread (pipeline.store.pending): waited for (its error raised)."""
+        if stage == "update" and (w := self.writing(k + 1)) is not None:
+            w.policy_hash
 
     def completed_iters(self) -> int:
         """Iterations whose update is done (= index of the newest policy)."""
         k = 0
-        while self.done(k, "update"):
+        while self.writing(k + 1) is not None or self.done(k, "update"):  # one this process is recording counts (no wait)
             k += 1
         return k
 

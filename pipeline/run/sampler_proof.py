@@ -17,6 +17,8 @@ dtypes; docs/off-policy.md gives the measurements they come from.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from pipeline.errors import GRPOError
@@ -45,23 +47,67 @@ def probe_ids(tokenizer) -> list[int]:
 def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     """Policy k's logprobs of ids[1:] given the tokens before each, at temperature 1, from its stored
     files in fp32 on the CPU (`policy`, the run's `pipeline.run.policy` object, loads it: a LoRA
-    policy is the base with its adapter). Cached per policy hash."""
+    policy is the base with its adapter). Cached per policy hash. A policy this process is writing
+    in the background: the reference its write computed from the same tensors (`reference_meanwhile`)."""
+    writing = run.writing(k)
+    if writing is not None and (ready := writing.value(REFERENCE)) is not None and ready[0] == tuple(ids):
+        return ready[1]
     key = (run.policy_hash(k), tuple(ids))
     if key not in _REFERENCE:
         import torch
 
-        from pipeline.run.weights_file import model_of
-
-        writing = run.writing(k)  # its weights file is being written: the tensors it is written from, the same bytes
-        model = model_of(run.plain_dir(k), writing.weights, f"policy/iter-{k:04d}") if writing else policy.probe_model(run, k)
+        model = policy.probe_model(run, k)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()  # [P-1, V]
-        _REFERENCE[key] = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+        _REFERENCE[key] = _logprobs_of(logits, ids)
         del model
     return _REFERENCE[key]
 
 
 _REFERENCE: dict[tuple, np.ndarray] = {}
+REFERENCE = "sampler proof reference"
+"""The name under which a background write gives its policy's reference probe (pipeline.store.pending)."""
+
+
+def _logprobs_of(logits, ids: list[int]) -> np.ndarray:
+    import torch
+
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+
+
+def reference_meanwhile(config_dir):
+    """A function computing, from a policy's tensors in memory, its reference probe (what
+    `reference_probe` answers), made to run on the policy's background write thread while the engine
+    loads the same weights: ({name: tensor}, where) -> (ids, logprobs). Its model is built here, once
+    per model config, in the calling thread: the thread only hands it the tensors and runs the
+    forward, touching no global state (building a model patches torch's initialisers process-wide,
+    which an engine loading weights at the same moment would see)."""
+    import torch
+
+    from pipeline.models.strict import load_strict
+    from pipeline.models.tokenizer_cache import tokenizer_of
+    from pipeline.run.weights_file import emptied, model_of
+
+    config = (Path(config_dir) / "config.json").read_bytes()
+    ids = probe_ids(tokenizer_of(config_dir))
+    if config not in _SKELETON:
+        _SKELETON.clear()
+        _SKELETON[config] = model_of(Path(config_dir), None, str(config_dir))
+    model = _SKELETON[config]
+
+    def compute(tensors: dict, where: str) -> tuple[tuple, np.ndarray]:
+        load_strict(model, tensors, where, assign=True)
+        model.tie_weights()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+        emptied(model)  # the tensors go back to their owner (the optimizer steps them next)
+        return tuple(ids), _logprobs_of(logits, ids)
+
+    return compute
+
+
+_SKELETON: dict[bytes, object] = {}
+"""The fp32 model a background write computes its reference with, per config.json (one kept)."""
 
 
 def check_engine(run, k: int, engine, policy, where: str) -> float:

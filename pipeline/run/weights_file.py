@@ -57,16 +57,22 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
 
 
 class DeferredWeights:
-    """A safetensors file whose sha256 is computed now, in memory, over exactly the bytes `write`
-    will put in it (one pass; nothing is read back). The tensors must not change until `write`
-    returns: the caller keeps the optimizer from stepping them (pipeline.update.publish)."""
+    """A safetensors file not written yet, whose sha256 (`hash`) is computed in memory over exactly
+    the bytes `write` will put in it (nothing is read back). The tensors must not change until
+    `write` returns: the caller keeps the optimizer from stepping them (pipeline.update.publish)."""
 
     def __init__(self, path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None):
         self.path, self.tensors, self.metadata = Path(path), tensors, metadata
-        h = hashlib.sha256()
-        for data in _chunks(tensors, metadata):
-            h.update(data)
-        self.sha256 = h.hexdigest()
+        self.sha256: str | None = None
+
+    def hash(self) -> str:
+        """The file's sha256 (one pass over the tensors in memory, once)."""
+        if self.sha256 is None:
+            h = hashlib.sha256()
+            for data in _chunks(self.tensors, self.metadata):
+                h.update(data)
+            self.sha256 = h.hexdigest()
+        return self.sha256
 
     def write(self, path: Path | None = None) -> None:
         """The file, at `path` (default: where it was planned), under a temporary name renamed into place."""
@@ -89,7 +95,7 @@ def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred
     """The weights file and config `module.save_pretrained(out, state_dict=state)` would write,
     the weights streamed with their sha256 ({file name: sha256}), config.json saying float32.
     None (nothing written) where that needs save_pretrained itself (a sharded or non-fp32 model).
-    `deferred` (a list): the weights file is not written; its `DeferredWeights` is appended."""
+    `deferred` (a list): the weights file is not written, nor hashed: its `DeferredWeights` is appended."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
     from transformers.utils import SAFE_WEIGHTS_NAME
@@ -106,7 +112,7 @@ def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred
     tensors = {n: t.contiguous() for n, t in state.items()}
     if deferred is not None:
         deferred.append(DeferredWeights(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"}))
-        return {SAFE_WEIGHTS_NAME: deferred[-1].sha256}
+        return {}
     return {SAFE_WEIGHTS_NAME: write_safetensors(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"})}
 
 
@@ -125,11 +131,11 @@ def write_config(module, out: Path) -> None:
         module.generation_config.save_pretrained(out)
 
 
-def model_of(config_dir: Path, tensors: dict[str, torch.Tensor], where: str):
+def model_of(config_dir: Path, tensors: dict[str, torch.Tensor] | None, where: str):
     """The causal LM of `config_dir`'s config.json holding `tensors` themselves (every weight:
     `load_strict`; not copied, so only to read), fp32 on the CPU, in eval mode: a policy whose file
     is still being written, built from its bytes. No random initialisation first (1.9 s of 2 for
-    SmolLM2-135M), and no copy (0.5 s)."""
+    SmolLM2-135M), and no copy (0.5 s). `tensors` None: its parameters empty, to be assigned."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -137,6 +143,18 @@ def model_of(config_dir: Path, tensors: dict[str, torch.Tensor], where: str):
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32)
+    if tensors is None:
+        return emptied(model).eval()
     load_strict(model, tensors, where, assign=True)
     model.tie_weights()
     return model.eval()
+
+
+def emptied(model):
+    """`model` with every parameter on the meta device (its shape kept, no storage): the tensors it
+    held go back to their owner, and `load_strict(..., assign=True)` gives it new ones."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+    return model

@@ -12,8 +12,9 @@ def fault_point(where: str, k: int) -> None:
     manifest. Points: `<stage>:part` (a part was just written), `<stage>:manifest` (every part
     is in, the manifest is not), `update:train` (trained, nothing saved), `update:publish`
     (policy k+1 written, or in `iterate` handed to its background write, the update manifest not),
-    `update:write` (in that background write: policy k+1's weights file written, its MANIFEST.json
-    not), `update:state` (the trainer state that `iterate` writes at its end is saved, not yet
+    `update:record` (in that background write: policy k+1 hashed, the update manifest not written),
+    `update:write` (in that background write: the update manifest and policy k+1's weights file
+    written, its MANIFEST.json not), `update:state` (the trainer state that `iterate` writes at its end is saved, not yet
     moved into the run). Unset, it costs one environment lookup."""
     spec = os.environ.get("GRPO_FAULT", "").split(":")
     if len(spec) < 2:

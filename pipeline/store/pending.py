@@ -1,12 +1,16 @@
 """Policies whose weights file this process is still writing, in the background.
 
-`iterate` publishes policy K+1 while rollout K+1 runs (pipeline.update.publish): its sha256 is
-computed in memory over the exact bytes the file will hold, the sampler gets the weights in
-memory, and a thread writes the file, then the policy's MANIFEST.json (what says the policy is
-on disk). Meanwhile `pipeline.run.run.Run` answers policy K+1's hash from here, and everything
-that reads its files or asks whether it exists waits for the thread (`wait`). A kill before the
-manifest leaves the update done and the policy missing: the next command re-runs that update
-from its stored parts and checks the hash it recorded (`pipeline.update.publish.restore_policy`).
+`iterate` publishes policy K+1 while rollout K+1 runs (pipeline.update.publish): the sampler gets
+the weights in memory at once, and a thread computes the policy's sha256 in memory over the exact
+bytes the file will hold, writes update K's MANIFEST.json (what says the update is done, naming
+that hash), then the file, then the policy's MANIFEST.json (what says the policy is on disk).
+Meanwhile `pipeline.run.run.Run` answers whether update K is done and policy K+1's hash once that
+update manifest is written (`Pending.policy_hash`, `recorded`: nothing can name the hash before the
+record holds it), and everything that reads the policy's files or asks whether it exists waits for
+the whole write (`wait`). A kill before the update manifest leaves update K undone (it is run again,
+from its stored parts); a kill after it and before the policy's manifest leaves the update done and
+the policy missing: the next command re-runs that update from its stored parts and checks the hash
+it recorded (`pipeline.update.publish.restore_policy`).
 
 Other processes see no such policy until its manifest is written, so the write also holds a file
 lock (`lock_rel`) from before the update's own lock is released until after the manifest: a second
@@ -30,11 +34,63 @@ class Pending:
 
     root: str
     k: int
-    policy_hash: str
     weights: dict
     """{name: tensor} the file will hold (the fp32 master: what an engine's probe is checked against)."""
     thread: threading.Thread = field(init=False)
     error: BaseException | None = None
+    recorded: threading.Event = field(default_factory=threading.Event)
+    """Set once the policy's hash is in the record (the update's manifest), or the write failed."""
+    values: dict = field(default_factory=dict)
+    """What the write computes for readers in this process besides the file (`put`, `value`)."""
+    _hash: str | None = None
+    _over: bool = False
+    _hooks: list = field(default_factory=list)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def policy_hash(self) -> str:
+        """The policy's hash, once the record names it (waits for that part of the write; raises its error)."""
+        self.recorded.wait()
+        if self._hash is None:  # the write failed before: its error, raised once (`wait`)
+            wait(self.root, self.k)
+            raise RuntimeError(f"policy {self.k}'s write ended without its hash")
+        return self._hash
+
+    def record(self, policy_hash: str) -> None:
+        """The writer: the hash is in the record now (its readers go on, then `after_record`'s hooks run here)."""
+        self._hash = policy_hash
+        with self._changed:
+            self.recorded.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def after_record(self, hook: Callable[[], None]) -> None:
+        """`hook()` once the hash is in the record: on the writer's thread, or now if it is already
+        (never if the write fails first). It must not raise."""
+        with self._changed:
+            if not self.recorded.is_set():
+                self._hooks.append(hook)
+                return
+        if self._hash is not None:
+            hook()
+
+    def put(self, name: str, value) -> None:
+        with self._changed:
+            self.values[name] = value
+            self._changed.notify_all()
+
+    def value(self, name: str):
+        """A value the write `put`, waited for; None if the write ended without it."""
+        with self._changed:
+            self._changed.wait_for(lambda: name in self.values or self._over)
+            return self.values.get(name)
+
+    def _ended(self) -> None:
+        self.recorded.set()
+        with self._changed:
+            self._over = True
+            self._changed.notify_all()
 
 
 _PENDING: dict[tuple[str, int], Pending] = {}
@@ -105,15 +161,20 @@ def key(root: str) -> str:
     return os.path.realpath(root)
 
 
-def start(root: str, k: int, policy_hash: str, weights: dict, write: Callable[[], None]) -> Pending:
-    """Run `write` on a thread as the write of policy k of the run at (local) `root`."""
-    p = Pending(key(root), k, policy_hash, weights)
+def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], policy_hash: str | None = None) -> Pending:
+    """Run `write(pending)` on a thread as the write of policy k of the run at (local) `root`; it
+    calls `pending.record(hash)` once the record names the hash (given here as `policy_hash` if known)."""
+    p = Pending(key(root), k, weights)
+    if policy_hash is not None:
+        p.record(policy_hash)
 
     def body() -> None:
         try:
-            write()
+            write(p)
         except BaseException as e:  # raised again in whoever waits for the policy
             p.error = e
+        finally:
+            p._ended()
 
     # not a daemon: an interpreter that exits normally (also after an error) finishes the write first
     p.thread = threading.Thread(target=body, name=f"write policy {k}")
@@ -125,7 +186,7 @@ def start(root: str, k: int, policy_hash: str, weights: dict, write: Callable[[]
 
 def get(root: str, k: int) -> Pending | None:
     """Policy k's write if it is still running (or finished and not yet waited for)."""
-    return _PENDING.get((key(root), k))
+    return _PENDING.get((key(root), k)) if _PENDING else None
 
 
 def wait(root: str, k: int | None = None) -> None:

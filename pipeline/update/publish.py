@@ -12,14 +12,16 @@ machine, so an update killed midway is simply redone from its start and gives th
 Single process here; under `deepspeed` / `torchrun` each rank takes its slice of every
 mini-batch (data parallel, same global batch).
 
-In `iterate` (`background`: one rank, a local run, streamed fp32 weights) policy k+1's weights file
-is written by a thread while rollout k+1 runs: its sha256 is computed first, in memory, over the
-bytes the file will hold, so the update's manifest and the rollout's parts can name it; the
-sampler gets the weights in memory; the policy's MANIFEST.json is written after the file, and
-whatever reads the files or asks whether the policy exists waits (pipeline.store.pending). The
-next update waits too before its first step changes the weights the file is written from. A kill
-before that MANIFEST.json leaves update k done and policy k+1 missing: `restore_policy` re-runs
-update k from its stored parts and checks the hash it recorded.
+In `iterate` (`background`: one rank, a local run, streamed fp32 weights) the sampler gets policy
+k+1's weights in memory at once, and the record of it is written by a thread while rollout k+1
+runs: the sampler proof's reference from the same tensors, the sha256 computed in memory over the
+bytes the file will hold, update k's manifest naming it (whoever asks whether update k is done, or
+for the policy's hash, e.g. the rollout's parts, waits for it), the weights file, and last the
+policy's MANIFEST.json (whatever reads the files or asks whether the policy exists waits:
+pipeline.store.pending). The next update waits too before its first step changes the weights the
+file is written from. A kill before update k's manifest leaves it undone (run again from its
+parts); a kill before the policy's MANIFEST.json leaves update k done and policy k+1 missing:
+`restore_policy` re-runs update k from its stored parts and checks the hash it recorded.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.run.sampler_proof import check_sampler_gap
+from pipeline.run.sampler_proof import check_sampler_gap, reference_meanwhile
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.run.weights_file import DeferredWeights
 from pipeline.store import pending
 from pipeline.store.faults import fault_point
 from pipeline.run.retention import prune_policies
 from pipeline.run.run import Run, policy_manifest
+from pipeline.update.background import write_later
 from pipeline.update.data import UpdateData
 from pipeline.update.rerun import rerun, rerunnable
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
@@ -100,6 +103,9 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
     t0 = time.time()
     lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank_zero() else contextlib.nullcontext()
     with lock:
+        if store.local and is_rank_zero() and pending.held(store.root, k + 1):
+            with pending.hold(store.root, k + 1, wait=600):  # another process records update k on its background write
+                pass
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
         if trainer is None:
@@ -247,50 +253,34 @@ def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashe
                            adapter=trainer.policy.manifest(run))
 
 
-def _write_later(run: Run, k: int, pm, weights: DeferredWeights, lock) -> None:
-    """On a thread, once update k's manifest is written: policy k+1's weights file into its
-    directory (already in the run with its tokenizer and config), then its MANIFEST.json (then `lock` is
-    released: pending.acquire), then retention."""
-    store = run.store
-    target = store.local_dir(policy_rel(k + 1)) / weights.path.name
-
-    def write() -> None:
-        try:
-            try:
-                weights.write(target)
-            except OSError as err:  # raised again, as one line, where the policy is next waited for
-                raise GRPOError(f"{store.display(policy_rel(k + 1))}: write failed: {err.strerror or err}") from None
-            fault_point("update:write", k)
-            store.write_manifest(policy_rel(k + 1), pm)
-        finally:
-            lock.release()
-        prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
-
-    pending.start(store.root, k + 1, pm.policy_hash, weights.tensors, write)
-
-
 def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future | None, hashed: dict[str, str],
-             deferred: DeferredWeights | None = None) -> UpdateManifest:
-    """Write policy k+1 (its weights file on a thread, `deferred`), the trainer state (where one was
-    written), metrics, and last the update manifest."""
+             deferred: DeferredWeights | None = None) -> UpdateManifest | None:
+    """Write policy k+1, the trainer state (where one was written), metrics, and last the update
+    manifest. `deferred`: policy k+1's weights file, left to a thread with its hash and the update
+    manifest (`_write_later`); None is returned then (`run.manifest` waits for it)."""
     store, sd = run.store, stage_rel(k, "update")
     # before update k's manifest: no moment another process could take the write for an interrupted one (restore_policy)
     lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # released by the writing thread
     try:
-        manifest, pm = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
+        reference = reference_meanwhile(work / "policy") if deferred is not None else None  # built here: not thread-safe
+        pm, body, state = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-    if deferred is None:
-        prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
-    else:
-        _write_later(run, k, pm, deferred, lock)
+    if deferred is not None:
+        write_later(run, k, pm, body, deferred, lock, reference, after_record=(lambda: _prune_states(run, k)) if state else None)
+        return None
+    manifest = store.write_manifest(sd, body(pm))
+    if state:
+        _prune_states(run, k)
+    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
     return manifest
 
 
 def _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred):
-    """`_publish` up to the update's manifest: (it, policy k+1's manifest)."""
+    """`_publish` up to the update's manifest: (policy k+1's manifest, the update's manifest as a
+    function of it, whether a state was stored). `deferred`: policy k+1's manifest still lacks its weights file."""
     store, sd = run.store, stage_rel(k, "update")
     try:
         inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
@@ -307,20 +297,20 @@ def _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, 
         old_lp = store.write_table(f"{sd}/{OLD_LOGPROBS}", data.old_table(), LOGPROBS) if data.old_from_update else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    body = UpdateManifest(
-        stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
-        inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash,
-                            state=_prev_state_hash(run, k)),
-        outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
-                              old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None, state=state),
-        policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
-        kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision, state_every=run.cfg.train.state_every,
-        timings={"seconds": round(time.time() - t0, 3), "train_s": round(train_s, 3)},
-    )
-    manifest = store.write_manifest(sd, body)
-    if state is not None:
-        _prune_states(run, k)
-    return manifest, pm
+    prev_state, seconds = _prev_state_hash(run, k), round(time.time() - t0, 3)
+
+    def body(pm) -> UpdateManifest:
+        return UpdateManifest(
+            stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
+            inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash, state=prev_state),
+            outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
+                                  old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None, state=state),
+            policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
+            kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision, state_every=run.cfg.train.state_every,
+            timings={"seconds": seconds, "train_s": round(train_s, 3)},
+        )
+
+    return pm, body, state is not None
 
 
 def _prune_states(run: Run, k: int) -> None:
