@@ -7,6 +7,7 @@ b(k): policy k, or with train.max_staleness s the policy max(0, k - s) (pipeline
 from __future__ import annotations
 
 import time
+from functools import cached_property
 
 import pyarrow as pa
 
@@ -40,7 +41,6 @@ class RolloutInputs:
         self.iteration = iteration_plan(cfg, k)
         self.policy_iter = b = self.iteration.behaviour
         self.policy_dir = run.policy_dir(b, needed_by=f"rollout of iteration {k}", weights=False)  # the engine's load waits for them
-        self.policy_hash = run.policy_hash(b)
         self.tokenizer = dated(tokenizer_of(run.plain_dir(b)), cfg.data.template_date)
         self.stop_ids = stop_token_ids(run.plain_dir(b), self.tokenizer)  # what the engine stops on, as it derives them
         df = load_dataset(cfg.data.train, cfg.data.prompt_column, cfg.data.prompt_template, cfg.rollout.environment is not None)
@@ -65,6 +65,11 @@ class RolloutInputs:
                                 f"in the engine's {self.max_model_len} tokens")
             self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room,
                                           prompt_given=not prompt_made_up(cfg.data.train, cfg.data, True))
+
+    @cached_property
+    def policy_hash(self) -> str:
+        """Policy b(k)'s hash: asked once a part is stamped (`iterate` may still be recording it)."""
+        return self.run.policy_hash(self.policy_iter)
 
     def inputs(self) -> dict:
         """What the parts are sampled from, stamped into each: the policy, the data, and the ids
@@ -206,7 +211,7 @@ def run_rollout(run: Run, k: int, shard: Shard = Shard(), engine=None) -> dict |
 
     try:
         return run_parts(
-            run, k, "rollout", ROLLOUT, inputs.num_parts, shard, inputs.inputs(), make_part,
+            run, k, "rollout", ROLLOUT, inputs.num_parts, shard, inputs.inputs, make_part,
             manifest_extra=lambda: inputs.manifest_extra(stats),
         )
     finally:

@@ -92,14 +92,16 @@ def run_parts(
     schema: ArtifactSchema,
     num_parts: int,
     shard: Shard,
-    inputs: dict,
+    inputs: dict | Callable[[], dict],
     make_part: Callable[[int], pa.Table],
     manifest_extra: Callable[[], dict] | None = None,
     started: float | None = None,
 ) -> PartsManifest | None:
     """Write this shard's parts of `stage` for iteration k, then the manifest if all are in.
-    `started`: when the stage began, where its parts were written elsewhere first (the Ray
-    executor's score tasks), so the manifest's seconds count them.
+    `inputs`: what the parts are made from, stamped into each (a function giving them: asked only
+    once a part exists to compare, or one is made: a rollout's policy hash may still be being
+    recorded while its first part is sampled). `started`: when the stage began, where its parts
+    were written elsewhere first (the Ray executor's score tasks), so the manifest's seconds count them.
 
     Returns the manifest, or None when other shards' parts are still missing.
     """
@@ -107,7 +109,14 @@ def run_parts(
     store = run.store
     if (m := store.manifest(sd)) is not None:
         return m
-    stamp = input_hash(run.cfg_hash, stage, k, inputs)
+    given: dict = {}
+
+    def stamp() -> str:
+        if not given:
+            given["inputs"] = inputs() if callable(inputs) else inputs
+            given["stamp"] = input_hash(run.cfg_hash, stage, k, given["inputs"])
+        return given["stamp"]
+
     t0 = started or time.time()
     with store.lock(f"{sd}/.lock-shard-{shard.index}-of-{shard.count}", f"{stage} iteration {k} shard {shard}"):
         if (m := store.manifest(sd)) is not None:
@@ -116,12 +125,14 @@ def run_parts(
         with progress(f"{stage} iteration {k} parts", len(mine)) as bar:
             for p in mine:
                 rel = f"{sd}/{part_name(p)}"
-                if store.table_meta(rel).get("input_hash") != stamp:  # else: an earlier attempt wrote it from these inputs
-                    write_part(store, rel, make_part(p), schema, stamp, p)
+                meta = store.table_meta(rel)
+                if not meta or meta.get("input_hash") != stamp():  # else: an earlier attempt wrote it from these inputs
+                    table = make_part(p)
+                    write_part(store, rel, table, schema, stamp(), p)
                     fault_point(f"{stage}:part", k)
                 bar.advance()
     seconds = time.time() - t0
-    return finalize(run, k, stage, num_parts, stamp, inputs, seconds, manifest_extra)
+    return finalize(run, k, stage, num_parts, stamp(), given["inputs"], seconds, manifest_extra)
 
 
 def write_part(store, rel: str, table: pa.Table, schema: ArtifactSchema, stamp: str, part: int):

@@ -100,7 +100,7 @@ def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred
     from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
     from transformers.utils import SAFE_WEIGHTS_NAME
 
-    state = revert_weight_conversion(module, remove_tied_weights_from_state_dict(dict(state), module))
+    state = revert_weight_conversion(module, _untied(state, module, remove_tied_weights_from_state_dict))
     if not streamable(state):
         return None
     split = split_torch_state_dict_into_shards(state, filename_pattern=SAFE_WEIGHTS_NAME.replace(".safetensors", "{suffix}.safetensors"),
@@ -114,6 +114,16 @@ def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred
         deferred.append(DeferredWeights(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"}))
         return {}
     return {SAFE_WEIGHTS_NAME: write_safetensors(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"})}
+
+
+def _untied(state: dict[str, torch.Tensor], module, remove_tied) -> dict[str, torch.Tensor]:
+    """`state` without the tied names transformers' `remove_tied` drops (a tied LM head), decided on
+    stand-ins: the fp32 master's tensors are views of one flat buffer, which `remove_tied` takes for
+    tensors sharing memory and clones, every one of them (the whole model copied, each iteration)."""
+    stand: dict[tuple, torch.Tensor] = {}
+    proxy = {n: stand.setdefault((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride()), torch.empty(1))
+             for n, t in state.items()}  # one per view: tied names (the same view) share it
+    return {n: state[n] for n in remove_tied(proxy, module)}
 
 
 def write_config(module, out: Path) -> None:
