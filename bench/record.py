@@ -122,6 +122,12 @@ def summary(rows: list[dict]) -> dict:
             "outside_probed": dict(sorted(probed.items(), key=lambda kv: -kv[1]))}
 
 
+def engine_s(summary: dict) -> float:
+    """Seconds per iteration the rollout's engine spent taking policy k+1 (bench/probes.py: its
+    in-place reload with the sampler proof, and its wake)."""
+    return sum(v for c, v in summary.get("outside_probed", {}).items() if c in ("rollout/engine_reload", "rollout/engine_wake"))
+
+
 def section(result: dict) -> list[str]:
     """bench/results.md's "The record's cost" section."""
     m = result["machine"]
@@ -134,8 +140,9 @@ def section(result: dict) -> list[str]:
             "absolute seconds are inflated and noisy; the shares and bytes less so.")
     out = ["## The record's cost (bench/record.py)", "", head, "",
            "| shape | work | s/iteration | stages' own compute s (generate + rewards + logprob forwards + train) | outside them s | "
-           "outside, % of an iteration (target <= 5 %) | written MB (storage / write calls) | read MB (storage / read calls) |",
-           "|---|---|---|---|---|---|---|---|"]
+           "outside, % of an iteration (target <= 5 %) | of it, the engine taking policy k+1 (reload, proof, wake) s | "
+           "written MB (storage / write calls) | read MB (storage / read calls) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name, shape in result["shapes"].items():
         s = shape["summary"]
         c, io = s["compute"], s["io"]
@@ -143,15 +150,17 @@ def section(result: dict) -> list[str]:
         work = f"{'bf16' if train['bf16'] else 'fp32'}, ZeRO-{train['zero_stage']}, {prompts} x {g} x {tokens} tokens"
         out.append(f"| {name} | {work} | {s['seconds']:.2f} | {sum(c.values()):.2f} ({c['generate']:.2f} + {c['rewards']:.2f} + "
                    f"{c['forward']:.2f} + {c['train']:.2f}) | {s['outside_s']:.2f} | {100 * s['outside_share']:.1f} % "
-                   f"{'(met)' if s['outside_share'] <= 0.05 else '(**missed**)'} | {io['write_bytes'] / 1e6:.0f} / "
+                   f"{'(met)' if s['outside_share'] <= 0.05 else '(**missed**)'} | {engine_s(s):.2f} | {io['write_bytes'] / 1e6:.0f} / "
                    f"{io['wchar'] / 1e6:.0f} | {io['read_bytes'] / 1e6:.0f} / {io['rchar'] / 1e6:.0f} |")
     note = ("The stages' own compute: the wall seconds of the calls that do each stage's work, as the product probes time "
             "them (bench/probes.py): the engine's `generate` in the rollout, the reward functions in the score, the logprob "
             "forwards (`sequence_logprobs`) and the trainer's `train_iteration` (forward, backward, optimizer steps) in the "
-            "update. Everything else in the iteration is outside them: writing and hashing the parts, manifests and the "
-            "policy (its file written on a thread while the next rollout runs), the trainer state (every "
-            "`train.state_every` = 10 updates and at the end of the command, so in none of these iterations), reloading the engine's weights and proving "
-            "them (sampler proof), loading the batch, Python glue. Bytes are per iteration from /proc/PID/io of the "
+            "update. Everything else in the iteration is outside them: writing and hashing the parts and manifests, "
+            "the policy's record (its sha256, update k's manifest, the sampler proof's reference and the weights file are "
+            "computed and written on a thread while the next rollout runs: only what that rollout waits for counts), the "
+            "trainer state (every `train.state_every` = 10 updates and at the end of the command, so in none of these "
+            "iterations), the engine taking the new weights in memory and proving them (sampler proof), loading the batch, "
+            "Python glue. Bytes are per iteration from /proc/PID/io of the "
             "process and its children: storage (write_bytes, read_bytes; reads served by the page cache are not counted) "
             "and through write/read calls (wchar, rchar: the page cache included, e.g. every file read again).")
     where = [f"- {name}: " + ", ".join(f"{c} {v:.2f} s" for c, v in list(shape["summary"]["outside_probed"].items())[:6])
