@@ -101,6 +101,32 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
         trainer.close()
 
 
+def test_the_background_weights_file_is_on_disk_before_it_returns(tmp_path, monkeypatch):
+    """`DeferredWeights.write` runs on iterate's background thread, and the policy's MANIFEST.json
+    follows it: the file is synced under its temporary name before the rename, and the directory
+    after it, so a power loss cannot leave a manifest naming an empty or absent file."""
+    import os
+
+    from pipeline.run.weights_file import DeferredWeights
+    from pipeline.store import hash_file
+
+    real, synced = os.fsync, []
+
+    def fsync(fd: int) -> None:  # the real sync, recording what it synced and whether the file had its name yet
+        real(fd)
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), (tmp_path / "model.safetensors").exists()))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = DeferredWeights(tmp_path / "model.safetensors", {"b": torch.ones(3), "a": torch.arange(4.0)}, {"format": "pt"})
+    w.write()
+    assert hash_file(tmp_path / "model.safetensors") == w.hash()
+    assert len(synced) == 2, synced
+    (file, named_before), (folder, named_after) = synced
+    assert Path(file).parent == tmp_path and Path(file).name.startswith(".tmp-") and not named_before
+    assert folder == str(tmp_path) and named_after
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
 def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(assets, tmp_path):
     """pipeline.store.pending: while `iterate`'s thread writes policy K+1, its hash is answered at once
     (the rollout's parts stamp it) and its tokenizer directory is there, but whoever asks whether it
