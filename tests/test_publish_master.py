@@ -14,6 +14,7 @@ memory, and writes the file later (its background write).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -105,8 +106,6 @@ def test_the_background_weights_file_is_on_disk_before_it_returns(tmp_path, monk
     """`DeferredWeights.write` runs on iterate's background thread, and the policy's MANIFEST.json
     follows it: the file is synced under its temporary name before the rename, and the directory
     after it, so a power loss cannot leave a manifest naming an empty or absent file."""
-    import os
-
     from pipeline.run.weights_file import DeferredWeights
     from pipeline.store import hash_file
 
@@ -166,6 +165,39 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing
+
+
+def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path):
+    """Whatever the background write of policy K raises (a bug, a library's error, not only an
+    OSError) is raised where the policy is next waited for as the one line the CLI prints, naming
+    the policy's directory, the original kept as its cause; a Ctrl-C or an exit stays what it was."""
+    from pipeline.errors import GRPOError
+    from pipeline.store import pending
+
+    root = str(tmp_path / "run")
+
+    def fail(err: BaseException):
+        def write(p) -> None:
+            raise err
+        return write
+
+    bug = KeyError("model.embed_tokens.weight")
+    pending.start(root, 3, {}, fail(bug))
+    with pytest.raises(GRPOError) as got:
+        pending.wait(root, 3)
+    assert str(got.value) == (f"{os.path.realpath(root)}/policy/iter-0003: its background write failed: "
+                              "KeyError: 'model.embed_tokens.weight'")
+    assert got.value.__cause__ is bug
+    pending.start(root, 4, {}, fail(ValueError("first line\n  more detail")))
+    with pytest.raises(GRPOError, match=r"policy/iter-0004: its background write failed: ValueError: first line$"):
+        pending.wait_all()
+    ours = GRPOError("policy/iter-0005: write failed: No space left on device")
+    for err in (ours, SystemExit(3), KeyboardInterrupt()):  # as they were raised
+        pending.start(root, 5, {}, fail(err))
+        with pytest.raises(type(err)) as got:
+            pending.wait(root, 5)
+        assert got.value is err
+    assert pending.get(root, 3) is pending.get(root, 4) is pending.get(root, 5) is None  # each raised once
 
 
 def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_re_created(assets, tmp_path):

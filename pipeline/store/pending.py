@@ -172,7 +172,7 @@ def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], po
         try:
             write(p)
         except BaseException as e:  # raised again in whoever waits for the policy
-            p.error = e
+            p.error = _one_line(p, e)
         finally:
             p._ended()
 
@@ -182,6 +182,20 @@ def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], po
         _PENDING[(p.root, k)] = p
     p.thread.start()
     return p
+
+
+def _one_line(p: Pending, err: BaseException) -> BaseException:
+    """The write's error as whoever waits raises it: a GRPOError (one line naming the policy's
+    directory, the original kept as its cause for a debugger), a Ctrl-C or exit as it was."""
+    from pipeline.errors import GRPOError
+    from pipeline.store import policy_rel
+
+    if isinstance(err, (GRPOError, KeyboardInterrupt, SystemExit)):
+        return err
+    first = (str(err).strip().splitlines() or [""])[0]
+    one = GRPOError(f"{os.path.join(p.root, policy_rel(p.k))}: its background write failed: {type(err).__name__}: {first}")
+    one.__cause__ = err
+    return one
 
 
 def get(root: str, k: int) -> Pending | None:
