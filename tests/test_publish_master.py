@@ -200,6 +200,46 @@ def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path)
     assert pending.get(root, 3) is pending.get(root, 4) is pending.get(root, 5) is None  # each raised once
 
 
+def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_write(make_run):
+    """A sleeping engine reloads the policy it holds from its directory when it wakes (vLLM's level-2
+    sleep, or its CPU release of the weights), also where `iterate` handed it that policy's weights
+    in memory and its file is still being written in the background. An engine of a run's policies
+    (`policy_engine`) waits for the write before it reads the files; shown on the HF engine, whose
+    load from a directory goes through the same hook."""
+    import shutil
+    import threading
+
+    from pipeline.rollout import policy_engine
+    from pipeline.run.run import Run
+    from pipeline.store import pending, policy_rel
+
+    run = Run(make_run(rollout={"engine": "hf"}))
+    engine = policy_engine(run, 0)
+    target, release = run.store.local_dir(policy_rel(1)), threading.Event()
+
+    def write(p) -> None:
+        assert release.wait(60)
+        shutil.copytree(run.policy_dir(0), target)  # the files of a policy equal to policy 0
+
+    pending.start(run.store.root, 1, {}, write)
+    loaded: list = []
+
+    def reload() -> None:
+        try:
+            engine.load(target)
+            loaded.append(engine.model_dir)
+        except Exception as err:  # noqa: BLE001 - asserted below
+            loaded.append(err)
+
+    reader = threading.Thread(target=reload)
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and loaded == []  # it waits: the files cannot be there yet
+    release.set()
+    reader.join(60)
+    assert loaded == [target] and pending.get(run.store.root, 1) is None
+
+
 def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_re_created(assets, tmp_path):
     """While `iterate`'s background write of policy K+1 runs (update K done, the policy's MANIFEST.json
     not yet written), a second process sees no policy. It must not say the write was interrupted (whose

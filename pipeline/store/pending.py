@@ -215,6 +215,20 @@ def wait(root: str, k: int | None = None) -> None:
                 raise p.error
 
 
+def wait_dir(path) -> None:
+    """Return once policy directory `path` is whole where this process writes it in the background
+    (at once otherwise); raise the write's error. What a rollout engine calls before it reads a
+    policy's weights from its files (pipeline.rollout.policy_engine hands it over)."""
+    if not _PENDING:
+        return
+    from pipeline.store import policy_rel
+
+    real = os.path.realpath(path)
+    for root, k in list(_PENDING):
+        if os.path.join(root, policy_rel(k)) == real:
+            wait(root, k)
+
+
 def wait_all() -> None:
     """Every write this process started (the end of a command)."""
     for pr, _ in list(_PENDING):
