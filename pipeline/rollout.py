@@ -19,7 +19,7 @@ from pipeline.run.template_date import dated
 from pipeline.run.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.run.run import Run
-from pipeline.store import policy_rel
+from pipeline.store import pending, policy_rel
 from pipeline.schedule import iteration_plan
 from schemas.artifacts import ROLLOUT
 
@@ -133,6 +133,7 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
                              precision=cfg.train.precision, settings=settings)
+    engine.files_ready = pending.wait_dir  # a reload from the files (a sleeping vLLM's wake) waits for their background write
     if engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter

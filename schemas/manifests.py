@@ -7,6 +7,7 @@ malformed manifest is a one-line `ManifestError` naming the file and the field.
     PartsManifest   iter-K/{rollout,score,logprobs,eval}/MANIFEST.json
     UpdateManifest  iter-K/update/MANIFEST.json
     PolicyManifest  policy/iter-K/MANIFEST.json
+    StateManifest   iter-K/update/state/MANIFEST.json (a trainer state written after update K's manifest)
 
 MANIFEST_VERSION is raised whenever a field changes meaning or a required one is added; a
 reader refuses other versions rather than guessing.
@@ -197,11 +198,20 @@ class PolicyManifest(_Manifest):
     """Policy 0 of a replayed LoRA iteration: these weights are that adapter merged into its base."""
 
 
-Manifest = Annotated[Union[PartsManifest, UpdateManifest, PolicyManifest], Field(discriminator="stage")]
+class StateManifest(_Manifest):
+    """The trainer state a command writes at its end (or on Ctrl-C) after update K's manifest, which
+    therefore cannot name its hash as it names that of a state written with it (`outputs.state`)."""
+
+    stage: Literal["state"]
+    state_hash: str
+    """The canonical hash of every file of the state (`pipeline.store.hash_dir`), as `outputs.state`."""
+
+
+Manifest = Annotated[Union[PartsManifest, UpdateManifest, PolicyManifest, StateManifest], Field(discriminator="stage")]
 _ADAPTER: TypeAdapter = TypeAdapter(Manifest)
 
 
-def parse_manifest(raw: bytes, where: str) -> PartsManifest | UpdateManifest | PolicyManifest:
+def parse_manifest(raw: bytes, where: str) -> PartsManifest | UpdateManifest | PolicyManifest | StateManifest:
     """A manifest's bytes, validated; ManifestError naming `where` and the field otherwise."""
     try:
         obj = json.loads(raw)

@@ -59,7 +59,9 @@ def run_cli(args: list[str] | None = None) -> int:
         rv = app(args=args, prog_name="grpo", standalone_mode=False)
     except GRPOError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        if not _interrupted(err):
+            return 1
+        rv = 130  # a Ctrl-C came first; this error came as it unwound the command (a background write's, waited for at close)
     except click_errors.NoArgsIsHelpError as err:
         err.show()  # the help page, as `grpo CMD --help` prints it
         return 0
@@ -72,6 +74,17 @@ def run_cli(args: list[str] | None = None) -> int:
     if rv == 130:  # typer turns KeyboardInterrupt into exit code 130
         print("interrupted; rerun the same command to resume", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether `err` was raised while a Ctrl-C unwound the command (it stays a Ctrl-C: exit 130)."""
+    seen, e = set(), err.__context__
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
 
 
 def _exit(code: int) -> None:

@@ -188,34 +188,57 @@ def _stored_names(policy) -> set[str]:
     return names
 
 
-def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_policies):
+def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_policies, tmp_path):
     """rollout.weight_sync memory: a sleeping engine given policy b's tensors from a model in
     this process (as `iterate` hands it the trainer's) samples exactly what it samples after
-    reading b's stored directory, and then holds b's directory as its model."""
+    reading b's stored directory, and then holds b's directory as its model. That directory is
+    `iterate`'s policy K+1, whose weights file is still being written in the background: after the
+    next sleep the engine's wake reloads the weights from it, and waits for the write first
+    (the hook `policy_engine` gives a run's engine)."""
+    import threading
+
     from transformers import AutoModelForCausalLM
 
     from pipeline.models.vllm_engine import VLLMEngine
+    from pipeline.store import pending
 
     a, b = two_policies
     module = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)
     names = _stored_names(b)
     weights = [(n, t.detach()) for n, t in module.state_dict().items() if n in names]
     assert {n for n, _ in weights} == names
+    root = tmp_path / "run"
+    policy = root / "policy/iter-0001"  # b, its weights file not written yet
+    shutil.copytree(b, policy, ignore=shutil.ignore_patterns("*.safetensors"))
+    release = threading.Event()
+
+    def write(p) -> None:
+        assert release.wait(300)
+        for f in b.glob("*.safetensors"):
+            shutil.copy(f, policy / f.name)
+
     eng = VLLMEngine(a, RolloutConfig(max_new_tokens=12), 256, seed=0)
+    eng.files_ready = pending.wait_dir  # as policy_engine sets it
     try:
         from_a = eng.generate(PROMPT, [7], n=4)
         eng.load(b)
         from_disk = eng.generate(PROMPT, [7], n=4)
         eng.load(a)
         eng.sleep()  # as in `iterate`: the new policy reaches an engine asleep since the rollout
-        eng.load(b, weights=weights)
+        pending.start(str(root), 1, {}, write)
+        eng.load(policy, weights=weights)  # from memory: nothing waits for the file
         held = eng.model_dir
         from_memory = eng.generate(PROMPT, [7], n=4)
+        eng.sleep()
+        threading.Timer(2.0, release.set).start()  # the write ends after the wake began to reload
+        woken = eng.generate(PROMPT, [7], n=4)
     finally:
+        release.set()
         eng.close()
-    assert held == b
-    for m, d in zip(from_memory[0], from_disk[0]):
-        assert m.token_ids == d.token_ids and m.logprobs == d.logprobs
+    assert held == policy and pending.get(str(root), 1) is None
+    for got in (from_memory, woken):
+        for m, d in zip(got[0], from_disk[0]):
+            assert m.token_ids == d.token_ids and m.logprobs == d.logprobs
     assert [s.logprobs for s in from_a[0]] != [s.logprobs for s in from_disk[0]]
 
 

@@ -76,3 +76,36 @@ def test_ctrl_c_in_iterate_says_how_to_go_on_and_the_rerun_finishes(make_run):
     assert "Traceback" not in err
     rerun = grpo("iterate", path, "--iters", "1", timeout=600)  # would wait on a held lock, then fail
     assert Run(path).completed_iters() == 1, rerun.stderr[-2000:]
+
+
+def test_ctrl_c_then_a_failed_background_write_exits_as_ctrl_c_with_both_lines(make_run, capsys):
+    """Ctrl-C in `iterate` unwinds through WarmEngines.close, which waits for the background write of
+    the newest policy; when that write failed too, its one line is printed and the command still
+    ends as a Ctrl-C (exit 130, what to do next), not as the write's error (exit 1)."""
+    from pipeline.loop.iteration import WarmEngines
+    from pipeline.run.run import Run
+    from pipeline.store import pending
+    from stages.cli import app, run_cli
+
+    run = Run(make_run("interrupted"))
+
+    def write(p) -> None:
+        raise OSError(28, "No space left on device")
+
+    def interrupted_while_writing() -> None:
+        warm = WarmEngines(run)
+        pending.start(run.store.root, 1, {}, write)
+        try:
+            raise KeyboardInterrupt  # what SIGINT raises in the loop
+        finally:
+            warm.close()
+
+    app.command("interrupted-while-writing")(interrupted_while_writing)
+    try:
+        code = run_cli(["interrupted-while-writing"])
+    finally:
+        app.registered_commands.pop()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert code == 130
+    assert lines == [f"error: {os.path.realpath(run.store.root)}/policy/iter-0001: its background write failed: OSError: [Errno 28] No space left on device",
+                     "interrupted; rerun the same command to resume"]

@@ -14,6 +14,7 @@ memory, and writes the file later (its background write).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,30 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
         trainer.close()
 
 
+def test_the_background_weights_file_is_on_disk_before_it_returns(tmp_path, monkeypatch):
+    """`DeferredWeights.write` runs on iterate's background thread, and the policy's MANIFEST.json
+    follows it: the file is synced under its temporary name before the rename, and the directory
+    after it, so a power loss cannot leave a manifest naming an empty or absent file."""
+    from pipeline.run.weights_file import DeferredWeights
+    from pipeline.store import hash_file
+
+    real, synced = os.fsync, []
+
+    def fsync(fd: int) -> None:  # the real sync, recording what it synced and whether the file had its name yet
+        real(fd)
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), (tmp_path / "model.safetensors").exists()))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = DeferredWeights(tmp_path / "model.safetensors", {"b": torch.ones(3), "a": torch.arange(4.0)}, {"format": "pt"})
+    w.write()
+    assert hash_file(tmp_path / "model.safetensors") == w.hash()
+    assert len(synced) == 2, synced
+    (file, named_before), (folder, named_after) = synced
+    assert Path(file).parent == tmp_path and Path(file).name.startswith(".tmp-") and not named_before
+    assert folder == str(tmp_path) and named_after
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
 def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(assets, tmp_path):
     """pipeline.store.pending: while `iterate`'s thread writes policy K+1, its hash is answered at once
     (the rollout's parts stamp it) and its tokenizer directory is there, but whoever asks whether it
@@ -140,6 +165,79 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing
+
+
+def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path):
+    """Whatever the background write of policy K raises (a bug, a library's error, not only an
+    OSError) is raised where the policy is next waited for as the one line the CLI prints, naming
+    the policy's directory, the original kept as its cause; a Ctrl-C or an exit stays what it was."""
+    from pipeline.errors import GRPOError
+    from pipeline.store import pending
+
+    root = str(tmp_path / "run")
+
+    def fail(err: BaseException):
+        def write(p) -> None:
+            raise err
+        return write
+
+    bug = KeyError("model.embed_tokens.weight")
+    pending.start(root, 3, {}, fail(bug))
+    with pytest.raises(GRPOError) as got:
+        pending.wait(root, 3)
+    assert str(got.value) == (f"{os.path.realpath(root)}/policy/iter-0003: its background write failed: "
+                              "KeyError: 'model.embed_tokens.weight'")
+    assert got.value.__cause__ is bug
+    pending.start(root, 4, {}, fail(ValueError("first line\n  more detail")))
+    with pytest.raises(GRPOError, match=r"policy/iter-0004: its background write failed: ValueError: first line$"):
+        pending.wait_all()
+    ours = GRPOError("policy/iter-0005: write failed: No space left on device")
+    for err in (ours, SystemExit(3), KeyboardInterrupt()):  # as they were raised
+        pending.start(root, 5, {}, fail(err))
+        with pytest.raises(type(err)) as got:
+            pending.wait(root, 5)
+        assert got.value is err
+    assert pending.get(root, 3) is pending.get(root, 4) is pending.get(root, 5) is None  # each raised once
+
+
+def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_write(make_run):
+    """A sleeping engine reloads the policy it holds from its directory when it wakes (vLLM's level-2
+    sleep, or its CPU release of the weights), also where `iterate` handed it that policy's weights
+    in memory and its file is still being written in the background. An engine of a run's policies
+    (`policy_engine`) waits for the write before it reads the files; shown on the HF engine, whose
+    load from a directory goes through the same hook."""
+    import shutil
+    import threading
+
+    from pipeline.rollout import policy_engine
+    from pipeline.run.run import Run
+    from pipeline.store import pending, policy_rel
+
+    run = Run(make_run(rollout={"engine": "hf"}))
+    engine = policy_engine(run, 0)
+    target, release = run.store.local_dir(policy_rel(1)), threading.Event()
+
+    def write(p) -> None:
+        assert release.wait(60)
+        shutil.copytree(run.policy_dir(0), target)  # the files of a policy equal to policy 0
+
+    pending.start(run.store.root, 1, {}, write)
+    loaded: list = []
+
+    def reload() -> None:
+        try:
+            engine.load(target)
+            loaded.append(engine.model_dir)
+        except Exception as err:  # noqa: BLE001 - asserted below
+            loaded.append(err)
+
+    reader = threading.Thread(target=reload)
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and loaded == []  # it waits: the files cannot be there yet
+    release.set()
+    reader.join(60)
+    assert loaded == [target] and pending.get(run.store.root, 1) is None
 
 
 def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_re_created(assets, tmp_path):

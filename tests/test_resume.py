@@ -176,7 +176,8 @@ def test_a_resume_between_two_states_reruns_each_missing_update_and_checks_its_h
     """train.state_every (default 10): the reference run wrote no trainer state after update 0,
     only the one `iterate` writes at its end. Update 1 resumed in a new process has no state 0: it
     re-runs update 0 from its stored parts. A tampered recorded policy hash stops it with one line
-    naming iteration 0 and nothing written; the true record lets it finish as the uninterrupted run."""
+    naming iteration 0 and nothing written; the true record lets it finish as the uninterrupted run.
+    Then from the state `iterate` writes at its end, edited (one line) and as written (the same run)."""
     ref = reference_run(tmp_path_factory, assets)
     assert not (ref / "iter-0000/update/state").exists() and (ref / "iter-0001/update/state/trainer.json").exists()
     run = copy_run(ref, tmp_path / "run")
@@ -199,6 +200,27 @@ def test_a_resume_between_two_states_reruns_each_missing_update_and_checks_its_h
     assert record(run) == record(ref), first_difference(run, ref)
     assert (run / "iter-0001/update/state/trainer.json").exists()  # the end of a command writes it
     assert not (run / "iter-0000/update/state").exists()
+
+    # the state `iterate` writes at its end comes after its last update's manifest (update 0 here): it
+    # names its own hash. A resume from it edited stops with one line naming it, nothing written; as
+    # written, it resumes to the uninterrupted run's bytes
+    for rel in ("iter-0000/update", "policy/iter-0001", "iter-0001/update", "policy/iter-0002"):
+        shutil.rmtree(run / rel)
+    grpo("iterate", str(run), "--iters", "1")
+    assert "state" not in manifest(run, "iter-0000/update")["outputs"]
+    assert manifest(run, "iter-0000/update/state")["stage"] == "state"
+    state_file = run / "iter-0000/update/state/trainer.json"
+    text = state_file.read_text()
+    state_file.write_text(text + " ")  # still a valid trainer.json: only the record can tell
+    out = grpo("update", str(run), "--iter", "1", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"error: {run}/iter-0000/update/state: the trainer state of iteration 0 hashes to "), lines[0]
+    assert "iter-0000/update/state/MANIFEST.json records" in lines[0]
+    assert not (run / "policy/iter-0002").exists() and not done(run, "iter-0001/update")
+    state_file.write_text(text)
+    grpo("update", str(run), "--iter", "1")
+    assert record(run) == record(ref), first_difference(run, ref)
 
 
 def test_a_resume_that_must_rerun_updates_in_another_process_count_stops_with_one_line(assets, tmp_path_factory, tmp_path):

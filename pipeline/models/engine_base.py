@@ -20,6 +20,12 @@ class Sample:
     finish_reason: str  # "stop" | "length"
 
 
+def files_ready(model_dir: Path) -> None:
+    """What an engine calls before it reads weights from a model directory: nothing to wait for
+    here. An engine sampling a run's policies is given the run's own (pipeline.rollout.policy_engine:
+    a policy this process still writes in the background is waited for), which models cannot import."""
+
+
 def cpu_env() -> None:
     """Environment the engines need on a CPU machine; set before vLLM/DeepSpeed import."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

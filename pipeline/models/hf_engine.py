@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.models.engine_base import Sample, cpu_env, engine_dtype
+from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, files_ready
 from pipeline.models.kernels import same_kernels_every_run
 from pipeline.models.stop_tokens import stop_token_ids
 
@@ -46,6 +46,7 @@ class HFEngine:
         self.model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model_dir = Path(model_dir)
         self.adapter = None  # LoRA policies reach this engine as merged weights
+        self.files_ready = files_ready  # called before weights are read from a directory
 
     def load(self, model_dir: Path, weights: list | None = None) -> None:
         """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs, or a
@@ -55,6 +56,7 @@ class HFEngine:
         weights = weights() if callable(weights) else weights
 
         if weights is None:  # every weight, or a one-line error
+            self.files_ready(model_dir)
             load_dir_strict(self.model, model_dir, f"rollout engine: {model_dir}")
         else:
             load_strict(self.model, dict(weights), f"rollout engine: {model_dir}")

@@ -15,7 +15,7 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.errors import GRPOError
 from pipeline.models import engine_memory as mem
 from pipeline.models.device_budget import EngineSettings, engine_settings_for, this_device
-from pipeline.models.engine_base import Sample, cpu_env, environment_kept
+from pipeline.models.engine_base import Sample, cpu_env, environment_kept, files_ready
 from pipeline.models.stop_tokens import stop_token_ids
 
 
@@ -86,6 +86,7 @@ class VLLMEngine:
         self._asleep: set[str] = set()  # vLLM sleep mode: the memory tags not yet woken
         self._weights_stale = False  # level 2 discarded the weights: a wake reloads them
         self._reload = None  # what gives the weights again when `model_dir` does not hold them (load)
+        self.files_ready = files_ready  # called before weights are read from a directory (a wake's reload too)
 
     @_env_kept
     def sleep(self) -> None:
@@ -137,6 +138,8 @@ class VLLMEngine:
         to reload them after a sleep discarded the weights). `model_dir` then names what the engine holds."""
         self._reload = weights if callable(weights) else None
         weights = weights() if callable(weights) else weights
+        if weights is None:  # before the engine's state changes: a policy still being written is waited for
+            self.files_ready(model_dir)
         if "weights" in self._asleep:  # their memory back (level 2: uninitialised; the reload fills it)
             self._wake({"weights"})
             self._weights_stale = False

@@ -75,16 +75,31 @@ class DeferredWeights:
         return self.sha256
 
     def write(self, path: Path | None = None) -> None:
-        """The file, at `path` (default: where it was planned), under a temporary name renamed into place."""
+        """The file, at `path` (default: where it was planned), under a temporary name renamed into
+        place. Both synced to disk before it returns (on the background thread, off the loop's path):
+        the policy's MANIFEST.json, written next, must never name a file a power loss could leave
+        empty or absent."""
         path = Path(path or self.path)
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
         try:
             with open(tmp, "wb") as f:
                 for data in _chunks(self.tensors, self.metadata):
                     f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+        _sync_dir(path.parent)
+
+
+def _sync_dir(path: Path) -> None:
+    """The directory's entries (a rename into it) on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def streamable(tensors: dict[str, torch.Tensor]) -> bool:

@@ -172,7 +172,7 @@ def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], po
         try:
             write(p)
         except BaseException as e:  # raised again in whoever waits for the policy
-            p.error = e
+            p.error = _one_line(p, e)
         finally:
             p._ended()
 
@@ -182,6 +182,20 @@ def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], po
         _PENDING[(p.root, k)] = p
     p.thread.start()
     return p
+
+
+def _one_line(p: Pending, err: BaseException) -> BaseException:
+    """The write's error as whoever waits raises it: a GRPOError (one line naming the policy's
+    directory, the original kept as its cause for a debugger), a Ctrl-C or exit as it was."""
+    from pipeline.errors import GRPOError
+    from pipeline.store import policy_rel
+
+    if isinstance(err, (GRPOError, KeyboardInterrupt, SystemExit)):
+        return err
+    first = (str(err).strip().splitlines() or [""])[0]
+    one = GRPOError(f"{os.path.join(p.root, policy_rel(p.k))}: its background write failed: {type(err).__name__}: {first}")
+    one.__cause__ = err
+    return one
 
 
 def get(root: str, k: int) -> Pending | None:
@@ -199,6 +213,20 @@ def wait(root: str, k: int | None = None) -> None:
                 _PENDING.pop((pr, pk), None)
             if p.error is not None:
                 raise p.error
+
+
+def wait_dir(path) -> None:
+    """Return once policy directory `path` is whole where this process writes it in the background
+    (at once otherwise); raise the write's error. What a rollout engine calls before it reads a
+    policy's weights from its files (pipeline.rollout.policy_engine hands it over)."""
+    if not _PENDING:
+        return
+    from pipeline.store import policy_rel
+
+    real = os.path.realpath(path)
+    for root, k in list(_PENDING):
+        if os.path.join(root, policy_rel(k)) == real:
+            wait(root, k)
 
 
 def wait_all() -> None:

@@ -47,14 +47,11 @@ from pipeline.run.run import Run, policy_manifest
 from pipeline.update.background import write_later
 from pipeline.update.data import UpdateData
 from pipeline.update.rerun import rerun, rerunnable
+from pipeline.update.stored_state import checked, seal, state_rel
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
 from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer
 from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, UPDATE_METRICS
 from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
-
-
-def state_rel(k: int) -> str:
-    return f"{stage_rel(k, 'update')}/{STATE}"
 
 
 def _agreed_done(run: Run, k: int) -> bool:
@@ -165,15 +162,16 @@ def resume_trainer(run: Run, k: int) -> Trainer:
     """A trainer ready for update k: from the state update k-1 wrote, or, where the run was killed
     between two states (`train.state_every`), from the newest earlier state (or policy 0 with a
     fresh optimizer) with the missing updates re-run from their stored parts, each checked against
-    the policy hash it recorded."""
+    the policy hash it recorded. A state is checked first against the hash recorded with it
+    (stored_state.checked)."""
     cfg, base = run.cfg, run.policy_dir(0)
     newest = next((i for i in range(k - 1, -1, -1) if _has_state(run, i)), None)
     if k == 0 or newest == k - 1:
-        return Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(k - 1)) if k > 0 else None, base_dir=base)
+        return Trainer(cfg, run.policy_dir(k), checked(run, k - 1) if k > 0 else None, base_dir=base)
     if newest is None:  # no state yet: the first update's trainer, policy 0 and a fresh optimizer
         trainer = Trainer(cfg, base, None, base_dir=base)
     else:  # policy k (kept by retention) gives the shapes; the state then sets every weight
-        trainer = Trainer(cfg, run.policy_dir(k), run.store.local_dir(state_rel(newest)), base_dir=base)
+        trainer = Trainer(cfg, run.policy_dir(k), checked(run, newest), base_dir=base)
     for i in range(0 if newest is None else newest + 1, k):
         rerunnable(run, i, trainer)
     for i in range(0 if newest is None else newest + 1, k):
@@ -228,6 +226,7 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
         _barrier()
         fault_point("update:state", k)
         if trainer.rank == 0:
+            seal(work / STATE, k)  # update k's manifest is written: the state names its own hash
             run.store.put_dir(work / STATE, state_rel(k), move=True)
             _prune_states(run, k)
     finally:
