@@ -17,15 +17,16 @@ from schemas.manifests import PolicyManifest, UpdateManifest
 
 
 def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyManifest], UpdateManifest], weights: DeferredWeights,
-                lock, reference, after_record: Callable[[], None] | None = None) -> None:
+                lock, reference, after_policy: Callable[[], None] | None = None) -> None:
     """On a thread, while rollout k+1 runs: the sampler proof's reference of policy k+1 (`reference`,
     from the same tensors), the weights file's sha256 (in memory), update k's manifest naming it
     (update k is done; whoever asks waits for it), then the weights file into policy k+1's directory
     (already in the run with its tokenizer and config), then its MANIFEST.json (then `lock` is
     released: pending.acquire), then retention. `pm`: policy k+1's manifest without the weights file;
     `body`: update k's manifest naming a policy manifest; `lock`: policy k+1's write lock, held;
-    `reference`: `sampler_proof.reference_meanwhile`'s function, or None; `after_record`: run once
-    update k's manifest is written (the pruning of older trainer states)."""
+    `reference`: `sampler_proof.reference_meanwhile`'s function, or None; `after_policy`: run once
+    policy k+1's manifest is written (the pruning of older trainer states: until then a kill leaves
+    policy k+1 to `restore_policy`, which re-runs update k from the state before it)."""
     store = run.store
     where = store.display(policy_rel(k + 1))
     target = store.local_dir(policy_rel(k + 1)) / weights.path.name
@@ -40,8 +41,6 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
             fault_point("update:record", k)
             store.write_manifest(stage_rel(k, "update"), body(final))
             p.record(final.policy_hash)
-            if after_record is not None:
-                after_record()
             try:
                 weights.write(target)
             except OSError as err:  # raised again, as one line, where the policy is next waited for
@@ -50,6 +49,8 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
             store.write_manifest(policy_rel(k + 1), final)
         finally:
             lock.release()
+        if after_policy is not None:  # not before: a kill before the policy's manifest re-runs update k from the state before it
+            after_policy()
         prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
 
     pending.start(store.root, k + 1, weights.tensors, write)

@@ -206,6 +206,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
             run.store.write_manifest(policy_rel(k + 1), pm)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    _prune_states(run, k)  # the state before update k, kept for this until policy k+1 was on disk (write_later)
     prune_policies(run, k + 1)
     trainer.clean_after = k
     return trainer
@@ -268,7 +269,7 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
             lock.release()
         raise
     if deferred is not None:
-        write_later(run, k, pm, body, deferred, lock, reference, after_record=(lambda: _prune_states(run, k)) if state else None)
+        write_later(run, k, pm, body, deferred, lock, reference, after_policy=(lambda: _prune_states(run, k)) if state else None)
         return None
     manifest = store.write_manifest(sd, body(pm))
     if state:
