@@ -92,8 +92,11 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
         raise
     rows = []
     try:
-        if eval_due(cfg, 0) and not run.done(0, "eval"):
-            sampler.ask("eval", 0)
+        # policy 0's eval, and the newest policy's where a kill or Ctrl-C came between its update and
+        # its eval (the loop below evaluates only the policies it makes)
+        for j in sorted({0, start} if start <= iters else {0}):
+            if eval_due(cfg, j) and not run.done(j, "eval"):
+                sampler.ask("eval", j)
         for k in range(start, iters):
             t0 = time.time()
             for j in range(start, iters):  # every rollout whose behaviour policy exists now (policy k does)
