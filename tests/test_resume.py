@@ -139,6 +139,34 @@ def test_killed_at_every_point_then_rerun_equals_uninterrupted(assets, tmp_path_
     assert [p.name for p in run.glob("iter-0002/**/*") if p.is_file() and not p.name.startswith(".lock")] == []
 
 
+def test_killed_in_the_background_write_keeps_the_state_before_and_evaluates_the_policy_after_resume(assets, tmp_path_factory, tmp_path):
+    """A state after every update, one kept, an eval of every policy, weights to the engine in
+    memory. Killed in `iterate`'s background write of policy 2 (update 1 recorded with its state,
+    the policy's MANIFEST.json not written, policy 2 not evaluated): state 0 must still be there,
+    so the resume re-runs update 1 alone, not every update from policy 0; and the resume must
+    evaluate policy 2, which the loop (evaluating only the policies it makes) never asked for.
+    Its policies then are the uninterrupted run's."""
+    from pipeline.report.audit import audit_run
+    from pipeline.run.run import Run
+
+    ref = reference_run(tmp_path_factory, assets)
+    run = tmp_path / "run"
+    cfg = base_config(assets, rollout={"weight_sync": "memory"}, eval={"every": 1}, train={"state_every": 1, "keep_states": 1})
+    grpo("init", str(run), "--config", str(write_config(tmp_path / "config.yaml", cfg)))
+    killed("iterate", str(run), "--iters", "2", fault="update:write:1")
+    assert done(run, "iter-0001/update") and not done(run, "policy/iter-0002") and not done(run, "iter-0002/eval")
+    assert (run / "iter-0001/update/state/trainer.json").exists() and (run / "iter-0000/update/state/trainer.json").exists()
+
+    grpo("iterate", str(run), "--iters", "2")
+    assert all(done(run, f"iter-{k:04d}/eval") for k in range(3))
+    assert not (run / "iter-0000/update/state").exists() and (run / "iter-0001/update/state/trainer.json").exists()
+    # the parts name this config's hash; the policies, trained alike, are the reference run's bytes
+    hashes = [[manifest(r, f"policy/iter-{k:04d}")["policy_hash"] for k in range(3)] for r in (run, ref)]
+    assert hashes[0] == hashes[1]
+    report = audit_run(Run(str(run)))
+    assert report.ok, report.problems
+
+
 def test_a_second_process_on_a_running_stage_fails_clearly(assets, tmp_path_factory, tmp_path):
     from pipeline.run.run import Run
     from pipeline.score import run_score
