@@ -221,6 +221,8 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
     k = getattr(trainer, "clean_after", None)
     if trainer is None or k is None or k < 0 or _has_state(run, k):
         return
+    if not run.done(k, "update"):  # its background write failed before the record: the update is run again
+        return
     work = _fresh_work(run, k, trainer)
     try:
         trainer.save_state(work / STATE)
