@@ -39,7 +39,10 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
                 p.put(REFERENCE, None)
             final = with_hashed(pm, {weights.path.name: weights.hash()})
             fault_point("update:record", k)
-            store.write_manifest(stage_rel(k, "update"), body(final))
+            try:
+                store.write_manifest(stage_rel(k, "update"), body(final))
+            except OSError as err:  # the update is not done (run again): one line, where the record is waited for
+                raise GRPOError(f"{store.display(stage_rel(k, 'update'))}: write failed: {err.strerror or err}") from None
             p.record(final.policy_hash)
             try:
                 weights.write(target)
