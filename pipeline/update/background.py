@@ -4,6 +4,7 @@ what a resume needs is hashed and written here, in the order that keeps every ki
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from pipeline.errors import GRPOError
@@ -14,6 +15,9 @@ from pipeline.run.weights_file import DeferredWeights
 from pipeline.store import pending, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
 from schemas.manifests import PolicyManifest, UpdateManifest
+
+log = logging.getLogger("grpo.update")
+_WARNED: list = []
 
 
 def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyManifest], UpdateManifest], weights: DeferredWeights,
@@ -35,8 +39,13 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
         try:
             try:  # a reference that cannot be computed here is computed from the file by the proof itself
                 p.put(REFERENCE, reference(weights.tensors, where) if reference is not None else None)
-            except Exception:  # noqa: BLE001
+            except Exception as err:  # noqa: BLE001
                 p.put(REFERENCE, None)
+                if not _WARNED:  # once a process: a slower proof, not a wrong one
+                    _WARNED.append(err)
+                    log.warning(f"warning: {where}: the sampler proof's reference could not be computed beside the write "
+                                f"({type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}); "
+                                "it is computed from the stored file instead, after the write")
             final = with_hashed(pm, {weights.path.name: weights.hash()})
             fault_point("update:record", k)
             try:
