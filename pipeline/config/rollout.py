@@ -55,7 +55,8 @@ class RolloutConfig(AgentOptions):
     """How `iterate` hands a new policy to its warm engine. disk: the engine reloads the stored
     policy directory; memory: the trainer's weights go to the engine from memory (vLLM's
     `reload_weights` with a weights iterator), the stored policy still written and hashed as the
-    record. Full fine-tuning only; a separate `grpo rollout` always reads the stored policy."""
+    record, on a thread while the rollout samples (with disk the rollout waits for that write).
+    Full fine-tuning only; a separate `grpo rollout` always reads the stored policy."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM tensor parallelism (GPU machines)."""
     data_parallel_size: int = Field(1, ge=1)
