@@ -136,8 +136,9 @@ def section(result: dict) -> list[str]:
             f"fine-tuning, warm `grpo iterate` (rollout.weight_sync memory, MLflow off, vLLM engine), 1 warm-up iteration and "
             f"the mean of the next {next(iter(result['shapes'].values()))['summary']['iterations']}; {m['cores']} cores, "
             f"OMP_NUM_THREADS={result.get('threads', 'unset')}, load "
-            f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the run. **The machine was shared with other jobs**: "
-            "absolute seconds are inflated and noisy; the shares and bytes less so.")
+            f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the run"
+            + (". **The machine was shared with other jobs**: absolute seconds are inflated and noisy; the shares and bytes "
+               "less so." if max(loads) > m["cores"] * 0.75 else " (nothing else ran)."))
     out = ["## The record's cost (bench/record.py)", "", head, "",
            "| shape | work | s/iteration | stages' own compute s (generate + rewards + logprob forwards + train) | outside them s | "
            "outside, % of an iteration (target <= 5 %) | of it, the engine taking policy k+1 (reload, proof, wake) s | "
