@@ -225,7 +225,7 @@ def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_poli
         from_disk = eng.generate(PROMPT, [7], n=4)
         eng.load(a)
         eng.sleep()  # as in `iterate`: the new policy reaches an engine asleep since the rollout
-        pending.start(str(root), 1, {}, write)
+        pending.start(str(root), 1, write)
         eng.load(policy, weights=weights)  # from memory: nothing waits for the file
         held = eng.model_dir
         from_memory = eng.generate(PROMPT, [7], n=4)

@@ -94,7 +94,7 @@ def test_ctrl_c_then_a_failed_background_write_exits_as_ctrl_c_with_both_lines(m
 
     def interrupted_while_writing() -> None:
         warm = WarmEngines(run)
-        pending.start(run.store.root, 1, {}, write)
+        pending.start(run.store.root, 1, write)
         try:
             raise KeyboardInterrupt  # what SIGINT raises in the loop
         finally:

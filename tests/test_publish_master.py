@@ -146,7 +146,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
         run.store.put_dir(run.policy_dir(0), policy_rel(1))
         wrote.append(run.store.write_manifest(policy_rel(1), policy_manifest(run.policy_dir(0), 1, source="test")).policy_hash)
 
-    pending.start(run.store.root, 1, {}, lambda p: write(), policy_hash="f" * 64)
+    pending.start(run.store.root, 1, lambda p: write(), policy_hash="f" * 64)
     assert run.policy_hash(1) == "f" * 64 and run.writing(1) is not None
     assert run.policy_dir(1, weights=False) == run.store.local_dir(policy_rel(1))  # not waited for
     answers: list = []
@@ -161,7 +161,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     def fail() -> None:
         raise GRPOError("policy/iter-0002: write failed: No space left on device")
 
-    pending.start(run.store.root, 2, {}, lambda p: fail(), policy_hash="e" * 64)
+    pending.start(run.store.root, 2, lambda p: fail(), policy_hash="e" * 64)
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing
@@ -182,18 +182,18 @@ def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path)
         return write
 
     bug = KeyError("model.embed_tokens.weight")
-    pending.start(root, 3, {}, fail(bug))
+    pending.start(root, 3, fail(bug))
     with pytest.raises(GRPOError) as got:
         pending.wait(root, 3)
     assert str(got.value) == (f"{os.path.realpath(root)}/policy/iter-0003: its background write failed: "
                               "KeyError: 'model.embed_tokens.weight'")
     assert got.value.__cause__ is bug
-    pending.start(root, 4, {}, fail(ValueError("first line\n  more detail")))
+    pending.start(root, 4, fail(ValueError("first line\n  more detail")))
     with pytest.raises(GRPOError, match=r"policy/iter-0004: its background write failed: ValueError: first line$"):
         pending.wait_all()
     ours = GRPOError("policy/iter-0005: write failed: No space left on device")
     for err in (ours, SystemExit(3), KeyboardInterrupt()):  # as they were raised
-        pending.start(root, 5, {}, fail(err))
+        pending.start(root, 5, fail(err))
         with pytest.raises(type(err)) as got:
             pending.wait(root, 5)
         assert got.value is err
@@ -221,7 +221,7 @@ def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_
         assert release.wait(60)
         shutil.copytree(run.policy_dir(0), target)  # the files of a policy equal to policy 0
 
-    pending.start(run.store.root, 1, {}, write)
+    pending.start(run.store.root, 1, write)
     loaded: list = []
 
     def reload() -> None:
@@ -268,7 +268,7 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip()
 
-    lock = pending.acquire(run.store.root, 1)  # as `_write_later` takes it for policy 1
+    lock = pending.acquire(run.store.root, 1)  # as `background.write_later` takes it for policy 1
     try:
         said = other_process("run.policy_hash(1)")
         assert "another grpo process" in said and "interrupted" not in said, said

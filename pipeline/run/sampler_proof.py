@@ -86,13 +86,13 @@ def reference_meanwhile(config_dir):
 
     from pipeline.models.strict import load_strict
     from pipeline.models.tokenizer_cache import tokenizer_of
-    from pipeline.run.weights_file import emptied, model_of
+    from pipeline.run.weights_file import emptied, empty_model
 
     config = (Path(config_dir) / "config.json").read_bytes()
     ids = probe_ids(tokenizer_of(config_dir))
     if config not in _SKELETON:
         _SKELETON.clear()
-        _SKELETON[config] = model_of(Path(config_dir), None, str(config_dir))
+        _SKELETON[config] = empty_model(Path(config_dir))
     model = _SKELETON[config]
 
     def compute(tensors: dict, where: str) -> tuple[tuple, np.ndarray]:

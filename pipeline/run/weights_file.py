@@ -156,23 +156,16 @@ def write_config(module, out: Path) -> None:
         module.generation_config.save_pretrained(out)
 
 
-def model_of(config_dir: Path, tensors: dict[str, torch.Tensor] | None, where: str):
-    """The causal LM of `config_dir`'s config.json holding `tensors` themselves (every weight:
-    `load_strict`; not copied, so only to read), fp32 on the CPU, in eval mode: a policy whose file
-    is still being written, built from its bytes. No random initialisation first (1.9 s of 2 for
-    SmolLM2-135M), and no copy (0.5 s). `tensors` None: its parameters empty, to be assigned."""
+def empty_model(config_dir: Path):
+    """The causal LM of `config_dir`'s config.json, fp32 on the CPU, in eval mode, its parameters
+    empty (`emptied`): `load_strict(..., assign=True)` gives it a policy's tensors themselves, with
+    no copy. No random initialisation first (1.9 s of 2 for SmolLM2-135M)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    from pipeline.models.strict import load_strict
-
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32)
-    if tensors is None:
-        return emptied(model).eval()
-    load_strict(model, tensors, where, assign=True)
-    model.tie_weights()
-    return model.eval()
+    return emptied(model).eval()
 
 
 def emptied(model):

@@ -34,8 +34,6 @@ class Pending:
 
     root: str
     k: int
-    weights: dict
-    """{name: tensor} the file will hold (the fp32 master: what an engine's probe is checked against)."""
     thread: threading.Thread = field(init=False)
     error: BaseException | None = None
     recorded: threading.Event = field(default_factory=threading.Event)
@@ -161,10 +159,10 @@ def key(root: str) -> str:
     return os.path.realpath(root)
 
 
-def start(root: str, k: int, weights: dict, write: Callable[[Pending], None], policy_hash: str | None = None) -> Pending:
+def start(root: str, k: int, write: Callable[[Pending], None], policy_hash: str | None = None) -> Pending:
     """Run `write(pending)` on a thread as the write of policy k of the run at (local) `root`; it
     calls `pending.record(hash)` once the record names the hash (given here as `policy_hash` if known)."""
-    p = Pending(key(root), k, weights)
+    p = Pending(key(root), k)
     if policy_hash is not None:
         p.record(policy_hash)
 

@@ -42,10 +42,10 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
             except Exception as err:  # noqa: BLE001
                 p.put(REFERENCE, None)
                 if not _WARNED:  # once a process: a slower proof, not a wrong one
-                    _WARNED.append(err)
+                    _WARNED.append(True)  # not the error: its traceback would hold this write's tensors
+                    first = (str(err).strip().splitlines() or [""])[0][:200]
                     log.warning(f"warning: {where}: the sampler proof's reference could not be computed beside the write "
-                                f"({type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}); "
-                                "it is computed from the stored file instead, after the write")
+                                f"({type(err).__name__}: {first}); it is computed from the stored file instead, after the write")
             final = with_hashed(pm, {weights.path.name: weights.hash()})
             fault_point("update:record", k)
             try:
@@ -65,4 +65,4 @@ def write_later(run: Run, k: int, pm: PolicyManifest, body: Callable[[PolicyMani
             after_policy()
         prune_policies(run, k + 1)  # train.keep_policies, once policy k+1 is on disk; it and iter-0000 always stay
 
-    pending.start(store.root, k + 1, weights.tensors, write)
+    pending.start(store.root, k + 1, write)

@@ -259,7 +259,7 @@ def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future 
              deferred: DeferredWeights | None = None) -> UpdateManifest | None:
     """Write policy k+1, the trainer state (where one was written), metrics, and last the update
     manifest. `deferred`: policy k+1's weights file, left to a thread with its hash and the update
-    manifest (`_write_later`); None is returned then (`run.manifest` waits for it)."""
+    manifest (`background.write_later`); None is returned then (`run.manifest` waits for it)."""
     store, sd = run.store, stage_rel(k, "update")
     # before update k's manifest: no moment another process could take the write for an interrupted one (restore_policy)
     lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # released by the writing thread
