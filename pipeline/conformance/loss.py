@@ -1,0 +1,259 @@
+"""Cases on the objective: how the loss is normalised over micro-batches, ranks and masks, and
+whether its KL term has a gradient.
+
+The implementation each experiment asks is an `Objective`: `loss(logp, old, adv, mask, cfg, **kw)`
+(grpo's `policy_loss`), `micro_share(type, rows share, tokens share, micro-batches)` and
+`rank_weight(type, world, rows, all rows, tokens, all tokens)` (grpo's `LossType`, which the trainer
+multiplies each micro-batch's and each rank's loss by), and `num_items(mini-batch mask, generation
+mask)` (the token count DAPO divides by). The broken variants swap in the peers' bugs. The policy is a
+table of logits W [T, V] (one categorical per position), so gradients are exact and cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from pipeline.conformance.case import Case
+
+
+@dataclass(frozen=True)
+class Objective:
+    loss: Callable
+    micro_share: Callable[[str, float, float, int], float]
+    rank_weight: Callable[[str, int, int, int, int, int], float]
+    num_items: Callable  # (mini-batch mask [B, T], generation batch mask) -> DAPO's normaliser
+
+
+def grpo_objective() -> Objective:
+    from pipeline.config.loss import LossConfig
+    from pipeline.objective.loss import policy_loss, LOSS_TYPES
+
+    def loss(logp, old, adv, mask, loss_type, **kw):
+        return policy_loss(logp, old, adv, mask, LossConfig(type=loss_type, **kw.pop("config", {})), **kw)[0]
+
+    return Objective(
+        loss=loss,
+        micro_share=lambda t, rows, tokens, n: LOSS_TYPES[t].micro_batch_share(rows, tokens, n),
+        rank_weight=lambda t, w, r, ar, tk, atk: LOSS_TYPES[t].rank_weight(w, r, ar, tk, atk),
+        # the trainer's: num_items = the mini-batch's (one optimizer step's) model tokens, TRL's since #6024
+        num_items=lambda mb_mask, gen_mask: float(mb_mask.sum()),
+    )
+
+
+def one_over_n_objective() -> Objective:
+    """Each micro-batch weighs 1 / micro-batches, whatever its rows (TRL's grpo `loss / grad_accum`)."""
+    return replace(grpo_objective(), micro_share=lambda t, rows, tokens, n: 1.0 / n)
+
+
+def generation_window_objective() -> Objective:
+    """TRL before #6024: DAPO divides by the generation batch's tokens, which spans several optimizer steps."""
+    return replace(grpo_objective(), num_items=lambda mb_mask, gen_mask: float(gen_mask.sum()))
+
+
+def dp_squared_objective() -> Objective:
+    """verl #5798: the seq-mean denominator multiplied by dp_size where it should compensate DP averaging:
+    a rank's loss weighed rows / (all_rows * world) instead of world * rows / all_rows."""
+    return replace(grpo_objective(), rank_weight=lambda t, w, r, ar, tk, atk: r / (ar * w))
+
+
+def no_grad_kl_objective() -> Objective:
+    """SkyRL #1340: the KL term computed under torch.no_grad, added to the loss as a constant."""
+    import torch
+
+    from pipeline.objective.loss import kl_estimate
+
+    base = grpo_objective()
+
+    def loss(logp, old, adv, mask, loss_type, **kw):
+        ref = kw.pop("ref_logprobs")
+        coef = kw["config"]["kl_coef"]
+        config = {**kw.pop("config"), "kl_coef": 0.0}
+        pg = base.loss(logp, old, adv, mask, loss_type, config=config, **kw)
+        with torch.no_grad():
+            kl = (kl_estimate(logp, ref) * mask).sum(1) / mask.sum(1)
+        return pg + coef * kl.mean()
+
+    return replace(base, loss=loss)
+
+
+def unmasked_numerator_objective() -> Objective:
+    """TRL #6369 / ROLL #444: the token mean's numerator sums every position, masked ones included."""
+    base = grpo_objective()
+
+    def loss(logp, old, adv, mask, loss_type, **kw):
+        import torch
+        return base.loss(logp, old, adv, torch.ones_like(mask), loss_type, **kw)
+
+    return replace(base, loss=loss)
+
+
+# --------------------------------------------------------------------------- the tiny policy
+
+def _policy(B: int = 8, T: int = 6, V: int = 5, seed: int = 0):
+    """Logits W [T, V] (requires grad), sampled tokens y [B, T], a length mask [B, T] of rows of
+    lengths 1..T, and advantages [B]: every row of a different length, so normalisers differ."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(T, V, generator=g, dtype=torch.float64)
+    y = torch.randint(0, V, (B, T), generator=g)
+    lengths = torch.tensor([1 + (i * 5) % T for i in range(B)])
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()  # [B, T]
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    return W, y, mask, adv
+
+
+def _logp(W, y):
+    import torch
+
+    return torch.log_softmax(W, -1)[torch.arange(W.shape[0])[None, :], y]  # [B, T]
+
+
+def _grad(fn, W):
+    w = W.clone().requires_grad_()
+    fn(w).backward()
+    return w.grad
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+# --------------------------------------------------------------------------- experiments
+
+def uneven_micro_experiment(obj: Objective) -> tuple[bool, str]:
+    """A mini-batch of 8 rows cut into micro-batches [6, 2] (a short last one); each micro-batch's loss
+    times the implementation's share, gradients summed, must equal the unsplit mini-batch's gradient:
+    grad sum_j share_j L(mb_j) = grad L(mb), for grpo (mean over sequences) and dapo (over tokens)."""
+    W, y, mask, adv = _policy()
+    parts = [slice(0, 6), slice(6, 8)]
+    worst = {}
+    for t in ("grpo", "dapo"):
+        def whole(w, t=t):
+            lp = _logp(w, y)
+            return obj.loss(lp, lp.detach(), adv, mask, t, num_items=obj.num_items(mask, mask))
+
+        def split(w, t=t):
+            total = 0.0
+            for s in parts:
+                lp = _logp(w, y[s])
+                share = obj.micro_share(t, (s.stop - s.start) / 8, float(mask[s].sum() / mask.sum()), len(parts))
+                total = total + share * obj.loss(lp, lp.detach(), adv[s], mask[s], t, num_items=obj.num_items(mask, mask))
+            return total
+        worst[t] = _rel(_grad(split, W), _grad(whole, W))
+    # a 1/n share is off by |6/8 - 1/2| / ... here: measured 0.3 to 0.6 relative; exact shares: < 1e-12
+    return max(worst.values()) < 1e-9, ", ".join(f"{t}: rel. grad error {e:.2e}" for t, e in worst.items())
+
+
+def dapo_window_experiment(obj: Objective) -> tuple[bool, str]:
+    """One generation batch of 8 rows makes two optimizer steps of 4 rows (steps_per_generation 2, no
+    accumulation). DAPO's loss of one step is its tokens' mean: at ratio 1 with A = 1 every active token's
+    loss is -1, so L(step) = sum_step(-1 m) / sum_step(m) = -1 exactly; a generation-batch normaliser
+    shrinks it to -tokens(step) / tokens(generation batch)."""
+    import torch
+
+    W, y, mask, _ = _policy()
+    ones = torch.ones(8, dtype=torch.float64)
+    lp = _logp(W, y)
+    errs = []
+    for s in (slice(0, 4), slice(4, 8)):
+        got = obj.loss(lp[s], lp[s].detach(), ones[s], mask[s], "dapo", num_items=obj.num_items(mask[s], mask))
+        errs.append(abs(float(got) / -1.0 - 1))
+    return max(errs) < 1e-12, "L(step) / token mean - 1: " + ", ".join(f"{e:.3g}" for e in errs)
+
+
+def dp_experiment(obj: Objective) -> tuple[bool, str]:
+    """The same 8 rows on 1 process and dealt to 2 ranks [5, 3]: DeepSpeed averages the ranks' gradients,
+    (1 / world) sum_r w_r grad L(rank r), which must be grad L(all rows) for every loss type."""
+    W, y, mask, adv = _policy()
+    ranks = [slice(0, 5), slice(5, 8)]
+    worst = {}
+    for t in ("grpo", "dr_grpo", "dapo"):
+        kw = {"max_completion_length": 6}
+
+        def single(w, t=t):
+            lp = _logp(w, y)
+            return obj.loss(lp, lp.detach(), adv, mask, t, num_items=float(mask.sum()), **kw)
+
+        def averaged(w, t=t):
+            total = 0.0
+            for s in ranks:
+                lp = _logp(w, y[s])
+                r, tk = s.stop - s.start, float(mask[s].sum())
+                weight = obj.rank_weight(t, 2, r, 8, tk, float(mask.sum()))
+                total = total + weight * obj.loss(lp, lp.detach(), adv[s], mask[s], t, num_items=float(mask.sum()) / 2, **kw)
+            return total / 2  # DeepSpeed's all-reduce mean
+        worst[t] = _rel(_grad(averaged, W), _grad(single, W))
+    return max(worst.values()) < 1e-9, ", ".join(f"{t}: {e:.2e}" for t, e in worst.items())
+
+
+def masked_mean_experiment(obj: Objective) -> tuple[bool, str]:
+    """Garbage (+-1e3 logprobs, NaN-free) on masked positions must change neither the loss nor the
+    gradient: L = sum(l * m) / sum(m) over the model's tokens only (grpo: per sequence; dapo: per token)."""
+    import torch
+
+    W, y, mask, adv = _policy()
+    errs = []
+    for t in ("grpo", "dapo"):
+        def clean(w, t=t):
+            lp = _logp(w, y)
+            return obj.loss(lp * mask, (lp * mask).detach(), adv, mask, t, num_items=obj.num_items(mask, mask))
+
+        def dirty(w, t=t):
+            lp = _logp(w, y)
+            junk = torch.where(mask.bool(), lp, 1e3 * lp)  # masked positions: scaled, still attached to w
+            return obj.loss(junk, junk.detach() + (1 - mask) * 3.0, adv, mask, t, num_items=obj.num_items(mask, mask))
+        la, lb = float(clean(W)), float(dirty(W))
+        errs.append(max(abs(la - lb) / max(abs(la), 1e-12), _rel(_grad(dirty, W), _grad(clean, W))))
+    return max(errs) < 1e-12, "rel. change from masked garbage: " + ", ".join(f"{e:.2e}" for e in errs)
+
+
+def kl_gradient_experiment(obj: Objective) -> tuple[bool, str]:
+    """With A = 0 only the KL term moves the policy: loss = beta * mean_seq(token mean of k3), so its
+    gradient is beta * d k3 / d logp = beta * (1 - exp(ref - logp)) per token over the normaliser; it must
+    be non-zero and equal the analytic one."""
+    import torch
+
+    W, y, mask, _ = _policy()
+    zero = torch.zeros(8, dtype=torch.float64)
+    ref = _logp(W + 0.5 * torch.randn(W.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64), y).detach()
+    beta = 0.1
+
+    def total(w):
+        lp = _logp(w, y)
+        return obj.loss(lp, lp.detach(), zero, mask, "grpo", ref_logprobs=ref, config={"kl_coef": beta})
+
+    def analytic(w):  # the k3 term alone, written out: beta * mean_i sum_t k3 m / sum_t m
+        lp = _logp(w, y)
+        k3 = torch.exp(ref - lp) - 1 - (ref - lp)
+        return beta * ((k3 * mask).sum(1) / mask.sum(1)).mean()
+
+    g, want = _grad(total, W), _grad(analytic, W)
+    err = _rel(g, want)
+    return bool(float(g.norm()) > 0 and err < 1e-9), f"|grad| = {float(g.norm()):.3g}, rel. error vs analytic {err:.2e}"
+
+
+OBJ_NA = "not measured: TRL's loss is inline in _compute_loss behind its fused forward; it cannot be fed these logprobs"
+
+
+def cases() -> list[Case]:
+    return [
+        Case("uneven-micro-batches", "a short last micro-batch weighs its share of the mini-batch",
+             "TRL #3231 (normaliser not invariant to the split), open-instruct #1161",
+             "sum_j share_j grad L(mb_j) = grad L(mb) for [6, 2]: share = rows_j / rows (grpo), 1 with num_items = mb tokens (dapo)",
+             uneven_micro_experiment, grpo_objective, one_over_n_objective, trl_na=OBJ_NA),
+        Case("dapo-accumulation-window", "DAPO divides by one optimizer step's tokens, not the generation batch's",
+             "TRL #5619, fixed by #6024", "L(step) = sum_step(l m) / sum_step(m), for each of the 2 steps of one generation",
+             dapo_window_experiment, grpo_objective, generation_window_objective, trl_na=OBJ_NA),
+        Case("dp-seq-mean-denominator", "the loss is the same on 1 process and averaged over 2 uneven ranks",
+             "verl #5798 (seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
+             dp_experiment, grpo_objective, dp_squared_objective,
+             trl_na="not applicable here: needs 2 accelerate processes; TRL's grpo divides by per-rank sequences"),
+        Case("masked-token-mean", "masked positions count in neither the numerator nor the denominator",
+             "TRL #6369, ROLL #444", "L = sum(l m) / sum(m); garbage where m = 0 changes loss and gradient by 0",
+             masked_mean_experiment, grpo_objective, unmasked_numerator_objective, trl_na=OBJ_NA),
+        Case("kl-has-gradient", "the KL penalty in the loss has a gradient",
+             "SkyRL #1340, fixed by #1353; open-instruct #530", "A = 0: grad L = beta grad mean_i(sum_t k3 m / sum_t m) != 0",
+             kl_gradient_experiment, grpo_objective, no_grad_kl_objective, trl_na=OBJ_NA),
+    ]

@@ -1,0 +1,130 @@
+"""Cases on the rewards' side: from what the reward functions return to the advantages.
+
+The implementation each experiment asks is a `Scorer`: `advantages(per_function [N, F], weights [F], G)`
+-> A [N], and `contract(values)` -> the float64 column one reward function's output is stored as.
+grpo's is its score stage's own path (`combine_rewards` then `advantages_of`, and the reward contract's
+`compute_rewards`); the broken ones are the peers' bugs rebuilt on the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from pipeline.conformance.case import Case
+
+EPS = 1e-4  # grpo's default advantages.eps (and TRL's 1e-4)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    advantages: Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+    contract: Callable[[list], np.ndarray]
+
+
+def outcome_only(completions, **kwargs) -> list[float | None]:
+    """A TRL-contract reward for the default-0.0 case (TRL #6427's table): -1 for a submitted wrong
+    answer, None for a completion that submitted nothing (nothing to score)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [(-1.0 if "submit" in t else None) for t in texts]
+
+
+def _grpo_contract(values: list) -> np.ndarray:
+    """One reward function's output as grpo's score stage stores it: through `compute_rewards`."""
+    from pipeline.config.rewards import CustomReward
+    from pipeline.rewards.contract import compute_rewards
+
+    texts = [str(v) for v in values]  # outcome_only reads the texts
+    spec = CustomReward(fn="pipeline.conformance.rewards:outcome_only")
+    return compute_rewards([spec], ["q"] * len(texts), texts, None, {}, iteration=0)[:, 0]
+
+
+def grpo_scorer() -> Scorer:
+    from pipeline.config.advantages import AdvantageConfig
+    from pipeline.objective.advantages import advantages_of, combine_rewards
+
+    cfg = AdvantageConfig()
+    return Scorer(lambda per_fn, w, G: advantages_of(cfg, combine_rewards(per_fn, w), G), _grpo_contract)
+
+
+def _plain_group_advantages(total: np.ndarray, G: int) -> np.ndarray:
+    """(r - mean) / (std + eps) per group with plain mean / sample std: a NaN spreads to its group."""
+    g = total.reshape(-1, G)
+    return ((g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + EPS)).reshape(-1)
+
+
+def nansum_scorer() -> Scorer:
+    """TRL before #5775's question: the weighted nansum over functions, so an all-None row totals 0.0."""
+    def adv(per_fn, w, G):
+        total = np.nansum(per_fn * w[None, :], axis=1)
+        return _plain_group_advantages(total, G)
+    return Scorer(adv, _grpo_contract)
+
+
+def gdpo_scorer() -> Scorer:
+    """ms-swift #8123: each function normalised in its group by plain mean / std, then summed: one None
+    (NaN) makes its whole group's advantages NaN."""
+    def adv(per_fn, w, G):
+        parts = [_plain_group_advantages(per_fn[:, j], G) * w[j] for j in range(per_fn.shape[1])]
+        return np.sum(parts, axis=0)
+    return Scorer(adv, _grpo_contract)
+
+
+def zero_default_scorer() -> Scorer:
+    """TRL #6427: an unscored rollout's reward left at its default 0.0, a real reward to the group."""
+    base = grpo_scorer()
+    return Scorer(base.advantages, lambda values: np.nan_to_num(_grpo_contract(values), nan=0.0))
+
+
+# --------------------------------------------------------------------------- experiments
+
+def all_none_experiment(s: Scorer) -> tuple[bool, str]:
+    # one group of G = 4, two functions, weights [1, 1]; row 2: every function returned None
+    per_fn = np.array([[1.0, np.nan], [0.0, np.nan], [np.nan, np.nan], [0.5, np.nan]])
+    A = s.advantages(per_fn, np.ones(2), 4)
+    # expected: row 2 left out: valid rewards {1, 0, 0.5}, mean 0.5, sample std
+    #   sqrt((0.25 + 0.25 + 0) / 2) = 0.5, so A = [0.5, -0.5, 0, 0] / (0.5 + 1e-4) = [0.9998, -0.9998, 0, 0]
+    want = np.array([0.5, -0.5, 0.0, 0.0]) / (0.5 + EPS)
+    err = float(np.nanmax(np.abs(A - want))) if np.isfinite(A).all() else float("inf")
+    return bool(A[2] == 0.0 and err < 1e-6), f"A(all-None row) = {A[2]:.4g}, max |A - expected| = {err:.3g}"
+
+
+def one_nan_experiment(s: Scorer) -> tuple[bool, str]:
+    # G = 4, functions (correct, format); the format function returned None on row 1 only
+    per_fn = np.array([[1.0, 0.5], [0.0, np.nan], [1.0, 0.0], [0.0, 0.0]])
+    A = s.advantages(per_fn, np.array([1.0, 0.5]), 4)
+    # expected: totals (weighted sum over the functions that apply) [1.25, 0, 1, 0], all finite;
+    # mean 0.5625, sample std sqrt((0.47265625 + 0.31640625 + 0.19140625 + 0.31640625) / 3) = 0.65749
+    total = np.array([1.25, 0.0, 1.0, 0.0])
+    want = (total - total.mean()) / (total.std(ddof=1) + EPS)
+    finite = bool(np.isfinite(A).all())
+    err = float(np.abs(A - want).max()) if finite else float("inf")
+    return finite and err < 1e-6, f"non-finite advantages: {int((~np.isfinite(A)).sum())} of 4, max |A - expected| = {err:.3g}"
+
+
+def default_zero_experiment(s: Scorer) -> tuple[bool, str]:
+    # TRL #6427's four siblings: 0 and 3 submitted nothing (unscorable), 1 and 2 submitted a wrong answer
+    rewards = s.contract(["explored", "submit 41", "submit 43", "explored"])
+    A = s.advantages(rewards[:, None], np.ones(1), 4)
+    # expected: the unscorable rows are NaN (stored as null) and get A = 0; the two scored rows are equal
+    # (-1, -1): a zero-std group, A = 0 for all. With a 0.0 default: [0, -1, -1, 0] gives A = +-0.866
+    ok = bool(np.isnan(rewards[[0, 3]]).all() and np.all(A == 0.0))
+    return ok, f"stored rewards {rewards.tolist()}, A = {np.round(A, 4).tolist()}"
+
+
+def cases() -> list[Case]:
+    from pipeline.conformance import trl_adapter as trl
+
+    return [
+        Case("all-none-rewards", "a completion no reward function applies to gets advantage 0, not a 0.0 reward",
+             "TRL #3079 (nansum), #5775", "A_i = 0 and the group's mean/std over the others: A = [0.9998, -0.9998, 0, 0]",
+             all_none_experiment, grpo_scorer, nansum_scorer, trl=trl.scorer),
+        Case("one-none-of-several", "one function's None never makes an advantage NaN",
+             "ms-swift #8123 (GDPO NaN)", "every A finite; A = (t - mean t) / (std t + eps), t = weighted sum over applying functions",
+             one_nan_experiment, grpo_scorer, gdpo_scorer, trl=trl.scorer),
+        Case("unscorable-not-zero", "an unscorable completion is None (NaN), not a default 0.0 reward",
+             "TRL #6427 / #6430 (OpenReward default 0.0)", "rewards [None, -1, -1, None] -> stored [NaN, -1, -1, NaN], A = [0, 0, 0, 0]",
+             default_zero_experiment, grpo_scorer, zero_default_scorer, trl=trl.scorer),
+    ]
