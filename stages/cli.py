@@ -15,7 +15,7 @@ from pipeline.errors import GRPOError
 from demo.commands import register as register_demo
 from stages import eval, export, init, iterate, logprobs, rollout, score, status, update
 from stages import inspect
-from stages import audit, replay
+from stages import audit, conformance, replay
 
 app = typer.Typer(
     name="grpo",
@@ -36,6 +36,7 @@ app.command("inspect")(inspect.inspect)
 app.command("export")(export.export)
 app.command("audit")(audit.audit)
 app.command("replay")(replay.replay)
+app.command("conformance")(conformance.conformance)
 register_demo(app)  # demo, make-data, make-model: the embedded demo, its own package
 
 

@@ -112,3 +112,19 @@ def test_bnpo_weighs_each_micro_batch_the_same(twenty_rows, trainer):
     trainer.engine.module.zero_grad(set_to_none=True)
     assert _relative(split, (parts[0] + parts[1]) / 2) < 1e-6
     assert _relative(split, whole) > 1e-3  # by its definition, not the 8 rows' token mean
+
+
+@pytest.mark.slow
+def test_conformance_zero_stage_2_steps_on_every_micro_batch(twenty_rows):
+    """The conformance case zero-keeps-every-micro-step (DeepSpeed #7981) on this module's rows, so the suite
+    makes no second rollout: the short last mini-batch (rows 12..19) in 2 micro-batches under ZeRO-2 moves the
+    weights as one micro-batch does, and the broken variant (every micro-step a boundary) is flagged."""
+    from pipeline.conformance import engine
+    from pipeline.conformance.case import run_case
+
+    run, data = twenty_rows
+    engine.use(run, data, np.arange(12, 20))
+    (case,) = engine.cases()
+    row = run_case(case, with_trl=False)
+    assert row.grpo.holds is True, row.grpo.measured
+    assert row.broken.holds is False, row.broken.measured

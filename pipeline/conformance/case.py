@@ -98,5 +98,6 @@ def table(rows: list[Row], detail: bool = False) -> str:
         flagged = "yes" if r.broken.holds is False else "NO (vacuous)"
         trl = r.trl.word if not detail else f"{r.trl.word}: {r.trl.measured}"
         grpo = r.grpo.word if not detail else f"{r.grpo.word}: {r.grpo.measured}"
-        lines.append(f"| {r.case.id} | {r.case.source} | {grpo} | {flagged} | {trl} |")
+        cells = [r.case.id, r.case.source, grpo, flagged, trl]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

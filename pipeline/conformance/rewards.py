@@ -8,27 +8,12 @@ grpo's is its score stage's own path (`combine_rewards` then `advantages_of`, an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from pipeline.conformance.case import Case
+from pipeline.conformance.impls import Scorer
 
 EPS = 1e-4  # grpo's default advantages.eps (and TRL's 1e-4)
-
-
-@dataclass(frozen=True)
-class Scorer:
-    advantages: Callable[[np.ndarray, np.ndarray, int], np.ndarray]
-    contract: Callable[[list], np.ndarray]
-
-
-def outcome_only(completions, **kwargs) -> list[float | None]:
-    """A TRL-contract reward for the default-0.0 case (TRL #6427's table): -1 for a submitted wrong
-    answer, None for a completion that submitted nothing (nothing to score)."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [(-1.0 if "submit" in t else None) for t in texts]
 
 
 def _grpo_contract(values: list) -> np.ndarray:
@@ -37,7 +22,7 @@ def _grpo_contract(values: list) -> np.ndarray:
     from pipeline.rewards.contract import compute_rewards
 
     texts = [str(v) for v in values]  # outcome_only reads the texts
-    spec = CustomReward(fn="pipeline.conformance.rewards:outcome_only")
+    spec = CustomReward(fn="pipeline.conformance.impls:outcome_only")
     return compute_rewards([spec], ["q"] * len(texts), texts, None, {}, iteration=0)[:, 0]
 
 

@@ -9,9 +9,10 @@ The implementations asked: a `Masker`, `mask(prompt_ids, completion_ids, pad_id)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from pipeline.conformance.case import Case
+from pipeline.conformance.impls import Logprober
 
 EOS = PAD = 2  # a tokenizer whose pad token is its eos token (Llama, Qwen base models, SmolLM2)
 
@@ -19,12 +20,6 @@ EOS = PAD = 2  # a tokenizer whose pad token is its eos token (Llama, Qwen base 
 @dataclass(frozen=True)
 class Masker:
     mask: Callable
-
-
-@dataclass(frozen=True)
-class Logprober:
-    model: Any
-    logprobs: Callable  # (model, prompt_ids, completion_ids, T) -> [B, T'] (padding: anything)
 
 
 def grpo_masker() -> Masker:

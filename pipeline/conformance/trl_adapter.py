@@ -78,7 +78,7 @@ def _advantages(per_fn: np.ndarray, weights: np.ndarray, G: int) -> np.ndarray:
 
 def _contract(values: list) -> np.ndarray:
     """A TRL-contract reward's output as TRL stores it: `_calculate_rewards` (None -> NaN)."""
-    from pipeline.conformance.rewards import outcome_only
+    from pipeline.conformance.impls import outcome_only
 
     t = _trainer()
     texts = [str(v) for v in values]
@@ -92,7 +92,7 @@ def _contract(values: list) -> np.ndarray:
 
 
 def scorer():
-    from pipeline.conformance.rewards import Scorer
+    from pipeline.conformance.impls import Scorer
 
     _trainer()  # TRL importable and the model given, or the row says why
     return Scorer(_advantages, _contract)
@@ -118,7 +118,7 @@ def _trl_logprobs(model, prompts, comps, T):
 
 
 def logprober():
-    from pipeline.conformance.tokens import Logprober
+    from pipeline.conformance.impls import Logprober
 
     t = _trainer()
     t.model.eval()
