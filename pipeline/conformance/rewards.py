@@ -104,7 +104,7 @@ def cases() -> list[Case]:
 
     return [
         Case("all-none-rewards", "a completion no reward function applies to gets advantage 0, not a 0.0 reward",
-             "TRL #3079 (nansum), #5775", "A_i = 0 and the group's mean/std over the others: A = [0.9998, -0.9998, 0, 0]",
+             "TRL #5775 (nansum of all-None rewards)", "A_i = 0 and the group's mean/std over the others: A = [0.9998, -0.9998, 0, 0]",
              all_none_experiment, grpo_scorer, nansum_scorer, trl=trl.scorer),
         Case("one-none-of-several", "one function's None never makes an advantage NaN",
              "ms-swift #8123 (GDPO NaN)", "every A finite; A = (t - mean t) / (std t + eps), t = weighted sum over applying functions",
