@@ -77,3 +77,11 @@ def test_the_trl_column_is_what_trl_measures(assets):
         got: Outcome = measure(c, "trl")
         assert got.holds is not None, (c.id, got.measured)
         assert doc.split(":")[0] == got.word, (c.id, doc, got)
+
+
+def test_an_unknown_case_is_a_one_line_error(capsys):
+    from stages.cli import run_cli
+
+    assert run_cli(["conformance", "--no-trl", "--case", "no-such-case"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --case 'no-such-case': no such case (known: all-none-rewards")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -49,7 +49,6 @@ class Case:
     trl: Callable[[], Any] | None = None  # builds TRL's implementation, when the experiment can run on it
     trl_na: str = ""  # why the TRL column is not measured, when `trl` is None
     slow: bool = False  # needs a real engine (DeepSpeed): the suite runs it under `-m slow`
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 def measure(case: Case, which: str) -> Outcome:

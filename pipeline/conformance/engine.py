@@ -8,7 +8,7 @@ The implementation asked is a `Stepper`: `delta(stage, grad_accum, rows)` -> the
 the weights after one optimizer step over `rows`, from a fresh `Trainer` with `train.zero_stage` and
 `train.grad_accum` set. grpo's sets DeepSpeed's accumulation boundary on the last micro-batch of the
 mini-batch only (`Trainer.accumulate`); the broken one marks every micro-step a boundary, as a trainer
-calling backward() more than once per step with `gradient_accumulation_steps: 1` does.
+calling backward() several times per step with DeepSpeed's `gradient_accumulation_steps: 1` does.
 """
 
 from __future__ import annotations

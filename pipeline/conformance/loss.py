@@ -295,7 +295,7 @@ def cases() -> list[Case]:
         Case("dp-seq-mean-denominator", "the loss is the same on 1 process and averaged over 2 uneven ranks",
              "verl #5798 (seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
              dp_experiment, grpo_objective, dp_squared_objective,
-             trl_na="not applicable here: needs 2 accelerate processes; TRL's grpo divides by per-rank sequences"),
+             trl_na="not measured: needs 2 accelerate processes and TRL's loss fed these logprobs"),
         Case("masked-token-mean", "masked positions count in neither the numerator nor the denominator",
              "TRL #6369, ROLL #444", "L = sum(l m) / sum(m); garbage where m = 0 changes loss and gradient by 0",
              masked_mean_experiment, grpo_objective, unmasked_numerator_objective, trl_na=OBJ_NA),

@@ -102,8 +102,7 @@ def _trl_logprobs(model, prompts, comps, T):
     import torch
 
     t = _trainer(temperature=T)
-    rows = [p + c for p, c in zip(prompts, comps)]
-    L, keep = max(map(len, rows)), max(map(len, comps))
+    keep = max(map(len, comps))
     # left-pad the prompts so every completion ends its row's last `keep` positions, as TRL lays them out
     ids = torch.zeros((len(rows), len(max(prompts, key=len)) + keep), dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -111,7 +110,6 @@ def _trl_logprobs(model, prompts, comps, T):
     for i, (p, c) in enumerate(zip(prompts, comps)):
         ids[i, Lp - len(p):Lp], attn[i, Lp - len(p):Lp] = torch.tensor(p), 1
         ids[i, Lp:Lp + len(c)], attn[i, Lp:Lp + len(c)] = torch.tensor(c), 1
-    del L
     with torch.no_grad():
         logp, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, attn, keep)
     return logp
