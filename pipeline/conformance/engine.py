@@ -23,6 +23,7 @@ _ROWS: dict[str, Any] = {}
 
 def use(run, data, rows) -> None:
     """The iteration's rows (a Run, its UpdateData with advantages set, the row indices of one mini-batch)."""
+    _ROWS.clear()
     _ROWS.update(run=run, data=data, rows=rows)
 
 
@@ -81,13 +82,21 @@ def _delta(stage: int, grad_accum: int, every_boundary: bool):
         trainer.close()
 
 
+def _reference():
+    """delta(ZeRO 0, one micro-batch), made once: with a single backward per step there is one boundary
+    whatever marks it, so grpo's and the broken variant's reference are the same run."""
+    if "reference" not in _ROWS:
+        _ROWS["reference"] = _delta(0, 1, every_boundary=False)
+    return _ROWS["reference"]
+
+
 def grpo_stepper() -> Stepper:
-    return Stepper(lambda stage, ga: _delta(stage, ga, every_boundary=False))
+    return Stepper(lambda stage, ga: _reference() if (stage, ga) == (0, 1) else _delta(stage, ga, every_boundary=False))
 
 
 def boundary_every_step_stepper() -> Stepper:
     """DeepSpeed #7981 / open-instruct #1498: every backward() a boundary, so ZeRO-1/2 keeps the last only."""
-    return Stepper(lambda stage, ga: _delta(stage, ga, every_boundary=True))
+    return Stepper(lambda stage, ga: _reference() if (stage, ga) == (0, 1) else _delta(stage, ga, every_boundary=True))
 
 
 def zero_accumulation_experiment(s: Stepper) -> tuple[bool, str]:
