@@ -104,7 +104,7 @@ def _trl_logprobs(model, prompts, comps, T):
     t = _trainer(temperature=T)
     keep = max(map(len, comps))
     # left-pad the prompts so every completion ends its row's last `keep` positions, as TRL lays them out
-    ids = torch.zeros((len(rows), len(max(prompts, key=len)) + keep), dtype=torch.long)
+    ids = torch.zeros((len(prompts), len(max(prompts, key=len)) + keep), dtype=torch.long)
     attn = torch.zeros_like(ids)
     Lp = ids.shape[1] - keep
     for i, (p, c) in enumerate(zip(prompts, comps)):
