@@ -31,6 +31,15 @@ PROMPTS = ["2+2?", "3+3?", [{"role": "user", "content": "Say hi"}]] * 2
 TEXTS = ["<answer>4</answer>", "<answer>5</answer>", "hello", "four", "six", "hi there"]
 COLUMNS = {"answer": ["4", "6", None, "4", "6", None]}
 KEY = "GRPO_TEST_ORM_KEY"
+URL_KEY = "GRPO_TEST_ORM_URL_SECRET"
+"""The variable a keyed URL references, `?key=${GRPO_TEST_ORM_URL_SECRET}` (pipeline/config/urls.py)."""
+
+
+def keyed(url: str, mode: str = "keyed", **top) -> dict:
+    """An entry whose URL carries the fault server's ?key= as a reference to URL_KEY."""
+    e = entry(url, mode, **top)
+    e["kwargs"]["url"] += "?key=${" + URL_KEY + "}"
+    return e
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +121,34 @@ def test_concurrency_is_held_the_key_never_recorded_and_answers_reused_by_a_resu
     assert sent(rm) == 12
 
 
+def test_a_url_key_is_sent_never_recorded_and_masked_where_a_server_quotes_it(rm, monkeypatch):
+    secret = rm.url_key
+    monkeypatch.setenv(URL_KEY, secret)
+    values, log, _ = served(keyed(rm.url))
+    assert rm.url_keys == {secret: 6} and values.tolist() == [rm_reward(p + t, a) for p, t, a in
+                                                            zip(RENDERED, TEXTS, COLUMNS["answer"])]
+    assert log.extra["orm_server"] == [f"{rm.url}/keyed/get_reward?key=${{{URL_KEY}}}"] * 6  # the reference, not the key
+    assert not any(secret in json.dumps(v) for v in log.extra.values())
+    rm.reset()  # a server answering an error that quotes the URL it was sent, key and all: masked where it is kept ...
+    values, log, _ = served(keyed(rm.url, "keyed-echo", retries=0, kwargs={"on_failure": "none"}), n=2)
+    assert rm.url_keys == {secret: 2} and np.isnan(values).all()
+    assert log.extra["orm_reason"] == [f"failed: HTTP 400: cannot score at /keyed-echo/get_reward?key=*** (1 attempt)"] * 2
+    with pytest.raises(GRPOError) as info:  # ... and where it is said
+        served(keyed(rm.url, "keyed-echo", retries=0), n=1)
+    assert secret not in str(info.value) and "cannot score at /keyed-echo/get_reward?key=*** (1 attempt)" in str(info.value)
+    monkeypatch.setenv(URL_KEY, "wrong-key")  # a wrong key: refused, the stage stops whatever on_failure says
+    with pytest.raises(GRPOError) as info:
+        served(keyed(rm.url, retries=0, kwargs={"on_failure": "none"}), n=1)
+    assert 'HTTP 401: {"detail": "no access to /keyed/get_reward?key=***"} (1 attempt)' in str(info.value)
+    assert "wrong-key" not in str(info.value)  # a value sent is masked, right or wrong
+    monkeypatch.delenv(URL_KEY)  # a resumed stage without the variable: one line naming it
+    with pytest.raises(GRPOError) as info:
+        served(keyed(rm.url), n=1)
+    assert str(info.value).endswith(f"the URL {rm.url}/keyed/get_reward?key=${{{URL_KEY}}}: the environment variable "
+                                    f"{URL_KEY} is not set (the URL's ${{{URL_KEY}}}: its value is never stored, so every "
+                                    "process that sends a request reads it)")
+
+
 def test_429_is_retried_a_broken_server_stops_the_stage_garbage_is_unreadable_and_a_clashing_log_refused(rm):
     values, _, ledger = served(entry(rm.url, "flaky", retries=2), n=3)
     assert values.tolist() == [rm_reward(p + t, a) for p, t, a in zip(RENDERED, TEXTS, COLUMNS["answer"][:3])]
@@ -141,9 +178,25 @@ def test_bad_configs_fail_at_init_with_one_line(assets, tmp_path, capsys, rm, mo
     assert line({**ok, "kwargs": {"label_key": "answer"}}).endswith("rewards.0.kwargs.url: required key is missing")
     assert line({**ok, "kwargs": {**ok["kwargs"], "url": "localhost:5000"}}).endswith(
         "rewards.0.kwargs.url: 'localhost:5000' is not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)")
-    assert line({**ok, "kwargs": {**ok["kwargs"], "url": "http://me:pw@127.0.0.1:5000/get_reward"}}).endswith(
-        "rewards.0.kwargs.url: holds a user or password, which would be stored with every answer: "
-        "put the key in an environment variable and name it in api_key_env")
+    secret = rm.url_key  # a secret written into the URL is refused before anything is written or sent
+    for url, why in ((f"{rm.url}/keyed/get_reward?key={secret}", "its query parameter 'key' holds a secret"),
+                     (f"{rm.url}/keyed/get_reward?Access_Token={secret}", "its query parameter 'Access_Token' holds a secret"),
+                     (f"http://me:{secret}@127.0.0.1:5000/get_reward", "holds a user (user:password@)"),
+                     (f"http://${{U}}:{secret}@127.0.0.1:5000/get_reward", "holds a password (user:password@)"),
+                     (f"{rm.url}/ok/get_reward#{secret}", "holds a fragment (#...), which is never sent to a server")):
+        said = line({**ok, "kwargs": {**ok["kwargs"], "url": url}})
+        assert "rewards.0.kwargs.url: " in said and why in said and secret not in said, said
+    assert rm.url_keys == {}
+    monkeypatch.delenv(URL_KEY, raising=False)
+    assert line(keyed(rm.url)) == (f"rewards[0].kwargs.url: the environment variable {URL_KEY} is not set (the URL's "
+                                   f"${{{URL_KEY}}}: its value is never stored, so every process that sends a request reads it)")
+    monkeypatch.setenv(URL_KEY, "wrong-key")
+    assert line(keyed(rm.url)) == (f"rewards[0].kwargs.url: {rm.url}/keyed/get_reward?key=${{{URL_KEY}}} refused the key "
+                                   "(HTTP 401); grpo init --no-judge-check skips this check")
+    monkeypatch.setenv(URL_KEY, secret)
+    dead = dead_url()  # an error line that quotes the URL: its reference, never the key
+    assert line(keyed(dead)) == (f"rewards[0].kwargs.url: {dead}/keyed/get_reward?key=${{{URL_KEY}}} cannot be reached "
+                                 "(ConnectError); grpo init --no-judge-check skips this check")
     assert line({**ok, "kwargs": {**ok["kwargs"], "model": "rm"}}).endswith(
         "rewards.0.kwargs.model: openrlhf_server has no option 'model' (options: url, label_key, api_key_env, on_failure)")
     msg = line({**ok, "kwargs": {**ok["kwargs"], "label_key": "gold"}})

@@ -94,14 +94,17 @@ class Config(Section):
         return eval_sets(self.data.eval, self.eval)
 
 
-def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None) -> Config:
+def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None,
+            stored: bool = False) -> Config:
     """Validate a raw config tree with overrides applied; one-line GRPOError on failure, from
-    `source` (or the `sources` entry of the key at fault, see `format_error`)."""
+    `source` (or the `sources` entry of the key at fault, see `format_error`). `stored`: a run's own
+    config.yaml, read as it was written (a URL's literal secret from before pipeline/config/urls.py is
+    not refused there)."""
     tree = json.loads(json.dumps(tree))  # deep copy, plain types only
     for key, raw in parse_overrides(sets):
         set_dotted(tree, key, raw)
     try:
-        return Config.model_validate(tree)
+        return Config.model_validate(tree, context={"stored": stored})
     except ValidationError as err:
         raise GRPOError(format_error(err, source, Config, sources=sources)) from None
 
@@ -162,4 +165,4 @@ def from_yaml_text(text: str, source: str) -> Config:
             section = section.setdefault(part, {}) if isinstance(section, dict) else None
         if isinstance(section, dict) and key not in section:
             section[key] = json.loads(json.dumps(neutral))
-    return resolve(tree, None, source=source)
+    return resolve(tree, None, source=source, stored=True)

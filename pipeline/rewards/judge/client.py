@@ -183,9 +183,12 @@ def _error_text(r) -> str:
 
 
 def _redacted(text: str, hdrs: dict) -> str:
-    """`text` with the API key sent in `hdrs` masked: a server may quote the key it refused (a 401's message)."""
+    """`text` with the API key sent in `hdrs` and every secret of a URL (pipeline/config/urls.py) masked: a
+    server may quote the key it refused (a 401's message) or the URL it was sent."""
+    from pipeline.config.urls import mask
+
     key = hdrs.get("Authorization", "").removeprefix("Bearer ").strip()
-    return text.replace(key, "***") if key else text
+    return mask(text.replace(key, "***") if key else text)
 
 
 def chat_answer(data: dict) -> Answer:
@@ -204,9 +207,13 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
     retried `retries` times after `retry_delay`; any other status fails at once, not retryable.
     An HTTP 200 whose JSON `parse` cannot read (it raises), or whose finish_reason says the server
     dropped it unfinished (RETRIED_FINISH), counts as a failed attempt ("not a
-    <kind>"). Raises JudgeFailure."""
+    <kind>"). `url` as the config has it: its `${NAME}` references are read from the environment here
+    (pipeline/config/urls.py), a GRPOError when one is unset. Raises JudgeFailure."""
     import httpx
 
+    from pipeline.config.urls import expand, mask
+
+    url = expand(url, f"the URL {url}")
     cause = "no attempt"
     for attempt in range(retries + 1):
         said = None
@@ -219,7 +226,7 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
         except httpx.TimeoutException:
             cause = f"timed out after {timeout_s:g} s"
         except httpx.TransportError as err:
-            cause = f"{type(err).__name__}: {_first_line(str(err))}"
+            cause = f"{type(err).__name__}: {_first_line(mask(str(err)))}"
         else:
             latency = time.monotonic() - t0
             if r.status_code == 200:
