@@ -247,19 +247,22 @@ def audit(run: Path):
 
 @pytest.fixture(scope="module")
 def served_run(assets, server, tmp_path_factory):
-    """A run scored by the fault OpenRLHF server (one request at a time), its score stage SIGKILLed
-    right after the 5th answer was cached, then run again."""
+    """A run scored by the fault OpenRLHF server (one request at a time) in its keyed mode, the key in
+    the URL's query as `?key=${URL_KEY}` and MLflow on, its score stage SIGKILLed right after the 5th
+    answer was cached, then run again (each stage reading the key from its own environment)."""
     root = tmp_path_factory.mktemp("openrlhf_served")
-    cfg = base_config(assets, rewards=[entry(server.url, max_concurrency=1), {"fn": "format", "weight": 0.5}])
-    run = root / "run"
-    grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)))
-    grpo("rollout", str(run))
+    cfg = base_config(assets, rewards=[keyed(server.url, max_concurrency=1), {"fn": "format", "weight": 0.5}],
+                      tracking={"mlflow": True})
+    run, env, said = root / "run", {URL_KEY: server.url_key}, []
+    keep = lambda proc: said.append(proc.stdout + proc.stderr) or proc
+    keep(grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)), env=env))
+    keep(grpo("rollout", str(run), env=env))
     server.reset()
-    died = grpo("score", str(run), env={"GRPO_FAULT": "score:verdict:5"}, check=False)
+    died = keep(grpo("score", str(run), env={**env, "GRPO_FAULT": "score:verdict:5"}, check=False))
     state = {"returncode": died.returncode, "answered": sum(server.answered.values()),
              "cached": len(list((run / "iter-0000/score/judge-cache").glob("*.json")))}
-    grpo("score", str(run))
-    state["chats"] = dict(server.chats)
+    keep(grpo("score", str(run), env=env))
+    state["chats"], state["url_keys"], state["said"] = dict(server.chats), dict(server.url_keys), said
     return run, state
 
 
@@ -272,7 +275,9 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     assert s["returncode"] == -9 and s["cached"] == 5
     rows = part_rows(run)
     assert len(rows) == 16 and set(s["chats"].values()) == {1}  # the server's log: no request twice
+    assert s["url_keys"] == {server.url_key: len(s["chats"])}  # every request carried the key, the resumed stage's too
     assert {h for _, h in s["chats"]} == {r["extra_orm_request_hash"] for r in rows}
+    assert {r["extra_orm_server"] for r in rows} == {f"{server.url}/keyed/get_reward?key=${{{URL_KEY}}}"}
     rollout = [r for p in sorted((run / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
     by_key = {(r["prompt_id"], r["sample_idx"]): r for r in rollout}
     for r in rows:  # the reward is the server's answer to the rendered prompt + the completion, with its label
@@ -284,9 +289,13 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     assert m["judge"]["orm"]["requests"] == 16 and m["judge"]["orm"]["from_cache"] >= 5
     assert not (run / "iter-0000/score/judge-cache").exists() and audit(run).ok
 
-    server.reset()
+    server.reset()  # a replay asks nothing, so it needs no key: URL_KEY is not in its environment
     out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "same"), "--until", "score")
-    assert server.chats == {}  # not one request
+    assert server.chats == {} and server.url_keys == {}  # not one request
+    assert (run / "mlflow.db").is_file() and "${" + URL_KEY + "}" in (run / "config.yaml").read_text()
+    secret = server.url_key.encode()  # in no file of the run, its MLflow store and the replay's run, in no output
+    kept = [p for d in (run.parent, tmp_path / "same") for p in d.rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert kept == [] and not any(server.url_key in text for text in [*s["said"], out.stdout, out.stderr])
     assert "judge 'orm': 16 verdicts, 0 calls made, 16 reused" in out.stdout
     cols = ["reward", "reward_orm", "extra_orm_answer", "extra_dummy_scores"]
     assert [[r[c] for c in cols] for r in part_rows(tmp_path / "same")] == [[r[c] for c in cols] for r in rows]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.advantages import AdvantageConfig
 from pipeline.config.agents import AGENT_NEUTRAL
@@ -25,6 +25,7 @@ from pipeline.config.loss import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.config.rewards import RewardSpec
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.rules import refusal
+from pipeline.config.urls import checked
 from pipeline.config.train import TrainConfig
 from pipeline.errors import GRPOError
 
@@ -35,7 +36,13 @@ class TrackingConfig(Section):
     mlflow: bool = True
     """Log to MLflow."""
     mlflow_uri: str | None = None
-    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory."""
+    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory. No user:password or token in it (MLflow reads MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN)."""
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _no_secret_written(cls, value: str | None, info: ValidationInfo) -> str | None:
+        fix = "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+        return value if value is None else checked(value, info.context, fix)
     experiment: str = "grpo"
     """MLflow experiment name."""
     sample_completions: int = Field(16, ge=0)

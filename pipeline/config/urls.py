@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from pipeline.errors import GRPOError
 
@@ -91,14 +91,34 @@ def expand(url: str, where: str) -> str:
     return REF.sub(value, url)
 
 
-def checked(url: str, context) -> str:
+def checked(url: str, context, fix: str | None = None) -> str:
     """A validator's check of a URL option: refused (ValueError) when a secret is written into it, unless
-    the config is a run's stored one (`context` {"stored": True}: written before the rule, read as it was)."""
+    the config is a run's stored one (`context` {"stored": True}: written before the rule, read as it was).
+    `fix`: what to do instead, where a `${NAME}` reference is not read (the option is not a served reward's)."""
     if not (isinstance(context, dict) and context.get("stored")):
         why = literal_secret(url)
         if why is not None:
-            raise ValueError(why)
+            raise ValueError(why if fix is None else f"{why.split(', which ')[0].split(': ')[0]}, which would be stored "
+                                                     f"with the run: {fix}")
     return url
+
+
+def redacted(url: str) -> str:
+    """`url` with its userinfo's password and every secret query parameter's value (`is_secret_param`)
+    as `***`: a URL taken from the environment (MLFLOW_TRACKING_URI) as a record may keep it."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None and not parts.fragment and not any(is_secret_param(k) for k, _ in parse_qsl(parts.query)):
+        return url  # nothing to hide: the URL as given, byte for byte
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{netloc.rpartition('@')[0].split(':')[0]}:{MASK}@{netloc.rpartition('@')[2]}"
+    query = "&".join(f"{k}={MASK}" if is_secret_param(unquote(k)) and v else (f"{k}={v}" if sep else k)
+                     for k, sep, v in (p.partition("=") for p in parts.query.split("&")) if k or sep)
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=MASK if parts.fragment else ""))
 
 
 def _remember(value: str) -> None:
