@@ -85,7 +85,7 @@ def expand(url: str, where: str) -> str:
         if not got:
             raise GRPOError(f"{where}: the environment variable {name} is not set (the URL's ${{{name}}}: its value is "
                             "never stored, so every process that sends a request reads it)")
-        _remember(got)
+        remember(got)
         return quote(got, safe="%-._~")
 
     return REF.sub(value, url)
@@ -121,7 +121,8 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=MASK if parts.fragment else ""))
 
 
-def _remember(value: str) -> None:
+def remember(value: str) -> None:
+    """`value` is a secret sent from this process (a URL's, a Bearer key): `mask` hides it from here on."""
     if len(value) >= 4 and value not in _KNOWN:
         _KNOWN.add(value)
         encoded = quote(value, safe="%-._~")

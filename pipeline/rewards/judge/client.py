@@ -86,9 +86,13 @@ def request_hash(body: str) -> str:
 
 def headers(o) -> dict[str, str]:
     """JSON, and the Bearer key read from `o.api_key_env` (JudgeOptions or a served RewardModelOptions)."""
+    from pipeline.config.urls import remember
+
     out = {"Content-Type": "application/json"}
     if o.api_key_env:
-        out["Authorization"] = f"Bearer {os.environ.get(o.api_key_env, '')}"
+        key = os.environ.get(o.api_key_env, "")
+        remember(key)  # masked in any text from here on, as a URL's secret is
+        out["Authorization"] = f"Bearer {key}"
     return out
 
 
