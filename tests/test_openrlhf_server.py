@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE_REWARDS, Judge, dead_url, rm_reward, score
 
@@ -147,6 +148,22 @@ def test_a_url_key_is_sent_never_recorded_and_masked_where_a_server_quotes_it(rm
     assert str(info.value).endswith(f"the URL {rm.url}/keyed/get_reward?key=${{{URL_KEY}}}: the environment variable "
                                     f"{URL_KEY} is not set (the URL's ${{{URL_KEY}}}: its value is never stored, so every "
                                     "process that sends a request reads it)")
+
+
+def test_a_run_written_before_the_rule_with_a_literal_key_reads_as_it_was(assets):
+    """config.yaml and a manifest's rewards of a run made before URL secrets were refused: read (and
+    sent, and hashed) as written, where a user's config with the same URL is refused."""
+    from pipeline import config as config_mod
+    from pipeline.config.rewards import validate_reward
+
+    old = entry("http://127.0.0.1:5000")
+    old["kwargs"]["url"] += "?key=literal-marker"
+    tree = base_config(assets, rewards=[old])
+    with pytest.raises(GRPOError, match="its query parameter 'key' holds a secret"):
+        config_mod.resolve(tree)
+    cfg = config_mod.from_yaml_text(yaml.safe_dump(tree), "RUN/config.yaml")
+    assert cfg.rewards[0].kwargs.url.endswith("?key=literal-marker")
+    assert validate_reward(cfg.rewards[0].model_dump(mode="json"), stored=True).kwargs.url == cfg.rewards[0].kwargs.url
 
 
 def test_429_is_retried_a_broken_server_stops_the_stage_garbage_is_unreadable_and_a_clashing_log_refused(rm):

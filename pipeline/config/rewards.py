@@ -281,9 +281,10 @@ def unknown_fn_message(fn: Any) -> str:
 _ADAPTER = TypeAdapter(RewardSpec)
 
 
-def validate_reward(tree: dict | Any) -> Any:
+def validate_reward(tree: dict | Any, stored: bool = False) -> Any:
     """One `rewards:` entry validated alone; pydantic's ValidationError on failure
-    (`pipeline.config.errors.reward_spec` turns it into the one line naming the key)."""
+    (`pipeline.config.errors.reward_spec` turns it into the one line naming the key). `stored`: one a
+    run wrote (a manifest's), read as it was (pipeline/config/urls.py `checked`)."""
     if isinstance(tree, _Reward):
         return tree
-    return _ADAPTER.validate_python(tree)
+    return _ADAPTER.validate_python(tree, context={"stored": stored})
