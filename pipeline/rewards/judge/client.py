@@ -97,7 +97,14 @@ def headers(o) -> dict[str, str]:
 
 
 def endpoint(o, path: str = "chat/completions") -> str:
-    return f"{o.base_url.rstrip('/')}/{path}"
+    """base_url + `/path`, its query (`?key=${NAME}`, pipeline/config/urls.py) kept after the path."""
+    return joined(o.base_url, path)
+
+
+def joined(base_url: str, path: str, strip: str = "") -> str:
+    """`base_url` with `/path` appended to its path (after removing the suffix `strip`), its query kept."""
+    base, sep, query = base_url.partition("?")
+    return f"{base.rstrip('/').removesuffix(strip).rstrip('/') if strip else base.rstrip('/')}/{path}{sep}{query}"
 
 
 IDENTITY = ("id", "root", "parent", "owned_by", "max_model_len")
