@@ -37,6 +37,9 @@ and an OpenRLHF reward server, POST /<mode>/get_reward as `openrlhf.cli.serve_rm
 any number of queries per request, with the same modes; its garbage answers are GARBAGE_REWARDS
 (no reward, a word, NaN); mode `clash` adds an extra_logs entry `orm_answer`, mode `reason` one named `reason`; it has no /models (GET /<mode>/get_reward is a 405, as FastAPI answers a
 POST-only route).
+mode `keyed` answers as ok only a request whose query carries `key=<Judge.url_key>` (a random secret; any other
+key or none: a 401 quoting the path it was sent), mode `keyed-echo` answers a request with the right key a 400
+whose message quotes the whole path, the key in it (as some gateways do); `url_keys` counts the keys sent.
 GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
 may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
 `created` that is the time of the request.
@@ -49,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 import threading
 import time
 from collections import Counter
@@ -114,6 +118,8 @@ class Judge:
         self.chats: Counter = Counter()  # (mode, body sha256) -> chat requests received
         self.answered: Counter = Counter()  # (mode, body sha256) -> chat requests answered 200
         self.keys: Counter = Counter()  # Authorization header -> POSTs that sent it
+        self.url_key = "urlkey-" + secrets.token_hex(12)  # what mode `keyed` answers only with, ?key=...
+        self.url_keys: Counter = Counter()  # ?key= value -> requests (GET or POST) to a keyed mode that sent it
         self.stopping = threading.Event()
         judge = self
 
@@ -121,7 +127,25 @@ class Judge:
             def log_message(self, *args):  # quiet
                 pass
 
+            def refused(self) -> bool:
+                """A keyed mode's request without the right ?key=: answered 401, quoting what it was sent."""
+                url = urlparse(self.path)
+                if not url.path.startswith("/keyed"):
+                    return False
+                key = parse_qs(url.query).get("key", [None])[0]
+                with judge.lock:
+                    judge.url_keys[key] += 1
+                if key == judge.url_key:
+                    if url.path.startswith("/keyed-echo/") and self.command == "POST":
+                        self.answer(400, json.dumps({"message": f"cannot score at {self.path}"}))
+                        return True
+                    return False
+                self.answer(401, json.dumps({"detail": f"no access to {self.path}"}))
+                return True
+
             def do_GET(self):
+                if self.refused():
+                    return
                 url = urlparse(self.path)
                 if url.path.endswith("/v1/models") and url.path.startswith(("/nolist/", "/listfails/")):  # chats as "ok"
                     return self.answer(404 if url.path.startswith("/nolist/") else 500, "no model list")
@@ -163,8 +187,11 @@ class Judge:
                 self.wfile.write(body.encode())
 
             def do_POST(self):
-                mode = self.path.strip("/").split("/")[0]
+                path = urlparse(self.path).path
+                mode = path.strip("/").split("/")[0]
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.refused():
+                    return
                 key = (mode, hashlib.sha256(raw).hexdigest())
                 with judge.lock:
                     judge.chats[key] += 1
@@ -175,9 +202,9 @@ class Judge:
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
                 try:
                     body = json.loads(raw)
-                    classify = self.path.rstrip("/").endswith("/classify")
+                    classify = path.rstrip("/").endswith("/classify")
                     finish = "stop"
-                    openrlhf = self.path.rstrip("/").endswith("/get_reward")
+                    openrlhf = path.rstrip("/").endswith("/get_reward")
                     if openrlhf:
                         pairs = list(zip(body["query"], body["labels"]))
                         rewards = [rm_reward(q, label) for q, label in pairs]
@@ -261,6 +288,7 @@ class Judge:
             self.chats.clear()
             self.answered.clear()
             self.keys.clear()
+            self.url_keys.clear()
 
     def stop(self) -> None:
         self.stopping.set()

@@ -321,6 +321,16 @@ def test_a_refused_key_never_reaches_the_error_line(judge, monkeypatch):
     assert "sk-grpo-review" not in str(info.value)
 
 
+def test_a_key_in_the_base_urls_query_reaches_models_and_chats_and_is_never_recorded(judge, monkeypatch):
+    """base_url `.../v1?key=${NAME}`: /models and /chat/completions are appended to the path, the query kept."""
+    monkeypatch.setenv("GRPO_TEST_JUDGE_URL_KEY", judge.url_key)
+    e = judge_entry(judge.url, "keyed")
+    e["kwargs"]["base_url"] += "?key=${GRPO_TEST_JUDGE_URL_KEY}"
+    values, log, _ = judged(e, TEXTS[:3])
+    assert values.tolist() == expected(e, TEXTS[:3]) and judge.url_keys == {judge.url_key: 4}  # the model list, 3 chats
+    assert not any(judge.url_key in json.dumps(v) for v in log.extra.values())
+
+
 # -- grpo init ------------------------------------------------------------------------------------
 
 def test_bad_judges_fail_at_init_with_one_line(assets, tmp_path, capsys, judge, monkeypatch):

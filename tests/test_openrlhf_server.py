@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import base_config, grpo, init_error_line, write_config
 from judge_server import GARBAGE_REWARDS, Judge, dead_url, rm_reward, score
 
@@ -31,6 +32,15 @@ PROMPTS = ["2+2?", "3+3?", [{"role": "user", "content": "Say hi"}]] * 2
 TEXTS = ["<answer>4</answer>", "<answer>5</answer>", "hello", "four", "six", "hi there"]
 COLUMNS = {"answer": ["4", "6", None, "4", "6", None]}
 KEY = "GRPO_TEST_ORM_KEY"
+URL_KEY = "GRPO_TEST_ORM_URL_SECRET"
+"""The variable a keyed URL references, `?key=${GRPO_TEST_ORM_URL_SECRET}` (pipeline/config/urls.py)."""
+
+
+def keyed(url: str, mode: str = "keyed", **top) -> dict:
+    """An entry whose URL carries the fault server's ?key= as a reference to URL_KEY."""
+    e = entry(url, mode, **top)
+    e["kwargs"]["url"] += "?key=${" + URL_KEY + "}"
+    return e
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +122,50 @@ def test_concurrency_is_held_the_key_never_recorded_and_answers_reused_by_a_resu
     assert sent(rm) == 12
 
 
+def test_a_url_key_is_sent_never_recorded_and_masked_where_a_server_quotes_it(rm, monkeypatch):
+    secret = rm.url_key
+    monkeypatch.setenv(URL_KEY, secret)
+    values, log, _ = served(keyed(rm.url))
+    assert rm.url_keys == {secret: 6} and values.tolist() == [rm_reward(p + t, a) for p, t, a in
+                                                            zip(RENDERED, TEXTS, COLUMNS["answer"])]
+    assert log.extra["orm_server"] == [f"{rm.url}/keyed/get_reward?key=${{{URL_KEY}}}"] * 6  # the reference, not the key
+    assert not any(secret in json.dumps(v) for v in log.extra.values())
+    rm.reset()  # a server answering an error that quotes the URL it was sent, key and all: masked where it is kept ...
+    values, log, _ = served(keyed(rm.url, "keyed-echo", retries=0, kwargs={"on_failure": "none"}), n=2)
+    assert rm.url_keys == {secret: 2} and np.isnan(values).all()
+    assert log.extra["orm_reason"] == [f"failed: HTTP 400: cannot score at /keyed-echo/get_reward?key=*** (1 attempt)"] * 2
+    with pytest.raises(GRPOError) as info:  # ... and where it is said
+        served(keyed(rm.url, "keyed-echo", retries=0), n=1)
+    assert secret not in str(info.value) and "cannot score at /keyed-echo/get_reward?key=*** (1 attempt)" in str(info.value)
+    monkeypatch.setenv(URL_KEY, "wrong-key")  # a wrong key: refused, the stage stops whatever on_failure says
+    with pytest.raises(GRPOError) as info:
+        served(keyed(rm.url, retries=0, kwargs={"on_failure": "none"}), n=1)
+    assert 'HTTP 401: {"detail": "no access to /keyed/get_reward?key=***"} (1 attempt)' in str(info.value)
+    assert "wrong-key" not in str(info.value)  # a value sent is masked, right or wrong
+    monkeypatch.delenv(URL_KEY)  # a resumed stage without the variable: one line naming it
+    with pytest.raises(GRPOError) as info:
+        served(keyed(rm.url), n=1)
+    assert str(info.value).endswith(f"the URL {rm.url}/keyed/get_reward?key=${{{URL_KEY}}}: the environment variable "
+                                    f"{URL_KEY} is not set (the URL's ${{{URL_KEY}}}: its value is never stored, so every "
+                                    "process that sends a request reads it)")
+
+
+def test_a_run_written_before_the_rule_with_a_literal_key_reads_as_it_was(assets):
+    """config.yaml and a manifest's rewards of a run made before URL secrets were refused: read (and
+    sent, and hashed) as written, where a user's config with the same URL is refused."""
+    from pipeline import config as config_mod
+    from pipeline.config.rewards import validate_reward
+
+    old = entry("http://127.0.0.1:5000")
+    old["kwargs"]["url"] += "?key=literal-marker"
+    tree = base_config(assets, rewards=[old])
+    with pytest.raises(GRPOError, match="its query parameter 'key' holds a secret"):
+        config_mod.resolve(tree)
+    cfg = config_mod.from_yaml_text(yaml.safe_dump(tree), "RUN/config.yaml")
+    assert cfg.rewards[0].kwargs.url.endswith("?key=literal-marker")
+    assert validate_reward(cfg.rewards[0].model_dump(mode="json"), stored=True).kwargs.url == cfg.rewards[0].kwargs.url
+
+
 def test_429_is_retried_a_broken_server_stops_the_stage_garbage_is_unreadable_and_a_clashing_log_refused(rm):
     values, _, ledger = served(entry(rm.url, "flaky", retries=2), n=3)
     assert values.tolist() == [rm_reward(p + t, a) for p, t, a in zip(RENDERED, TEXTS, COLUMNS["answer"][:3])]
@@ -141,9 +195,25 @@ def test_bad_configs_fail_at_init_with_one_line(assets, tmp_path, capsys, rm, mo
     assert line({**ok, "kwargs": {"label_key": "answer"}}).endswith("rewards.0.kwargs.url: required key is missing")
     assert line({**ok, "kwargs": {**ok["kwargs"], "url": "localhost:5000"}}).endswith(
         "rewards.0.kwargs.url: 'localhost:5000' is not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)")
-    assert line({**ok, "kwargs": {**ok["kwargs"], "url": "http://me:pw@127.0.0.1:5000/get_reward"}}).endswith(
-        "rewards.0.kwargs.url: holds a user or password, which would be stored with every answer: "
-        "put the key in an environment variable and name it in api_key_env")
+    secret = rm.url_key  # a secret written into the URL is refused before anything is written or sent
+    for url, why in ((f"{rm.url}/keyed/get_reward?key={secret}", "its query parameter 'key' holds a secret"),
+                     (f"{rm.url}/keyed/get_reward?Access_Token={secret}", "its query parameter 'Access_Token' holds a secret"),
+                     (f"http://me:{secret}@127.0.0.1:5000/get_reward", "holds a user (user:password@)"),
+                     (f"http://${{U}}:{secret}@127.0.0.1:5000/get_reward", "holds a password (user:password@)"),
+                     (f"{rm.url}/ok/get_reward#{secret}", "holds a fragment (#...), which is never sent to a server")):
+        said = line({**ok, "kwargs": {**ok["kwargs"], "url": url}})
+        assert "rewards.0.kwargs.url: " in said and why in said and secret not in said, said
+    assert rm.url_keys == {}
+    monkeypatch.delenv(URL_KEY, raising=False)
+    assert line(keyed(rm.url)) == (f"rewards[0].kwargs.url: the environment variable {URL_KEY} is not set (the URL's "
+                                   f"${{{URL_KEY}}}: its value is never stored, so every process that sends a request reads it)")
+    monkeypatch.setenv(URL_KEY, "wrong-key")
+    assert line(keyed(rm.url)) == (f"rewards[0].kwargs.url: {rm.url}/keyed/get_reward?key=${{{URL_KEY}}} refused the key "
+                                   "(HTTP 401); grpo init --no-judge-check skips this check")
+    monkeypatch.setenv(URL_KEY, secret)
+    dead = dead_url()  # an error line that quotes the URL: its reference, never the key
+    assert line(keyed(dead)) == (f"rewards[0].kwargs.url: {dead}/keyed/get_reward?key=${{{URL_KEY}}} cannot be reached "
+                                 "(ConnectError); grpo init --no-judge-check skips this check")
     assert line({**ok, "kwargs": {**ok["kwargs"], "model": "rm"}}).endswith(
         "rewards.0.kwargs.model: openrlhf_server has no option 'model' (options: url, label_key, api_key_env, on_failure)")
     msg = line({**ok, "kwargs": {**ok["kwargs"], "label_key": "gold"}})
@@ -194,19 +264,22 @@ def audit(run: Path):
 
 @pytest.fixture(scope="module")
 def served_run(assets, server, tmp_path_factory):
-    """A run scored by the fault OpenRLHF server (one request at a time), its score stage SIGKILLed
-    right after the 5th answer was cached, then run again."""
+    """A run scored by the fault OpenRLHF server (one request at a time) in its keyed mode, the key in
+    the URL's query as `?key=${URL_KEY}` and MLflow on, its score stage SIGKILLed right after the 5th
+    answer was cached, then run again (each stage reading the key from its own environment)."""
     root = tmp_path_factory.mktemp("openrlhf_served")
-    cfg = base_config(assets, rewards=[entry(server.url, max_concurrency=1), {"fn": "format", "weight": 0.5}])
-    run = root / "run"
-    grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)))
-    grpo("rollout", str(run))
+    cfg = base_config(assets, rewards=[keyed(server.url, max_concurrency=1), {"fn": "format", "weight": 0.5}],
+                      tracking={"mlflow": True})
+    run, env, said = root / "run", {URL_KEY: server.url_key}, []
+    keep = lambda proc: said.append(proc.stdout + proc.stderr) or proc
+    keep(grpo("init", str(run), "--config", str(write_config(root / "cfg.yaml", cfg)), env=env))
+    keep(grpo("rollout", str(run), env=env))
     server.reset()
-    died = grpo("score", str(run), env={"GRPO_FAULT": "score:verdict:5"}, check=False)
+    died = keep(grpo("score", str(run), env={**env, "GRPO_FAULT": "score:verdict:5"}, check=False))
     state = {"returncode": died.returncode, "answered": sum(server.answered.values()),
              "cached": len(list((run / "iter-0000/score/judge-cache").glob("*.json")))}
-    grpo("score", str(run))
-    state["chats"] = dict(server.chats)
+    keep(grpo("score", str(run), env=env))
+    state["chats"], state["url_keys"], state["said"] = dict(server.chats), dict(server.url_keys), said
     return run, state
 
 
@@ -219,7 +292,9 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     assert s["returncode"] == -9 and s["cached"] == 5
     rows = part_rows(run)
     assert len(rows) == 16 and set(s["chats"].values()) == {1}  # the server's log: no request twice
+    assert s["url_keys"] == {server.url_key: len(s["chats"])}  # every request carried the key, the resumed stage's too
     assert {h for _, h in s["chats"]} == {r["extra_orm_request_hash"] for r in rows}
+    assert {r["extra_orm_server"] for r in rows} == {f"{server.url}/keyed/get_reward?key=${{{URL_KEY}}}"}
     rollout = [r for p in sorted((run / "iter-0000/rollout").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
     by_key = {(r["prompt_id"], r["sample_idx"]): r for r in rollout}
     for r in rows:  # the reward is the server's answer to the rendered prompt + the completion, with its label
@@ -231,9 +306,13 @@ def test_a_served_run_scores_resumes_without_asking_twice_replays_asking_nothing
     assert m["judge"]["orm"]["requests"] == 16 and m["judge"]["orm"]["from_cache"] >= 5
     assert not (run / "iter-0000/score/judge-cache").exists() and audit(run).ok
 
-    server.reset()
+    server.reset()  # a replay asks nothing, so it needs no key: URL_KEY is not in its environment
     out = grpo("replay", str(run), "--iter", "0", "--to", str(tmp_path / "same"), "--until", "score")
-    assert server.chats == {}  # not one request
+    assert server.chats == {} and server.url_keys == {}  # not one request
+    assert (run / "mlflow.db").is_file() and "${" + URL_KEY + "}" in (run / "config.yaml").read_text()
+    secret = server.url_key.encode()  # in no file of the run, its MLflow store and the replay's run, in no output
+    kept = [p for d in (run.parent, tmp_path / "same") for p in d.rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert kept == [] and not any(server.url_key in text for text in [*s["said"], out.stdout, out.stderr])
     assert "judge 'orm': 16 verdicts, 0 calls made, 16 reused" in out.stdout
     cols = ["reward", "reward_orm", "extra_orm_answer", "extra_dummy_scores"]
     assert [[r[c] for c in cols] for r in part_rows(tmp_path / "same")] == [[r[c] for c in cols] for r in rows]

@@ -572,6 +572,20 @@ def test_secrets_are_never_in_the_runtime_env_and_a_jobs_runtime_env_is_merged_n
                                                         "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}}
     assert _merge_runtime_env(job["runtime_env"], {"env_vars": {"GRPO_CACHE_DIR": "/c"}}) is None  # what the driver sent before
     assert redact("refused {'HF_TOKEN': 'hf_marker123'}", env) == "refused {'HF_TOKEN': '***'}"
+    # a variable a served reward's URL references is a secret whatever its name: checked on each node, never sent
+    from types import SimpleNamespace
+
+    from pipeline.cluster.secrets import key_names, url_secrets
+    from pipeline.config.errors import reward_spec
+
+    cfg = SimpleNamespace(rewards=[reward_spec({"fn": "openrlhf_server", "kwargs": {
+        "url": "http://127.0.0.1:5000/get_reward?sv=${GRPO_RM_SV}&sig=${GRPO_RM_SIG}", "api_key_env": "GRPO_RM_KEY"}}, 0),
+        reward_spec({"fn": "judge", "kwargs": {"base_url": "http://${GRPO_JUDGE_USER}:${GRPO_JUDGE_PW}@127.0.0.1:8000/v1",
+                                               "model": "m", "rubric": "{completion}"}}, 1)])
+    assert key_names(cfg) == ["GRPO_RM_KEY", "GRPO_RM_SV", "GRPO_RM_SIG", "GRPO_JUDGE_USER", "GRPO_JUDGE_PW"]
+    signed = {**env, "GRPO_RM_SIG": "sig-marker", "GRPO_RM_SV": "2020", "GRPO_JUDGE_USER": "me"}
+    assert not {"GRPO_RM_SIG", "GRPO_RM_SV", "GRPO_JUDGE_USER"} & set(runtime_env(signed, url_secrets(cfg))["env_vars"])
+    assert "GRPO_RM_SIG" in runtime_env(signed)["env_vars"]  # what the driver sent before: a name that says nothing
     # without an address: a Ray instance of the run's own, not whatever cluster this machine runs (case 12)
     assert init_kwargs(None)["address"] == "local" and init_kwargs("10.0.0.1:6379")["address"] == "10.0.0.1:6379"
 

@@ -130,6 +130,16 @@ def test_concurrency_is_held_and_every_answer_is_recorded(rm, monkeypatch):
     assert sum(rm.chats.values()) == 2 * (6 + PROBES)  # another truncation is another request: asked again
 
 
+def test_a_key_in_the_base_urls_query_reaches_classify_and_is_never_recorded(rm, monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_RM_URL_KEY", rm.url_key)
+    e = rm_entry(rm.url, "keyed", kwargs={"activation": "softmax", "label": 1})
+    e["kwargs"]["base_url"] += "?key=${GRPO_TEST_RM_URL_KEY}"
+    values, log, _ = served(e)
+    assert values.tolist() == pytest.approx(by_hand(label=1, activation="softmax"))
+    assert rm.url_keys == {rm.url_key: 1 + 2 + len(TEXTS)}  # the model list, the probe's two, one per completion
+    assert not any(rm.url_key in json.dumps(v) for v in log.extra.values())
+
+
 def test_429_then_ok_is_retried_and_a_failing_server_stops_the_stage_or_gives_none(rm):
     values, log, ledger = served(rm_entry(rm.url, "flaky", retries=2), TEXTS[:4], PROMPTS[:4])
     assert values.tolist() == by_hand(texts=TEXTS[:4], prompts=PROMPTS[:4])

@@ -25,6 +25,7 @@ import pytest
 from conftest import base_config, grpo
 
 from pipeline.report import mlflow_run, tracking
+from pipeline.errors import GRPOError
 from pipeline.eval.run import eval_summary
 from pipeline.run.run import Run
 from pipeline.store import hash_file, stage_rel
@@ -52,6 +53,23 @@ def test_resolve_target_precedence(make_run, monkeypatch):
     assert tracking.resolve_target(run).uri == "http://127.0.0.1:2"
     run.cfg.tracking.mlflow = False
     assert tracking.resolve_target(run) is None
+    run.cfg.tracking.mlflow = True  # a password in the environment's URI: sent to MLflow, known (and recorded) redacted
+    run.cfg.tracking.mlflow_uri = None
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me:pw-marker@mlflow.example.com/?token=tk-marker&x=1")
+    target = tracking.resolve_target(run)
+    assert target.uri == "https://me:pw-marker@mlflow.example.com/?token=tk-marker&x=1"
+    assert target.key == "https://me:***@mlflow.example.com/?token=***&x=1"
+
+
+def test_a_secret_written_into_the_tracking_uri_is_refused(assets):
+    from pipeline import config as config_mod
+
+    for uri, why in (("https://me:pw-marker@mlflow.example.com", "holds a user (user:password@)"),
+                     ("https://mlflow.example.com/?access_token=tk-marker", "its query parameter 'access_token' holds a secret")):
+        with pytest.raises(GRPOError) as info:
+            config_mod.resolve(base_config(assets, tracking={"mlflow": True, "mlflow_uri": uri}))
+        assert str(info.value) == (f"config: tracking.mlflow_uri: {why}, which would be stored with the run: set "
+                                   "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
 
 
 def test_remote_run_dir_tracks_to_local_cache(assets, monkeypatch):

@@ -44,17 +44,18 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def init_kwargs(address: str | None) -> dict:
+def init_kwargs(address: str | None, skip=()) -> dict:
     """ray.init's arguments: without an address, a Ray instance of this run's own (`address="local"`:
     plain `ray.init()` would join any cluster already started on this machine, unannounced)."""
     from pipeline.cluster.secrets import runtime_env
 
     return dict(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                runtime_env=runtime_env())
+                runtime_env=runtime_env(skip=skip))
 
 
-def connect(cc, address: str | None) -> str:
-    """Join the cluster (or start a Ray instance here); one line when nothing answers."""
+def connect(cc, address: str | None, skip=()) -> str:
+    """Join the cluster (or start a Ray instance here); one line when nothing answers. `skip`: variables never
+    forwarded (a served reward's URL secrets)."""
     try:
         import ray
     except ImportError:
@@ -68,7 +69,7 @@ def connect(cc, address: str | None) -> str:
         except (OSError, ValueError) as err:
             raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({getattr(err, 'strerror', None) or err})") from None
     try:
-        ray.init(**init_kwargs(address))
+        ray.init(**init_kwargs(address, skip))
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... for an unreachable cluster
         from pipeline.cluster.secrets import redact
 
@@ -267,7 +268,9 @@ class RaySampler(Sampler):
 
         self.run, self.warm, self.cc = run, warm, run.cfg.cluster
         self.pool, self.rows, self.closed, self.hold = None, {}, False, None
-        where = connect(self.cc, address)
+        from pipeline.cluster.secrets import url_secrets
+
+        where = connect(self.cc, address, url_secrets(run.cfg))
         try:
             self.hold, node = driver_gpu(self.cc)
             probe, token = preflight(run, self.cc, node if self.hold else None)

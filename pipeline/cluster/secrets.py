@@ -18,11 +18,13 @@ def is_secret(name: str) -> bool:
     return any(part.endswith(SECRET_WORDS) for part in name.upper().split("_"))
 
 
-def forwarded_env(environ=None) -> dict[str, str]:
+def forwarded_env(environ=None, skip=()) -> dict[str, str]:
     """The driver's settings the workers need (GRPO_*, HF_*, VLLM_*, ...), but for its own fault hook
-    and any secret (HF_TOKEN, ...: each node reads its own, `secrets_left_out`)."""
+    and any secret (HF_TOKEN, ...: each node reads its own, `secrets_left_out`; `skip`: the variables a
+    URL references, `url_secrets`, whatever their names)."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED) and k != "GRPO_FAULT" and not is_secret(k)}
+    return {k: v for k, v in environ.items()
+            if k.startswith(FORWARDED) and k != "GRPO_FAULT" and not is_secret(k) and k not in skip}
 
 
 def secrets_left_out(environ=None) -> list[str]:
@@ -33,23 +35,38 @@ def secrets_left_out(environ=None) -> list[str]:
 
 def key_names(cfg) -> list[str]:
     """The variables holding the API keys of the run's served rewards (a judge, a served reward
-    model): every score task needs them in its own node's environment."""
+    model, an OpenRLHF server): `api_key_env` and every `${NAME}` of their URLs
+    (pipeline/config/urls.py); every score task needs them in its own node's environment."""
+    from pipeline.config.urls import names as url_names
+
     names = []
     for spec in cfg.rewards:
-        name = spec.options().get("api_key_env") if spec.served else None
-        if name and name not in names:
-            names.append(name)
+        if not spec.served:
+            continue
+        opts = spec.options()
+        for name in [opts.get("api_key_env"), *url_names(opts.get("url") or opts.get("base_url") or "")]:
+            if name and name not in names:
+                names.append(name)
     return names
 
 
-def runtime_env(environ=None) -> dict:
+def url_secrets(cfg) -> set[str]:
+    """The variables the run's served rewards' URLs reference: secrets whatever their names, so never
+    forwarded by value (`forwarded_env`)."""
+    from pipeline.config.urls import names as url_names
+
+    return {n for spec in cfg.rewards if spec.served
+            for n in url_names(spec.options().get("url") or spec.options().get("base_url") or "")}
+
+
+def runtime_env(environ=None, skip=()) -> dict:
     """The runtime_env for `ray.init`: the forwarded variables, merged into the job's own runtime_env
     under `ray job submit` or a KubeRay RayJob (Ray refuses a driver's runtime_env that names a
     variable the job's names too: the job's value wins here, as it is this process's value anyway)."""
     import json
 
     environ = os.environ if environ is None else environ
-    ours = forwarded_env(environ)
+    ours = forwarded_env(environ, skip)
     job = environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
     if not job:
         return {"env_vars": ours}
@@ -62,9 +79,12 @@ def runtime_env(environ=None) -> dict:
 
 
 def redact(text: str, environ=None) -> str:
-    """`text` with the value of every secret-named variable of this process (pool.is_secret) masked."""
+    """`text` with the value of every secret-named variable of this process (pool.is_secret) masked, and
+    every secret a URL's `${NAME}` read here (pipeline/config/urls.py)."""
+    from pipeline.config.urls import mask
+
     environ = os.environ if environ is None else environ
     for name, value in environ.items():
         if is_secret(name) and len(value) >= 4:
             text = text.replace(value, "***")
-    return text
+    return mask(text)

@@ -99,7 +99,7 @@ def require_keys(run: Run, here: str, what: str = "") -> None:
 
     for name in key_names(run.cfg):
         if not os.environ.get(name):
-            raise GRPOError(f"{what}the environment variable {name} (a served reward's api_key_env) is not set {here}; set it "
+            raise GRPOError(f"{what}the environment variable {name} (a served reward's api_key_env or a ${{NAME}} of its URL) is not set {here}; set it "
                             f"where `ray start` runs there (keys are never sent through Ray)")
 
 

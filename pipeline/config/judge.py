@@ -20,7 +20,7 @@ from __future__ import annotations
 import string
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.base import Section
 
@@ -59,7 +59,7 @@ class VerdictOptions(Section):
 
 class JudgeOptions(Section):
     base_url: str = Field(min_length=1)
-    """The OpenAI-compatible server, up to `/v1` (requests go to base_url + /chat/completions)."""
+    """The OpenAI-compatible server, up to `/v1` (requests go to base_url + /chat/completions). A secret in it (`?key=`, a user:password) is written `${NAME}`, read from that environment variable where each request is sent and never stored."""
     model: str = Field(min_length=1)
     """The model name the server serves (`/v1/models`)."""
     api_key_env: str | None = None
@@ -78,6 +78,13 @@ class JudgeOptions(Section):
     """Sent with every request (servers that honour it, like vLLM, then sample repeatably); None: not sent."""
     on_failure: Literal["error", "none"] = "error"
     """A request that fails (after its retries, or at once with an HTTP 4xx): stop the stage (answers so far are kept), or give that completion None."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_secret_written(cls, value: str, info: ValidationInfo) -> str:
+        from pipeline.config.urls import checked
+
+        return checked(value, info.context)
 
     @field_validator("rubric")
     @classmethod

@@ -82,7 +82,7 @@ class RewardModelOptions(_Options):
     model: str
     """A Hugging Face sequence-classification model directory (or hub id); with base_url: the name the server serves it under."""
     base_url: str | None = None
-    """A served model: its OpenAI-compatible server up to /v1 (`vllm serve MODEL --runner pooling`); each text is sent to the server's /classify. None: the model runs in the score process."""
+    """A served model: its OpenAI-compatible server up to /v1 (`vllm serve MODEL --runner pooling`); each text is sent to the server's /classify. None: the model runs in the score process. A secret in it is written `${NAME}` (read from the environment, never stored)."""
     api_key_env: str | None = None
     """Served: the NAME of the environment variable holding the API key (sent as a Bearer token); the key is never stored."""
     on_failure: Literal["error", "none"] = "error"
@@ -101,6 +101,13 @@ class RewardModelOptions(_Options):
     """Texts are truncated to this many tokens (served: at most the server's --max-model-len)."""
     device: str = "auto"
     """In-process: torch device; auto picks cuda when available."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_secret_written(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from pipeline.config.urls import checked
+
+        return value if value is None else checked(value, info.context)
 
     @field_validator("api_key_env")
     @classmethod
@@ -126,7 +133,7 @@ class RewardModelOptions(_Options):
 
 class OpenRLHFServerOptions(_Options):
     url: str
-    """The reward server's endpoint, as given to OpenRLHF's --remote_rm_url (`openrlhf.cli.serve_rm` serves http://HOST:5000/get_reward); each completion is one POST of {query, prompts, labels} to it; no user:password in it (use api_key_env)."""
+    """The reward server's endpoint, as given to OpenRLHF's --remote_rm_url (`openrlhf.cli.serve_rm` serves http://HOST:5000/get_reward); each completion is one POST of {query, prompts, labels} to it. A secret in it (`?key=`, a user:password) is written `${NAME}`, read from that environment variable where each request is sent and never stored."""
     label_key: str | None = None
     """Dataset column sent as `labels` (OpenRLHF's --label_key); None: null labels."""
     api_key_env: str | None = None
@@ -136,20 +143,20 @@ class OpenRLHFServerOptions(_Options):
 
     @field_validator("url")
     @classmethod
-    def _an_http_url(cls, value: str) -> str:
+    def _an_http_url(cls, value: str, info: ValidationInfo) -> str:
         from urllib.parse import urlsplit
 
+        from pipeline.config.urls import REF, checked
+
+        bare = REF.sub("0", value)  # a ${NAME} reference stands for a value (pipeline/config/urls.py)
         try:
-            parts = urlsplit(value)
+            parts = urlsplit(bare)
             parts.port  # noqa: B018 (raises on a port that is not a number)
         except ValueError:
             parts = None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in bare):
             raise ValueError(f"{value!r} is not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("holds a user or password, which would be stored with every answer: "
-                             "put the key in an environment variable and name it in api_key_env")
-        return value
+        return checked(value, info.context)
 
     @property
     def served(self) -> bool:
@@ -274,9 +281,10 @@ def unknown_fn_message(fn: Any) -> str:
 _ADAPTER = TypeAdapter(RewardSpec)
 
 
-def validate_reward(tree: dict | Any) -> Any:
+def validate_reward(tree: dict | Any, stored: bool = False) -> Any:
     """One `rewards:` entry validated alone; pydantic's ValidationError on failure
-    (`pipeline.config.errors.reward_spec` turns it into the one line naming the key)."""
+    (`pipeline.config.errors.reward_spec` turns it into the one line naming the key). `stored`: one a
+    run wrote (a manifest's), read as it was (pipeline/config/urls.py `checked`)."""
     if isinstance(tree, _Reward):
         return tree
-    return _ADAPTER.validate_python(tree)
+    return _ADAPTER.validate_python(tree, context={"stored": stored})

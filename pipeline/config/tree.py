@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.advantages import AdvantageConfig
 from pipeline.config.agents import AGENT_NEUTRAL
@@ -25,6 +25,7 @@ from pipeline.config.loss import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.config.rewards import RewardSpec
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.rules import refusal
+from pipeline.config.urls import checked
 from pipeline.config.train import TrainConfig
 from pipeline.errors import GRPOError
 
@@ -35,7 +36,13 @@ class TrackingConfig(Section):
     mlflow: bool = True
     """Log to MLflow."""
     mlflow_uri: str | None = None
-    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory."""
+    """Tracking URI; None uses MLFLOW_TRACKING_URI or else a store inside the run directory. No user:password or token in it (MLflow reads MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN)."""
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _no_secret_written(cls, value: str | None, info: ValidationInfo) -> str | None:
+        fix = "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+        return value if value is None else checked(value, info.context, fix)
     experiment: str = "grpo"
     """MLflow experiment name."""
     sample_completions: int = Field(16, ge=0)
@@ -94,14 +101,17 @@ class Config(Section):
         return eval_sets(self.data.eval, self.eval)
 
 
-def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None) -> Config:
+def resolve(tree: dict, sets: list[str] | None = None, source: str = "config", sources: dict[str, str] | None = None,
+            stored: bool = False) -> Config:
     """Validate a raw config tree with overrides applied; one-line GRPOError on failure, from
-    `source` (or the `sources` entry of the key at fault, see `format_error`)."""
+    `source` (or the `sources` entry of the key at fault, see `format_error`). `stored`: a run's own
+    config.yaml, read as it was written (a URL's literal secret from before pipeline/config/urls.py is
+    not refused there)."""
     tree = json.loads(json.dumps(tree))  # deep copy, plain types only
     for key, raw in parse_overrides(sets):
         set_dotted(tree, key, raw)
     try:
-        return Config.model_validate(tree)
+        return Config.model_validate(tree, context={"stored": stored})
     except ValidationError as err:
         raise GRPOError(format_error(err, source, Config, sources=sources)) from None
 
@@ -162,4 +172,4 @@ def from_yaml_text(text: str, source: str) -> Config:
             section = section.setdefault(part, {}) if isinstance(section, dict) else None
         if isinstance(section, dict) and key not in section:
             section[key] = json.loads(json.dumps(neutral))
-    return resolve(tree, None, source=source)
+    return resolve(tree, None, source=source, stored=True)

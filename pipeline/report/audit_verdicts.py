@@ -23,7 +23,7 @@ def check_verdicts(a: Auditor, sd: str, m) -> None:
     """Every served reward of score or eval manifest `m` (in stage dir `sd`), every listed part."""
     from pipeline.config.rewards import validate_reward
 
-    judges = [spec for spec in map(validate_reward, m.rewards or []) if spec.served]
+    judges = [spec for spec in (validate_reward(r, stored=True) for r in m.rewards or []) if spec.served]
     if not judges:
         return
     for name in sorted(m.outputs):

@@ -14,6 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from pipeline.config.urls import redacted
 from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
 from pipeline.run.run import Run
@@ -125,7 +126,7 @@ class Tracker:
                 self.client.log_batch(run_id, params=params[i : i + 100])
             self.client.log_batch(run_id, tags=[RunTag("grpo.params_logged", "1")])
         if not known or known.get("run_id") != run_id:
-            ledger["runs"][self.target.key] = {"tracking_uri": self.target.uri, "experiment_id": self.experiment_id, "run_id": run_id}
+            ledger["runs"][self.target.key] = {"tracking_uri": redacted(self.target.uri), "experiment_id": self.experiment_id, "run_id": run_id}
             run.store.write_json(TRACKING_JSON, ledger)
         return run_id
 

@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.config.urls import redacted
 from pipeline.report.tracking_names import TRACKING_JSON, Target
 from pipeline.store import cache_dir, sha256_bytes
 from pipeline.run.run import Run
@@ -48,8 +49,8 @@ def resolve_target(run: Run) -> Target | None:
     if not t.mlflow:
         return None
     uri = t.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return Target(uri=uri, key=uri)
+    if uri:  # known by its redacted form: what RUN/tracking.json records (a password in MLFLOW_TRACKING_URI is not)
+        return Target(uri=uri, key=redacted(uri))
     if run.store.local:
         root = Path(run.store.path()).resolve()
         return Target(f"sqlite:///{root}/mlflow.db", EMBEDDED, (root / "mlartifacts").as_uri())

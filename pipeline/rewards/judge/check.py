@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+from pipeline.config.urls import expand, mask
 from pipeline.data import fields
 from pipeline.errors import GRPOError
 from pipeline.rewards.judge.client import endpoint, headers
@@ -38,9 +39,19 @@ def check_served(o, label: str, sets: list[tuple[str, list[str], str]], reach: b
 
 
 def key_is_set(o, label: str, whose: str) -> None:
-    """The variable `api_key_env` names is set (when it names one)."""
+    """The variable `api_key_env` names is set (when it names one), and every variable its URL references."""
     if o.api_key_env and not os.environ.get(o.api_key_env):
         raise GRPOError(f"{label}.kwargs.api_key_env: the environment variable {o.api_key_env} is not set (it holds {whose})")
+    option = "url" if isinstance(o, OpenRLHFServerOptions) else "base_url"
+    expand(getattr(o, option), f"{label}.kwargs.{option}")
+
+
+def _send(url: str, o, label: str, option: str, **kw):
+    """One request to `url` (the config's form: its ${NAME} read from the environment here)."""
+    import httpx
+
+    sent = expand(url, f"{label}.kwargs.{option}")
+    return httpx.post(sent, headers=headers(o), **kw) if "content" in kw else httpx.get(sent, headers=headers(o), **kw)
 
 
 def check_judge(o: JudgeOptions, label: str, sets: list[tuple[str, list[str], str]], reach: bool = True) -> None:
@@ -64,11 +75,12 @@ def check_openrlhf_server(o, label: str, sets: list[tuple[str, list[str], str]],
     import httpx
 
     try:
-        r = httpx.get(o.url, headers=headers(o), timeout=REACH_TIMEOUT_S)
+        r = _send(o.url, o, label, "url", timeout=REACH_TIMEOUT_S)
     except httpx.HTTPError as err:
         raise GRPOError(f"{label}.kwargs.url: {o.url} cannot be reached ({type(err).__name__}){SKIP}") from None
     if r.status_code in (401, 403):
-        raise GRPOError(f"{label}.kwargs.api_key_env: {o.url} refused the key (HTTP {r.status_code}){SKIP}")
+        raise GRPOError(f"{label}.kwargs.{'api_key_env' if o.api_key_env else 'url'}: {o.url} refused the key "
+                        f"(HTTP {r.status_code}){SKIP}")
     if r.status_code == 404:
         raise GRPOError(f"{label}.kwargs.url: {o.url} answered HTTP 404: no such route (OpenRLHF's serve_rm "
                         f"answers POST /get_reward){SKIP}")
@@ -80,11 +92,12 @@ def reachable(o, label: str) -> None:
 
     url = endpoint(o, "models")
     try:
-        r = httpx.get(url, headers=headers(o), timeout=REACH_TIMEOUT_S)
+        r = _send(url, o, label, "base_url", timeout=REACH_TIMEOUT_S)
     except httpx.HTTPError as err:
         raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
     if r.status_code in (401, 403):
-        raise GRPOError(f"{label}.kwargs.api_key_env: {url} refused the key (HTTP {r.status_code}){SKIP}")
+        raise GRPOError(f"{label}.kwargs.{'api_key_env' if o.api_key_env else 'base_url'}: {url} refused the key "
+                        f"(HTTP {r.status_code}){SKIP}")
     if r.status_code != 200:
         raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code}, not an OpenAI-compatible model list{SKIP}")
     try:
@@ -118,11 +131,11 @@ def classifies(o, label: str) -> None:
     answers = []
     for flag in (False, True):
         try:
-            r = httpx.post(url, content=probe_body(o, flag).encode(), headers=headers(o), timeout=REACH_TIMEOUT_S)
+            r = _send(url, o, label, "base_url", content=probe_body(o, flag).encode(), timeout=REACH_TIMEOUT_S)
         except httpx.HTTPError as err:
             raise GRPOError(f"{label}.kwargs.base_url: {url} cannot be reached ({type(err).__name__}){SKIP}") from None
         if r.status_code != 200:
-            said = (r.text.strip().splitlines() or [""])[0][:160]
+            said = (mask(r.text).strip().splitlines() or [""])[0][:160]
             raise GRPOError(f"{label}.kwargs.base_url: {url} answered HTTP {r.status_code} ({said}), not a classification: "
                             f"serve the model with `vllm serve MODEL --runner pooling`{SKIP}")
         try:

@@ -86,14 +86,25 @@ def request_hash(body: str) -> str:
 
 def headers(o) -> dict[str, str]:
     """JSON, and the Bearer key read from `o.api_key_env` (JudgeOptions or a served RewardModelOptions)."""
+    from pipeline.config.urls import remember
+
     out = {"Content-Type": "application/json"}
     if o.api_key_env:
-        out["Authorization"] = f"Bearer {os.environ.get(o.api_key_env, '')}"
+        key = os.environ.get(o.api_key_env, "")
+        remember(key)  # masked in any text from here on, as a URL's secret is
+        out["Authorization"] = f"Bearer {key}"
     return out
 
 
 def endpoint(o, path: str = "chat/completions") -> str:
-    return f"{o.base_url.rstrip('/')}/{path}"
+    """base_url + `/path`, its query (`?key=${NAME}`, pipeline/config/urls.py) kept after the path."""
+    return joined(o.base_url, path)
+
+
+def joined(base_url: str, path: str, strip: str = "") -> str:
+    """`base_url` with `/path` appended to its path (after removing the suffix `strip`), its query kept."""
+    base, sep, query = base_url.partition("?")
+    return f"{base.rstrip('/').removesuffix(strip).rstrip('/') if strip else base.rstrip('/')}/{path}{sep}{query}"
 
 
 IDENTITY = ("id", "root", "parent", "owned_by", "max_model_len")
@@ -183,9 +194,12 @@ def _error_text(r) -> str:
 
 
 def _redacted(text: str, hdrs: dict) -> str:
-    """`text` with the API key sent in `hdrs` masked: a server may quote the key it refused (a 401's message)."""
+    """`text` with the API key sent in `hdrs` and every secret of a URL (pipeline/config/urls.py) masked: a
+    server may quote the key it refused (a 401's message) or the URL it was sent."""
+    from pipeline.config.urls import mask
+
     key = hdrs.get("Authorization", "").removeprefix("Bearer ").strip()
-    return text.replace(key, "***") if key else text
+    return mask(text.replace(key, "***") if key else text)
 
 
 def chat_answer(data: dict) -> Answer:
@@ -204,9 +218,13 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
     retried `retries` times after `retry_delay`; any other status fails at once, not retryable.
     An HTTP 200 whose JSON `parse` cannot read (it raises), or whose finish_reason says the server
     dropped it unfinished (RETRIED_FINISH), counts as a failed attempt ("not a
-    <kind>"). Raises JudgeFailure."""
+    <kind>"). `url` as the config has it: its `${NAME}` references are read from the environment here
+    (pipeline/config/urls.py), a GRPOError when one is unset. Raises JudgeFailure."""
     import httpx
 
+    from pipeline.config.urls import expand, mask
+
+    url = expand(url, f"the URL {url}")
     cause = "no attempt"
     for attempt in range(retries + 1):
         said = None
@@ -219,7 +237,7 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
         except httpx.TimeoutException:
             cause = f"timed out after {timeout_s:g} s"
         except httpx.TransportError as err:
-            cause = f"{type(err).__name__}: {_first_line(str(err))}"
+            cause = f"{type(err).__name__}: {_first_line(mask(str(err)))}"
         else:
             latency = time.monotonic() - t0
             if r.status_code == 200:

@@ -33,16 +33,15 @@ import json
 import math
 
 from pipeline.errors import GRPOError
-from pipeline.rewards.judge.client import Answer, ask
+from pipeline.rewards.judge.client import Answer, ask, joined
 
 PROBE = "Is this text classified?"
 """The text sent twice to a served reward model's server to see whether it obeys `use_activation`."""
 
 
 def classify_url(base_url: str) -> str:
-    """vLLM's /classify: at the server's root (base_url without a trailing /v1)."""
-    root = base_url.rstrip("/")
-    return f"{root.removesuffix('/v1')}/classify"
+    """vLLM's /classify: at the server's root (base_url without a trailing /v1), its query kept."""
+    return joined(base_url, "classify", strip="/v1")
 
 
 def _said(completion) -> str:

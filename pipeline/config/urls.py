@@ -1,0 +1,160 @@
+"""Secrets in a served reward's URL: sent, never stored.
+
+A URL's secret parts (a query parameter's value such as `?key=...`, a password in `user:pass@`,
+or any other part) are written as references to environment variables, `${NAME}`:
+
+    url: https://rm.example.com/get_reward?key=${RM_URL_KEY}
+
+The config (the user's file, the run's config.yaml, its hash), every record (a served answer's
+`server`, the judge cache), MLflow and every message keep the reference; the value is read from
+the environment of each process that sends a request (`expand`), as `api_key_env`'s key is, so a
+resumed stage and a Ray node need the variable set too, and a rotated key changes nothing of the
+run (the config hash covers the variable's name, not its value). Any part of a URL may be a
+reference (a key in its path too); a secret written literally is refused when a config is read
+from the user (`literal_secret`): a query parameter whose name says it is one (`key`, `token`,
+`sig`, `code`, `api_key`, `access_token`, `password`, `secret`, ... case-insensitive,
+`is_secret_param`), a user or password in the userinfo, and a fragment (never sent by any HTTP
+client, so only ever stored). A run's stored config.yaml written before this rule is read as it
+was (its literal is sent, and stored, as before).
+
+Values expanded in this process are remembered, and `mask` replaces each with `***` in any text
+(an HTTP library's error, a server's error message that quotes the URL it was sent), and a
+logging filter does the same for httpx's own request lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+
+from pipeline.errors import GRPOError
+
+REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A reference to an environment variable: `${NAME}`."""
+SECRET_ENDINGS = ("key", "token", "secret", "password", "passwd", "passcode", "signature", "credential", "credentials")
+SECRET_WORDS = ("sig", "code", "pwd", "pass", "auth")
+"""A query parameter is a secret (case-insensitive) when one of its words (split at `_`, `-`, `.`) ends in one of
+SECRET_ENDINGS or is one of SECRET_WORDS: key, apikey, api_key, X-Api-Key, subscription-key, token, access_token,
+client_secret, password, X-Amz-Signature, sig (an Azure SAS), code (an Azure Functions key)."""
+MASK = "***"
+_KNOWN: set[str] = set()
+"""The values `expand` read in this process: `mask` hides them."""
+
+
+def is_secret_param(name: str) -> bool:
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words)
+
+
+def names(url: str) -> list[str]:
+    """The environment variables `url` references, in order, each once."""
+    return list(dict.fromkeys(REF.findall(url or "")))
+
+
+def literal_secret(url: str) -> str | None:
+    """Why `url` cannot be kept as written (a secret written into it, a fragment, a broken `${`), or None."""
+    if "${" in REF.sub("", url):
+        return "holds a `${` that is no reference ${NAME} (letters, digits, _)"
+    if "#" in url:
+        return "holds a fragment (#...), which is never sent to a server, only stored: remove it"
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return None  # not a URL: its own validator says so
+    for part, what in ((parts.username, "a user"), (password, "a password")):
+        if part is not None and not REF.fullmatch(part):
+            return (f"holds {what} (user:password@), which would be stored with the run and every answer: write it as "
+                    "${NAME} and set NAME in the environment")
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if is_secret_param(name) and value and not REF.fullmatch(value):
+            return (f"its query parameter {name!r} holds a secret, which would be stored with the run and every answer: "
+                    f"write {name}=${{NAME}} and set NAME in the environment (its name is stored, its value read where "
+                    "each request is sent)")
+    return None
+
+
+def expand(url: str, where: str) -> str:
+    """`url` with every `${NAME}` replaced by the variable's value (percent-encoded but for `%`, so a value
+    already encoded is sent as it is); one-line GRPOError naming `where` (the option) when one is unset."""
+    def value(m: re.Match) -> str:
+        name = m.group(1)
+        got = os.environ.get(name)
+        if not got:
+            raise GRPOError(f"{where}: the environment variable {name} is not set (the URL's ${{{name}}}: its value is "
+                            "never stored, so every process that sends a request reads it)")
+        remember(got)
+        return quote(got, safe="%-._~")
+
+    return REF.sub(value, url)
+
+
+def checked(url: str, context, fix: str | None = None) -> str:
+    """A validator's check of a URL option: refused (ValueError) when a secret is written into it, unless
+    the config is a run's stored one (`context` {"stored": True}: written before the rule, read as it was).
+    `fix`: what to do instead, where a `${NAME}` reference is not read (the option is not a served reward's)."""
+    if not (isinstance(context, dict) and context.get("stored")):
+        why = literal_secret(url)
+        if why is not None:
+            raise ValueError(why if fix is None else f"{why.split(', which ')[0].split(': ')[0]}, which would be stored "
+                                                     f"with the run: {fix}")
+    return url
+
+
+def redacted(url: str) -> str:
+    """`url` with its userinfo's password and every secret query parameter's value (`is_secret_param`)
+    as `***`: a URL taken from the environment (MLFLOW_TRACKING_URI) as a record may keep it."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None and not parts.fragment and not any(is_secret_param(k) for k, _ in parse_qsl(parts.query)):
+        return url  # nothing to hide: the URL as given, byte for byte
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{netloc.rpartition('@')[0].split(':')[0]}:{MASK}@{netloc.rpartition('@')[2]}"
+    query = "&".join(f"{k}={MASK}" if is_secret_param(unquote(k)) and v else (f"{k}={v}" if sep else k)
+                     for k, sep, v in (p.partition("=") for p in parts.query.split("&")) if k or sep)
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=MASK if parts.fragment else ""))
+
+
+def remember(value: str) -> None:
+    """`value` is a secret sent from this process (a URL's, a Bearer key): `mask` hides it from here on."""
+    if len(value) >= 4 and value not in _KNOWN:
+        _KNOWN.add(value)
+        encoded = quote(value, safe="%-._~")
+        if encoded != value:
+            _KNOWN.add(encoded)
+        _install_filter()
+
+
+def mask(text: str) -> str:
+    """`text` with every secret value expanded in this process replaced by `***`."""
+    for value in sorted(_KNOWN, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+class _Masking(logging.Filter):
+    """Masks expanded secrets in an HTTP library's log records (httpx logs every request's URL at INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _KNOWN:
+            said = record.getMessage()
+            hidden = mask(said)
+            if hidden != said:
+                record.msg, record.args = hidden, None
+        return True
+
+
+_FILTER = _Masking()
+
+
+def _install_filter() -> None:
+    for name in ("httpx", "httpcore"):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
