@@ -185,3 +185,67 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
         assert all(r["completion_ids"] == [] for r in part_rows(fault_run))
     finally:
         engine.close()
+
+
+def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(make_run, tiny2k, tmp_path):
+    """A turn that calls the tool (given, as tests/test_agents.py gives turns): OpenAI's tool_calls in the
+    answer, streamed chunks the SDK reassembles to the same message; the SDK's echo of it (its null fields)
+    and the tool result extend the record by the Hermes glue alone; a changed earlier message ends it."""
+    import asyncio
+
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    from pipeline.agents.endpoint.server import Request
+    from pipeline.models.engines import Sample
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from endpoint_agent import TOOLS
+
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "unit", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    e = runner.start(p, 0, 0, plan.group_seed(p.prompt_id), "test")
+    loop = asyncio.new_event_loop()
+
+    def ask(body):
+        r = Request("k", body, None, loop, loop.create_future())
+        return r, runner._request(e, r)
+
+    def answer(r):
+        loop.run_until_complete(asyncio.sleep(0))
+        return r.future.result()
+
+    body = {"model": "policy", "messages": [{"role": "user", "content": "What is 11 * 23?"}], "tools": TOOLS,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, "temperature": 0.1}
+    r1, job = ask(body)
+    assert job.prompt == e.prompt_ids and '"name": "multiply"' in tok.decode(e.prompt_ids)  # the Hermes tool block
+    assert job.entry["asked"]["temperature"] == 0.1 and job.entry["sampling"]["temperature"] == runner.cfg.temperature
+    text = '<tool_call>\n{"name": "multiply", "arguments": {"a": 11, "b": 23}}\n</tool_call>'
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    runner._answer(job, Sample(text, ids, [-0.5] * len(ids), "stop"))
+    status, payload, stream = answer(r1)
+    message = ChatCompletion.model_validate(payload).choices[0].message
+    assert status == 200 and payload["choices"][0]["finish_reason"] == "tool_calls" and payload["choices"][0]["token_ids"] == ids
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [("call_1_0", "multiply", {"a": 11, "b": 23})]
+    chunks = [ChatCompletionChunk.model_validate(c) for c in stream]
+    assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
+    assert [tc.function.arguments for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []] == [message.tool_calls[0].function.arguments]
+    # the SDK's message sent back as it parsed it (refusal, audio, annotations: null), then the tool's result
+    history = body["messages"] + [message.model_dump(), {"role": "tool", "tool_call_id": "call_1_0", "content": "253"}]
+    r2, job2 = ask({**body, "messages": history})
+    n = len(e.prompt_ids) + len(ids)
+    assert job2.prompt[:n] == e.prompt_ids + ids  # the sampled tokens as sampled
+    assert tok.decode(job2.prompt[n:]) == "\n<|im_start|>user\n<tool_response>\n253\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert e.mask == [1] * len(ids) + [0] * (len(job2.prompt) - n) and job2.seed != job.seed
+    assert e.messages[1] == {"role": "tool", "name": "multiply", "content": "253", "error": None}
+    assert job2.entry["prompt_delta"] == job2.prompt[n:]
+    # an earlier message changed: the episode ends there, the agent is answered 400
+    runner._answer(job2, Sample("253", [50, tok.eos_token_id], [-0.1, -0.2], "stop"))
+    answer(r2)
+    forged = [{"role": "user", "content": "What is 12 * 23?"}] + history[1:] + [{"role": "assistant", "content": "253"},
+                                                                               {"role": "user", "content": "Thanks"}]
+    r3, job3 = ask({**body, "messages": forged})
+    assert job3 is None and e.ending == "history_rewritten" and e.detail.startswith("messages[0] (user) differs")
+    assert answer(r3)[0] == 400 and e.requests[-1]["kind"] == "refused"
+    loop.close()
