@@ -63,6 +63,8 @@ class RolloutInputs:
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "
                                 f"in the engine's {self.max_model_len} tokens")
+            if cfg.rollout.agent is not None:  # an agent program behind grpo's endpoint (pipeline.agents.endpoint)
+                from pipeline.agents.endpoint.runner import EndpointRunner as EpisodeRunner
             self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room,
                                           prompt_given=not prompt_made_up(cfg.data.train, cfg.data, True))
 
@@ -82,6 +84,8 @@ class RolloutInputs:
         if self.episodes is not None:  # which chat template rendered the episodes: the model's own or a training one
             fmt = self.episodes.a.format
             out["chat_template"] = {**fmt.template.record(), "tool_format": fmt.kind, "parser": fmt.parser}
+            if self.run.cfg.rollout.agent is not None:  # the agent's command and its files' sha256
+                out["agent"] = self.episodes.stamp()
         return out
 
     def trainer_state(self) -> TrainerState:

@@ -290,6 +290,8 @@ def trl_completion(record: dict) -> list[dict]:
         if m["role"] == "assistant":
             calls = [c for c in m.get("tool_calls", []) if c["function"]["name"] is not None]
             out.append({"role": "assistant", "content": m["content"], **({"tool_calls": calls} if calls else {})})
+        elif m["role"] == "user":  # an endpoint agent's own message between turns (pipeline.agents.endpoint)
+            out.append({"role": "user", "content": m["content"]})
         elif not m.get("dropped"):
             out.append({"role": "tool", "name": m["name"] or "unknown", "content": tool_content(m)})
     return out

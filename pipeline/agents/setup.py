@@ -48,6 +48,10 @@ def check(cfg) -> str | None:
 
     from pipeline.run.run import model_source
 
+    if cfg.rollout.agent is not None:  # its program and the scripts it names exist
+        from pipeline.agents.endpoint.process import check_command
+
+        check_command(cfg.rollout.agent.command)
     model_dir, _ = model_source(cfg.model, "model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -13,6 +13,19 @@ PYTHON_TOOL = "python"
 """The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
 
 
+class AgentCommand(Section):
+    """An agent program behind grpo's OpenAI-compatible endpoint (pipeline/agents/endpoint)."""
+
+    command: list[str] = Field(min_length=1)
+    """The program and its arguments, e.g. `[python, agent.py]` (`python`/`python3` is the
+    interpreter running grpo). Started once per episode, in the directory grpo runs in, with
+    OPENAI_BASE_URL, OPENAI_API_KEY (the episode's key), GRPO_MODEL (the model name to ask for),
+    GRPO_TASK (the prompt row as JSON), GRPO_SEED and GRPO_RESULT (a path where it may write a JSON
+    object of its own reward and metrics) in its environment."""
+    timeout_s: float = Field(300.0, gt=0.0)
+    """Wall-clock seconds per episode: an agent still running past it is killed (ending agent_timeout)."""
+
+
 class AgentOptions(Section):
 
     tools: list[str] = []
@@ -46,6 +59,11 @@ class AgentOptions(Section):
     signatures in the system message, calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
     results as user messages <tool_response>...</tool_response>."""
 
+    agent: AgentCommand | None = None
+    """An agent program that talks to the model through an OpenAI-compatible endpoint grpo serves
+    over its warm engine (docs/agents.md, "Agents behind an endpoint"), instead of `tools` /
+    `environment`; max_turns and max_episode_tokens bound its episodes as they bound tool episodes."""
+
     @field_validator("environment")
     @classmethod
     def _names(cls, v):
@@ -58,12 +76,15 @@ class AgentOptions(Section):
         if self.max_turns is None and self.max_episode_tokens is None:
             raise ValueError("rollout.max_turns null (unlimited turns) needs rollout.max_episode_tokens to bound each episode, "
                              "as TRL's max_completion_length does")
+        if self.agent is not None and (self.tools or self.environment is not None):
+            raise ValueError("rollout.agent runs its own tools behind the endpoint; it cannot be combined with "
+                             "rollout.tools or rollout.environment")
         return self
 
     @property
     def agentic(self) -> bool:
-        """Whether samples are multi-turn episodes (tools or an environment)."""
-        return bool(self.tools) or self.environment is not None
+        """Whether samples are multi-turn episodes (tools, an environment or an endpoint agent)."""
+        return bool(self.tools) or self.environment is not None or self.agent is not None
 
     def episode_tokens(self) -> int:
         return self.max_episode_tokens or self.max_turns * self.max_new_tokens  # type: ignore[attr-defined]
@@ -76,5 +97,6 @@ AGENT_NEUTRAL = {
     ("rollout", "max_episode_tokens"): None,
     ("rollout", "tool_timeout_s"): 10.0,
     ("rollout", "tool_format"): "auto",
+    ("rollout", "agent"): None,
 }
 """Their values in runs made before them (no tools: a single completion), for config.ADDED_OPTIONS."""

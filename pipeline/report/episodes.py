@@ -108,6 +108,8 @@ def conversation(record: dict, width: int = 400) -> str:
             for c in msg.get("tool_calls", []):
                 f = c["function"]
                 lines.append(f"  -> call {f['name'] or '(malformed)'}({json.dumps(f['arguments'], ensure_ascii=False)})")
+        elif msg["role"] == "user":  # an endpoint agent's own message between turns
+            lines.append(f"[user] {short(msg['content'])}")
         else:
             tag = f"tool {msg['name'] or '?'}" + (f", {msg['error']}" if msg.get("error") else "") + \
                 (", dropped: over the token budget" if msg.get("dropped") else "")

@@ -1,0 +1,162 @@
+"""OpenAI chat-completions bodies and answers, as grpo reads and writes them: a request's messages
+turned into the shapes pipeline.agents.format renders, the canonical forms two requests are compared
+in (is the new one the recorded history extended?), and the answer in OpenAI's shape (non-streaming
+and as SSE chunks) with the token ids and logprobs written as vLLM's server writes them
+(`prompt_token_ids` / `token_ids` when the body asks `return_token_ids`; `logprobs.content[i].token`
+= "token_id:N" when it asks `logprobs`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pipeline.errors import GRPOError
+
+ASKED = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
+         "stream", "stream_options", "logprobs", "top_logprobs", "tool_choice", "parallel_tool_calls", "n",
+         "frequency_penalty", "presence_penalty", "return_token_ids", "response_format")
+"""The body's fields that ask for sampling or answer options: recorded beside what grpo used."""
+
+
+class BadBody(GRPOError):
+    """A request body grpo cannot read as a chat completion (the episode ends malformed_request)."""
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def body_hash(body: Any) -> str:
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def check_body(body: Any) -> None:
+    """BadBody naming what is wrong, unless `body` is a chat-completions request grpo serves (n=1)."""
+    if not isinstance(body, dict):
+        raise BadBody("the body is not a JSON object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+        raise BadBody("`messages` must be a non-empty list of objects with a role")
+    if not isinstance(body.get("model"), str):
+        raise BadBody("`model` must be a string")
+    if body.get("n", 1) != 1:
+        raise BadBody(f"n={body.get('n')!r}: grpo's endpoint samples one choice per request (n=1)")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools)):
+        raise BadBody("`tools` must be a list of {type: function, function: {name, ...}}")
+    for i, m in enumerate(msgs):
+        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", None))
+    raise BadBody(f"a message's content is a {type(content).__name__}, not text or content parts")
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def canonical_message(m: dict) -> dict:
+    """What a message means for the conversation (role, text, calls, the call a result answers),
+    without the fields clients add or drop on the way back (refusal, annotations, audio, null keys,
+    arguments as JSON text or parsed)."""
+    out: dict = {"role": "system" if m["role"] == "developer" else m["role"], "content": text_of(m.get("content"))}
+    if m["role"] == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = [{"name": (c.get("function") or {}).get("name"), "arguments": _arguments((c.get("function") or {}).get("arguments")),
+                              "id": c.get("id")} for c in m["tool_calls"]]
+    if m["role"] == "tool":
+        out["tool_call_id"] = m.get("tool_call_id")
+    return out
+
+
+def render_shape(m: dict, calls_by_id: dict[str, str]) -> dict:
+    """A canonical message as ToolFormat renders it (pipeline.agents.format: a tool result names its
+    tool; an assistant turn grpo sampled carries its text exactly as sampled in `raw`)."""
+    if m["role"] == "tool":
+        return {"role": "tool", "name": calls_by_id.get(m.get("tool_call_id") or "", None) or "unknown", "content": m["content"]}
+    if m["role"] == "assistant":
+        calls = [{"name": c["name"], "arguments": c["arguments"]} for c in m.get("tool_calls", [])]
+        return {"role": "assistant", "content": m["content"], "raw": m.get("raw", m["content"]), "tool_calls": calls}
+    return {"role": m["role"], "content": m["content"]}
+
+
+def asked(body: dict) -> dict:
+    """The options the client asked for, as it sent them (recorded beside what was used)."""
+    return {k: body[k] for k in ASKED if k in body}
+
+
+def assistant_message(content: str, calls: list, turn: int, side: bool = False) -> dict:
+    """The answer's message in OpenAI's shape: tool_calls with ids `call_<turn>_<i>` (deterministic),
+    arguments as JSON text; content null when the turn is only calls."""
+    prefix = "side" if side else "call"
+    tool_calls = [{"id": f"{prefix}_{turn}_{i}", "type": "function",
+                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False) if not isinstance(c.arguments, str) else c.arguments}}
+                  for i, c in enumerate(calls)]
+    msg: dict = {"role": "assistant", "content": content if content or not tool_calls else None}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
+def finish(reason: str, message: dict) -> str:
+    return "length" if reason == "length" else ("tool_calls" if message.get("tool_calls") else "stop")
+
+
+def _logprobs(ids: list[int], lps: list[float]) -> dict:
+    return {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, lps)]}
+
+
+def completion(answer: dict, body: dict, rid: str, model: str) -> dict:
+    """The non-streaming answer (`answer`: message, finish_reason, prompt_ids, ids, logprobs)."""
+    choice = {"index": 0, "message": answer["message"], "finish_reason": answer["finish_reason"],
+              "logprobs": _logprobs(answer["ids"], answer["logprobs"]) if body.get("logprobs") else None}
+    out = {"id": rid, "object": "chat.completion", "created": 0, "model": model, "choices": [choice],
+           "usage": usage(answer)}
+    if body.get("return_token_ids"):
+        out["prompt_token_ids"] = answer["prompt_ids"]
+        choice["token_ids"] = answer["ids"]
+    return out
+
+
+def usage(answer: dict) -> dict:
+    p, c = len(answer["prompt_ids"]), len(answer["ids"])
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def chunks(answer: dict, body: dict, rid: str, model: str) -> list[dict]:
+    """The streaming answer: the role and content, the calls, the finish reason, then (with
+    stream_options.include_usage) a chunk of usage alone, as OpenAI's server streams them."""
+    base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": model}
+    msg, with_ids = answer["message"], bool(body.get("return_token_ids"))
+    first = {"index": 0, "delta": {"role": "assistant", "content": msg.get("content") or ""}, "finish_reason": None,
+             "logprobs": _logprobs(answer["ids"], answer["logprobs"]) if body.get("logprobs") else None}
+    if with_ids:
+        first["token_ids"] = answer["ids"]
+    out = [{**base, "choices": [first], **({"prompt_token_ids": answer["prompt_ids"]} if with_ids else {})}]
+    if msg.get("tool_calls"):
+        calls = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
+        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]})
+    out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": answer["finish_reason"]}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        out.append({**base, "choices": [], "usage": usage(answer)})
+    return out
+
+
+def error(message: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

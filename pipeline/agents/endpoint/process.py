@@ -1,0 +1,91 @@
+"""The agent program of one episode (rollout.agent.command): checked at `grpo init`, started with
+the endpoint's address, the episode's key and its task in its environment, killed past its timeout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.errors import GRPOError
+
+PYTHONS = ("python", "python3")
+"""Names that mean the interpreter running grpo (its venv has the openai package)."""
+
+
+def command(cmd: list[str]) -> list[str]:
+    return [sys.executable if i == 0 and c in PYTHONS else c for i, c in enumerate(cmd)]
+
+
+def check_command(cmd: list[str]) -> None:
+    """One line naming rollout.agent.command when its program or a script it names does not exist."""
+    exe = cmd[0]
+    if exe not in PYTHONS and shutil.which(exe) is None and not Path(exe).is_file():
+        raise GRPOError(f"rollout.agent.command: {exe!r} is not a program on PATH or a file")
+    for arg in cmd[1:]:
+        if arg.endswith(".py") and not Path(arg).is_file():
+            raise GRPOError(f"rollout.agent.command: {arg!r}: no such file (relative paths are read from the directory grpo runs in)")
+
+
+def stamp(cmd: list[str]) -> dict:
+    """What the rollout's parts are stamped with: the command and the sha256 of each file it names,
+    so a changed agent rewrites an unfinished rollout's parts instead of mixing them."""
+    files = {a: hashlib.sha256(Path(a).read_bytes()).hexdigest() for a in cmd if Path(a).is_file() and a not in PYTHONS}
+    return {"command": list(cmd), "files": files}
+
+
+class AgentProcess:
+    """One episode's agent: its own process group, stdout and stderr kept in a temporary file."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float):
+        self.dir = Path(tempfile.mkdtemp(prefix="grpo-agent-"))
+        self.result_path = self.dir / "result.json"
+        self.log = open(self.dir / "output.txt", "wb")
+        full = {**os.environ, **env, "GRPO_RESULT": str(self.result_path)}
+        self.proc = subprocess.Popen(command(cmd), env=full, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.deadline = time.monotonic() + timeout_s
+        self.killed = False
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.killed = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group (start_new_session): its children too
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def result(self) -> dict | str | None:
+        """What it wrote to GRPO_RESULT: a JSON object, or why it is not one; None when it wrote nothing."""
+        if not self.result_path.is_file():
+            return None
+        try:
+            value = json.loads(self.result_path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            return f"not JSON ({err})"
+        return value if isinstance(value, dict) else f"not a JSON object ({type(value).__name__})"
+
+    def output_tail(self, secret: str, lines: int = 5) -> str:
+        """The last lines it printed, the episode's key blanked out (for the log, never the record)."""
+        self.log.flush()
+        text = (self.dir / "output.txt").read_text(errors="replace")
+        return "\n".join(text.replace(secret, "***").splitlines()[-lines:])
+
+    def cleanup(self) -> None:
+        self.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,334 @@
+"""The episodes of one part, each an agent program talking to grpo's endpoint (server.py).
+
+The rollout's thread owns every decision. It waits until each live episode has a request waiting
+or its agent has exited (or run past rollout.agent.timeout_s: killed), then takes one request per
+such episode, in the part's episode order, and samples all of them in one engine call (n=1, each
+request its own seed: derive_seed(group seed, sample, turn), as pipeline.agents.episode seeds a
+turn; a side call derive_seed(group seed, sample, turn, SIDE_SEED, k)). So which requests share a
+call depends only on what the agents sent, never on when; and with per-request seeds a request's
+tokens do not depend on which others share it either.
+
+A request whose `model` is the run's (GRPO_MODEL) is the episode's next turn. The first renders the
+episode's prompt with the run's chat template and tool format (pipeline.agents.format, its `tools`
+as the schemas). Each later one must be the recorded conversation extended: the messages grpo
+answered before, exactly (canonical_message: what a message means, not how a client spells it),
+the assistant message grpo returned, then new tool or user messages; their glue (format.glue_text,
+as a tool episode's) is appended under mask 0 and the sampled tokens are never re-tokenised. Any
+other history ends the episode (history_rewritten, what differs in `detail`), trained up to there.
+A request for another model is a side call: sampled and answered, recorded, never in the row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pipeline.agents.endpoint import chat
+from pipeline.agents.endpoint.process import AgentProcess, stamp
+from pipeline.agents.endpoint.server import Hub, Request, Server
+from pipeline.data.prompts import Prompt, derive_seed, raw_to_json
+from pipeline.errors import GRPOError
+
+MODEL = "policy"
+"""The model name an episode's turns ask for (GRPO_MODEL); any other name is a side call."""
+SIDE_SEED, AGENT_SEED = 2, 3
+ENDPOINT_VERSION = 1
+
+
+@dataclass
+class EndpointEpisode:
+    prompt: Prompt
+    group_idx: int
+    sample_idx: int
+    seed: int  # the group's
+    key: str = ""
+    proc: AgentProcess | None = None
+    prompt_text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    schemas: list[dict] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # after the prompt, as a tool episode's record holds them
+    prompt_messages: list[dict] | None = None
+    convo: list[dict] = field(default_factory=list)  # canonical messages answered so far (request + answer)
+    convo_answer: dict | None = None  # the last answer's message, canonical
+    shapes: list[dict] = field(default_factory=list)  # the same, as ToolFormat renders them
+    calls_by_id: dict[str, str] = field(default_factory=dict)
+    requests: list[dict] = field(default_factory=list)
+    last: tuple | None = None  # (body hash, status, payload, stream) of the last turn answered
+    last_ids: list[int] = field(default_factory=list)
+    turns: int = 0
+    sides: int = 0
+    ending: str | None = None
+    detail: str | None = None
+    finish_reason: str = "stop"
+    agent: dict | None = None
+    done: bool = False
+
+    def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.texts.append(text)
+
+    def end(self, ending: str, detail: str | None = None) -> None:
+        if self.ending is None:
+            self.ending, self.detail = ending, detail
+
+
+@dataclass
+class Job:
+    e: EndpointEpisode
+    r: Request
+    kind: str  # "turn" | "side"
+    prompt: list[int]
+    seed: int
+    cap: int
+    entry: dict
+
+
+class EndpointRunner:
+    """Runs a part's endpoint episodes (the interface of pipeline.agents.episode.EpisodeRunner)."""
+
+    def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False, prompt_given: bool = True):
+        self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
+        self.budget, self.max_prompt_len = cfg.episode_tokens(), max_prompt_len
+        self.stop_ids = set(agents.stop_ids)
+        self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
+
+    def stamp(self) -> dict:
+        return stamp(self.cfg.agent.command)
+
+    def sampling(self, cap: int) -> dict:
+        c = self.cfg
+        return {"temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p,
+                "max_tokens": cap, "stop": list(c.stop), "stop_token_ids": sorted(self.stop_ids), "greedy": self.greedy}
+
+    def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> EndpointEpisode:
+        return EndpointEpisode(prompt, group_idx, sample_idx, seed)
+
+    def _task(self, e: EndpointEpisode) -> str:
+        return json.dumps({self.data.prompt_column: e.prompt.raw, **e.prompt.columns}, ensure_ascii=False, sort_keys=True, default=str)
+
+    def run(self, engine, episodes: list[EndpointEpisode]) -> None:
+        hub = Hub(MODEL)
+        server = Server(hub)
+        try:
+            for e in episodes:
+                e.key = hub.new_key()
+                env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
+                       "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, AGENT_SEED))}
+                e.proc = AgentProcess(self.cfg.agent.command, env, self.cfg.agent.timeout_s)
+            live = list(episodes)
+            while live:
+                with hub.cond:
+                    while not all(hub.pending[e.key] or e.proc.poll() is not None or e.proc.expired() for e in live):
+                        hub.cond.wait(0.05)  # an exit or a timeout is polled; an arrival notifies
+                    taken = {e.key: hub.pending[e.key].pop(0) for e in live if hub.pending[e.key]}
+                jobs = []
+                for e in live:
+                    r = taken.get(e.key)
+                    if r is None:
+                        self._exited(e)
+                    elif (job := self._request(e, r)) is not None:
+                        jobs.append(job)
+                if jobs:
+                    samples = engine.generate([j.prompt for j in jobs], [j.seed for j in jobs], 1, greedy=self.greedy,
+                                              max_tokens=[j.cap for j in jobs])
+                    for j, group in zip(jobs, samples):
+                        self._answer(j, group[0])
+                live = [e for e in live if not e.done]
+        finally:
+            for e in episodes:
+                if e.proc is not None:
+                    if not e.done:
+                        self._exited(e)
+                    e.proc.cleanup()
+                hub.drop(e.key)
+            server.close()
+
+    def _exited(self, e: EndpointEpisode) -> None:
+        """The agent exited (or ran past its timeout: killed); the episode's ending if none yet."""
+        rc = e.proc.poll()
+        if rc is None:
+            e.proc.kill()
+            e.end("agent_timeout", f"still running after rollout.agent.timeout_s ({self.cfg.agent.timeout_s} s)")
+        elif rc != 0:
+            e.end("agent_crashed", f"exit status {rc}")
+            print(f"grpo: agent of episode {e.group_idx}/{e.sample_idx} exited {rc}:\n{e.proc.output_tail(e.key)}", flush=True)
+        elif e.turns == 0:
+            e.end("no_calls", "the agent exited without asking for a turn")
+        else:
+            e.end("finished")
+        e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": e.proc.result()}
+        e.done = True
+
+    def _refuse(self, e: EndpointEpisode, r: Request, h: str | None, message: str, kind: str = "refused") -> None:
+        e.requests.append({"kind": kind, "body_sha256": h, "why": message})
+        r.answer(400, chat.error(message))
+
+    def _request(self, e: EndpointEpisode, r: Request) -> Job | None:
+        """A job for the engine, or None when the request is answered without one (refused, repeated)."""
+        h = None if r.body is None else chat.body_hash(r.body)
+        if e.ending is not None:
+            self._refuse(e, r, h, f"the episode has ended ({e.ending})")
+            return None
+        try:
+            if r.body is None:
+                raise chat.BadBody(r.raw_error)
+            chat.check_body(r.body)
+            msgs = [chat.canonical_message(m) for m in r.body["messages"]]
+        except chat.BadBody as err:
+            e.end("malformed_request", str(err))
+            self._refuse(e, r, h, f"malformed request: {err}", "malformed")
+            return None
+        body, tools = r.body, r.body.get("tools") or []
+        entry = {"body_sha256": h, "asked": chat.asked(body)}
+        if body["model"] != MODEL:
+            return self._side(e, r, msgs, tools, entry)
+        if e.last is not None and e.last[0] == h:  # the same request again (a client's retry): the same answer
+            e.requests.append({"kind": "repeat", "body_sha256": h})
+            r.answer(*e.last[1:])
+            return None
+        if not e.convo:
+            shapes = [chat.render_shape(m, {}) for m in msgs]
+            text = self.a.format.render(shapes, tools, True)
+            ids = list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"])
+            if len(ids) > self.max_prompt_len:
+                e.end("prompt_too_long", f"{len(ids)} tokens, more than the {self.max_prompt_len} the context leaves beside "
+                                         f"rollout.max_episode_tokens ({self.budget})")
+                self._refuse(e, r, h, e.detail)
+                return None
+            e.prompt_text, e.prompt_ids, e.schemas, e.prompt_messages = text, ids, tools, msgs
+            e.convo, e.shapes = msgs, shapes
+            entry.update(new_messages=msgs, prompt_tokens=len(ids))
+        else:
+            if (why := self._extends(e, msgs, tools)) is not None:
+                e.end("history_rewritten", why)
+                self._refuse(e, r, h, f"the conversation does not extend the episode's record: {why}")
+                return None
+            if self.cfg.max_turns is not None and e.turns >= self.cfg.max_turns:
+                e.end("max_turns")
+                self._refuse(e, r, h, f"the episode has ended (max_turns {self.cfg.max_turns})")
+                return None
+            new = msgs[len(e.convo):]
+            shapes = [chat.render_shape(m, e.calls_by_id) for m in new]
+            last = e.last_ids
+            eot_sampled = bool(last) and last[-1] in self.stop_ids
+            eot = self.tok.decode([last[-1]]) if eot_sampled else (self.tok.eos_token or "")
+            try:
+                glue = self.a.format.glue_text(e.shapes + shapes, len(shapes), e.schemas, eot, eot_sampled)
+            except GRPOError as err:
+                e.end("template_rewrites_history", str(err))
+                self._refuse(e, r, h, str(err))
+                return None
+            glue_ids = list(self.tok(glue, add_special_tokens=False, verbose=False)["input_ids"])
+            if len(e.ids) + len(glue_ids) >= self.budget:  # no room for a token of the next turn
+                e.end("max_episode_tokens")
+                self._refuse(e, r, h, f"the episode has ended (rollout.max_episode_tokens {self.budget})")
+                return None
+            e.extend(glue_ids, None, glue)
+            e.convo, e.shapes = msgs, e.shapes + shapes
+            for m in new:
+                if m["role"] == "tool":
+                    self.tool_calls += 1
+                    e.messages.append({"role": "tool", "name": e.calls_by_id.get(m.get("tool_call_id") or "") or None,
+                                       "content": m["content"], "error": None})
+                else:
+                    e.messages.append({"role": m["role"], "content": m["content"]})
+            entry.update(new_messages=new, prompt_delta=glue_ids)
+        cap = min(self.cfg.max_new_tokens, self.budget - len(e.ids))
+        seed = derive_seed(e.seed, e.sample_idx, e.turns)
+        return Job(e, r, "turn", e.prompt_ids + e.ids, seed, cap, {"kind": "turn", **entry, "seed": seed, "sampling": self.sampling(cap)})
+
+    def _extends(self, e: EndpointEpisode, msgs: list[dict], tools: list) -> str | None:
+        """Why `msgs` (with `tools`) is not the recorded conversation extended, or None."""
+        if chat.canonical_json(tools) != chat.canonical_json(e.schemas):
+            return "its tools differ from the first request's"
+        n = len(e.convo) - 1  # the recorded request's messages, then grpo's answer
+        for i, (have, got) in enumerate(zip(e.convo[:n], msgs)):
+            if have != got:
+                return f"messages[{i}] ({have['role']}) differs from what was recorded"
+        if len(msgs) <= n:
+            return f"it has {len(msgs)} messages, not the {n} recorded and grpo's answer"
+        if _no_ids(e.convo_answer) != _no_ids(msgs[n]):
+            return f"messages[{n}] is not the assistant message grpo answered"
+        new = msgs[n + 1:]
+        if not new:
+            return "no new message after grpo's answer"
+        if any(m["role"] not in ("tool", "user") for m in new):
+            return "a message after grpo's answer is neither a tool result nor a user message"
+        return None
+
+    def _side(self, e: EndpointEpisode, r: Request, msgs: list[dict], tools: list, entry: dict) -> Job | None:
+        text = self.a.format.render([chat.render_shape(m, {}) for m in msgs], tools, True)
+        ids = list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"])
+        if len(ids) > self.max_prompt_len:
+            self._refuse(e, r, entry["body_sha256"], f"side call: {len(ids)} prompt tokens, more than {self.max_prompt_len}", "side_refused")
+            return None
+        e.sides += 1
+        seed = derive_seed(e.seed, e.sample_idx, e.turns, SIDE_SEED, e.sides)
+        cap = self.cfg.max_new_tokens
+        return Job(e, r, "side", ids, seed, cap, {"kind": "side", **entry, "seed": seed, "sampling": self.sampling(cap), "prompt_ids": ids})
+
+    def _answer(self, j: Job, s) -> None:
+        e, ids = j.e, list(s.token_ids)
+        content, calls = self.a.format.parse_turn(ids, j.prompt, self.stop_ids)
+        malformed = any(c.name is None for c in calls)
+        if malformed:  # as a tool episode reads it: the whole turn is plain text
+            content, calls = s.text, []
+        turn = e.turns + 1 if j.kind == "turn" else e.sides
+        msg = chat.assistant_message(content, calls, turn, side=j.kind == "side")
+        answer = {"message": msg, "finish_reason": chat.finish(s.finish_reason, msg), "prompt_ids": j.prompt, "ids": ids,
+                  "logprobs": list(s.logprobs)}
+        j.entry.update(completion_ids=ids, logprobs=list(s.logprobs), finish_reason=answer["finish_reason"], message=msg)
+        e.requests.append(j.entry)
+        rid = f"chatcmpl-{e.group_idx}-{e.sample_idx}-{len(e.requests)}"
+        model = j.r.body["model"]
+        stream = chat.chunks(answer, j.r.body, rid, model) if j.r.body.get("stream") else None
+        payload = chat.completion(answer, j.r.body, rid, model)
+        if j.kind == "turn":
+            e.extend(ids, list(s.logprobs), s.text)
+            e.turns, e.finish_reason, e.last_ids = turn, s.finish_reason, ids
+            record = {"role": "assistant", "content": content, "text": s.text, "tokens": len(ids), "finish_reason": s.finish_reason}
+            if calls:
+                record["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            e.messages.append(record)
+            e.convo_answer = chat.canonical_message(msg)
+            e.convo = e.convo + [e.convo_answer]
+            e.shapes = e.shapes + [{"role": "assistant", "content": content, "raw": s.text,
+                                    "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}]
+            e.calls_by_id.update({c["id"]: c["function"]["name"] for c in msg.get("tool_calls", [])})
+            e.last = (j.entry["body_sha256"], 200, payload, stream)
+            if s.finish_reason == "length":
+                e.end("max_episode_tokens" if j.cap < self.cfg.max_new_tokens else "length")
+        j.r.answer(200, payload, stream)
+
+    def row(self, e: EndpointEpisode, policy_hash: str) -> dict:
+        p = e.prompt
+        prompt_text, prompt_ids = (e.prompt_text, e.prompt_ids) if e.prompt_ids else (p.text, p.ids)  # no turn: the task's prompt
+        record = {
+            "version": ENDPOINT_VERSION, "route": "endpoint", "format": self.a.format.kind,
+            "tools": [t["function"]["name"] for t in e.schemas], "tool_schemas": e.schemas, "observation": None,
+            "prompt_messages": e.prompt_messages, "messages": e.messages, "requests": e.requests,
+            "turns": e.turns, "ending": e.ending, "detail": e.detail, "agent": e.agent,
+            "model_tokens": sum(e.mask), "context_tokens": len(e.mask) - sum(e.mask),
+        }
+        return {
+            "prompt_id": p.prompt_id, "sample_idx": e.sample_idx, "group_idx": e.group_idx,
+            "prompt": prompt_text, "prompt_raw": raw_to_json(p.raw), "prompt_ids": prompt_ids,
+            "completion": "".join(e.texts), "completion_ids": e.ids, "sampler_logprobs": e.logprobs,
+            "finish_reason": e.finish_reason, "truncated": e.finish_reason == "length",
+            "completion_length": sum(e.mask), "policy_hash": policy_hash,
+            "completion_mask": e.mask, "episode": json.dumps(record, ensure_ascii=False, sort_keys=True),
+            **p.columns,
+        }
+
+
+def _no_ids(m: dict) -> dict:
+    """A canonical message without its calls' ids (a client may drop or rewrite them; results find their call by order then)."""
+    if "tool_calls" not in m:
+        return m
+    return {**m, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]}
