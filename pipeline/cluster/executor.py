@@ -76,26 +76,10 @@ def connect(cc, address: str | None) -> str:
         if "runtime env" in detail:  # answered, but refused this driver's environment
             raise GRPOError(f"cluster.address {address}: the cluster refused this driver's runtime_env ({detail[:200]})") from None
         raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({detail})") from None
-    _notices_to_stderr()
+    from pipeline.quiet import ray_notices_to_stderr
+
+    ray_notices_to_stderr()
     return address or "a Ray instance of its own started here"
-
-
-def _notices_to_stderr() -> None:
-    """Ray's driver prints the cluster's notices ("(raylet) ... node marked dead", pushed to every
-    driver by its error listener) on stdout, between the iteration table's rows: they go to stderr,
-    with the run's own cluster lines. Through the one function that listener prints with (log_to_driver
-    is off: it prints nothing else); a Ray without it prints as it does."""
-    import ray._private.worker as ray_worker
-
-    show = getattr(ray_worker, "print_to_stdstream", None)
-    if show is None or getattr(show, "to_stderr", False):
-        return
-
-    def to_stderr(data, ignore_prefix):
-        return show({**data, "is_err": True}, ignore_prefix)
-
-    to_stderr.to_stderr = True
-    ray_worker.print_to_stdstream = to_stderr
 
 
 def preflight(run: Run, cc, held_gpu_on: str | None = None) -> tuple[str, str]:
@@ -129,33 +113,10 @@ def preflight(run: Run, cc, held_gpu_on: str | None = None) -> tuple[str, str]:
     problem = spread_problem(nodes, cc)  # the totals fit; each node's share must too
     if problem:
         raise GRPOError(problem)
-    wait_for_room(cc)
     token = uuid.uuid4().hex
     probe = f"probe-{token[:12]}"
     run.store.write_bytes(f".cluster/{probe}", token.encode())
     return probe, token
-
-
-def wait_for_room(cc) -> None:
-    """The nodes could hold the run (preflight); wait until what they have free now does: another run
-    on the cluster holds its actors' CPUs from its first iteration to its last. One line when it does
-    not fit, and a stop once cluster.place_timeout_s has passed so (the actors would otherwise wait
-    for Ray to place them until cluster.start_timeout_s, saying nothing)."""
-    import ray
-    from ray._private.state import available_resources_per_node  # what Ray's own ray.util uses per node
-
-    from pipeline.cluster.placement import alive_nodes, free_nodes, held_elsewhere
-    from pipeline.cluster.pool import POLL_S, RESUME
-
-    since = None
-    while (line := held_elsewhere(free_nodes(ray.nodes(), available_resources_per_node()), alive_nodes(ray.nodes()), cc)) is not None:
-        now = time.monotonic()
-        if since is None:
-            since = now
-            log(f"{line}; waiting up to {cc.place_timeout_s:g} s (cluster.place_timeout_s)")
-        if now - since >= cc.place_timeout_s:
-            raise GRPOError(f"{line}, for {cc.place_timeout_s:g} s (cluster.place_timeout_s); once it is done, {RESUME}")
-        time.sleep(POLL_S)
 
 
 def shared_uri(run: Run) -> str:
