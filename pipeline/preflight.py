@@ -135,13 +135,15 @@ def _checked_columns(cfg: Config, path: str, key: str) -> list[str]:
         columns = dataset_columns(path)
     except GRPOError as err:
         raise GRPOError(f"{key}: {err}") from None
-    template = cfg.data.prompt_template is not None and cfg.data.prompt_column not in columns
-    for column in prompt_columns(cfg.data, columns, environment=cfg.rollout.environment is not None):
+    prompt_head = fields.split(cfg.data.prompt_column, columns)[0]  # the prompt column may be a dotted path into one
+    template = cfg.data.prompt_template is not None and prompt_head not in columns
+    for column in prompt_columns(cfg.data, columns if prompt_head not in columns else [*columns, cfg.data.prompt_column],
+                                 environment=cfg.rollout.environment is not None):
         fix = "data.prompt_template" if cfg.data.prompt_template is not None else "data.prompt_column"
-        if (fields.split(column, columns)[0] if template else column) not in columns:
+        if fields.split(column, columns)[0] not in columns:
             raise GRPOError(f"{key} {path}: no column {column!r} (columns: {', '.join(columns)}); set {fix}")
-        if template:  # a template's field may be a dotted path into a column
-            fields.check(path, columns, column, f"data.prompt_template {{{column}}}: {key}")
+        # a template's field, or the prompt column, may be a dotted path into a column: the key it names must be there
+        fields.check(path, columns, column, f"data.prompt_template {{{column}}}: {key}" if template else f"data.prompt_column: {key}")
     if cfg.data.prompt_column not in columns:
         columns = [*columns, cfg.data.prompt_column]  # built by the template
     return columns

@@ -150,3 +150,44 @@ def test_a_prompt_template_and_openrlhfs_label_key_take_dotted_paths(assets, tmp
     columns = {"reward_model": [{"ground_truth": "4"}, {"ground_truth": "7"}]}
     out = compute_rewards([spec], ["2+2?", "3+4?"], ["4", "8"], None, columns, iteration=0, log=RewardLog(2), rendered=["a", "b"])
     assert out[:, 0].tolist() == [1.0, 0.0]
+
+
+def test_a_dotted_prompt_column_reads_the_field_and_init_names_the_missing_key(assets, tmp_path):
+    """`data.prompt_column: extra_info.question` as every other column option takes a path: the prompt is
+    the field (a string here, a message list in a Parquet struct), rendered into the rows; init names the
+    key a file lacks, in data.train and an eval set."""
+    from transformers import AutoTokenizer
+
+    from pipeline import preflight
+    from pipeline.data.prompts import load_dataset, make_prompts
+
+    data = _jsonl(tmp_path / "nested.jsonl", [{"extra_info": {"question": "2+2?", "split": "train"}, "answer": "4"},
+                                              {"extra_info": {"question": "3+4?", "split": "train"}, "answer": "7"}])
+    chat = tmp_path / "chat.parquet"
+    pq.write_table(pa.table({"extra": [{"messages": [{"role": "user", "content": "5+5?"}], "id": 1}], "answer": ["10"]}), chat)
+    flat = _jsonl(tmp_path / "flat.jsonl", [{"extra_info": {"q": "2+2?"}, "answer": "4"}])
+    rewards = [{"fn": "correct"}]
+    ok = config_mod.resolve(base_config(assets, rewards=rewards, data={"train": data, "eval": data, "prompt_column": "extra_info.question"}))
+    preflight.check(ok, judges_reachable=False)
+    preflight.check(config_mod.resolve(base_config(assets, rewards=rewards, data={"train": str(chat), "eval": str(chat), "prompt_column": "extra.messages"})),
+                    judges_reachable=False)
+
+    df = load_dataset(data, "extra_info.question")
+    tok = AutoTokenizer.from_pretrained(assets["model"])
+    prompts = make_prompts(df, [0, 1], tok, ok.data, data, 100_000)
+    assert [p.raw for p in prompts] == ["2+2?", "3+4?"]
+    assert "2+2?" in prompts[0].text and "3+4?" in prompts[1].text
+    assert sorted(prompts[0].columns) == ["answer", "extra_info"]  # the column itself still reaches the rewards
+    [msg] = load_dataset(str(chat), "extra.messages").get_column("extra.messages").to_list()
+    assert msg == [{"role": "user", "content": "5+5?"}]
+
+    for train, eval_, where, bad in ((data, flat, "data.eval", flat), (flat, data, "data.train", flat)):
+        with pytest.raises(GRPOError) as err:
+            preflight.check(config_mod.resolve(base_config(assets, rewards=rewards, data={"train": train, "eval": eval_, "prompt_column": "extra_info.question"})),
+                            judges_reachable=False)
+        assert str(err.value) == (f"data.prompt_column: {where} {bad} has no column 'extra_info.question': 'extra_info' has no "
+                                  "field 'question' (fields: q)")
+    with pytest.raises(GRPOError) as err:  # the stage reading it says the same
+        load_dataset(flat, "extra_info.question")
+    assert str(err.value) == (f"{flat}: data.prompt_column: no column 'extra_info.question': 'extra_info' has no field 'question' "
+                              "(fields: q)")

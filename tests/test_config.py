@@ -144,9 +144,9 @@ def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
         assert key in section  # the option exists, filled in with its default
         del section[key]  # as a config written before it
     before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    assert config_mod.config_hash(a) == before
+    assert config_mod.config_hash(a, legacy=True) == before  # the form the record-only options were hashed in then
     on = config_mod.load(write(tmp_path, MINIMAL), ["train.gradient_checkpointing=true"])
-    assert on.train.gradient_checkpointing and config_mod.config_hash(on) != before
+    assert on.train.gradient_checkpointing and config_mod.config_hash(on, legacy=True) != before
 
 
 def test_a_run_made_before_the_newest_options_reads_to_the_hash_its_manifests_carry():
@@ -157,7 +157,61 @@ def test_a_run_made_before_the_newest_options_reads_to_the_hash_its_manifests_ca
     text = (Path(__file__).parent / "fixtures/old_run/config.yaml").read_text()
     cfg = config_mod.from_yaml_text(text, "old_run/config.yaml")
     assert cfg.train.state_every == 1  # what that run did: a trainer state after every update
-    assert config_mod.config_hash(cfg) == "3d7e99433444ea4467a3bf9524490aa7dbed686c4ade62e774fe2e771210c481"
+    # the form its manifests hold (train.keep_states and keep_policies hashed): such a run keeps it (Run.legacy_hash)
+    assert config_mod.config_hash(cfg, legacy=True) == "3d7e99433444ea4467a3bf9524490aa7dbed686c4ade62e774fe2e771210c481"
+
+
+def test_options_that_change_only_what_the_record_keeps_are_out_of_the_config_hash(tmp_path):
+    """train.state_every (how often the trainer state is written), keep_states and keep_policies (what
+    stays on disk) change no byte a run computes: any value, one hash. An option that does changes it."""
+    base = config_mod.load(write(tmp_path, MINIMAL))
+    kept = config_mod.load(write(tmp_path, MINIMAL), ["train.state_every=3", "train.keep_states=4", "train.keep_policies.last=2"])
+    assert (kept.train.state_every, kept.train.keep_states, kept.train.keep_policies.last) == (3, 4, 2)
+    assert config_mod.config_hash(kept) == config_mod.config_hash(base)
+    assert config_mod.config_hash(kept, legacy=True) != config_mod.config_hash(base, legacy=True)  # as runs before hashed them
+    assert config_mod.config_hash(config_mod.load(write(tmp_path, MINIMAL), ["train.lr=0.5"])) != config_mod.config_hash(base)
+
+
+def test_grpo_init_again_with_another_state_every_keeps_the_run_and_records_the_new_value(assets, tmp_path):
+    """The same run (one config hash) keeping another record from now on: `grpo init` again with another
+    train.state_every is accepted, not refused as a different config, and the run's config.yaml says it."""
+    from conftest import base_config
+    from pipeline.run.run import Run, init_run
+
+    first = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets, train={"state_every": 10})))
+    again = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets, train={"state_every": 2, "keep_states": 3})))
+    assert again.cfg_hash == first.cfg_hash and not again.legacy_hash
+    stored = Run(str(tmp_path / "run")).cfg
+    assert (stored.train.state_every, stored.train.keep_states) == (2, 3)
+    with pytest.raises(GRPOError, match="a run with a different config already exists"):
+        init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets, train={"lr": 0.5})))
+    assert Run(str(tmp_path / "run")).cfg.train.lr != 0.5
+
+
+@pytest.mark.slow
+def test_a_run_whose_manifests_hashed_state_every_keeps_that_hash_and_audits_clean(assets, tmp_path, monkeypatch):
+    """A run written before train.state_every left the hash (made here with that hash, as the code then
+    made it: one iteration, its manifests carrying it) reads to the hash its manifests carry, audits clean,
+    and stays one hash: changing state_every is still another config there."""
+    from conftest import base_config
+    from pipeline.config import tree
+    from pipeline.loop.iterate import iterate
+    from pipeline.report.audit import audit_run
+    from pipeline.run.run import Run, init_run
+
+    cfg = config_mod.resolve(base_config(assets, rollout={"engine": "hf"}, train={"state_every": 10}))
+    path = str(tmp_path / "old")
+    with monkeypatch.context() as m:
+        m.setattr(config_mod, "config_hash", lambda c, legacy=False: tree.config_hash(c, legacy=True))  # the code before
+        iterate(init_run(path, cfg), 1)
+    run = Run(path)
+    assert run.legacy_hash and run.cfg_hash == tree.config_hash(cfg, legacy=True) != tree.config_hash(cfg)
+    assert run.manifest(0, "update").config_hash == run.cfg_hash
+    report = audit_run(run)
+    assert report.problems == [], report.problems
+    with pytest.raises(GRPOError, match="a run with a different config already exists"):
+        init_run(path, config_mod.resolve(base_config(assets, rollout={"engine": "hf"}, train={"state_every": 2})))
+    assert Run(path).cfg.train.state_every == 10
 
 
 def test_a_ray_run_with_staleness_is_refused_when_the_config_is_read(tmp_path):

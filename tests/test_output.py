@@ -73,7 +73,7 @@ def test_ctrl_c_in_iterate_says_how_to_go_on_and_the_rerun_finishes(make_run):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert err.splitlines()[-1] == "interrupted; rerun the same command to resume"
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "Invalid process group" not in err, err[-3000:]  # vLLM's teardown after the trainer's
     rerun = grpo("iterate", path, "--iters", "1", timeout=600)  # would wait on a held lock, then fail
     assert Run(path).completed_iters() == 1, rerun.stderr[-2000:]
 

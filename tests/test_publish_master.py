@@ -300,3 +300,44 @@ def test_export_of_a_policy_whose_write_did_not_finish_is_one_line(assets, tmp_p
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
     assert lines[0].startswith("error: ") and "policy/iter-0001: policy missing" in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_iterations_row_is_shown_once_its_record_is_safe_or_with_its_writes_failure(make_run, monkeypatch):
+    """`iterate` writes policy K+1 in the background while rollout K+1 runs: iteration K's row (what the
+    table prints) waits for that write. Policy 1's write is held until the row would be shown, so a row
+    shown before it is caught: when row 0 shows, policy 1's MANIFEST.json is on disk. Policy 2's write
+    fails: row 1 shows after the write ended, the write's one line raised right after it."""
+    import errno
+    import threading
+
+    from pipeline.errors import GRPOError
+    from pipeline.loop.iterate import iterate
+    from pipeline.run.run import Run
+    from pipeline.run.weights_file import DeferredWeights
+    from pipeline.store import policy_rel
+
+    run = Run(make_run(rollout={"engine": "hf"}))
+    shown: list = []
+    asked = {k: threading.Event() for k in (1, 2)}  # row k-1 asked to be shown (set by the table's callback)
+    real_write = DeferredWeights.write
+
+    def write(self, path=None) -> None:
+        k = int(Path(path).parent.name.removeprefix("iter-"))
+        asked[k].wait(3)  # a row shown early is shown while this write has not finished (with the fix: 3 s, then on)
+        if k == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(self, path)
+
+    def on_iteration(row: dict) -> None:
+        k = row["iteration"]
+        w = run.writing(k + 1)
+        shown.append((k, run.store.exists(f"{policy_rel(k + 1)}/MANIFEST.json"), w is None or not w.thread.is_alive()))
+        asked[k + 1].set()
+
+    monkeypatch.setattr(DeferredWeights, "write", write)
+    with pytest.raises(GRPOError) as err:
+        iterate(run, 2, on_iteration=on_iteration)
+    assert str(err.value) == f"{run.store.display(policy_rel(2))}: write failed: No space left on device"
+    assert shown == [(0, True, True), (1, False, True)]  # row 1 with the failure of its write, not before it ended
+    assert run.done(1, "update") and not run.policy_done(2)  # the update recorded, its policy to re-create (restore_policy)

@@ -327,7 +327,48 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
     finally:
         end_run(proc, ray_cluster)
     assert "rollout iteration 0 part" in err and "died" in err and "the part is re-run" in err
+    assert "raylet" not in out and "marked dead" not in out.lower()  # Ray's notices of the node's loss: on stderr, off the table
     assert_same_as(run, local_run)
+
+
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+def test_a_second_run_on_the_same_cluster_says_what_it_waits_for_and_stops_at_place_timeout_s(assets, dirs, ray_cluster, tmp_path):
+    """Two runs sharing the two one-CPU nodes: the first holds its warm actors (0.5 CPU on each node) from
+    its first iteration to its last, so the second's actors and a score task fit in the nodes' totals but
+    not in what is free. The second says so in one line, what it waits for and what is free, and stops at
+    cluster.place_timeout_s with one line, writing nothing (it no longer waits start_timeout_s for Ray to
+    place its actors, silently); the first finishes. Ray's own notices stay off both runs' stdout."""
+    import re
+
+    from stages.report import IterationTable
+
+    first, second = new_run(tmp_path, assets, dirs, "first"), new_run(tmp_path, assets, dirs, "second", place_timeout_s=2)
+    release = tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(first), "--iters", "1", "--executor", "ray",
+                             "--address", ray_cluster.address], cwd=dirs["elsewhere"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "driver-rollout:0",
+                                            "GRPO_CLUSTER_STALL_RELEASE": str(release)})
+    try:
+        held_at(proc, release, 0, 1, "the first run, its actors placed")
+        out = grpo(*iterate_args(second, ray_cluster), env=THREADS, check=False, cwd=dirs["elsewhere"], timeout=300)
+        Path(f"{release}.0").touch()
+        first_out, first_err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, first_err[-3000:]
+    finally:
+        end_run(proc, ray_cluster)
+    node, free = r"node [0-9a-f]{8}", r"node [0-9a-f]{8} 0\.5 CPU, node [0-9a-f]{8} 0\.5 CPU"
+    waits = (r"cluster: waiting for room: other work on the cluster \(another run\?\) holds what this run's 2 rollout workers "
+             rf"\(0\.5 CPUs each\) and a score task \(0\.5 CPUs\) need; free now: {free} \(of {node} 1 CPU, {node} 1 CPU\)")
+    lines = [line for line in out.stderr.splitlines() if line.startswith(("cluster: waiting", "error: "))]
+    assert out.returncode == 1 and len(lines) == 2, out.stderr[-3000:]
+    assert re.fullmatch(waits + r"; waiting up to 2 s \(cluster\.place_timeout_s\)", lines[0]), lines[0]
+    assert re.fullmatch("error: " + waits + r", for 2 s \(cluster\.place_timeout_s\); once it is done, the same `grpo iterate` "
+                        r"command resumes the run from the parts written", lines[1]), lines[1]
+    assert "Traceback" not in out.stderr and not list(second.glob("iter-*/*/part-*.parquet"))
+    assert out.stdout.splitlines() == [IterationTable.HEAD]  # the table's head, then nothing: no Ray line on stdout
+    assert "raylet" not in first_out and "marked dead" not in first_out.lower()
+    assert (first / "iter-0000/update/MANIFEST.json").exists()
 
 
 # where the second node goes for good (issue 54 case 2): a GRPO_CLUSTER_STALL point. One rollout actor of
@@ -471,6 +512,28 @@ def test_placement_is_checked_per_node_not_on_the_clusters_totals():
         mixed = {ids[0] * 16: {"CPU": 0.0, "GPU": 0.0}, ids[1] * 16: {"CPU": 2.0, "GPU": 0.0}, ids[2] * 16: {"CPU": 1.0, "GPU": 0.0}}
         assert spread_problem(mixed, one) is None, ids
     assert "no node has the 2 CPUs" in spread_problem({"b" * 16: {"CPU": 2.0, "GPU": 0.0}, "c" * 16: {"CPU": 0.5, "GPU": 0.0}}, one)
+
+
+def test_the_room_check_counts_what_is_free_not_the_nodes_totals():
+    """Another run's warm actors hold half of each one-CPU node: the totals hold this run (2 actors of 0.5
+    and a score task of 0.5), what is free does not, and the line says what the run waits for; all free,
+    it fits. A unit all in use is absent from Ray's per-node view (0), a dead node's record is no room."""
+    from pipeline.cluster.placement import alive_nodes, free_nodes, held_elsewhere
+
+    a, b, dead = "a" * 16, "b" * 16, "c" * 16
+    ray_nodes = [{"NodeID": a, "Alive": True, "Resources": {"CPU": 1.0}}, {"NodeID": b, "Alive": True, "Resources": {"CPU": 1.0}},
+                 {"NodeID": dead, "Alive": False, "Resources": {"CPU": 4.0}}]
+    cc = cluster_cfg(rollout_workers=2, rollout_cpus=0.5, score_cpus=0.5)
+    totals = alive_nodes(ray_nodes)
+    assert held_elsewhere(free_nodes(ray_nodes, {a: {"CPU": 1.0}, b: {"CPU": 1.0}}), totals, cc) is None
+    half = free_nodes(ray_nodes, {a: {"CPU": 0.5}, b: {"CPU": 0.5}, dead: {"CPU": 4.0}})
+    assert half == {a: {"CPU": 0.5, "GPU": 0.0}, b: {"CPU": 0.5, "GPU": 0.0}}
+    assert held_elsewhere(half, totals, cc) == (
+        "cluster: waiting for room: other work on the cluster (another run?) holds what this run's 2 rollout workers (0.5 CPUs "
+        "each) and a score task (0.5 CPUs) need; free now: node aaaaaaaa 0.5 CPU, node bbbbbbbb 0.5 CPU (of node aaaaaaaa "
+        "1 CPU, node bbbbbbbb 1 CPU)")
+    assert free_nodes(ray_nodes, {a: {"CPU": 1.0}})[b] == {"CPU": 0.0, "GPU": 0.0}
+    assert held_elsewhere(free_nodes(ray_nodes, {a: {"CPU": 1.0}}), totals, cc) is not None  # 2 actors and a task in 1 CPU: no
 
 
 def test_a_lost_node_makes_the_score_and_update_stages_stop_idle_actors_instead_of_waiting_for_ever():

@@ -7,6 +7,7 @@ bytes equal to the local run's) is in tests/test_ray.py."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import sys
 
@@ -218,6 +219,36 @@ def test_an_import_the_scan_cannot_see_works_from_the_directory_but_is_refused_a
                     f"files beside {where} that its import statements name, not a module named at run time; write "
                     "`import helper`, or install it")
     assert "helper" not in sys.modules and not any("grpo-init-code-" in str(getattr(m, "__file__", "")) for m in sys.modules.values())
+
+
+@pytest.mark.parametrize("fn", ["brev.py:brev", "brev:brev", "rlhfreward:brev"])
+def test_a_module_an_installed_package_imports_is_named_with_its_importer_not_blamed_on_the_reward(assets, tmp_path, monkeypatch, capsys, fn):
+    """OpenRLHF's case: a reward importing `openrlhf.utils`, whose `math_utils` needs `pylatexenc`, which is
+    not installed. The reward's own imports are fine: init names the missing module and the file importing it,
+    and does not tell the reward to `import pylatexenc` itself. A small package on sys.path plays openrlhf."""
+    assert importlib.util.find_spec("pylatexenc") is None  # the module really is missing here
+    site = tmp_path / "site"
+    (site / "rlhfpkg" / "utils").mkdir(parents=True)
+    (site / "rlhfpkg" / "__init__.py").write_text("")
+    (site / "rlhfpkg" / "utils" / "__init__.py").write_text("from .math_utils import grade\n")
+    (site / "rlhfpkg" / "utils" / "math_utils.py").write_text(
+        "from pylatexenc.latex2text import LatexNodes2Text\n\ndef grade(a, b):\n    return float(a == b)\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    code = "from rlhfpkg.utils import grade\n\ndef brev(completions, **kwargs):\n    return [grade(c, '1') for c in completions]\n"
+    (src / "brev.py").write_text(code)  # a file of the user's, copied into the run
+    (site / "rlhfreward.py").write_text(code)  # an installed module, recorded by version
+    monkeypatch.chdir(src)
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        line = _init_line(capsys, assets, src, tmp_path / "run", fn)
+    finally:
+        for name in [m for m in sys.modules if m in ("rlhfpkg", "rlhfreward") or m.startswith("rlhfpkg.")]:
+            del sys.modules[name]
+    where = fn.split(":")[0]
+    assert line == (f"rewards[0].fn '{fn}': importing {where}: it imports rlhfpkg.utils, whose rlhfpkg.utils.math_utils "
+                    f"({site / 'rlhfpkg' / 'utils' / 'math_utils.py'}) imports 'pylatexenc', which is not installed here; install "
+                    "it (what rlhfpkg needs), or import from rlhfpkg.utils only what works without it")
 
 
 def test_a_data_file_read_beside_the_reward_is_refused_at_init_naming_it(assets, tmp_path, monkeypatch, capsys):

@@ -77,6 +77,9 @@ def connect(cc, address: str | None, skip=()) -> str:
         if "runtime env" in detail:  # answered, but refused this driver's environment
             raise GRPOError(f"cluster.address {address}: the cluster refused this driver's runtime_env ({detail[:200]})") from None
         raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({detail})") from None
+    from pipeline.quiet import ray_notices_to_stderr
+
+    ray_notices_to_stderr()
     return address or "a Ray instance of its own started here"
 
 

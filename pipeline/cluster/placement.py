@@ -15,6 +15,24 @@ def alive_nodes(ray_nodes: list[dict]) -> dict[str, dict[str, float]]:
     return {n["NodeID"]: {u: float(n.get("Resources", {}).get(u, 0.0)) for u in UNITS} for n in ray_nodes if n.get("Alive")}
 
 
+def free_nodes(ray_nodes: list[dict], available: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{node id: {CPU, GPU}} free now on the nodes alive: `available` is Ray's per-node view of what
+    no actor, task or placement group holds (`ray._private.state.available_resources_per_node()`,
+    the per-node form of `ray.available_resources()`; a unit all in use is absent there: 0)."""
+    return {n: {u: float(available.get(n, {}).get(u, 0.0)) for u in UNITS} for n in alive_nodes(ray_nodes)}
+
+
+def held_elsewhere(free: dict[str, dict[str, float]], nodes: dict[str, dict[str, float]], cc) -> str | None:
+    """None when this run's warm rollout actors and a score task fit in what is `free` now (spread as
+    `spread_problem` places them); else the line saying what the run waits for: the nodes' totals hold
+    it (spread_problem passed on them), so other work holds the rest: another run sharing the cluster."""
+    if spread_problem(free, cc) is None:
+        return None
+    return (f"cluster: waiting for room: other work on the cluster (another run?) holds what this run's {cc.rollout_workers} "
+            f"rollout workers ({cc.rollout_cpus:g} CPUs each) and a score task ({cc.score_cpus:g} CPUs) need; free now: "
+            f"{describe(free) or 'nothing'} (of {describe(nodes)})")
+
+
 def _fits(free: dict[str, float], need: dict[str, float]) -> bool:
     return all(free.get(u, 0.0) + 1e-9 >= need.get(u, 0.0) for u in UNITS)
 

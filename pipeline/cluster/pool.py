@@ -10,7 +10,7 @@ from typing import Callable
 
 from pipeline.errors import GRPOError
 from pipeline.store.faults import fault_point
-from pipeline.cluster.placement import Deadlines, actors_to_stop, alive_nodes, bundles_line, describe
+from pipeline.cluster.placement import Deadlines, actors_to_stop, alive_nodes, bundles_line, describe, free_nodes, held_elsewhere
 from pipeline.cluster.secrets import secrets_left_out
 from pipeline.cluster.workers import RolloutWorker
 
@@ -28,6 +28,25 @@ POLL_S = 2.0  # how often a stage waiting on Ray looks again at the nodes alive 
 RESUME = "the same `grpo iterate` command resumes the run from the parts written"
 
 
+def wait_for_room(cc, log: Callable[[str], None]) -> None:
+    """The nodes could hold the run (preflight); wait until what they have free now does: another run
+    on the cluster holds its actors' CPUs from its first iteration to its last. One line when it does
+    not fit, and a stop once cluster.place_timeout_s has passed so (the actors would otherwise wait
+    for Ray to place them until cluster.start_timeout_s, saying nothing)."""
+    import ray
+    from ray._private.state import available_resources_per_node  # what Ray's own ray.util uses per node
+
+    since = None
+    while (line := held_elsewhere(free_nodes(ray.nodes(), available_resources_per_node()), alive_nodes(ray.nodes()), cc)) is not None:
+        now = time.monotonic()
+        if since is None:
+            since = now
+            log(f"{line}; waiting up to {cc.place_timeout_s:g} s (cluster.place_timeout_s)")
+        if now - since >= cc.place_timeout_s:
+            raise GRPOError(f"{line}, for {cc.place_timeout_s:g} s (cluster.place_timeout_s); once it is done, {RESUME}")
+        time.sleep(POLL_S)
+
+
 class RolloutPool:
     def __init__(self, run_uri: str, cc, probe: str, token: str, log: Callable[[str], None], status=None):
         import ray
@@ -41,6 +60,7 @@ class RolloutPool:
         self.starting: dict = {}  # its ready() reference -> actor
         self.inflight: dict = {}  # rollout_part reference -> (actor, part)
         self.deadlines = Deadlines()  # each start within cluster.start_timeout_s, each part within part_timeout_s
+        wait_for_room(cc, log)  # another run on the cluster may hold it
         for _ in range(cc.rollout_workers):
             self._start()
         while self.starting:  # every actor passes its checks before any work starts

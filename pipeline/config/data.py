@@ -19,7 +19,7 @@ class DataConfig(Section):
     """Held-out prompts for periodic evaluation (same forms as train), or a mapping of set names to
     files ({path, reward} for a set with its own accuracy reward), each reported under its name; None disables eval."""
     prompt_column: str = "prompt"
-    """Column holding the prompt: a string, or a list of chat messages ({role, content})."""
+    """Column holding the prompt: a string, or a list of chat messages ({role, content}); a dotted path names a field of a struct column or nested JSON object ("extra_info.question")."""
     prompt_template: str | None = None
     """Builds the prompt column from other columns where a row has none, e.g. "{question}" (Python str.format fields; a dotted path names a field of a struct column or nested JSON object, "{extra_info.question}")."""
     system_prompt: str | None = None

@@ -96,7 +96,7 @@ class TrainConfig(Section):
     this for one epoch), later epochs reuse them, and the values used are stored in
     iter-K/update/old_logprobs.parquet; the logprobs stage then skips that pass."""
     keep_states: int = Field(1, ge=1)
-    """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned."""
+    """Trainer states (optimizer, scheduler) kept on disk; older iterations' states are pruned. Out of the config hash, as state_every and keep_policies are: they change what the record keeps, not a byte of the run."""
     state_every: int = Field(10, ge=1)
     """Write the trainer state (Adam moments, step counters: for SmolLM2-135M 1.1 GB more than the
     policy) after every N-th update, and always at the end of a command and on Ctrl-C; policy K+1

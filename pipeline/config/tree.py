@@ -140,11 +140,21 @@ left out of the canonical form at that value, so the config hash of a run made b
 that lacks one is read with that value (`from_yaml_text`), even where a new run's default differs."""
 
 
-def canonical(cfg: Config) -> str:
+RECORD_ONLY: tuple[tuple[str, str], ...] = (("train", "state_every"), ("train", "keep_states"), ("train", "keep_policies"))
+"""Options that change only what the record keeps (how often a trainer state is written, how many
+states and policies' weights stay), never the bytes a run computes: out of the config hash at any
+value, so changing one (`grpo init` again) is not another run. Runs whose manifests were written
+while they were hashed keep that hash (`legacy`; pipeline.run.run.Run.cfg_hash tells them apart)."""
+
+
+def canonical(cfg: Config, legacy: bool = False) -> str:
     """Canonical JSON of the resolved config: sorted keys, defaults filled in (but for
-    `ADDED_OPTIONS` at their earlier behaviour)."""
+    `ADDED_OPTIONS` at their earlier behaviour), `RECORD_ONLY` left out (`legacy`: kept, as runs
+    made before that hashed them)."""
     tree = cfg.model_dump(mode="json")
     tree.pop("cluster", None)  # where the stages run, not what they compute: a Ray run writes a local run's bytes
+    for section, key in RECORD_ONLY if not legacy else ():
+        tree[section].pop(key, None)
     for (*path, key), neutral in ADDED_OPTIONS.items():
         section = tree
         for part in path:
@@ -154,8 +164,13 @@ def canonical(cfg: Config) -> str:
     return json.dumps(tree, sort_keys=True, separators=(",", ":"))
 
 
-def config_hash(cfg: Config) -> str:
-    return hashlib.sha256(canonical(cfg).encode()).hexdigest()
+def config_hash(cfg: Config, legacy: bool = False) -> str:
+    return hashlib.sha256(canonical(cfg, legacy).encode()).hexdigest()
+
+
+def record_only(cfg: Config) -> dict:
+    """The `RECORD_ONLY` options' values."""
+    return {f"{section}.{key}": getattr(getattr(cfg, section), key) for section, key in RECORD_ONLY}
 
 
 def to_yaml(cfg: Config) -> str:

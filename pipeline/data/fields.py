@@ -2,8 +2,8 @@
 `reward_model` (a Parquet struct, a nested JSON object: verl's data), at any depth. A name that is
 itself a column is that column, dots and all.
 
-The one reading of such a name, wherever a column is named: the built-ins' `*_column` options,
-OpenRLHF's `label_key`, the fields of a judge's rubric and of `data.prompt_template`
+The one reading of such a name, wherever a column is named: `data.prompt_column` (`column`),
+the built-ins' `*_column` options, OpenRLHF's `label_key`, the fields of a judge's rubric and of `data.prompt_template`
 (`{reward_model.ground_truth}`), `grpo inspect --column` (`values` over rows, `fill` for a
 template), and `grpo init`'s check of data.train and every eval set (`check`: the Parquet or Arrow
 schema, or the schema polars infers from a JSON file's rows, walked the same way).
@@ -54,6 +54,25 @@ def values(columns: dict[str, list], name: str, fix: str = "") -> list:
         except GRPOError as err:
             raise GRPOError(f"row {i}: {err}{fix}") from None
     return out
+
+
+def column(df, name: str):
+    """The polars Series a column name or a dotted path names in `df` (a struct field keeps its type:
+    a list of chat messages stays one), named `name`; GRPOError naming the missing key."""
+    import polars as pl
+
+    head, path = split(name, df.columns)
+    if head not in df.columns:
+        raise GRPOError(f"no column {name!r} (columns: {', '.join(df.columns)})")
+    s = df.get_column(head)
+    for depth, k in enumerate(path):
+        keys = [f.name for f in s.dtype.fields] if isinstance(s.dtype, pl.Struct) else []
+        if k not in keys:
+            at = ".".join([head, *path[:depth]])
+            holds = f"fields: {', '.join(keys)}" if keys else f"it holds {s.dtype}, no nested object"
+            raise GRPOError(f"no column {name!r}: {at!r} has no field {k!r} ({holds})")
+        s = s.struct.field(k)
+    return s.alias(name)
 
 
 def check(data: str, have: list[str], name: str, where: str) -> None:

@@ -39,6 +39,11 @@ def load_dataset(path: str, prompt_column: str, prompt_template: str | None = No
     dataset with no prompt column is the environment's data, TRL's way: each row's prompt is an
     empty user message that reset's observation fills (pipeline/agents/environment.py)."""
     df = load_dataset_frame(path)
+    if prompt_column not in df.columns and fields.split(prompt_column, df.columns)[0] in df.columns:  # `extra.question`
+        try:
+            df = df.with_columns(fields.column(df, prompt_column))
+        except GRPOError as err:
+            raise GRPOError(f"{path}: data.prompt_column: {err}") from None
     if environment and prompt_template is None and prompt_column not in df.columns:
         return df.with_columns(pl.lit("", dtype=pl.String).alias(prompt_column))
     if prompt_template is not None:
@@ -68,7 +73,8 @@ def load_dataset(path: str, prompt_column: str, prompt_template: str | None = No
 def prompt_made_up(path: str, data: DataConfig, environment: bool) -> bool:
     """Whether load_dataset makes the prompt column up (environment-owned data, no prompt column):
     reset then gets no prompt argument, as TRL passes none."""
-    return environment and data.prompt_template is None and data.prompt_column not in dataset_columns(path)
+    have = dataset_columns(path)
+    return environment and data.prompt_template is None and fields.split(data.prompt_column, have)[0] not in have
 
 
 def dataset_columns(path: str) -> list[str]:

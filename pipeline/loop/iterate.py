@@ -90,7 +90,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
     except BaseException:
         warm.close()
         raise
-    rows = []
+    rows, shown = [], _Rows(run, on_iteration)
     try:
         # policy 0's eval, and the newest policy's where a kill or Ctrl-C came between its update and
         # its eval (the loop below evaluates only the policies it makes)
@@ -103,6 +103,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
                 if iteration_plan(cfg, j).behaviour <= k and not run.done(j, "rollout"):
                     sampler.ask("rollout", j)
             sampler.wait("rollout", k)
+            shown.show(wait=False)  # iteration k-1's row, if policy k's write finished while rollout k ran
             timings = {"rollout": time.time() - t0}  # overlapped: the wait, what the overlap did not hide
             learn(run, warm, k, t0, timings, sampler)
             if eval_due(cfg, k + 1) and not run.done(k + 1, "eval"):
@@ -110,12 +111,47 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
                 sampler.wait("eval", k + 1)
                 timings["eval"] = time.time() - t0 - sum(timings.values())
             extra = sampler.figures(k)
-            rows.append(finish_row(run, k, t0, timings, lambda row, extra=extra: (row.update(extra), on_iteration and on_iteration(row))))
+            rows.append(finish_row(run, k, t0, timings, lambda row, extra=extra: row.update(extra)))
+            shown.hold(k, rows[-1])
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
-        run.policy_done(run.completed_iters())  # the newest policy's file, if it is still being written
+        shown.show(wait=True)  # the newest policy's file, if it is still being written
+        run.policy_done(run.completed_iters())  # (one this process's loop did not make: none, or waited for)
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
-        sampler.close()
-        warm.close()
+        try:
+            sampler.close()
+            warm.close()  # waits for a background write still running
+        finally:
+            shown.show(wait=False)  # a Ctrl-C or an error after an iteration's write finished: its row still shows
     return rows
+
+
+class _Rows:
+    """Iteration k's row is shown once its record is safe: update k's manifest and policy k+1 on disk
+    (their background write, pipeline/update/background.py, runs on while rollout k+1 does), or
+    together with that write's failure, never before it. A row waits while its write runs; the next
+    iteration's start, the loop's end, or an unwinding Ctrl-C shows it."""
+
+    def __init__(self, run: Run, on_iteration: Callable[[dict], None] | None):
+        self.run, self.on_iteration, self.waiting = run, on_iteration, None
+
+    def hold(self, k: int, row: dict) -> None:
+        self.show(wait=True)  # the one before (its write has finished: this update waited for it)
+        self.waiting = (k, row)
+        self.show(wait=False)
+
+    def show(self, wait: bool) -> None:
+        """The waiting row, if its write has ended (`wait`: once it has); the write's failure raised after it."""
+        if self.waiting is None:
+            return
+        k, row = self.waiting
+        w = self.run.writing(k + 1)
+        if w is not None and not wait and w.thread.is_alive():
+            return
+        self.waiting = None
+        try:
+            self.run.policy_done(k + 1)  # the write's error, if it failed
+        finally:
+            if self.on_iteration is not None:
+                self.on_iteration(row)

@@ -210,8 +210,15 @@ class VLLMEngine:
         return [float(d[t].logprob) for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def close(self) -> None:
+        """The engine shut down now, not when the LLM object is collected: a Ctrl-C's traceback holds it
+        (its frames inside generate) until the command has ended, and by then the trainer has torn
+        the process group down (it joined vLLM's, pipeline.update.distributed.close_distributed), so
+        vLLM's own teardown of its groups failed ("Invalid process group specified", a stray traceback)."""
         import gc
 
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()  # vLLM's teardown once (its finalizer is detached), its groups still there
         del self.llm
         gc.collect()
 

@@ -26,6 +26,31 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+class _MissingBelow(GRPOError):
+    """A module that something the reward imports imports is missing (not the reward's own import)."""
+
+
+def _missing_import(module: str, err: BaseException) -> str | None:
+    """For a module missing while `module` (the reward's own module name) ran: who imports it, in
+    one line, where that is another module than `module` (an installed package it imports, whose
+    own import fails: openrlhf.utils -> math_utils -> pylatexenc); None where `module` imports it itself."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return None
+    chain: list[tuple[str, str]] = []  # (module name, file) of each module frame from `module` on
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        name, file = frame.f_globals.get("__name__"), frame.f_code.co_filename
+        if name == module or chain:
+            if frame.f_code.co_name == "<module>" and not file.startswith("<") and (not chain or chain[-1][0] != name):
+                chain.append((name, file))
+        tb = tb.tb_next
+    if len(chain) < 2:
+        return None
+    return (f"it imports {chain[1][0]}, whose {chain[-1][0]} ({chain[-1][1]}) imports {err.name!r}, which is not installed "
+            f"here; install it (what {chain[1][0].split('.')[0]} needs), or import from {chain[1][0]} only what works without it")
+
+
 def _import_file(path: str) -> Any:
     file = Path(path).expanduser()
     file = file if file.is_absolute() else Path.cwd() / file
@@ -55,6 +80,8 @@ def _import_file(path: str) -> Any:
             importlib.import_module(sibling.removesuffix(".py"))
     except Exception as err:
         sys.modules.pop(name, None)
+        if (why := _missing_import(name, err)) is not None:
+            raise _MissingBelow(f"importing {path}: {why}") from err
         raise GRPOError(f"importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
     finally:
         if added:
@@ -93,6 +120,8 @@ def _import_module(name: str) -> Any:
     except ModuleNotFoundError as err:
         if err.name and (name == err.name or name.startswith(err.name + ".")):
             raise GRPOError(f"no module {name!r} (looked in the current directory and the environment)") from err
+        if (why := _missing_import(name, err)) is not None:
+            raise _MissingBelow(f"importing {name}: {why}") from err
         raise GRPOError(f"importing {name} raised ModuleNotFoundError: {_first_line(err)}") from err
     except Exception as err:
         raise GRPOError(f"importing {name} raised {type(err).__name__}: {_first_line(err)}") from err
@@ -169,16 +198,19 @@ def resolve(target: str) -> RewardFn:
         try:
             with _without_cwd():
                 return _resolve(f"{_COPIES[where]}:{attr}", os.getcwd())
-        except GRPOError as err:  # named as the config names it, not by the copy's path
-            said = str(err).replace(_COPIES[where], where)
-            raise GRPOError(_not_carried(where, Path(_COPIES[where]).parent, err.__cause__) or
+        except GRPOError as err:  # named as the config names it, not by the copy's path (its siblings' beside it)
+            folder, beside = Path(_COPIES[where]).parent, os.path.dirname(where)
+            said = str(err).replace(_COPIES[where], where).replace(f"{folder}{os.sep}", os.path.join(beside, "") if beside else "")
+            raise GRPOError(_not_carried(where, folder, err) or
                             (said if said != str(err) else f"{err} (the run's copy of {where})")) from err.__cause__
     return _resolve(target, os.getcwd())
 
 
-def _not_carried(where: str, folder: Path, cause: BaseException | None) -> str | None:
-    """Why a copy that imported from the current directory cannot import by itself, in one line."""
-    if isinstance(cause, ModuleNotFoundError) and cause.name:
+def _not_carried(where: str, folder: Path, err: GRPOError) -> str | None:
+    """Why a copy that imported from the current directory cannot import by itself, in one line
+    (None where the copy is not at fault: a module an installed package imports is missing, say)."""
+    cause = err.__cause__
+    if isinstance(cause, ModuleNotFoundError) and cause.name and not isinstance(err, _MissingBelow):
         return (f"{where} imports {cause.name!r}, which the run's copy cannot find: grpo carries the files beside {where} "
                 f"that its import statements name, not a module named at run time; write `import {cause.name}`, or install it")
     name = getattr(cause, "filename", None)

@@ -107,11 +107,33 @@ class Run:
 
     @cached_property
     def cfg_hash(self) -> str:
-        """The config's hash, with the hash of its code where the run carries any."""
+        """The config's hash, with the hash of its code where the run carries any; in the form its
+        manifests were written with (`legacy_hash`)."""
+        return self._hash(self.legacy_hash)
+
+    def _hash(self, legacy: bool) -> str:
         from pipeline.store import code
 
-        plain = config_mod.config_hash(self.cfg)
+        plain = config_mod.config_hash(self.cfg, legacy)
         return plain if self.code is None else canonical_hash({"config": plain, "code": code.code_hash(self.code)})
+
+    @cached_property
+    def legacy_hash(self) -> bool:
+        """Whether the run's manifests carry the config hash of before `config.RECORD_ONLY` left it
+        (train.state_every and the retention options hashed): its first stage manifest says. Such a
+        run keeps that hash for good, so its record stays one hash; a run with no manifest yet takes today's."""
+        old = self._hash(True)
+        if old == self._hash(False):
+            return False
+        for k in self.iterations():
+            for stage in STAGES:
+                try:
+                    m = self.store.manifest(stage_rel(k, stage))
+                except GRPOError:  # unreadable: audit names it
+                    continue
+                if m is not None:
+                    return getattr(m, "config_hash", None) == old
+        return False
 
     # -- policies ------------------------------------------------------------------------
     def writing(self, k: int):
@@ -231,8 +253,10 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         raise GRPOError(f"{store.display()}: directory exists and is not empty; choose a new run directory")
     model, conversion = model_source(cfg.model, "model")
     cfg = with_template_date(cfg, model, old)  # the day a template's date reads: recorded once, kept by a re-init
-    if old is not None and config_mod.config_hash(old) != config_mod.config_hash(cfg):
-        raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
+    if old is not None:
+        legacy = Run(uri).legacy_hash  # such a run's hash holds train.state_every: changing it is another run there
+        if config_mod.config_hash(old, legacy) != config_mod.config_hash(cfg, legacy):
+            raise GRPOError(f"{store.display(CONFIG)}: a run with a different config already exists; choose a new run directory")
     new_yaml = config_mod.to_yaml(cfg)
     ref = model_source(cfg.ref_model, "ref_model")[0] if cfg.ref_model else None
     policy_kind(cfg).check_model(model)  # the run does not exist yet to hold its policy
@@ -257,6 +281,12 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):
             raise GRPOError(f"{store.display(code.RECORD)}: the run's reward, tool or environment code differs from "
                             f"what the config names now; choose a new run directory")
+    if old is not None and config_mod.record_only(old) != config_mod.record_only(cfg):
+        kept = old  # the same run keeping another record from now on (train.state_every, retention): its config says so
+        for section, key in config_mod.RECORD_ONLY:
+            kept = kept.model_copy(update={section: getattr(kept, section).model_copy(update={key: getattr(getattr(cfg, section), key)})})
+        store.write_bytes(CONFIG, config_mod.to_yaml(kept).encode())
+        run = Run(uri)
     return run
 
 
