@@ -21,7 +21,7 @@ TRL 1.16 ships response schemas for, and Mistral's:
   `<tool_calls>[...]</tool_calls>` (Apriel 1.5 / 1.6), `<TOOLCALL>[...]</TOOLCALL>` (Nemotron-Nano-v2),
   `<|function_call|>{...}` (GigaChat 3.1), as llama.cpp's common/chat.cpp reads them. GigaChat 3.1's
   template renders one call a message (`message.tool_calls[0]`), so a turn holds one object: a list,
-  or a second call, is malformed (a call the history would not hold is never run).
+  or a second call, is malformed (a call the history would not hold never runs).
 - minimax: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n</invoke>\n
   </minimax:tool_call>` (MiniMax-M2), values as written (strings raw, others JSON), as qwen_xml's.
 
