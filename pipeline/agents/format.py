@@ -28,7 +28,9 @@ sampled tokens themselves are never re-tokenised. A turn that ended in the token
 with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
-the completion. The template must render earlier turns the same once more follow (prefix-
+the completion. An eos the template writes after its end of turn only where a conversation ends
+(Phi-3.5's `{{ eos_token }}` without a generation prompt) is not part of the turn. The template must
+render earlier turns the same once more follow (prefix-
 preserving): where a vendor's does not, its training template is rendered instead (templates.py,
 as TRL swaps one in); one that still does not, for a bare call or a turn with thinking, is refused
 at `grpo init` with what changes (probe.py).
@@ -191,8 +193,9 @@ class ToolFormat:
         after = self.render(messages, schemas, True)
         body = before.rstrip()
         eos = getattr(self.tokenizer, "eos_token", None)
-        if eos and body.endswith(eos) and not after.startswith(body):  # Phi-3.5 ends a conversation (not a turn) in eos
-            body = body[: -len(eos)].rstrip()
+        if eos and body.endswith(eos) and not after.startswith(body):  # an eos after the turn's own end (Phi-3.5's) ends
+            inner = body[: -len(eos)].rstrip()                           # the conversation, not the turn
+            body = inner if any(t and inner.endswith(t) for t in (self.eot, self._end_text())) else body
         # from the template's end of turn (or the stop token sampled, where the template writes that one there)
         end = next((t for t in (self.eot, eot if eot_sampled else None) if t and body.endswith(t)), "")
         cut = len(body) - len(end)
@@ -247,11 +250,15 @@ class ToolFormat:
         return parse_hermes(text, strip_thinking=self.kind == "template", opened=opened)
 
 
-    def _without_end(self, text: str) -> str:
-        """`text` less the template's end-of-turn text where the vocabulary lacks it as a token (call_formats.end_text)."""
+    def _end_text(self) -> str:
+        """The text the template writes after an assistant message's content (call_formats.end_text), probed once."""
         if not hasattr(self, "_end"):
-            self._end = "" if self.eot else call_formats.end_text(self.tokenizer, self.template.text)
-        return call_formats.without_end(text, self._end)
+            self._end = call_formats.end_text(self.tokenizer, self.template.text)
+        return self._end
+
+    def _without_end(self, text: str) -> str:
+        """`text` less the template's end-of-turn text where the vocabulary lacks it as a token."""
+        return text if self.eot else call_formats.without_end(text, self._end_text())
 
 
 def _template_messages(messages: list[dict], ids: bool = True) -> list[dict]:
