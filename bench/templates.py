@@ -75,9 +75,11 @@ def round_trip(fmt, tok, calls: list[dict], thinking: bool = False) -> str | Non
     said = {"role": "assistant", "content": "", "tool_calls": [dict(c) for c in calls]}
     if thinking:
         said.update(reasoning_content=THOUGHT, thinking=THOUGHT)
-    stop = fmt.eot or tok.eos_token or ""
     from pipeline.agents.format import opens_thinking
     from pipeline.agents.probe import _boundary
+    from pipeline.errors import GRPOError
+
+    stop = fmt.eot or tok.eos_token or ""
 
     prompt_text = fmt.render([USER], SCHEMAS, True)
     prompt = tok(prompt_text, add_special_tokens=False)["input_ids"]
@@ -114,11 +116,9 @@ def round_trip(fmt, tok, calls: list[dict], thinking: bool = False) -> str | Non
     want = [(c["name"], {k: str(v) for k, v in c["arguments"].items()}) for c in calls]
     if read != want:
         return f"{len(calls)} call(s){' after thinking' if thinking else ''} read back as {json.dumps(read)[:80]}"
-    text = tok.decode(turn, skip_special_tokens=False)
+    text = tok.decode(turn[:-1] if ended else turn, skip_special_tokens=False)  # the engine's text: less its stop token
     history = {"role": "assistant", "content": content, "raw": text, "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in got]}
     episode = [USER, history] + [{"role": "tool", "name": c["name"], "content": r} for c, r in zip(calls, RESULTS)]
-    from pipeline.errors import GRPOError
-
     try:
         glue = fmt.glue_text(episode, len(calls), SCHEMAS, stop, ended or not fmt.eot)
     except GRPOError as err:
