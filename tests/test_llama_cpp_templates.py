@@ -45,13 +45,14 @@ def episode_after(fmt, tok, turn_text: str, results: list[str]):
     return content, calls, fmt.glue_text(episode, len(results), [SCHEMA], stop, True), fmt.render(episode, [SCHEMA], True)
 
 
-def test_calls_get_ids_only_where_the_template_cannot_render_without_them(assets):
+def test_calls_go_without_ids_where_grpos_ids_alone_break_the_template(assets):
     """Apriel 1.6 writes a call's id (`"id": ...`) into every turn but the last: grpo gave each call one, so the
     probe refused the template for rendering a turn differently once its result follows, blaming the template for
-    grpo's own ids (TRL passes calls without). Now calls go without ids: its bare calls pass, and it is refused for
-    the real cause, its history drops a turn's thinking (`[BEGIN FINAL RESPONSE]`: only the final response of an
-    earlier turn stays). Apriel 1.5 cannot render a call without an id (`tool_call['id']`) and still writes it only
-    into history: refused naming that. Mistral's templates refuse calls without ids: they get `call00001`, ..."""
+    grpo's own ids (TRL passes calls without). Now such a template's calls go without ids: its bare calls pass, and
+    it is refused for the real cause, its history drops a turn's thinking (`[BEGIN FINAL RESPONSE]`: only the final
+    response of an earlier turn stays). Apriel 1.5 cannot render a call without an id (`tool_call['id']`) and still
+    writes it only into history: refused naming that. Mistral's templates refuse calls without ids: they keep
+    `call00001`, ..."""
     from pipeline.agents.probe import checked, choose
     from pipeline.agents.format import ToolFormat
     from pipeline.errors import GRPOError

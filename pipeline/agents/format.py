@@ -138,7 +138,7 @@ class ToolFormat:
     def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None, template: ChatTemplate | None = None,
                  call_ids: bool = True):
         self.tokenizer, self.kind, self.parser = tokenizer, kind, parser
-        self.call_ids = call_ids  # calls get ids (probe.py gives them only where the template cannot render without)
+        self.call_ids = call_ids  # calls get ids; probe.py drops them where they alone break the template (Apriel 1.6)
         self.eot = eot  # the special token the template writes right after an assistant message, if any
         self.template = template or templates.for_tools(tokenizer)  # the model's own, or a training template (templates.py)
 

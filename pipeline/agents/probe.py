@@ -68,8 +68,12 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
             turn = text[text.find(USER) + len(USER):]  # the exchange, not the tool list before it
             family = call_formats.detect(turn, name)
             if family is not None:
-                ids = _renders(tokenizer, _without_ids(probe), tpl, [], tools=[_schema()]) is None
-                return checked(ToolFormat(tokenizer, "template", family, eot, tpl, call_ids=ids), model), None
+                try:
+                    return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
+                except GRPOError as err:  # without the ids grpo gives calls, where the template renders without them?
+                    if _renders(tokenizer, _without_ids(probe), tpl, [], tools=[_schema()]) is None:
+                        raise
+                    return checked(ToolFormat(tokenizer, "template", family, eot, tpl, call_ids=False), model), None
             writes = f"renders tool calls as {_excerpt(turn)!r}, a format grpo cannot parse (no response_template)"
             try:
                 fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
@@ -87,9 +91,11 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
 
 
 def _without_ids(messages: list[dict]) -> list[dict]:
-    """`messages` with no call ids: as TRL passes calls, and as a template that renders without them gets them
-    (a template that writes ids only into history, Apriel's, would otherwise render a turn differently once
-    its result follows); a template that cannot render without them (Mistral's) gets them."""
+    """`messages` with no call ids, as TRL passes calls. A template that fails the checks with the ids grpo gives
+    calls (`call00001`, ...) and renders without them runs without: one that writes ids only into history
+    (Apriel 1.6's) would otherwise render a turn differently once its result follows, through grpo's ids, not
+    its own doing; it is then accepted or refused for what fails without them. Every other template keeps the
+    ids (Mistral's need them; Gemma's match a result to its call by them)."""
     out = []
     for m in messages:
         m = {k: v for k, v in m.items() if k != "tool_call_id"}
