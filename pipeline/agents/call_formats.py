@@ -19,7 +19,11 @@ TRL 1.16 ships response schemas for, and Mistral's:
 - pythonic: `<|tool_call_start|>[NAME(key='value', n=7), ...]<|tool_call_end|>` (LFM2 since its v2 template, LFM2.5).
 - apriel, nemotron_v2, gigachat: JSON calls between the template's own markers (`WRAPPED`):
   `<tool_calls>[...]</tool_calls>` (Apriel 1.5 / 1.6), `<TOOLCALL>[...]</TOOLCALL>` (Nemotron-Nano-v2),
-  `<|function_call|>{...}` (GigaChat 3.1), as llama.cpp's common/chat.cpp reads them.
+  `<|function_call|>{...}` (GigaChat 3.1), as llama.cpp's common/chat.cpp reads them. GigaChat 3.1's
+  template renders one call a message (`message.tool_calls[0]`), so a turn holds one object: a list,
+  or a second call, is malformed (a call the history would not hold never runs).
+- minimax: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n</invoke>\n
+  </minimax:tool_call>` (MiniMax-M2), values as written (strings raw, others JSON), as qwen_xml's.
 
 hermes and json are read by format.py's own parsers; the others go through transformers'
 `parse_response` with the response templates below. Values in the XML families are the raw
@@ -115,6 +119,7 @@ CLOSERS = {"qwen_xml": re.compile(r"</function>\s*</tool_call>"), "glm": re.comp
 # function-call role), as llama.cpp's common/chat.cpp reads them
 WRAPPED = {"apriel": ("<tool_calls>", "</tool_calls>"), "nemotron_v2": ("<TOOLCALL>", "</TOOLCALL>"),
            "gigachat": ("<|function_call|>", None)}
+ONE_CALL = {"gigachat"}  # the template renders one call a message: a turn holds one object, not a list
 
 
 # what each family writes, for the lines that name it
@@ -123,7 +128,7 @@ WRITES = {"hermes": "<tool_call>{json}</tool_call>", "json": "a bare {\"name\", 
           "mistral_list": "[TOOL_CALLS][{json}]", "mistral_args": "[TOOL_CALLS]NAME[ARGS]{json}",
           "harmony": "to=functions.NAME<|channel|>commentary", "pythonic": "<|tool_call_start|>[NAME(key=value)]",
           "apriel": "<tool_calls>[{json}]</tool_calls>", "nemotron_v2": "<TOOLCALL>[{json}]</TOOLCALL>",
-          "gigachat": "<|function_call|>{json}"}
+          "gigachat": "<|function_call|>{json}", "minimax": '<minimax:tool_call><invoke name="NAME"><parameter name="KEY">'}
 # a call the template writes outside the assistant's turn, after its end: a model sampled to its end of turn
 # cannot write it (GigaChat 3's `function call` role message, after the assistant's empty message)
 AFTER_TURN = {"a separate 'function call' role message after the assistant's turn ends": re.compile(r"function call<\|role_sep\|>")}
@@ -145,7 +150,62 @@ def parse_wrapped(family: str, text: str) -> tuple[str, list]:
         items = json.loads(body.strip())
     except ValueError:
         return head.strip(), [(None, opener + body)]
+    if family in ONE_CALL and not isinstance(items, dict):
+        return head.strip(), [(None, opener + body)]
     return head.strip(), calls_of({"tool_calls": items}) or [(None, opener + body)]
+
+
+def end_text(tokenizer, template: str | None) -> str:
+    """The text the template writes right after an assistant message's content, up to the first
+    whitespace (`<|eot_id|>`, `<|message_sep|>`, `[e~[`); "" when it writes none there. A model whose
+    vocabulary lacks the marker as a token writes it as text before the token it stops on: a family
+    that reads a call to the turn's end (json, gigachat) reads it to there."""
+    sentinel = "probe_content_9d1e7b35"
+    for tools in (None, [{"type": "function", "function": {"name": "probe", "description": "probe",
+                                                           "parameters": {"type": "object", "properties": {}}}}]):
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}],
+                                                 tokenize=False, chat_template=template, tools=tools)
+        except Exception:  # a template that loops over `tools` fails without them
+            continue
+        tail = text[text.rindex(sentinel) + len(sentinel):].split() if sentinel in text else []
+        return tail[0] if tail else ""
+    return ""
+
+
+def without_end(text: str, end: str) -> str:
+    """`text` less a trailing `end` (the template's end-of-turn text, see end_text) and the whitespace around it."""
+    body = text.rstrip()
+    return body[: -len(end)].rstrip() if end and body.endswith(end) else text
+
+
+_INVOKE = re.compile(r'<invoke name="(?P<name>[^"]*)">(?P<body>.*?)</invoke>', re.S)
+_PARAM = re.compile(r'<parameter name="(?P<key>[^"]*)">(?P<value>.*?)</parameter>', re.S)
+
+
+def parse_minimax(text: str) -> tuple[str, list]:
+    """(content, [(name or None, arguments or raw text)]) of a MiniMax-M2 turn: each `<invoke>` of a
+    `<minimax:tool_call>` block is a call, its `<parameter>`s the arguments (the strings as written);
+    the content is the text outside the blocks. A block never closed, an invoke holding anything but
+    parameters, or a block holding anything but invokes is malformed."""
+    calls: list = []
+    for m in _MINIMAX.finditer(text):
+        body = m.group("body")
+        if m.group("close") is None:
+            calls.append((None, m.group(0)))
+            continue
+        invokes = list(_INVOKE.finditer(body))
+        if not invokes or _INVOKE.sub("", body).strip():
+            calls.append((None, m.group(0)))
+            continue
+        for inv in invokes:
+            ok = bool(inv.group("name")) and not _PARAM.sub("", inv.group("body")).strip()
+            calls.append((inv.group("name"), {p.group("key"): p.group("value") for p in _PARAM.finditer(inv.group("body"))})
+                         if ok else (None, inv.group(0)))
+    return _MINIMAX.sub("", text).strip(), calls
+
+
+_MINIMAX = re.compile(r"<minimax:tool_call>(?P<body>(?:(?!</minimax:tool_call>).)*)(?P<close></minimax:tool_call>)?", re.S)
 
 
 def detect(turn: str, name: str) -> str | None:
@@ -154,6 +214,8 @@ def detect(turn: str, name: str) -> str | None:
     for family, (opener, _) in WRAPPED.items():
         if re.search(re.escape(opener) + r"\s*\[?\s*\{\s*\"name\"\s*:\s*\"" + re.escape(name) + '"', turn):
             return family
+    if re.search(r'<minimax:tool_call>\s*<invoke name="' + re.escape(name) + '">', turn):
+        return "minimax"
     if re.search(r"to=functions\." + re.escape(name) + r"\s*<\|channel\|>", turn):
         return "harmony"
     if re.search(r"<\|tool_call_start\|>\[" + re.escape(name) + r"\(", turn):

@@ -28,7 +28,9 @@ sampled tokens themselves are never re-tokenised. A turn that ended in the token
 with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
-the completion. The template must render earlier turns the same once more follow (prefix-
+the completion. An eos the template writes after its end of turn only where a conversation ends
+(Phi-3.5's `{{ eos_token }}` without a generation prompt) is not part of the turn. The template must
+render earlier turns the same once more follow (prefix-
 preserving): where a vendor's does not, its training template is rendered instead (templates.py,
 as TRL swaps one in); one that still does not, for a bare call or a turn with thinking, is refused
 at `grpo init` with what changes (probe.py).
@@ -133,8 +135,10 @@ def hermes_system(schemas: list[dict]) -> str:
 
 
 class ToolFormat:
-    def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None, template: ChatTemplate | None = None):
+    def __init__(self, tokenizer, kind: str, parser: str = "hermes", eot: str | None = None, template: ChatTemplate | None = None,
+                 call_ids: bool = True):
         self.tokenizer, self.kind, self.parser = tokenizer, kind, parser
+        self.call_ids = call_ids  # calls get ids; probe.py drops them where they alone break the template (Apriel 1.6)
         self.eot = eot  # the special token the template writes right after an assistant message, if any
         self.template = template or templates.for_tools(tokenizer)  # the model's own, or a training template (templates.py)
 
@@ -142,7 +146,7 @@ class ToolFormat:
     def conversation(self, messages: list[dict], schemas: list[dict]) -> tuple[list[dict], dict]:
         """Episode messages (TRL's shapes) -> (messages to render, apply_chat_template kwargs)."""
         if self.kind == "template":
-            return _template_messages(messages), {"tools": schemas or self._no_tools()}
+            return _template_messages(messages, self.call_ids), {"tools": schemas or self._no_tools()}
         out, pending = [], []
         for m in messages:
             if m["role"] == "tool":
@@ -188,6 +192,10 @@ class ToolFormat:
         before = self.render(messages[: len(messages) - n_new], schemas, False)
         after = self.render(messages, schemas, True)
         body = before.rstrip()
+        eos = getattr(self.tokenizer, "eos_token", None)
+        if eos and body.endswith(eos) and not after.startswith(body):  # an eos after the turn's own end (Phi-3.5's) ends
+            inner = body[: -len(eos)].rstrip()                           # the conversation, not the turn
+            body = inner if any(t and inner.endswith(t) for t in (self.eot, self._end_text())) else body
         # from the template's end of turn (or the stop token sampled, where the template writes that one there)
         end = next((t for t in (self.eot, eot if eot_sampled else None) if t and body.endswith(t)), "")
         cut = len(body) - len(end)
@@ -227,12 +235,14 @@ class ToolFormat:
                 return text, ([Call(None, text)] if "<tool_call>" in text else [])
             return parsed.get("content") or "", [Call(n, a) for n, a in call_formats.calls_of(parsed)]
         if self.parser == "json":
-            return parse_json_call(text)
+            return parse_json_call(self._without_end(text))
         # a turn after a prompt that opened thinking starts in it where the turn closes it, as TRL's DeepSeek-R1
         # response template reads one (a turn with no `</think>` is all answer)
         opened = opens_thinking(prefix) and "</think>" in text
-        if self.parser in call_formats.WRAPPED:
-            content, calls = call_formats.parse_wrapped(self.parser, without_thinking(text, opened))
+        if self.parser in call_formats.WRAPPED or self.parser == "minimax":
+            text = self._without_end(without_thinking(text, opened))
+            read = call_formats.parse_minimax if self.parser == "minimax" else lambda t: call_formats.parse_wrapped(self.parser, t)
+            content, calls = read(text)
             return content, [Call(n, a) for n, a in calls]
         if self.parser == "pythonic":  # thinking is no content and holds no call, as TRL's lfm2 response template reads it
             content, calls = call_formats.parse_pythonic(without_thinking(text, opened))
@@ -240,12 +250,28 @@ class ToolFormat:
         return parse_hermes(text, strip_thinking=self.kind == "template", opened=opened)
 
 
-def _template_messages(messages: list[dict]) -> list[dict]:
-    """Episode messages as the template takes them; calls get ids (`call00001`, ...: nine
-    alphanumerics, as Mistral's templates require) and each tool message the id of its call."""
+    def _end_text(self) -> str:
+        """The text the template writes after an assistant message's content (call_formats.end_text), probed once."""
+        if not hasattr(self, "_end"):
+            self._end = call_formats.end_text(self.tokenizer, self.template.text)
+        return self._end
+
+    def _without_end(self, text: str) -> str:
+        """`text` less the template's end-of-turn text where the vocabulary lacks it as a token."""
+        return text if self.eot else call_formats.without_end(text, self._end_text())
+
+
+def _template_messages(messages: list[dict], ids: bool = True) -> list[dict]:
+    """Episode messages as the template takes them; with `ids`, calls get ids (`call00001`, ...: nine
+    alphanumerics, as Mistral's templates require) and each tool message the id of its call. Without
+    (a template that renders without them, as TRL passes calls): none, so that a template writing ids
+    only into history (Apriel's) renders a turn as the model wrote it."""
     out, pending, n = [], [], 0
     for m in messages:
         t = _template_message(m)
+        if not ids:
+            out.append(t)
+            continue
         if t["role"] == "assistant":
             pending = []
             for c in t.get("tool_calls", []):

@@ -68,7 +68,12 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
             turn = text[text.find(USER) + len(USER):]  # the exchange, not the tool list before it
             family = call_formats.detect(turn, name)
             if family is not None:
-                return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
+                try:
+                    return checked(ToolFormat(tokenizer, "template", family, eot, tpl), model), None
+                except GRPOError as err:  # without the ids grpo gives calls, where the template renders without them?
+                    if _renders(tokenizer, _without_ids(probe), tpl, [], tools=[_schema()]) is None:
+                        raise
+                    return checked(ToolFormat(tokenizer, "template", family, eot, tpl, call_ids=False), model), None
             writes = f"renders tool calls as {_excerpt(turn)!r}, a format grpo cannot parse (no response_template)"
             try:
                 fallback = checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model)
@@ -83,6 +88,21 @@ def choose(tokenizer, option: str, model: str) -> tuple[ToolFormat, str | None]:
         return fallback, (f"the chat template of {model} {why}" + (f" ({failed[0]})" if failed else "")
                           + "; using the Hermes fallback (rollout.tool_format: hermes)")
     return checked(ToolFormat(tokenizer, "hermes", eot=eot, template=tpl), model), None
+
+
+def _without_ids(messages: list[dict]) -> list[dict]:
+    """`messages` with no call ids, as TRL passes calls. A template that fails the checks with the ids grpo gives
+    calls (`call00001`, ...) and renders without them runs without: one that writes ids only into history
+    (Apriel 1.6's) would otherwise render a turn differently once its result follows, through grpo's ids, not
+    its own doing; it is then accepted or refused for what fails without them. Every other template keeps the
+    ids (Mistral's need them; Gemma's match a result to its call by them)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]
+        out.append(m)
+    return out
 
 
 def checked(fmt: ToolFormat, model: str) -> ToolFormat:
@@ -209,6 +229,11 @@ def _not_prefix_preserving(fmt: ToolFormat, model: str, thinking: bool, why: str
     turn = "a turn with thinking" if thinking else "a tool-calling turn"
     where = (f"in its own tool format ({fmt.parser}: {call_formats.WRITES.get(fmt.parser, fmt.parser)})"
              if fmt.kind == "template" else "in the Hermes fallback")
+    was, _, becomes = detail.partition(" becomes ")
+    if "call00001" in becomes and "call00001" not in was:  # the ids are the template's need, not grpo's choice (_without_ids)
+        detail += "; it cannot render a call without an id and writes one into history only, where the model's turn holds none"
+    elif thinking and THINK in was and THINK not in becomes:
+        detail += "; it drops the turn's thinking from history"
     line = (f"rollout.tools: the chat template of {model} renders {turn} differently once the tool's result follows it, "
             f"{where} ({detail}), so the sampled tokens would not stay the conversation's history; "
             + (f"so does its training template {fmt.template.name}" if fmt.template.name != "model" else
