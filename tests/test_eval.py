@@ -17,7 +17,7 @@ from conftest import base_config
 
 from pipeline.config import Config, canonical
 from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
-from pipeline.eval.stats import estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.stats import clopper_pearson, estimate, majority, paired, pass_at_k, wilson
 from pipeline.errors import GRPOError
 
 
@@ -87,8 +87,10 @@ def test_fractional_rate_interval_holds_the_true_mean_about_95_percent_of_the_ti
     cov = _coverage(lambda rng: rng.binomial(4, 0.3, 80) / 4, 0.3, 400, samples=320)
     assert 0.92 <= cov <= 0.98, cov
     v = np.arange(20, dtype=float)
-    # the paired difference of identical records is exactly 0, with a zero-width interval
-    assert paired(v, v) == (0.0, 0.0, 0.0)
+    # the paired difference of identical records is exactly 0; 20 ties do not prove two policies equal, so its
+    # interval holds 0 and is not zero wide
+    d, lo, hi = paired(v, v, span=(0.0, 19.0))
+    assert d == 0.0 and lo < 0.0 < hi
 
 
 def _record(rows: list[tuple], sets: list[str] | None = None) -> pa.Table:
@@ -118,8 +120,9 @@ def test_figures_of_a_hand_made_record():
     assert f["pass_at_1"][0] == pytest.approx(0.375)  # pass@1 is mean@k
     # pass@2: prompt 0: 1 - C(2,2)/C(4,2) = 5/6; prompt 1: 1 - C(3,2)/C(4,2) = 1/2; mean 2/3
     assert f["pass_at_2"][0] == pytest.approx(2 / 3)
-    assert f["pass_at_4"] == pytest.approx((1.0, *wilson(2, 2)))  # both prompts solved: a share, Wilson's interval
-    assert f["maj_at_4"] == pytest.approx((0.5, *wilson(1, 2)))
+    # both prompts solved: a share of 2 prompts, Clopper-Pearson's interval: 2 of 2 has the lower end 0.025^(1/2)
+    assert f["pass_at_4"] == pytest.approx((1.0, 0.025**0.5, 1.0))
+    assert f["maj_at_4"] == pytest.approx((0.5, 1 - 0.975**0.5, 0.975**0.5))  # 1 of 2: P(X >= 1 | lo) = 0.025
     assert f["maj_at_1"][0] == pytest.approx(0.375)  # over the 1-subsets: each sample's own hit, pass@1
     # maj@2 over the 6 pairs: prompt 0 (7,7,3,3 / 1,1,0,0): a mixed pair ties, its first sample wins: only (2,3)
     # is wrong -> 5/6; prompt 1 (5,5,5,9 / 0,0,0,1): the 9 wins no pair (it comes last) -> 0; mean 5/12
@@ -135,9 +138,9 @@ def test_figures_per_named_set_and_over_all():
     cfg = cfg_of(data={"easy": "a.jsonl", "hard": {"path": "b.jsonl"}})
     rows = [(0, 0, A("1"), 1), (1, 0, A("2"), 1), (0, 0, A("3"), 0)]
     f = figures(cfg, _record(rows, sets=["easy", "easy", "hard"]).drop_columns(["sample_idx"]))
-    assert f["easy/accuracy"] == pytest.approx((1.0, *wilson(2, 2)))
-    assert f["hard/accuracy"] == pytest.approx((0.0, *wilson(0, 1)))
-    assert f["accuracy"] == pytest.approx((2 / 3, *wilson(2, 3)))  # prompt 0 of each set is its own prompt
+    assert f["easy/accuracy"] == pytest.approx((1.0, 0.025**0.5, 1.0))  # Clopper-Pearson: 2 of 2
+    assert f["hard/accuracy"] == pytest.approx((0.0, 0.0, 0.975))  # 0 of 1: the upper end 1 - 0.025
+    assert f["accuracy"] == pytest.approx((2 / 3, *clopper_pearson(2, 3)))  # prompt 0 of each set is its own prompt
     assert "pass_at_1" not in f  # one sample: pass@1 would only repeat the accuracy
 
 
@@ -161,7 +164,8 @@ def test_eval_episode_figures():
     f = figures(cfg_of(), t)
     assert {n: f[n][0] for n in ("episodes/turns_mean", "tools/call_frequency", "tools/used", "episodes/ending/answered")} == \
         {"episodes/turns_mean": 1.25, "tools/call_frequency": 0.25, "tools/used": 0.25, "episodes/ending/answered": 0.25}
-    assert f["tools/used"][1:] == pytest.approx(wilson(1, 4))
+    assert f["tools/used"][1:] == pytest.approx(clopper_pearson(1, 4))  # a share of 4 episodes
+    assert f["tools/used"][1] == pytest.approx(1 - 0.975**0.25)  # P(X >= 1 | n = 4, lo) = 1 - (1 - lo)^4 = 0.025
 
 
 def test_tracking_doc_names_every_eval_figure():

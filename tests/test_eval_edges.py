@@ -14,7 +14,7 @@ from test_eval import A, _record, cfg_of
 
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import figures
-from pipeline.eval.stats import Z95, estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.stats import Z95, clopper_pearson, estimate, majority, paired, pass_at_k, wilson
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 1000, 1024])
@@ -59,7 +59,7 @@ def test_one_prompt_gets_no_interval():
     """One prompt has no spread to resample: the interval is NaN, not [x, x] (zero width, false certainty)."""
     v, lo, hi = estimate([0.5])
     assert v == 0.5 and math.isnan(lo) and math.isnan(hi)
-    assert estimate([1.0]) == (1.0, *wilson(1, 1))  # a share of one prompt still has Wilson's interval
+    assert estimate([1.0]) == (1.0, 0.025, 1.0)  # a share of one prompt still has Clopper-Pearson's interval
     d, lo, hi = paired([0.0], [1.0])
     assert d == 1.0 and math.isnan(lo) and math.isnan(hi)
 
@@ -94,19 +94,41 @@ def test_compare_of_one_prompt_is_not_called_distinguishable():
     a = _record([(0, 0, A("1"), 0)]).drop_columns(["sample_idx"])
     b = _record([(0, 0, A("1"), 1)]).drop_columns(["sample_idx"])
     line = verdict(compare(side("A"), 0, a, side("B"), 0, b))
-    assert line.endswith("no interval (too few prompts for a 5 % test); not distinguishable from noise"), line
+    assert line.endswith("no interval (one prompt); not distinguishable from noise"), line
 
 
 def test_a_count_that_is_one_everywhere_is_not_a_share():
-    """episodes/turns_mean of 1 on every prompt: a mean, its bootstrap is [1, 1]; Wilson would say [0.84, 1]."""
-    assert estimate([1.0] * 20, rate=False) == (1.0, 1.0, 1.0)
+    """episodes/turns_mean of 1 on every prompt: a mean, not a share (Clopper-Pearson would say [0.83, 1]), and
+    not [1, 1] either: nothing declares its range, so it is the samples' own, widened ([0, 2]), and a turn
+    count of 2 on prompts the 20 did not show would move the truth (issue 64)."""
+    v, lo, hi = estimate([1.0] * 20, rate=False)
+    assert v == 1.0 and lo < 1.0 < hi and lo >= 0.0 and hi <= 2.0
     cfg = cfg_of()
     rows = [(i, 0, A("1"), i % 2) for i in range(20)]
     t = _record(rows).drop_columns(["sample_idx"])
     t = t.set_column(t.column_names.index("reward_format"), "reward_format", pa.array([1.0] * 20))
     f = figures(cfg, t)
-    assert f["rewards/format"] == (1.0, 1.0, 1.0)  # a reward column: the bootstrap, not Wilson's [0.84, 1]
-    assert f["accuracy"] == pytest.approx((0.5, *wilson(10, 20)))  # a share: Wilson
+    # the format reward declares [0, 1]: every sample at its top, var = 0, so the effective-n interval is
+    # Clopper-Pearson's of 20 of 20 (lower end 0.025^(1/20) = 0.832), wider than the generalised Wilson's 0.839
+    assert f["rewards/format"] == pytest.approx((1.0, 0.025 ** (1 / 20), 1.0))
+    assert f["accuracy"] == pytest.approx((0.5, *clopper_pearson(10, 20)))  # a share: Clopper-Pearson
+
+
+def test_clopper_pearson_is_the_exact_binomial_inversion():
+    """Its ends are the shares at which the binomial tail at the count seen is 2.5 %: at 0 and n the closed
+    forms 1 - 0.025^(1/n) and 0.025^(1/n), and between them P(X >= x | lo) = P(X <= x | hi) = 0.025."""
+    from scipy import stats
+
+    for n in (1, 3, 5, 100):
+        assert clopper_pearson(0, n) == (0.0, pytest.approx(1 - 0.025 ** (1 / n), abs=1e-12))
+        assert clopper_pearson(n, n) == (pytest.approx(0.025 ** (1 / n), abs=1e-12), 1.0)
+    for x, n in ((1, 5), (4, 5), (1, 100), (37, 80)):
+        lo, hi = clopper_pearson(x, n)
+        assert stats.binom.sf(x - 1, n, lo) == pytest.approx(0.025, abs=1e-9)
+        assert stats.binom.cdf(x, n, hi) == pytest.approx(0.025, abs=1e-9)
+    # Wilson's (4 of 5) upper end 0.964 leaves out a true 0.972 that Clopper-Pearson holds (issue 64's dip)
+    assert wilson(4, 5)[1] < 0.972 < clopper_pearson(4, 5)[1]
+    assert clopper_pearson(1, 100)[0] < 0.001 < wilson(1, 100)[0]  # a rare rate seen once: its lower end
 
 
 def test_a_prompt_whose_rewards_are_all_none():
