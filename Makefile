@@ -107,6 +107,7 @@ bench-long: $(STAMP)
 # grpo eval runs beside the one before issue 64 (bench/intervals.py; minutes of CPU, no model)
 bench-intervals: $(STAMP)
 	$(BIN)/python -m bench.intervals
+	$(BIN)/python -m bench.page
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config/doc.py); after
 # adding or changing a config key, regenerate it: tests/test_docs.py fails while it is stale.

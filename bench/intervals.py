@@ -1,17 +1,18 @@
 """The eval's 95 % intervals against the truth, by seeded simulation (issue 64, item 7): every figure kind
 `grpo eval` reports, at the sizes and shapes users have, with today's method (the one before issue 64) beside
-the one pipeline/eval/stats.py now runs, their coverage and their width.
+the one pipeline/eval/intervals.py now runs, their coverage and their width.
 
-    python -m bench.intervals [--records 2000] [--quick]   # writes bench/intervals.json, redraws bench/results.md
+    python -m bench.intervals [--records 1000] [--quick]   # writes bench/intervals.json
+    python -m bench.page                                   # redraws bench/results.md with it (make bench-intervals: both)
 
 A case: m prompts x G samples, each prompt with its own truth drawn from the case's population, each sample
 drawn from its prompt; the figure's truth is the population's mean (exact, or from 4 million seeded draws
-where no closed form is at hand). Per case, `--records` simulated evals (2000: a share's standard error at
-0.95 is 0.005, so 0.93 is four of them below) through the functions `grpo eval` runs (stats.intervals, on
+where no closed form is at hand). Per case, `--records` simulated evals (1000: a share's standard error at
+0.95 is 0.0069, so 0.93 is 2.9 of them below; `--compare`'s cases 500, each record its own bisection) through the functions `grpo eval` runs (intervals.intervals, on
 the spans pipeline/eval/metrics.py gives), and through today's method: Wilson's interval for a share of
 prompts, else the wider of the effective-n Wilson and the generalised Wilson over prompts, a mean mapped by
 its samples' own [min, max] ([x, x] when they are all one value). `--compare`'s interval and verdict on
-paired records are simulated too (stats.paired, sign_flip_p). The tests (tests/test_eval_intervals.py) run a
+paired records are simulated too (intervals.paired, sign_flip_p). The tests (tests/test_eval_intervals.py) run a
 moderate slice of these cases; this runs them all (minutes on two cores).
 """
 
@@ -25,9 +26,9 @@ import time
 
 import numpy as np
 
-from pipeline.eval.stats import (effective_wilson, pass_at_k, paired, sign_flip_p,
-                                 tail_wilson, wilson, widened)
-from pipeline.eval.stats import intervals as chosen_intervals
+from pipeline.eval.intervals import effective_wilson, paired, sign_flip_p, tail_wilson, widened, wilson
+from pipeline.eval.intervals import intervals as chosen_intervals
+from pipeline.eval.stats import pass_at_k
 
 PROMPTS = (3, 4, 5, 8, 10, 20, 30, 100, 300, 1000)
 SAMPLES = (1, 4, 16)
@@ -185,7 +186,7 @@ def rate_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(RAT
 
 def mean_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(MEANS), truth_draws: int = TRUTH_DRAWS):
     """Each mean regime's figure: the per-prompt mean of its samples, on the span metrics.py gives (declared,
-    else the record's samples' range widened: stats.widened) and, for today's, the samples' own range."""
+    else the record's samples' range widened: intervals.widened) and, for today's, the samples' own range."""
     rows = []
     for regime in regimes:
         draw, declared = MEANS[regime]
@@ -204,10 +205,16 @@ def mean_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(MEA
 
 
 COMPARE = {"8-prompt shares, no difference": ("U(0.2,0.8)", 0.0), "shift +0.1": ("U(0.2,0.8)", 0.1),
-           "shift +0.25": ("U(0.2,0.8)", 0.25), "near-ties at 0.02/0.98, shift +0.05": ("ends", 0.05),
-           "near-ties at 0.02/0.98, no difference": ("ends", 0.0)}
-"""`--compare`'s cases: A's prompt rates r (uniform in [0.2, 0.8], or 0.02 or 0.98 each: most prompts tie), B's
-r + shift; the truth is the shift (never clipped in these). Each side samples its G samples anew."""
+           "shift +0.25": ("U(0.2,0.8)", 0.25), "near-ties at 0.02/0.93, shift +0.05": ("ends", 0.05),
+           "near-ties at 0.02/0.93, no difference": ("ends", 0.0)}
+"""`--compare`'s cases: A's prompt rates r (uniform in [0.2, 0.8], or 0.02 or 0.93 each: most prompts tie), B's
+r + shift (at most 1); the truth is the mean of min(r + shift, 1) - r. Each side samples its G samples anew."""
+
+
+def compare_truth(pop: str, shift: float) -> float:
+    """E[min(r + shift, 1) - r]: the shift, less what the cap at 1 takes (r uniform in [0.2, 0.8]: the part above
+    1 - shift, (0.8 + shift - 1)^2 / 2 / 0.6; the 0.02/0.93 population is never capped at these shifts)."""
+    return shift - (max(0.0, 0.8 + shift - 1) ** 2 / 2 / 0.6 if pop == "U(0.2,0.8)" else 0.0)
 
 
 def compare_cases(records: int, prompts=(3, 6, 8, 10, 30, 100), samples=(1, 4, 16)):
@@ -220,17 +227,18 @@ def compare_cases(records: int, prompts=(3, 6, 8, 10, 30, 100), samples=(1, 4, 1
                 a = (rng.random((records, m, g)) < r[..., None]).mean(-1)
                 b = (rng.random((records, m, g)) < (r + shift)[..., None]).mean(-1)
                 p = sign_flip_p(b - a)
+                truth = compare_truth(pop, shift)
                 held = agree = zero = 0
                 widths = []
                 for i in range(records):
-                    _, lo, hi = paired(a[i], b[i], span=(0.0, 1.0), samples=m * g)
+                    _, lo, hi = paired(a[i], b[i], span=(0.0, 1.0), samples=2 * m * g)
                     if lo != lo:
                         continue
-                    held += lo <= shift + 1e-9 and shift - 1e-9 <= hi
+                    held += lo <= truth + 1e-9 and truth - 1e-9 <= hi
                     agree += (p[i] <= 0.05) == (not lo <= 0 <= hi)
                     zero += hi - lo <= 0
                     widths.append(hi - lo)
-                rows.append({"family": "compare", "regime": name, "prompts": m, "samples": g,
+                rows.append({"family": "compare", "regime": name, "prompts": m, "samples": g, "truth": truth,
                              "coverage": held / records, "agree": agree / records, "zero_width": zero / records,
                              "width": float(np.mean(widths)) if widths else float("nan"),
                              "distinguishable": float(np.mean(p <= 0.05))})
@@ -241,7 +249,7 @@ def run(records: int, quick: bool = False) -> dict:
     started = time.time()
     prompts = (3, 5, 10, 100) if quick else PROMPTS
     rows = rate_cases(records, prompts) + mean_cases(records, prompts)
-    cmp = compare_cases(min(records, 1000), (3, 8, 30) if quick else (3, 6, 8, 10, 30, 100))
+    cmp = compare_cases(min(records, 500), (3, 8, 30) if quick else (3, 6, 8, 10, 30, 100))
     return {"records": records, "seconds": round(time.time() - started, 1), "cases": rows, "compare": cmp}
 
 
@@ -291,7 +299,7 @@ def section(res: dict) -> list[str]:
         out.append(f"| {r['regime']} {r['figure']} | {r['prompts']} x {r['samples']} | {r['today']['coverage']:.3f} | "
                    f"{r['chosen']['coverage']:.3f} | {r['today']['width']:.4g} | {r['chosen']['width']:.4g} |")
     cmp = res["compare"]
-    out += ["", "`--compare` (stats.paired on two records of the same prompts, span [0, 1]; the verdict is the sign-flip "
+    out += ["", "`--compare` (intervals.paired on two records of the same prompts, span [0, 1]; the verdict is the sign-flip "
             "test at 5 %): coverage of the true shift, agreement of interval and verdict, zero-width intervals, the share "
             "called distinguishable, the mean width.", "",
             "| case | G | " + " | ".join(f"m={m}" for m in sorted({r['prompts'] for r in cmp})) + " |",
@@ -310,15 +318,12 @@ def main() -> None:
     from bench.workloads import ROOT
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=2000)
+    ap.add_argument("--records", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (for developing the bench)")
     args = ap.parse_args()
     res = run(args.records, args.quick)
     (ROOT / OUT_NAME).write_text(json.dumps(res, indent=1) + "\n")
     print("\n".join(section(res)))
-    from bench import page
-
-    page.write()
 
 
 if __name__ == "__main__":

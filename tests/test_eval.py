@@ -17,7 +17,8 @@ from conftest import base_config
 
 from pipeline.config import Config, canonical
 from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
-from pipeline.eval.stats import clopper_pearson, estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.intervals import clopper_pearson, estimate, paired, wilson
+from pipeline.eval.stats import majority, pass_at_k
 from pipeline.errors import GRPOError
 
 
@@ -287,10 +288,22 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     manifest.write_text(json.dumps(body))
     problems = audit_run(Run(path)).problems
     assert len(problems) == 1 and "eval/MANIFEST.json: metrics.gsm/accuracy" in problems[0], problems
+    # a record of figures_version 2 (the intervals before issue 64) still audits clean: its intervals came from
+    # Wilson's and the samples' own range; its values, maj@k included, are still recomputed and checked
+    body["metrics"]["gsm/accuracy"]["value"] -= 0.25
+    body["figures_version"] = 2
+    for f in body["metrics"].values():
+        f["lo"], f["hi"] = f["lo"] / 2, (1 + f["hi"]) / 2
+    manifest.write_text(json.dumps(body))
+    assert audit_run(Run(path)).ok, audit_run(Run(path)).problems
+    body["metrics"]["gsm/maj_at_4"]["value"] /= 2
+    manifest.write_text(json.dumps(body))
+    problems = audit_run(Run(path)).problems
+    assert len(problems) == 1 and "metrics.gsm/maj_at_4" in problems[0], problems
+    body["metrics"]["gsm/maj_at_4"]["value"] *= 2
     # a record written before figures_version (first-k maj@k, bootstrap intervals) still audits clean: its
     # intervals and maj@k come from the old definitions; the other values are still recomputed and checked
-    body["metrics"]["gsm/accuracy"]["value"] -= 0.25
-    assert body.pop("figures_version") == FIGURES_VERSION
+    assert body.pop("figures_version") == 2
     for name, f in body["metrics"].items():
         f["lo"], f["hi"] = f["lo"] / 2, (1 + f["hi"]) / 2
         if "/maj_at_" in name:

@@ -14,7 +14,8 @@ from test_eval import A, _record, cfg_of
 
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import figures
-from pipeline.eval.stats import Z95, clopper_pearson, estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.intervals import Z95, clopper_pearson, estimate, paired, wilson
+from pipeline.eval.stats import majority, pass_at_k
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 1000, 1024])
@@ -71,7 +72,7 @@ def test_the_compare_interval_agrees_with_the_verdict_and_covers_the_true_shift(
     a true difference). The interval is the sign-flip test inverted, so 0 lies outside it exactly when
     p <= 0.05, in every record; and it holds the true difference in at least 93 % of them (a
     percentile bootstrap over 10 prompts held it in about 88 %)."""
-    from pipeline.eval.stats import sign_flip_p
+    from pipeline.eval.intervals import sign_flip_p
 
     rng = np.random.default_rng(54 + m)
     records, held = 300, 0

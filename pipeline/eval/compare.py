@@ -5,7 +5,7 @@ newest evaluated, or `--iter K`). Per figure (pipeline/eval/metrics.py), over th
 evaluated (the same set, prompt id and prompt text, the same number of samples):
 
     difference B - A of the mean over prompts, the p-value of the paired sign-flip (permutation) test
-    over prompts (pipeline/eval/stats.py: sign_flip_p) and a 95 % interval for the difference (stats.paired:
+    over prompts (pipeline/eval/intervals.py: sign_flip_p) and a 95 % interval for the difference (intervals.paired:
     the mean difference's interval on the range a difference of the figure can take, widened to hold 0
     where the test does not reject), the prompts where B's per-prompt value is higher (B wins), where A's is
     (A wins)
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from pipeline.errors import GRPOError
 from pipeline.eval.metrics import draws, per_prompt, span
-from pipeline.eval.stats import paired, sign_flip_p
+from pipeline.eval.intervals import paired, sign_flip_p
 from pipeline.run.run import Run
 from schemas.artifacts import EVAL
 
@@ -74,7 +74,7 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
             xa = [va[k].get(f, float("nan")) for k in ks]
             xb = [vb[k].get(f, float("nan")) for k in ks]
             both_sides = {("A", *k): va[k] for k in ks} | {("B", *k): vb[k] for k in ks}
-            samples = sum(va[k]["#samples"] for k in ks) / draws(f)
+            samples = 2 * sum(va[k]["#samples"] for k in ks) / draws(f)  # a difference takes a sample of each side
             diff, lo, hi = paired(xa, xb, span=span(a.cfg, both_sides, f), samples=samples)
             name = f if scope is None else f"{scope}/{f}"
             d = [y - x for x, y in zip(xa, xb) if x == x and y == y]

@@ -4,7 +4,7 @@ The record is one row per (eval set, prompt, sample): `correct` (the set's accur
 `reward` (the weighted total), one `reward_<name>` column per reward, `completion_length` (the
 model's tokens), and for episodes the `episode` record. A figure is first taken per prompt (the mean
 over its k samples), then averaged over prompts; its interval comes from those per-prompt values
-(pipeline/eval/stats.py: Wilson for a share of prompts, else Wilson on an effective sample size).
+(pipeline/eval/intervals.py: on the range the figure can take, `span`).
 
     accuracy            mean@k: the share of correct samples
     pass_at_<k>         Chen et al.'s unbiased pass@k, for each k of eval.pass_k
@@ -25,7 +25,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline.eval.stats import MAJ_SEED, clusters, estimate, maj_at_k, pass_at_k, widened
+from pipeline.eval.intervals import estimate, widened
+from pipeline.eval.stats import MAJ_SEED, clusters, maj_at_k, pass_at_k
 from schemas.artifacts import REWARD_PREFIX
 
 
@@ -109,7 +110,7 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
 
 
 SPANS = {"reward": "reward", "mean_length": "completion_length"}
-"""A mean's column of samples: its interval maps the samples' range onto [0, 1] (stats.estimate's span)."""
+"""A mean's column of samples: its interval maps the samples' range onto [0, 1] (intervals.estimate's span)."""
 
 FIGURES_VERSION = 3
 """How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 3 is the
@@ -157,18 +158,18 @@ def _figures(cfg, values: dict[tuple, dict[str, float]]) -> dict[str, tuple[floa
 
 def draws(figure: str) -> int:
     """The samples one draw of a figure takes: k for pass@k and maj@k, else 1. Its interval counts n samples a
-    prompt as n / k independent draws (stats.estimate's `samples`): a k-sample figure is no share of n coins."""
+    prompt as n / k independent draws (intervals.estimate's `samples`): a k-sample figure is no share of n coins."""
     k = re.fullmatch(r"(?:pass|maj)_at_(\d+)", figure)
     return int(k.group(1)) if k else 1
 
 
 def span(cfg, values, f: str) -> tuple[float, float] | None:
     """The range figure `f` can take, which maps its per-prompt values onto [0, 1] for its interval
-    (stats.estimate): a rate [0, 1]; `mean_length` [0, the completion budget] (rollout.max_new_tokens, an
+    (intervals.estimate): a rate [0, 1]; `mean_length` [0, the completion budget] (rollout.max_new_tokens, an
     episode's whole budget); `reward` the sum of its rewards' declared ranges (`declared`) times their weights,
     `rewards/<name>` that reward's; where a range is not declared (your own function, a served one, a reward
     model's raw logit) or the figure is a count, the range its samples took (else its per-prompt values),
-    widened (stats.widened). Never narrower than what the samples took. None: no values."""
+    widened (intervals.widened). Never narrower than what the samples took. None: no values."""
     if is_rate(f):
         return 0.0, 1.0
     lo = [v[f"#lo/{f}"] for v in values.values() if f"#lo/{f}" in v]
