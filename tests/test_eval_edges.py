@@ -13,8 +13,8 @@ import pytest
 from test_eval import A, _record, cfg_of
 
 from pipeline.errors import GRPOError
-from pipeline.eval.metrics import figures
 from pipeline.eval.intervals import Z95, clopper_pearson, estimate, paired, wilson
+from pipeline.eval.metrics import figures
 from pipeline.eval.stats import majority, pass_at_k
 
 
@@ -268,3 +268,32 @@ def test_unanswered_samples_vote_invalid_and_maj_at_1_is_pass_at_1():
     # prompt 1: all one cluster; a subset's majority is its first sample -> maj@8 = hit of sample 0 = 1
     assert f["maj_at_8"][0] == pytest.approx((0 + 1) / 2)
     assert f["maj_at_1"][0] == pytest.approx(f["pass_at_1"][0], abs=1e-12) == pytest.approx((2 / 8 + 3 / 8) / 2)
+
+
+def test_a_figure_s_span_is_the_range_it_can_take():
+    """metrics.span: a rate [0, 1]; a length [0, rollout.max_new_tokens]; the reward the sum of its rewards'
+    declared ranges times their weights (`correct` [0, 1] + 0.5 x `format` [0, 1]: [0, 1.5]); a reward nobody
+    declares a range for (your own function) its samples' range widened; every figure at least what it took."""
+    from pipeline.eval.metrics import declared, declared_span, per_prompt, span
+
+    cfg = cfg_of()
+    rows = [(i, 0, A("1"), 1) for i in range(6)]  # every sample right and well formatted: reward 1.0 + 0.5 x 1.0
+    t = _record(rows).drop_columns(["sample_idx"])
+    t = t.set_column(t.column_names.index("reward_format"), "reward_format", pa.array([1.0] * 6))
+    t = t.set_column(t.column_names.index("completion_length"), "completion_length", pa.array([64] * 6))
+    values = per_prompt(cfg, t)
+    assert span(cfg, values, "accuracy") == (0.0, 1.0)
+    assert span(cfg, values, "mean_length") == (0.0, 64.0) == declared_span(cfg, "mean_length")  # all at the cap
+    assert span(cfg, values, "reward") == (0.0, 1.5) and span(cfg, values, "rewards/format") == (0.0, 1.0)
+    f = figures(cfg, t)
+    assert f["mean_length"][0] == f["mean_length"][2] == 64.0 and f["mean_length"][1] < 64.0  # not [64, 64]
+    from pipeline.config import Config
+
+    custom = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"},
+                                    "rewards": [{"fn": "correct"}, {"fn": "my_rewards.py:score", "name": "format"}]})
+    assert declared(custom.rewards[1]) is None and declared_span(custom, "reward") is None
+    assert span(custom, values, "rewards/format") == (0.0, 2.0)  # all at 1.0, widened by 1 on each side
+    overlong = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"}, "rewards": [
+        {"fn": "overlong", "kwargs": {"max_tokens": 8, "buffer": 4}, "weight": 2.0}, {"fn": "contains", "kwargs": {"keyword": "x", "value": -3}},
+        {"fn": "correct", "weight": -1.0}]})
+    assert declared_span(overlong, "reward") == (-6.0, 0.0)  # 2 x [-1, 0] + [-3, 0] - [0, 1]
