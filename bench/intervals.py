@@ -8,7 +8,8 @@ the one pipeline/eval/intervals.py now runs, their coverage and their width.
 A case: m prompts x G samples, each prompt with its own truth drawn from the case's population, each sample
 drawn from its prompt; the figure's truth is the population's mean (exact, or from 4 million seeded draws
 where no closed form is at hand). Per case, `--records` simulated evals (1000: a share's standard error at
-0.95 is 0.0069, so 0.93 is 2.9 of them below; `--compare`'s cases 500, each record its own bisection) through the functions `grpo eval` runs (intervals.intervals, on
+0.95 is 0.0069, so 0.93 is 2.9 of them below; a quarter of that at 300 and 1000 prompts; `--compare`'s
+cases 400, each record its own call) through the functions `grpo eval` runs (intervals.intervals, on
 the spans pipeline/eval/metrics.py gives), and through today's method: Wilson's interval for a share of
 prompts, else the wider of the effective-n Wilson and the generalised Wilson over prompts, a mean mapped by
 its samples' own [min, max] ([x, x] when they are all one value). `--compare`'s interval and verdict on
@@ -165,6 +166,12 @@ def _measure(v, truth, rate, samples, span_today, span_new) -> dict:
 
 # -- the cases ------------------------------------------------------------------------------------------------
 
+def records_at(records: int, m: int) -> int:
+    """Records a case: `records`, a quarter of them at 300 prompts and more (where the intervals are nearly
+    normal ones and each record is thousands of samples: on two shared cores the full run would take an hour)."""
+    return records if m <= 100 else max(1, records // 4)
+
+
 def rate_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(RATES)):
     """mean@G (the accuracy) and pass@k (k = 4, G: Chen et al.'s estimate from G samples) of every rate regime."""
     rows = []
@@ -172,15 +179,16 @@ def rate_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(RAT
         for g in samples:
             for m in prompts:
                 rng = np.random.default_rng([64, 1, list(RATES).index(regime), g, m])
-                p = prompt_rates(rng, regime, (records, m))
-                c = (rng.random((records, m, g)) < p[..., None]).sum(-1)  # [R, m] correct samples a prompt
-                ones = np.ones(records)
+                R = records_at(records, m)
+                p = prompt_rates(rng, regime, (R, m))
+                c = (rng.random((R, m, g)) < p[..., None]).sum(-1)  # [R, m] correct samples a prompt
+                ones = np.ones(R)
                 for k in sorted({1, 4, g} & set(range(1, g + 1))):
                     table = np.array([pass_at_k(g, j, k) for j in range(g + 1)])
                     v = table[c]
                     res = _measure(v, rate_truth(regime, k), True, m * g / k, (0 * ones, ones), (0 * ones, ones))
                     rows.append({"family": "rate", "regime": regime, "figure": "accuracy" if k == 1 else f"pass@{k}",
-                                 "prompts": m, "samples": g, **res})
+                                 "prompts": m, "samples": g, "records": R, **res})
     return rows
 
 
@@ -194,13 +202,13 @@ def mean_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(MEA
         for g in samples:
             for m in prompts:
                 rng = np.random.default_rng([64, 2, list(MEANS).index(regime), g, m])
-                x = draw(rng, (records, m), g)  # [R, m, G]
+                x = draw(rng, (records_at(records, m), m), g)  # [R, m, G]
                 v = x.mean(-1)
                 lo, hi = x.min(axis=(1, 2)), x.max(axis=(1, 2))
                 new = (np.minimum(declared[0], lo), np.maximum(declared[1], hi)) if declared else widened(lo, hi)
                 res = _measure(v, truth, False, m * g, (lo, hi), new)
                 rows.append({"family": "length" if regime.startswith("length") else "reward", "regime": regime,
-                             "figure": "mean", "prompts": m, "samples": g, **res})
+                             "figure": "mean", "prompts": m, "samples": g, "records": len(v), **res})
     return rows
 
 
@@ -249,7 +257,7 @@ def run(records: int, quick: bool = False) -> dict:
     started = time.time()
     prompts = (3, 5, 10, 100) if quick else PROMPTS
     rows = rate_cases(records, prompts) + mean_cases(records, prompts)
-    cmp = compare_cases(min(records, 500), (3, 8, 30) if quick else (3, 6, 8, 10, 30, 100))
+    cmp = compare_cases(min(records, 400), (3, 8, 30) if quick else (3, 6, 8, 10, 30, 100))
     return {"records": records, "seconds": round(time.time() - started, 1), "cases": rows, "compare": cmp}
 
 
@@ -266,7 +274,7 @@ def section(res: dict) -> list[str]:
            f"`python -m bench.intervals --records {res['records']}` ({res['seconds']:.0f} s): {len(rows)} cases (m prompts x G = 1, 4, 16 "
            "samples; rates 0.001-0.999 fixed or Beta-spread, accuracy and pass@k; -1/+1, 0-10, [0, 1] and all-equal rewards with "
            "and without a declared range; lognormal, mostly capped and rarely capped lengths, max_new_tokens 512), "
-           f"{res['records']} seeded records each. Coverage of the 95 % interval (a share's standard error at 0.95: "
+           f"{res['records']} seeded records each ({res['records'] // 4} at 300 and 1000 prompts; --compare 400). Coverage of the 95 % interval (a share's standard error at 0.95: "
            f"{math.sqrt(0.95 * 0.05 / res['records']):.4f}); width: the mean of hi - lo, now over today's (median over the cases).", "",
            "| family | prompts | cases | >= 0.93 today | >= 0.93 now | lowest today | lowest now | zero-width records today | now | width now / today (median, max) |",
            "|---|---|---|---|---|---|---|---|---|---|"]

@@ -110,7 +110,7 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
 
 
 SPANS = {"reward": "reward", "mean_length": "completion_length"}
-"""A mean's column of samples: its interval maps the samples' range onto [0, 1] (intervals.estimate's span)."""
+"""A mean's column of samples: the range they took, which its interval's span holds (`span`)."""
 
 FIGURES_VERSION = 3
 """How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 3 is the
@@ -225,9 +225,9 @@ def declared(spec) -> tuple[float, float] | None:
 
 
 RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
-"""The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
-(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1] by
-their samples' range for their interval."""
+"""The figures that are a share of samples (Clopper-Pearson's interval when each prompt's value is 0 or 1); the
+others (reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1]
+by the range they can take (`span`) for their interval."""
 
 
 def is_rate(figure: str) -> bool:
