@@ -234,7 +234,7 @@ def compare_cases(records: int, prompts=(3, 6, 8, 10, 30, 100), samples=(1, 4, 1
                 r = rng.uniform(0.2, 0.8, (records, m)) if pop == "U(0.2,0.8)" else np.where(rng.random((records, m)) < 0.5, 0.02, 0.93)
                 a = (rng.random((records, m, g)) < r[..., None]).mean(-1)
                 b = (rng.random((records, m, g)) < (r + shift)[..., None]).mean(-1)
-                p = sign_flip_p(b - a)
+                p = np.array([sign_flip_p(b[i] - a[i])[0] for i in range(records)])  # each record's own, as compare's
                 truth = compare_truth(pop, shift)
                 held = agree = zero = 0
                 widths = []
@@ -328,8 +328,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (for developing the bench)")
+    ap.add_argument("--compare-only", action="store_true", help="run --compare's cases again into the existing JSON")
     args = ap.parse_args()
-    res = run(args.records, args.quick)
+    if args.compare_only:
+        res = json.loads((ROOT / OUT_NAME).read_text())
+        started = time.time()
+        res["compare"] = compare_cases(min(res["records"], 400))
+        res["seconds_compare"] = round(time.time() - started, 1)
+    else:
+        res = run(args.records, args.quick)
     (ROOT / OUT_NAME).write_text(json.dumps(res, indent=1) + "\n")
     print("\n".join(section(res)))
 

@@ -396,7 +396,7 @@ def test_compare_pairs_prompts_counts_wins_and_says_whether_it_is_noise():
     r = compare(side("A"), 0, a, side("B"), 0, b)
     f = r["figures"]["accuracy"]
     assert (f["a"], f["b"], f["diff"], f["a_wins"], f["b_wins"]) == (0.25, 0.75, 0.5, 0, 20)
-    assert 0 < f["lo"] < 0.5 < f["hi"]  # the sign-flip test inverted: the shifts it does not reject
+    assert 0 < f["lo"] < 0.5 < f["hi"]  # the mean difference's interval on [-1, 1], leaving out 0 as the test does
     # 20 won, none lost: the sign-flip test's exact p is 2 / 2^20; drawn (20 > 16 differing prompts), at most a
     # few of 20000 draws reach it: p <= (1 + 5) / 20001
     assert f["p"] <= 6 / 20001
