@@ -212,7 +212,7 @@ def mean_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(MEA
     return rows
 
 
-COMPARE = {"8-prompt shares, no difference": ("U(0.2,0.8)", 0.0), "shift +0.1": ("U(0.2,0.8)", 0.1),
+COMPARE = {"rates U(0.2,0.8), no difference": ("U(0.2,0.8)", 0.0), "shift +0.1": ("U(0.2,0.8)", 0.1),
            "shift +0.25": ("U(0.2,0.8)", 0.25), "near-ties at 0.02/0.93, shift +0.05": ("ends", 0.05),
            "near-ties at 0.02/0.93, no difference": ("ends", 0.0)}
 """`--compare`'s cases: A's prompt rates r (uniform in [0.2, 0.8], or 0.02 or 0.93 each: most prompts tie), B's
