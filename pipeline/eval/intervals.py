@@ -183,7 +183,8 @@ def intervals(v: np.ndarray, rate: bool, samples: np.ndarray | float, a: np.ndar
     """`estimate`'s (lo, hi) for records v [R, m] of per-prompt values (no NaN) whose figure can take [a, b]
     [R] (widened to the values if they pass it): vectorised, so that bench/intervals.py's simulation runs
     thousands of records through the code `grpo eval` runs."""
-    a, b = np.minimum(np.asarray(a, dtype=np.float64), v.min(axis=-1)), np.maximum(np.asarray(b, dtype=np.float64), v.max(axis=-1))
+    a = np.minimum(np.asarray(a, dtype=np.float64), v.min(axis=-1))  # [R]
+    b = np.maximum(np.asarray(b, dtype=np.float64), v.max(axis=-1))
     share = bool(rate) & np.all((v == 0) | (v == 1), axis=-1)
     width = np.where(b > a, b - a, 1.0)
     lo, hi = bounds((v - a[:, None]) / width[:, None], samples, share)
