@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-ray bench-long docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-ray bench-long bench-intervals docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -106,6 +106,12 @@ bench-ray: $(STAMP)
 bench-long: $(STAMP)
 	$(BIN)/pip install -q -e ".[real,bench]"
 	$(BIN)/python -m bench.long $(if $(LENGTHS),--lengths $(LENGTHS))
+	$(BIN)/python -m bench.page
+
+# the eval's 95 % intervals against the truth, by seeded simulation: coverage and width of the method
+# grpo eval runs beside the one before issue 64 (bench/intervals.py; minutes of CPU, no model)
+bench-intervals: $(STAMP)
+	$(BIN)/python -m bench.intervals
 	$(BIN)/python -m bench.page
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config/doc.py); after

@@ -17,7 +17,7 @@ GPU = "## On a GPU (bench/gpu)"
 
 def side_sections() -> list[str]:
     """The side benches' sections, in page order, for those that have written their JSON."""
-    from bench import agent, long, overlap, ray, record
+    from bench import agent, intervals, long, overlap, ray, record
 
     out: list[str] = []
     if record.OUT.exists():  # `make bench-record` (also the last step of `make bench`)
@@ -30,6 +30,8 @@ def side_sections() -> list[str]:
         out += agent.section(json.loads((ROOT / "agent.json").read_text()))
     if (ROOT / "long.json").exists():  # `make bench-long`
         out += long.section(json.loads((ROOT / "long.json").read_text()))
+    if (ROOT / intervals.OUT_NAME).exists():  # `python -m bench.intervals`
+        out += intervals.section(json.loads((ROOT / intervals.OUT_NAME).read_text()))
     return out
 
 

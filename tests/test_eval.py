@@ -17,7 +17,8 @@ from conftest import base_config
 
 from pipeline.config import Config, canonical
 from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
-from pipeline.eval.stats import estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.intervals import clopper_pearson, estimate, paired, wilson
+from pipeline.eval.stats import majority, pass_at_k
 from pipeline.errors import GRPOError
 
 
@@ -87,8 +88,10 @@ def test_fractional_rate_interval_holds_the_true_mean_about_95_percent_of_the_ti
     cov = _coverage(lambda rng: rng.binomial(4, 0.3, 80) / 4, 0.3, 400, samples=320)
     assert 0.92 <= cov <= 0.98, cov
     v = np.arange(20, dtype=float)
-    # the paired difference of identical records is exactly 0, with a zero-width interval
-    assert paired(v, v) == (0.0, 0.0, 0.0)
+    # the paired difference of identical records is exactly 0; 20 ties do not prove two policies equal, so its
+    # interval holds 0 and is not zero wide
+    d, lo, hi = paired(v, v, span=(0.0, 19.0))
+    assert d == 0.0 and lo < 0.0 < hi
 
 
 def _record(rows: list[tuple], sets: list[str] | None = None) -> pa.Table:
@@ -118,8 +121,9 @@ def test_figures_of_a_hand_made_record():
     assert f["pass_at_1"][0] == pytest.approx(0.375)  # pass@1 is mean@k
     # pass@2: prompt 0: 1 - C(2,2)/C(4,2) = 5/6; prompt 1: 1 - C(3,2)/C(4,2) = 1/2; mean 2/3
     assert f["pass_at_2"][0] == pytest.approx(2 / 3)
-    assert f["pass_at_4"] == pytest.approx((1.0, *wilson(2, 2)))  # both prompts solved: a share, Wilson's interval
-    assert f["maj_at_4"] == pytest.approx((0.5, *wilson(1, 2)))
+    # both prompts solved: a share of 2 prompts, Clopper-Pearson's interval: 2 of 2 has the lower end 0.025^(1/2)
+    assert f["pass_at_4"] == pytest.approx((1.0, 0.025**0.5, 1.0))
+    assert f["maj_at_4"] == pytest.approx((0.5, 1 - 0.975**0.5, 0.975**0.5))  # 1 of 2: P(X >= 1 | lo) = 0.025
     assert f["maj_at_1"][0] == pytest.approx(0.375)  # over the 1-subsets: each sample's own hit, pass@1
     # maj@2 over the 6 pairs: prompt 0 (7,7,3,3 / 1,1,0,0): a mixed pair ties, its first sample wins: only (2,3)
     # is wrong -> 5/6; prompt 1 (5,5,5,9 / 0,0,0,1): the 9 wins no pair (it comes last) -> 0; mean 5/12
@@ -135,9 +139,9 @@ def test_figures_per_named_set_and_over_all():
     cfg = cfg_of(data={"easy": "a.jsonl", "hard": {"path": "b.jsonl"}})
     rows = [(0, 0, A("1"), 1), (1, 0, A("2"), 1), (0, 0, A("3"), 0)]
     f = figures(cfg, _record(rows, sets=["easy", "easy", "hard"]).drop_columns(["sample_idx"]))
-    assert f["easy/accuracy"] == pytest.approx((1.0, *wilson(2, 2)))
-    assert f["hard/accuracy"] == pytest.approx((0.0, *wilson(0, 1)))
-    assert f["accuracy"] == pytest.approx((2 / 3, *wilson(2, 3)))  # prompt 0 of each set is its own prompt
+    assert f["easy/accuracy"] == pytest.approx((1.0, 0.025**0.5, 1.0))  # Clopper-Pearson: 2 of 2
+    assert f["hard/accuracy"] == pytest.approx((0.0, 0.0, 0.975))  # 0 of 1: the upper end 1 - 0.025
+    assert f["accuracy"] == pytest.approx((2 / 3, *clopper_pearson(2, 3)))  # prompt 0 of each set is its own prompt
     assert "pass_at_1" not in f  # one sample: pass@1 would only repeat the accuracy
 
 
@@ -161,7 +165,8 @@ def test_eval_episode_figures():
     f = figures(cfg_of(), t)
     assert {n: f[n][0] for n in ("episodes/turns_mean", "tools/call_frequency", "tools/used", "episodes/ending/answered")} == \
         {"episodes/turns_mean": 1.25, "tools/call_frequency": 0.25, "tools/used": 0.25, "episodes/ending/answered": 0.25}
-    assert f["tools/used"][1:] == pytest.approx(wilson(1, 4))
+    assert f["tools/used"][1:] == pytest.approx(clopper_pearson(1, 4))  # a share of 4 episodes
+    assert f["tools/used"][1] == pytest.approx(1 - 0.975**0.25)  # P(X >= 1 | n = 4, lo) = 1 - (1 - lo)^4 = 0.025
 
 
 def test_tracking_doc_names_every_eval_figure():
@@ -283,10 +288,23 @@ def test_sampled_eval_of_two_sets_resumes_without_repeating_a_part(assets, make_
     manifest.write_text(json.dumps(body))
     problems = audit_run(Run(path)).problems
     assert len(problems) == 1 and "eval/MANIFEST.json: metrics.gsm/accuracy" in problems[0], problems
+    # a record of figures_version 2 (the intervals before issue 64) still audits clean: its intervals came from
+    # Wilson's and the samples' own range; its values, maj@k included, are still recomputed and checked
+    body["metrics"]["gsm/accuracy"]["value"] -= 0.25
+    assert body["figures_version"] == FIGURES_VERSION == 3
+    body["figures_version"] = 2
+    for f in body["metrics"].values():
+        f["lo"], f["hi"] = f["lo"] / 2, (1 + f["hi"]) / 2
+    manifest.write_text(json.dumps(body))
+    assert audit_run(Run(path)).ok, audit_run(Run(path)).problems
+    body["metrics"]["gsm/maj_at_4"]["value"] += 0.25  # (it may be 0: halving would change nothing)
+    manifest.write_text(json.dumps(body))
+    problems = audit_run(Run(path)).problems
+    assert len(problems) == 1 and "metrics.gsm/maj_at_4" in problems[0], problems
+    body["metrics"]["gsm/maj_at_4"]["value"] -= 0.25
     # a record written before figures_version (first-k maj@k, bootstrap intervals) still audits clean: its
     # intervals and maj@k come from the old definitions; the other values are still recomputed and checked
-    body["metrics"]["gsm/accuracy"]["value"] -= 0.25
-    assert body.pop("figures_version") == FIGURES_VERSION
+    assert body.pop("figures_version") == 2
     for name, f in body["metrics"].items():
         f["lo"], f["hi"] = f["lo"] / 2, (1 + f["hi"]) / 2
         if "/maj_at_" in name:
@@ -379,7 +397,7 @@ def test_compare_pairs_prompts_counts_wins_and_says_whether_it_is_noise():
     r = compare(side("A"), 0, a, side("B"), 0, b)
     f = r["figures"]["accuracy"]
     assert (f["a"], f["b"], f["diff"], f["a_wins"], f["b_wins"]) == (0.25, 0.75, 0.5, 0, 20)
-    assert 0 < f["lo"] < 0.5 < f["hi"]  # the sign-flip test inverted: the shifts it does not reject
+    assert 0 < f["lo"] < 0.5 < f["hi"]  # the mean difference's interval on [-1, 1], leaving out 0 as the test does
     # 20 won, none lost: the sign-flip test's exact p is 2 / 2^20; drawn (20 > 16 differing prompts), at most a
     # few of 20000 draws reach it: p <= (1 + 5) / 20001
     assert f["p"] <= 6 / 20001

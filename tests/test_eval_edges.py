@@ -13,8 +13,9 @@ import pytest
 from test_eval import A, _record, cfg_of
 
 from pipeline.errors import GRPOError
+from pipeline.eval.intervals import Z95, clopper_pearson, estimate, paired, wilson
 from pipeline.eval.metrics import figures
-from pipeline.eval.stats import Z95, estimate, majority, paired, pass_at_k, wilson
+from pipeline.eval.stats import majority, pass_at_k
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 1000, 1024])
@@ -59,7 +60,7 @@ def test_one_prompt_gets_no_interval():
     """One prompt has no spread to resample: the interval is NaN, not [x, x] (zero width, false certainty)."""
     v, lo, hi = estimate([0.5])
     assert v == 0.5 and math.isnan(lo) and math.isnan(hi)
-    assert estimate([1.0]) == (1.0, *wilson(1, 1))  # a share of one prompt still has Wilson's interval
+    assert estimate([1.0]) == (1.0, 0.025, 1.0)  # a share of one prompt still has Clopper-Pearson's interval
     d, lo, hi = paired([0.0], [1.0])
     assert d == 1.0 and math.isnan(lo) and math.isnan(hi)
 
@@ -68,10 +69,10 @@ def test_one_prompt_gets_no_interval():
 def test_the_compare_interval_agrees_with_the_verdict_and_covers_the_true_shift(m):
     """Seeded simulation at the sizes users compare (6, 10, 30 prompts): per-prompt differences of two
     records of 8 samples a prompt (shares c/8, each side's rate drawn around a common one, B shifted by
-    a true difference). The interval is the sign-flip test inverted, so 0 lies outside it exactly when
-    p <= 0.05, in every record; and it holds the true difference in at least 93 % of them (a
+    a true difference). The interval (the mean difference's, widened to hold 0 where the test does not reject)
+    leaves out 0 exactly when p <= 0.05, in every record; and it holds the true difference in at least 93 % of them (a
     percentile bootstrap over 10 prompts held it in about 88 %)."""
-    from pipeline.eval.stats import sign_flip_p
+    from pipeline.eval.intervals import sign_flip_p
 
     rng = np.random.default_rng(54 + m)
     records, held = 300, 0
@@ -80,7 +81,7 @@ def test_the_compare_interval_agrees_with_the_verdict_and_covers_the_true_shift(
         rate = rng.uniform(0.2, 0.7, m)
         a = rng.binomial(8, rate) / 8
         b = rng.binomial(8, np.clip(rate + shift, 0, 1)) / 8
-        d, lo, hi = paired(a, b)
+        d, lo, hi = paired(a, b, span=(0.0, 1.0), samples=2 * 8 * m)
         p = float(sign_flip_p(b - a)[0])
         assert (p <= 0.05) == (not lo <= 0 <= hi), (i, p, lo, hi)
         held += lo <= np.mean(np.clip(rate + shift, 0, 1) - rate) <= hi
@@ -94,19 +95,41 @@ def test_compare_of_one_prompt_is_not_called_distinguishable():
     a = _record([(0, 0, A("1"), 0)]).drop_columns(["sample_idx"])
     b = _record([(0, 0, A("1"), 1)]).drop_columns(["sample_idx"])
     line = verdict(compare(side("A"), 0, a, side("B"), 0, b))
-    assert line.endswith("no interval (too few prompts for a 5 % test); not distinguishable from noise"), line
+    assert line.endswith("no interval (one prompt); not distinguishable from noise"), line
 
 
 def test_a_count_that_is_one_everywhere_is_not_a_share():
-    """episodes/turns_mean of 1 on every prompt: a mean, its bootstrap is [1, 1]; Wilson would say [0.84, 1]."""
-    assert estimate([1.0] * 20, rate=False) == (1.0, 1.0, 1.0)
+    """episodes/turns_mean of 1 on every prompt: a mean, not a share (Clopper-Pearson would say [0.83, 1]), and
+    not [1, 1] either: nothing declares its range, so it is the samples' own, widened ([0, 2]), and a turn
+    count of 2 on prompts the 20 did not show would move the truth (issue 64)."""
+    v, lo, hi = estimate([1.0] * 20, rate=False)
+    assert v == 1.0 and lo < 1.0 < hi and lo >= 0.0 and hi <= 2.0
     cfg = cfg_of()
     rows = [(i, 0, A("1"), i % 2) for i in range(20)]
     t = _record(rows).drop_columns(["sample_idx"])
     t = t.set_column(t.column_names.index("reward_format"), "reward_format", pa.array([1.0] * 20))
     f = figures(cfg, t)
-    assert f["rewards/format"] == (1.0, 1.0, 1.0)  # a reward column: the bootstrap, not Wilson's [0.84, 1]
-    assert f["accuracy"] == pytest.approx((0.5, *wilson(10, 20)))  # a share: Wilson
+    # the format reward declares [0, 1]: every sample at its top, var = 0, so the effective-n interval is
+    # Clopper-Pearson's of 20 of 20 (lower end 0.025^(1/20) = 0.832), wider than the generalised Wilson's 0.839
+    assert f["rewards/format"] == pytest.approx((1.0, 0.025 ** (1 / 20), 1.0))
+    assert f["accuracy"] == pytest.approx((0.5, *clopper_pearson(10, 20)))  # a share: Clopper-Pearson
+
+
+def test_clopper_pearson_is_the_exact_binomial_inversion():
+    """Its ends are the shares at which the binomial tail at the count seen is 2.5 %: at 0 and n the closed
+    forms 1 - 0.025^(1/n) and 0.025^(1/n), and between them P(X >= x | lo) = P(X <= x | hi) = 0.025."""
+    from scipy import stats
+
+    for n in (1, 3, 5, 100):
+        assert clopper_pearson(0, n) == (0.0, pytest.approx(1 - 0.025 ** (1 / n), abs=1e-12))
+        assert clopper_pearson(n, n) == (pytest.approx(0.025 ** (1 / n), abs=1e-12), 1.0)
+    for x, n in ((1, 5), (4, 5), (1, 100), (37, 80)):
+        lo, hi = clopper_pearson(x, n)
+        assert stats.binom.sf(x - 1, n, lo) == pytest.approx(0.025, abs=1e-9)
+        assert stats.binom.cdf(x, n, hi) == pytest.approx(0.025, abs=1e-9)
+    # Wilson's (4 of 5) upper end 0.964 leaves out a true 0.972 that Clopper-Pearson holds (issue 64's dip)
+    assert wilson(4, 5)[1] < 0.972 < clopper_pearson(4, 5)[1]
+    assert clopper_pearson(1, 100)[0] < 0.001 < wilson(1, 100)[0]  # a rare rate seen once: its lower end
 
 
 def test_a_prompt_whose_rewards_are_all_none():
@@ -245,3 +268,32 @@ def test_unanswered_samples_vote_invalid_and_maj_at_1_is_pass_at_1():
     # prompt 1: all one cluster; a subset's majority is its first sample -> maj@8 = hit of sample 0 = 1
     assert f["maj_at_8"][0] == pytest.approx((0 + 1) / 2)
     assert f["maj_at_1"][0] == pytest.approx(f["pass_at_1"][0], abs=1e-12) == pytest.approx((2 / 8 + 3 / 8) / 2)
+
+
+def test_a_figure_s_span_is_the_range_it_can_take():
+    """metrics.span: a rate [0, 1]; a length [0, rollout.max_new_tokens]; the reward the sum of its rewards'
+    declared ranges times their weights (`correct` [0, 1] + 0.5 x `format` [0, 1]: [0, 1.5]); a reward nobody
+    declares a range for (your own function) its samples' range widened; every figure at least what it took."""
+    from pipeline.eval.metrics import declared, declared_span, per_prompt, span
+
+    cfg = cfg_of()
+    rows = [(i, 0, A("1"), 1) for i in range(6)]  # every sample right and well formatted: reward 1.0 + 0.5 x 1.0
+    t = _record(rows).drop_columns(["sample_idx"])
+    t = t.set_column(t.column_names.index("reward_format"), "reward_format", pa.array([1.0] * 6))
+    t = t.set_column(t.column_names.index("completion_length"), "completion_length", pa.array([64] * 6))
+    values = per_prompt(cfg, t)
+    assert span(cfg, values, "accuracy") == (0.0, 1.0)
+    assert span(cfg, values, "mean_length") == (0.0, 64.0) == declared_span(cfg, "mean_length")  # all at the cap
+    assert span(cfg, values, "reward") == (0.0, 1.5) and span(cfg, values, "rewards/format") == (0.0, 1.0)
+    f = figures(cfg, t)
+    assert f["mean_length"][0] == f["mean_length"][2] == 64.0 and f["mean_length"][1] < 64.0  # not [64, 64]
+    from pipeline.config import Config
+
+    custom = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"},
+                                    "rewards": [{"fn": "correct"}, {"fn": "my_rewards.py:score", "name": "format"}]})
+    assert declared(custom.rewards[1]) is None and declared_span(custom, "reward") is None
+    assert span(custom, values, "rewards/format") == (0.0, 2.0)  # all at 1.0, widened by 1 on each side
+    overlong = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"}, "rewards": [
+        {"fn": "overlong", "kwargs": {"max_tokens": 8, "buffer": 4}, "weight": 2.0}, {"fn": "contains", "kwargs": {"keyword": "x", "value": -3}},
+        {"fn": "correct", "weight": -1.0}]})
+    assert declared_span(overlong, "reward") == (-6.0, 0.0)  # 2 x [-1, 0] + [-3, 0] - [0, 1]

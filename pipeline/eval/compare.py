@@ -5,13 +5,14 @@ newest evaluated, or `--iter K`). Per figure (pipeline/eval/metrics.py), over th
 evaluated (the same set, prompt id and prompt text, the same number of samples):
 
     difference B - A of the mean over prompts, the p-value of the paired sign-flip (permutation) test
-    over prompts (pipeline/eval/stats.py: sign_flip_p) and its 95 % interval, the shifts that test does
-    not reject (stats.paired), the prompts where B's per-prompt value is higher (B wins), where A's is
+    over prompts (pipeline/eval/intervals.py: sign_flip_p) and a 95 % interval for the difference (intervals.paired:
+    the mean difference's interval on the range a difference of the figure can take, widened to hold 0
+    where the test does not reject), the prompts where B's per-prompt value is higher (B wins), where A's is
     (A wins)
 
 and one line on the headline figure (accuracy over all sets): distinguishable from noise only when the
 sign-flip test rejects at 5 %, which is exactly when the interval leaves out 0 ("4 of 30 won, none
-lost" is p = 0.125, interval [+0.000, +0.267]). Records sampled with different
+lost" is p = 0.125, and its interval holds 0). Records sampled with different
 eval settings (greedy, samples, temperature, top_p, top_k, min_p, max_new_tokens) are refused.
 """
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipeline.errors import GRPOError
-from pipeline.eval.metrics import per_prompt
-from pipeline.eval.stats import paired, sign_flip_p
+from pipeline.eval.metrics import draws, per_prompt, span
+from pipeline.eval.intervals import paired, sign_flip_p
 from pipeline.run.run import Run
 from schemas.artifacts import EVAL
 
@@ -72,7 +73,9 @@ def compare(a: Run, ka: int, ta: pa.Table, b: Run, kb: int, tb: pa.Table) -> dic
         for f in both:
             xa = [va[k].get(f, float("nan")) for k in ks]
             xb = [vb[k].get(f, float("nan")) for k in ks]
-            diff, lo, hi = paired(xa, xb)
+            both_sides = {("A", *k): va[k] for k in ks} | {("B", *k): vb[k] for k in ks}
+            samples = 2 * sum(va[k]["#samples"] for k in ks) / draws(f)  # a difference takes a sample of each side
+            diff, lo, hi = paired(xa, xb, span=span(a.cfg, both_sides, f), samples=samples)
             name = f if scope is None else f"{scope}/{f}"
             d = [y - x for x, y in zip(xa, xb) if x == x and y == y]
             out[name] = {"a": _mean(xa), "b": _mean(xb), "diff": diff, "lo": lo, "hi": hi,
@@ -122,8 +125,8 @@ def verdict(result: dict, figure: str = "accuracy") -> str:
     f = result["figures"][figure]
     d, lo, hi, p = f["diff"], f["lo"], f["hi"], f["p"]
     head = f"{figure}: B - A = {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {result['prompts']} prompts"
-    if lo != lo or hi != hi:  # NaN: under 6 prompts, where no 5 % sign-flip test can reject anything
-        return f"{head}: no interval (too few prompts for a 5 % test); not distinguishable from noise"
+    if lo != lo or hi != hi:  # NaN: one prompt, no spread to estimate
+        return f"{head}: no interval (one prompt); not distinguishable from noise"
     if p <= 0.05:
         return f"{head}: distinguishable from noise, {'B' if d > 0 else 'A'} is better (sign-flip test p = {p:.3g})"
     return f"{head}: not distinguishable from noise (sign-flip test p = {p:.3g})"

@@ -4,7 +4,7 @@ The record is one row per (eval set, prompt, sample): `correct` (the set's accur
 `reward` (the weighted total), one `reward_<name>` column per reward, `completion_length` (the
 model's tokens), and for episodes the `episode` record. A figure is first taken per prompt (the mean
 over its k samples), then averaged over prompts; its interval comes from those per-prompt values
-(pipeline/eval/stats.py: Wilson for a share of prompts, else Wilson on an effective sample size).
+(pipeline/eval/intervals.py: on the range the figure can take, `span`).
 
     accuracy            mean@k: the share of correct samples
     pass_at_<k>         Chen et al.'s unbiased pass@k, for each k of eval.pass_k
@@ -25,7 +25,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline.eval.stats import MAJ_SEED, clusters, estimate, maj_at_k, pass_at_k
+from pipeline.eval.intervals import estimate, widened
+from pipeline.eval.stats import MAJ_SEED, clusters, maj_at_k, pass_at_k
 from schemas.artifacts import REWARD_PREFIX
 
 
@@ -109,13 +110,15 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
 
 
 SPANS = {"reward": "reward", "mean_length": "completion_length"}
-"""A mean's column of samples: its interval maps the samples' range onto [0, 1] (stats.estimate's span)."""
+"""A mean's column of samples: the range they took, which its interval's span holds (`span`)."""
 
-FIGURES_VERSION = 2
-"""How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 2 is maj@k
-as its expectation over k-subsets with unanswered samples voting `[invalid]`, and the intervals of
-docs/tracking.md (2026-11-28). A record without it came from the first-k maj@k and the percentile bootstrap:
-audit recomputes only the figures whose definition did not change since (every value but maj@k's)."""
+FIGURES_VERSION = 3
+"""How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 3 is the
+intervals of issue 64 (Clopper-Pearson for a share, effective-n Clopper-Pearson and the generalised Wilson on
+the range a figure can take: docs/tracking.md, 2026-12-01); 2 was maj@k as its expectation over k-subsets with
+unanswered samples voting `[invalid]` and the intervals of 2026-11-28; a record without it came from the
+first-k maj@k and the percentile bootstrap. Audit recomputes an older record's values (not its intervals),
+and a record's maj@k only from version 2 on."""
 
 
 def _episodes(records: list[dict]) -> dict[str, float]:
@@ -133,10 +136,10 @@ def _nanmean(values) -> float:
 def figures(cfg, table) -> dict[str, tuple[float, float, float]]:
     """{figure: (value, lo, hi)}: over all sets (`accuracy`), and per named set (`<set>/accuracy`)."""
     values = per_prompt(cfg, table)
-    out = _figures(values)
+    out = _figures(cfg, values)
     names = sorted({key[0] for key in values if key[0] is not None}, key=list(_set_order(cfg)).index)
     for name in names:
-        out.update({f"{name}/{f}": e for f, e in _figures({k: v for k, v in values.items() if k[0] == name}).items()})
+        out.update({f"{name}/{f}": e for f, e in _figures(cfg, {k: v for k, v in values.items() if k[0] == name}).items()})
     return out
 
 
@@ -146,30 +149,85 @@ def _set_order(cfg):
     return [s.name for s in eval_sets(cfg.data.eval, cfg.eval)]
 
 
-def _figures(values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
+def _figures(cfg, values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     names = [f for f in dict.fromkeys(f for v in values.values() for f in v) if not f.startswith("#")]
     samples = sum(v["#samples"] for v in values.values())
     return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples / draws(f),
-                        span=_span(values, f)) for f in names}
+                        span=span(cfg, values, f)) for f in names}
 
 
 def draws(figure: str) -> int:
     """The samples one draw of a figure takes: k for pass@k and maj@k, else 1. Its interval counts n samples a
-    prompt as n / k independent draws (stats.estimate's `samples`): a k-sample figure is no share of n coins."""
+    prompt as n / k independent draws (intervals.estimate's `samples`): a k-sample figure is no share of n coins."""
     k = re.fullmatch(r"(?:pass|maj)_at_(\d+)", figure)
     return int(k.group(1)) if k else 1
 
 
-def _span(values, f: str) -> tuple[float, float] | None:
+def span(cfg, values, f: str) -> tuple[float, float] | None:
+    """The range figure `f` can take, which maps its per-prompt values onto [0, 1] for its interval
+    (intervals.estimate): a rate [0, 1]; `mean_length` [0, the completion budget] (rollout.max_new_tokens, an
+    episode's whole budget); `reward` the sum of its rewards' declared ranges (`declared`) times their weights,
+    `rewards/<name>` that reward's; where a range is not declared (your own function, a served one, a reward
+    model's raw logit) or the figure is a count, the range its samples took (else its per-prompt values),
+    widened (intervals.widened). Never narrower than what the samples took. None: no values."""
+    if is_rate(f):
+        return 0.0, 1.0
     lo = [v[f"#lo/{f}"] for v in values.values() if f"#lo/{f}" in v]
     hi = [v[f"#hi/{f}"] for v in values.values() if f"#hi/{f}" in v]
-    return (float(np.nanmin(lo)), float(np.nanmax(hi))) if lo and not np.all(np.isnan(lo)) else None
+    if not lo or np.all(np.isnan(lo)):
+        lo = hi = [v[f] for v in values.values() if f in v and v[f] == v[f]]
+    if not lo:
+        return None
+    seen = float(np.nanmin(lo)), float(np.nanmax(hi))
+    known = declared_span(cfg, f)
+    a, b = known if known is not None else widened(*seen)
+    return min(float(a), seen[0]), max(float(b), seen[1])
+
+
+def declared_span(cfg, f: str) -> tuple[float, float] | None:
+    """The range figure `f` can take by its definition, or None where nothing declares one."""
+    if f == "mean_length":
+        return 0.0, float(cfg.rollout.completion_budget())
+    specs = {r.column: r for r in cfg.rewards}
+    if f.startswith("rewards/"):
+        spec = specs.get(f[len("rewards/"):])
+        return declared(spec) if spec is not None else None
+    if f == "reward":  # the weighted sum of the rewards that apply (one returning None adds nothing: 0)
+        parts = [declared(spec) for spec in cfg.rewards]
+        if not parts or any(p is None for p in parts):
+            return None
+        ends = [sorted((s.weight * p[0], s.weight * p[1], 0.0)) for s, p in zip(cfg.rewards, parts)]
+        return sum(e[0] for e in ends), sum(e[-1] for e in ends)
+    return None
+
+
+def declared(spec) -> tuple[float, float] | None:
+    """The values a reward function can give, where its definition says (pipeline/rewards/builtins.py and
+    judge): correct, format, code_tests [0, 1]; contains, length_range [0, value]; overlong [-1, 0]; a judge
+    its verdict's [min, max] ([0, 1] normalized; a choice: its values); a reward model with a sigmoid or
+    softmax activation [0, 1] (times its sign). None: a custom or served function, a raw logit."""
+    fn, kw = spec.fn, spec.kwargs
+    if fn in ("correct", "format", "code_tests"):
+        return 0.0, 1.0
+    if fn in ("contains", "length_range"):
+        return min(0.0, kw.value), max(0.0, kw.value)
+    if fn == "overlong":
+        return -1.0, 0.0
+    if fn == "judge":
+        v = kw.verdict
+        ends = [0.0, 1.0] if v.normalize else [v.min, v.max]
+        if v.read == "choice" or (v.read == "boxed" and v.choices):
+            ends = list(v.choices.values()) + ([] if v.read == "choice" else ends)
+        return float(min(ends)), float(max(ends))
+    if fn == "reward_model" and kw.activation != "none":
+        return (0.0, 1.0) if kw.sign == 1 else (-1.0, 0.0)
+    return None
 
 
 RATES = re.compile(r"accuracy|(pass|maj)_at_\d+|tools/used|episodes/ending/.+")
-"""The figures that are a share of samples (Wilson's interval when each prompt's value is 0 or 1); the others
-(reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1] by
-their samples' range for their interval."""
+"""The figures that are a share of samples (Clopper-Pearson's interval when each prompt's value is 0 or 1); the
+others (reward, rewards/*, mean_length, episodes/turns_mean, tools/call_frequency) are means, mapped onto [0, 1]
+by the range they can take (`span`) for their interval."""
 
 
 def is_rate(figure: str) -> bool:

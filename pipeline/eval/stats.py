@@ -1,19 +1,10 @@
-"""The estimators and intervals of an evaluation, as small pure functions.
+"""The estimators of an evaluation, as small pure functions (their intervals: pipeline/eval/intervals.py).
 
 pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1): of n samples
 of a prompt, c correct, the unbiased estimate of "at least one of k draws is correct" is
 1 - C(n-c, k) / C(n, k); computed as the paper's stable product 1 - prod_{i=n-c+1}^{n} (1 - k/i),
-which never forms the binomials (C(1024, 512) overflows a float).
-
-Intervals are 95 %: Wilson's score interval for a share of prompts (each prompt's figure 0 or 1),
-otherwise the wider of two score intervals at each end: Wilson's on an effective sample size
-(effective_wilson: both levels of sampling, Student's t for a variance estimated from few prompts) and
-Wilson's over prompts generalised to values in [0, 1] (tail_wilson: a tail the few prompts did not
-show), and for the difference of two records
-on the same prompts the exact sign-flip test (sign_flip_p), which decides "distinguishable", and the
-interval made by inverting it (paired): the shifts the test does not reject, so the interval and the
-verdict never disagree. maj@k is an expectation over k-subsets, as pass@k is (maj_at_k).
-docs/tracking.md has the simulation that chose them and their measured coverage.
+which never forms the binomials (C(1024, 512) overflows a float). maj@k is an expectation over
+k-subsets, as pass@k is (maj_at_k), over answers clustered as the accuracy reward compares them.
 """
 
 from __future__ import annotations
@@ -24,12 +15,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Z95 = 1.959963984540054
-"""The standard normal's 97.5 % quantile."""
-FLIP_SEED = 0
-"""The seed of the sign-flip test's drawn flips (above SIGN_FLIP_EXACT differing prompts)."""
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): the chance that k of the n samples, drawn without replacement, hold a correct one."""
     if not 0 <= c <= n or not 1 <= k <= n:
@@ -37,188 +22,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:  # every k-subset holds a correct sample
         return 1.0
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
-
-
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a binomial share successes/n."""
-    if n == 0:
-        return float("nan"), float("nan")
-    if successes in (0, n):  # the closed form at p = 0 and p = 1: the bound the share sits on exact, not 1 - 1e-16
-        return (0.0, z * z / (n + z * z)) if successes == 0 else (n / (n + z * z), 1.0)
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5 % quantile with `df` degrees of freedom: the table to 9, then the Cornish-Fisher
-    series in 1/df (within 2e-4 of the exact quantile from df 10 on), so no SciPy."""
-    table = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622)
-    if df < 10:
-        return table[df - 1]
-    z = Z95
-    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
-
-
-def effective_wilson(x: np.ndarray, samples: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson's score interval on an effective sample size, for the mean of per-prompt values in [0, 1].
-
-    x [..., m]: each prompt's value (a share of its samples, an unbiased pass@k, ...); `samples`: the
-    samples behind them (an upper bound on the information). The variance of the mean is taken from
-    the prompts, s^2 / m, which holds both levels of sampling (between prompts and within one); the
-    design effect turns it into the sample size a binomial share of that variance would have,
-    n_eff = p(1 - p) / (s^2 / m), capped at the samples drawn (s^2 = 0, ten prompts each 4 of 8, is
-    then 40 of 80, never a zero width), and the score interval is taken at n_eff with Student's t
-    quantile of m - 1 degrees of freedom (s^2 is itself estimated from m prompts). Vectorised over
-    leading axes (the coverage simulation runs thousands of records at once). docs/tracking.md has the
-    simulation that chose it over the bootstraps."""
-    m = x.shape[-1]
-    p = x.mean(axis=-1)
-    var = x.var(axis=-1, ddof=1) / m
-    with np.errstate(divide="ignore", invalid="ignore"):
-        n = np.minimum(np.where(var > 0, p * (1 - p) / var, np.inf), samples)
-    z = t975(m - 1)
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(np.maximum(p * (1 - p), 0) / n + z * z / (4 * n * n)) / denom
-    return np.clip(np.minimum(centre - half, p), 0, 1), np.clip(np.maximum(centre + half, p), 0, 1)
-
-
-def tail_wilson(x: np.ndarray, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson's score interval over the m prompts, generalised from 0/1 values to values in [0, 1].
-
-    x [..., m]. The variance at a hypothesised mean p0 is that of the observed prompts mixed with the far
-    end of the range (0 below the mean, 1 above) in the share that moves their mean to p0: the least
-    favourable way for a tail the prompts did not show. Below the mean, with d = mean - p0 and s^2 the
-    prompts' variance (ddof 0): d^2 = (z^2 / m) (s^2 p0 / mean + d p0), a quadratic in d; above, the
-    same with 1 - x. For 0/1 values s^2 = mean (1 - mean) and this is Wilson's interval exactly; with a
-    spread it is what covers where the prompts' rates pile at one end with a thin tail to the other
-    (docs/tracking.md)."""
-    m = x.shape[-1]
-    c = z * z / m
-
-    def below(p: np.ndarray, s2: np.ndarray) -> np.ndarray:  # d >= 0 solving (1 + c) d^2 - c (p - s2/p) d - c s2 = 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            b = c * (p - np.where(p > 0, s2 / p, 0.0))
-            d = (b + np.sqrt(b * b + 4 * (1 + c) * c * s2)) / (2 * (1 + c))
-        return np.minimum(np.where(p > 0, d, 0.0), p)
-
-    p, s2 = x.mean(axis=-1), x.var(axis=-1)
-    return p - below(p, s2), p + below(1 - p, s2)
-
-
-def estimate(per_prompt: Sequence[float], rate: bool = True, samples: int | None = None,
-             span: tuple[float, float] | None = None) -> tuple[float, float, float]:
-    """(mean, lo, hi) of a figure from its per-prompt values (NaN: the prompt has none).
-
-    A `rate` whose every value is 0 or 1 (a share of prompts) gets Wilson's interval over the prompts.
-    Any other figure is mapped onto [0, 1] by `span` (the range its samples can take; a rate: [0, 1];
-    a mean: the smallest and largest sample, else of the per-prompt values) and gets, at each end, the
-    wider of the effective-n Wilson interval (effective_wilson) on `samples` (the independent draws
-    behind the values: the samples, over k for a k-sample figure; None: one a prompt) and the
-    generalised Wilson over prompts (tail_wilson), mapped back. One prompt of fractional values has no spread to estimate: NaN bounds. A mean whose
-    samples are all one value is that value, [x, x]. A count that is 1 everywhere is no share."""
-    v = np.asarray(per_prompt, dtype=np.float64)
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(v.mean())
-    if rate and np.all((v == 0) | (v == 1)):
-        lo, hi = wilson(float(v.sum()), v.size)
-        return mean, min(lo, mean), max(hi, mean)
-    a, b = (0.0, 1.0) if rate else span if span is not None else (float(v.min()), float(v.max()))
-    a, b = min(a, float(v.min())), max(b, float(v.max()))
-    if v.size < 2:
-        return mean, float("nan"), float("nan")
-    if b == a:
-        return mean, mean, mean
-    x = (v - a) / (b - a)
-    lo, hi = effective_wilson(x, samples if samples is not None else v.size)
-    tlo, thi = tail_wilson(x)
-    lo, hi = min(float(lo), float(tlo)), max(float(hi), float(thi))
-    return mean, min(a + (b - a) * float(lo), mean), max(a + (b - a) * float(hi), mean)
-
-
-def paired(a: Sequence[float], b: Sequence[float], seed: int = FLIP_SEED,
-           level: float = 0.05) -> tuple[float, float, float]:
-    """(mean of b - a, lo, hi) over prompts of two records' per-prompt values (the same prompts in the
-    same order; a prompt NaN on either side is left out): the 95 % interval from inverting the paired
-    sign-flip test, every shift s for which the test of the differences less s does not reject at
-    `level`. So 0 lies outside it exactly when sign_flip_p rejects: the interval beside the verdict can
-    never contradict it (a bootstrap's could: "4 of 30 won, none lost" gave [+0.033, +0.267] beside
-    p = 0.125). Each end is found by bisection between the mean (p = 1) and a shift past every
-    difference (p = 2 / 2^m), with 0 as an anchor on its side, so the verdict holds whatever the
-    p-value's steps between. NaN ends where no shift can be rejected (m < 6 prompts: 2 / 2^m > 0.05)."""
-    d = _differences(a, b)
-    if d.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(d.mean())
-    far = float(d.max() - d.min()) + 1.0
-    accepts = lambda shift: float(sign_flip_p(d - shift, seed)[0]) > level  # noqa: E731
-    if accepts(float(d.min()) - far):
-        return mean, float("nan"), float("nan")
-    zero_ok = accepts(0.0)
-
-    def end(side: int) -> float:
-        inside, outside = mean, mean + side * far
-        if side * (0.0 - mean) > 0:  # 0 lies on this side of the mean: the end falls on 0's side of the verdict
-            inside, outside = (0.0, outside) if zero_ok else (inside, 0.0)
-        while abs(outside - inside) > 1e-6 * far:
-            mid = (inside + outside) / 2
-            inside, outside = (mid, outside) if accepts(mid) else (inside, mid)
-        return inside
-
-    return mean, end(-1), end(+1)
-
-
-def _differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
-    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
-    return d[~np.isnan(d)]
-
-
-SIGN_FLIP_EXACT = 16
-"""Up to this many differing prompts the sign-flip test enumerates all 2^n flips; above, FLIPS seeded draws."""
-FLIPS = 20000
-
-
-def sign_flip_p(d: np.ndarray, seed: int = FLIP_SEED) -> np.ndarray:
-    """The two-sided p-value of the paired permutation (sign-flip) test of mean(d) = 0 over prompts.
-
-    Under "A and B are the same policy" each prompt's difference is as likely negative as positive, so
-    every flip of the signs is an equally likely record: p = the share of flips whose |sum| reaches the
-    observed one. Prompts that tie (d = 0) flip to themselves and drop out; with n differing prompts the
-    2^n flips are enumerated up to SIGN_FLIP_EXACT (an exact test: "4 of 30 won, none lost" is
-    2 / 16 = 0.125, the sign test's p), else FLIPS seeded draws with (1 + hits) / (1 + draws), which
-    keeps the test's size at or below its level. d [..., m] (vectorised over records, ties as 0)."""
-    d = np.atleast_2d(np.asarray(d, dtype=np.float64))
-    obs = np.abs(d.sum(axis=-1))  # [R]
-    n = int(np.max(np.sum(d != 0, axis=-1), initial=0))
-    # ties sorted last: the flips of the first n columns are every flip that matters
-    order = np.argsort(d == 0, axis=-1, kind="stable")
-    dd = np.take_along_axis(d, order, axis=-1)[:, :n]  # [R, n]
-    signs = _flips(n, seed)
-    draws, extra = signs.shape[0], int(n > SIGN_FLIP_EXACT)
-    hits = np.zeros(d.shape[0], dtype=np.int64)
-    for i in range(0, draws, 4096):  # [R, 4096] sums at a time: 1000 prompts x 20000 flips would be 160 MB
-        sums = np.abs(dd @ signs[i:i + 4096].T)  # [R, chunk]
-        hits += np.sum(sums >= obs[:, None] - 1e-9 * (1 + obs[:, None]), axis=-1)  # float sums of equal flips
-    return (hits + extra) / (draws + extra)
-
-
-@functools.lru_cache(maxsize=8)
-def _flips(n: int, seed: int) -> np.ndarray:
-    """The sign flips of n differing prompts [draws, n] (float): all 2^n up to SIGN_FLIP_EXACT, else FLIPS
-    seeded draws (the same draws for every test of n prompts, so `paired`'s bisection sees one p-value)."""
-    if n <= SIGN_FLIP_EXACT:
-        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
-    else:
-        signs = 1 - 2 * np.random.default_rng(seed).integers(0, 2, size=(FLIPS, n))
-    signs = signs.astype(np.float64)
-    signs.setflags(write=False)
-    return signs
 
 
 INVALID = "[invalid]"
