@@ -32,7 +32,23 @@ def test_at_least_15_cases_each_with_a_source_an_expectation_and_a_negative_cont
 def test_grpo_passes_and_the_broken_variant_is_flagged(case):
     row = run_case(case, with_trl=False)
     assert row.grpo.holds is True, f"grpo fails {case.id}: {row.grpo.measured}"
+    assert not row.broken.raised, f"{case.id}: its broken variant raised instead of being measured ({row.broken.measured})"
     assert row.broken.holds is False, f"{case.id} is vacuous: its broken variant passes ({row.broken.measured})"
+    assert row.valid
+
+
+def test_a_broken_variant_that_raises_is_not_counted_as_flagged():
+    # a typo in a control raises; that is no measurement of the bug, so the row is invalid and says so
+    from dataclasses import replace
+
+    from pipeline.conformance.case import table
+
+    def typo():
+        raise NameError("name 'nansum_scorr' is not defined")
+
+    row = run_case(replace(FAST[0], broken=lambda: typo()), with_trl=False)
+    assert row.grpo.holds is True and row.broken.raised and not row.flagged and not row.valid
+    assert "NO (control raised)" in table([row])
 
 
 def test_a_case_whose_experiment_cannot_tell_is_reported_vacuous():
