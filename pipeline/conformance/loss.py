@@ -23,6 +23,8 @@ class Objective:
     micro_share: Callable[[str, float, float, int], float]
     rank_weight: Callable[[str, int, int, int, int, int], float]
     num_items: Callable  # (mini-batch mask [B, T], generation batch mask) -> DAPO's normaliser
+    model_tokens: Callable = None  # (completion ids, episode masks) -> each row's tokens for num_items
+    loss_mask: Callable = None  # (completion ids, episode masks) -> the mask [B, T] the loss is given
 
 
 def grpo_objective() -> Objective:
@@ -38,7 +40,27 @@ def grpo_objective() -> Objective:
         rank_weight=lambda t, w, r, ar, tk, atk: LOSS_TYPES[t].rank_weight(w, r, ar, tk, atk),
         # the trainer's: num_items = the mini-batch's (one optimizer step's) model tokens, TRL's since #6024
         num_items=lambda mb_mask, gen_mask: float(mb_mask.sum()),
+        model_tokens=_grpo_model_tokens,
+        loss_mask=_grpo_loss_mask,
     )
+
+
+def _grpo_model_tokens(comps, masks):
+    from pipeline.update.data import model_tokens  # what the trainer's mini-batch token count sums
+
+    return model_tokens(comps, masks)
+
+
+def _grpo_loss_mask(comps, masks):
+    from pipeline.models.tokens import Batch  # the mask the trainer hands policy_loss
+
+    return Batch.build([[0]] * len(comps), comps, episode_masks=masks).loss_mask.double()
+
+
+def pre_mask_denominator_objective() -> Objective:
+    """TRL #6369: the numerator's mask drops the truncated completions (mask_truncated_completions),
+    the denominator was counted before that, from every generated token."""
+    return replace(grpo_objective(), model_tokens=lambda comps, masks: [len(c) for c in comps])
 
 
 def one_over_n_objective() -> Objective:
@@ -78,7 +100,7 @@ def no_grad_kl_objective() -> Objective:
 
 
 def unmasked_numerator_objective() -> Objective:
-    """TRL #6369 / ROLL #444: the token mean's numerator sums every position, masked ones included."""
+    """ROLL #444: the token mean's numerator sums every position, masked ones included."""
     base = grpo_objective()
 
     def loss(logp, old, adv, mask, loss_type, **kw):
@@ -209,6 +231,31 @@ def masked_mean_experiment(obj: Objective) -> tuple[bool, str]:
     return max(errs) < 1e-12, "rel. change from masked garbage: " + ", ".join(f"{e:.2e}" for e in errs)
 
 
+def kept_tokens_denominator_experiment(obj: Objective) -> tuple[bool, str]:
+    """8 completions of lengths 1..6; rows 1, 4 and 6 are truncated and masked whole after sampling (as
+    TRL's mask_truncated_completions does; grpo's episode mask, all 0), row 3 has a tool-result span
+    masked. DAPO at ratio 1: per-token loss -A_i, so L = sum_kept(-A_i) / #kept exactly, with the
+    trainer's num_items = sum of the rows' model tokens; a denominator counting the masked tokens
+    (TRL #6369) shrinks L by #kept / #generated (here 16 / 28)."""
+    import torch
+
+    W, y, _, adv = _policy()
+    lengths = [1 + (i * 5) % 6 for i in range(8)]  # 1, 6, 5, 4, 3, 2, 1, 6: 28 generated tokens
+    comps = [[int(t) for t in y[i, :n]] for i, n in enumerate(lengths)]
+    masks: list = [None] * 8
+    for i in (1, 4, 6):
+        masks[i] = [0] * lengths[i]  # truncated: masked whole
+    masks[3] = [1, 0, 0, 1]  # a tool result inside the completion
+    mask = obj.loss_mask(comps, masks)  # [8, 6]
+    lp = _logp(W, y)
+    num_items = float(sum(obj.model_tokens(comps, masks)))
+    got = float(obj.loss(lp, lp.detach(), adv, mask, "dapo", num_items=num_items))
+    kept = [(i, t) for i, n in enumerate(lengths) for t in range(n) if masks[i] is None or masks[i][t]]
+    want = sum(-float(adv[i]) for i, _ in kept) / len(kept)
+    err = abs(got - want) / abs(want)
+    return err < 1e-12, f"L = {got:.6g}, sum_kept(-A) / #kept = {want:.6g} ({len(kept)} of {sum(lengths)} tokens kept): rel. error {err:.2e}"
+
+
 def kl_gradient_experiment(obj: Objective) -> tuple[bool, str]:
     """With A = 0 only the KL term moves the policy: loss = beta * mean_seq(token mean of k3), so its
     gradient is beta * d k3 / d logp = beta * (1 - exp(ref - logp)) per token over the normaliser; it must
@@ -296,8 +343,11 @@ def cases() -> list[Case]:
              "verl #5798 (seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
              dp_experiment, grpo_objective, dp_squared_objective,
              trl_na="not measured: needs 2 accelerate processes and TRL's loss fed these logprobs"),
-        Case("masked-token-mean", "masked positions count in neither the numerator nor the denominator",
-             "TRL #6369, ROLL #444", "L = sum(l m) / sum(m); garbage where m = 0 changes loss and gradient by 0",
+        Case("masked-token-mean", "the token mean's denominator counts only the tokens its numerator keeps",
+             "TRL #6369, fixed by #6439", "dapo, ratio 1, rows masked after sampling: L = sum_kept(-A_i) / #kept exactly (num_items = the rows' model tokens)",
+             kept_tokens_denominator_experiment, grpo_objective, pre_mask_denominator_objective, trl_na=OBJ_NA),
+        Case("masked-positions-inert", "masked positions change neither the loss nor its gradient",
+             "ROLL #444 (open)", "L = sum(l m) / sum(m); garbage where m = 0 changes loss and gradient by 0",
              masked_mean_experiment, grpo_objective, unmasked_numerator_objective, trl_na=OBJ_NA),
         Case("kl-has-gradient", "the KL penalty in the loss has a gradient",
              "SkyRL #1340, fixed by #1353; open-instruct #530", "A = 0: grad L = beta grad mean_i(sum_t k3 m / sum_t m) != 0",
