@@ -101,3 +101,24 @@ def test_an_unknown_case_is_a_one_line_error(capsys):
     assert run_cli(["conformance", "--no-trl", "--case", "no-such-case"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --case 'no-such-case': no such case (known: all-none-rewards")
+
+
+def test_a_correct_gdpo_passes_one_none_of_several():
+    # the case asks what ms-swift #8123 is about (finite, normalised among the rows that have values),
+    # not grpo's own sum-then-normalise: a NaN-aware normalise-each-function-then-sum must pass too
+    import numpy as np
+
+    from pipeline.conformance.impls import Scorer
+    from pipeline.conformance.rewards import EPS, one_nan_experiment
+
+    def gdpo(per_fn, w, G):
+        parts = []
+        for j in range(per_fn.shape[1]):
+            g = per_fn[:, j].reshape(-1, G)
+            z = (g - np.nanmean(g, 1, keepdims=True)) / (np.nanstd(g, 1, ddof=1, keepdims=True) + EPS)
+            parts.append(w[j] * np.nan_to_num(z, nan=0.0).reshape(-1))  # a function that does not apply adds 0
+        return np.sum(parts, axis=0)
+
+    holds, measured = one_nan_experiment(Scorer(gdpo, lambda v: np.asarray(v, dtype=float)))
+    assert holds, measured
+
