@@ -122,3 +122,20 @@ def test_a_correct_gdpo_passes_one_none_of_several():
     holds, measured = one_nan_experiment(Scorer(gdpo, lambda v: np.asarray(v, dtype=float)))
     assert holds, measured
 
+
+def test_stale_samples_checks_clipping_and_the_correction_each_on_its_own():
+    # SkyRL #1315's bug has two halves: old = current (clipping never binds) and no reweighing of the
+    # sampler's samples; each half alone is caught
+    from dataclasses import replace
+
+    from pipeline.conformance import loss
+
+    grpo, broken = loss.grpo_objective(), loss.uncorrected_objective()
+    assert loss._clip_binds(grpo)[0] and not loss._clip_binds(broken)[0]
+
+    def no_correction(logp, old, adv, mask, loss_type, **kw):  # keeps old, drops the sampler weight
+        kw.pop("sampler_logprobs", None)
+        return grpo.loss(logp, old, adv, mask, loss_type, **kw)
+
+    holds, measured = loss.stale_samples_experiment(replace(grpo, loss=no_correction))
+    assert not holds and "8 of 12" in measured, measured

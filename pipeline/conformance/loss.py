@@ -283,12 +283,13 @@ def kl_gradient_experiment(obj: Objective) -> tuple[bool, str]:
 
 def uncorrected_objective() -> Objective:
     """SkyRL #1315 (fully async): the ratio is taken against old logprobs recomputed with the current weights
-    and nothing else looks at the sampler's: the stale samples weigh as if the current policy drew them."""
+    (old = current: ratio 1, clipping never binds) and nothing else looks at the sampler's: the stale
+    samples weigh as if the current policy drew them."""
     base = grpo_objective()
 
     def loss(logp, old, adv, mask, loss_type, **kw):
         config = {**kw.pop("config", {}), "rollout_correction": {"mode": "none"}}
-        return base.loss(logp, old, adv, mask, loss_type, config=config, **kw)
+        return base.loss(logp, logp.detach(), adv, mask, loss_type, config=config, **kw)
 
     return replace(base, loss=loss)
 
@@ -324,7 +325,25 @@ def stale_samples_experiment(obj: Objective) -> tuple[bool, str]:
                         sampler_logprobs=lp_sampler[pos, ys])
 
     err = _rel(_grad(sampled, theta), g_on)
-    return err < 0.08, f"|g - g_on| / |g_on| = {err:.3f} (Monte Carlo floor ~0.035)"
+    clip, clip_msg = _clip_binds(obj)
+    return err < 0.08 and clip, f"|g - g_on| / |g_on| = {err:.3f} (Monte Carlo floor ~0.035); {clip_msg}"
+
+
+def _clip_binds(obj: Objective) -> tuple[bool, str]:
+    """Old != current: 4 rows x 3 tokens, A = [1, 1, -1, -1], old = current - 0.5 on tokens 0-1 of the
+    A > 0 rows (ratio e^0.5 = 1.65 > 1.2) and + 0.5 on those of the A < 0 rows (ratio 0.61 < 0.8), old =
+    current on token 2. The clipped tokens get no gradient: 8 of 12 exactly (eps 0.2). An implementation
+    that takes the ratio against the current logprobs (old = current) clips none."""
+    import torch
+
+    logp0 = torch.log(torch.full((4, 3), 0.25, dtype=torch.float64))
+    delta = torch.zeros(4, 3, dtype=torch.float64)
+    delta[:2, :2], delta[2:, :2] = -0.5, 0.5
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    logp = logp0.clone().requires_grad_()
+    obj.loss(logp, logp0 + delta, adv, torch.ones(4, 3, dtype=torch.float64), "grpo").backward()
+    clipped = int((logp.grad == 0).sum())
+    return clipped == 8, f"clipped tokens (no gradient) with old != current: {clipped} of 12 (expected 8)"
 
 
 OBJ_NA = "not measured: TRL's loss is inline in _compute_loss behind its fused forward; it cannot be fed these logprobs"
@@ -340,7 +359,7 @@ def cases() -> list[Case]:
              "TRL #5619, fixed by #6024", "L(step) = sum_step(l m) / sum_step(m), for each of the 2 steps of one generation",
              dapo_window_experiment, grpo_objective, generation_window_objective, trl_na=OBJ_NA),
         Case("dp-seq-mean-denominator", "the loss is the same on 1 process and averaged over 2 uneven ranks",
-             "verl #5798 (seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
+             "verl #5798 (closed unmerged; the bug as the PR reports it: seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
              dp_experiment, grpo_objective, dp_squared_objective,
              trl_na="not measured: needs 2 accelerate processes and TRL's loss fed these logprobs"),
         Case("masked-token-mean", "the token mean's denominator counts only the tokens its numerator keeps",
@@ -353,6 +372,6 @@ def cases() -> list[Case]:
              "SkyRL #1340, fixed by #1353; open-instruct #530", "A = 0: grad L = beta grad mean_i(sum_t k3 m / sum_t m) != 0",
              kl_gradient_experiment, grpo_objective, no_grad_kl_objective, trl_na=OBJ_NA),
         Case("stale-samples-corrected", "samples of an older sampler are reweighed to the current policy",
-             "SkyRL #1315 (clipping off in fully async)", "E_sampler[w grad L] = g_on, w = pi_old / pi_sampler (TRL 1.16's sequence_mask, cap 3): rel. error < 0.08",
+             "SkyRL #1315 (clipping off in fully async)", "E_sampler[w grad L] = g_on, w = pi_old / pi_sampler (TRL 1.16's sequence_mask, cap 3): rel. error < 0.08; with old != current, 8 of 12 tokens clipped",
              stale_samples_experiment, grpo_objective, uncorrected_objective, trl_na=OBJ_NA),
     ]

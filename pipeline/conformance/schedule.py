@@ -151,7 +151,7 @@ def cases() -> list[Case]:
     resume_na = "not measured: TRL resumes through transformers' Trainer (skip_first_batches), not run here"
     return [
         Case("staleness-counted-once", "a sample is at most s policy versions old, counted once",
-             "prime-rl #1764 (counted twice), AReaL #1345 (after recovery)", "b(k) = max(0, k - s) for all k, s, also after a restart",
+             "prime-rl #1764 (counted twice); AReaL #1345's recovery path not rebuilt", "b(k) = max(0, k - s) for all k, s, each asked afresh",
              staleness_experiment, grpo_versions, double_count_versions, trl_na=na),
         Case("staleness-not-off-by-one", "max staleness s admits s versions, not s + 1",
              "prime-rl #1902", "k - b(k) = min(k, s); s = 0: b(k) = k",
