@@ -157,7 +157,7 @@ def cases() -> list[Case]:
              "prime-rl #1902", "k - b(k) = min(k, s); s = 0: b(k) = k",
              staleness_experiment, grpo_versions, off_by_one_versions, trl_na=na),
         Case("resume-at-epoch-boundary", "a resume at an epoch boundary trains the next epoch",
-             "verl #5725", "prompts(k) after a resume at k = 3 (= steps per epoch) == uninterrupted, none empty",
+             "verl #5725", "prompts(k) after a resume at k = 3 (= steps per epoch) == uninterrupted, none empty (grpo: its loader, a pure function of k; no resumed trainer run)",
              epoch_boundary_experiment, grpo_loader, epoch_boundary_loader, trl_na=resume_na),
         Case("resume-skips-no-prompt", "a resume neither skips nor repeats prompts",
              "NeMo-RL #3599", "prompts(k) after a resume at k = 4 == uninterrupted: every prompt once per epoch",
