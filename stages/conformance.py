@@ -28,7 +28,7 @@ def conformance(case: CaseOpt = None,
         _engine_rows(model)
 
     def show(row) -> None:
-        flagged = "flagged" if row.broken.holds is False else "NOT flagged"
+        flagged = "flagged" if row.flagged else ("RAISED" if row.broken.raised else "NOT flagged")
         print(f"{row.case.id:34s} grpo {row.grpo.word:4s}  broken {flagged:11s}  TRL {row.trl.word:4s}  ({row.seconds:.1f} s)", flush=True)
 
     rows = suite.run(cases, with_trl=not no_trl, model=model, on_row=show)

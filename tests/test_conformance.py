@@ -32,7 +32,23 @@ def test_at_least_15_cases_each_with_a_source_an_expectation_and_a_negative_cont
 def test_grpo_passes_and_the_broken_variant_is_flagged(case):
     row = run_case(case, with_trl=False)
     assert row.grpo.holds is True, f"grpo fails {case.id}: {row.grpo.measured}"
+    assert not row.broken.raised, f"{case.id}: its broken variant raised instead of being measured ({row.broken.measured})"
     assert row.broken.holds is False, f"{case.id} is vacuous: its broken variant passes ({row.broken.measured})"
+    assert row.valid
+
+
+def test_a_broken_variant_that_raises_is_not_counted_as_flagged():
+    # a typo in a control raises; that is no measurement of the bug, so the row is invalid and says so
+    from dataclasses import replace
+
+    from pipeline.conformance.case import table
+
+    def typo():
+        raise NameError("name 'nansum_scorr' is not defined")
+
+    row = run_case(replace(FAST[0], broken=lambda: typo()), with_trl=False)
+    assert row.grpo.holds is True and row.broken.raised and not row.flagged and not row.valid
+    assert "NO (control raised)" in table([row])
 
 
 def test_a_case_whose_experiment_cannot_tell_is_reported_vacuous():
@@ -85,3 +101,41 @@ def test_an_unknown_case_is_a_one_line_error(capsys):
     assert run_cli(["conformance", "--no-trl", "--case", "no-such-case"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --case 'no-such-case': no such case (known: all-none-rewards")
+
+
+def test_a_correct_gdpo_passes_one_none_of_several():
+    # the case asks what ms-swift #8123 is about (finite, normalised among the rows that have values),
+    # not grpo's own sum-then-normalise: a NaN-aware normalise-each-function-then-sum must pass too
+    import numpy as np
+
+    from pipeline.conformance.impls import Scorer
+    from pipeline.conformance.rewards import EPS, one_nan_experiment
+
+    def gdpo(per_fn, w, G):
+        parts = []
+        for j in range(per_fn.shape[1]):
+            g = per_fn[:, j].reshape(-1, G)
+            z = (g - np.nanmean(g, 1, keepdims=True)) / (np.nanstd(g, 1, ddof=1, keepdims=True) + EPS)
+            parts.append(w[j] * np.nan_to_num(z, nan=0.0).reshape(-1))  # a function that does not apply adds 0
+        return np.sum(parts, axis=0)
+
+    holds, measured = one_nan_experiment(Scorer(gdpo, lambda v: np.asarray(v, dtype=float)))
+    assert holds, measured
+
+
+def test_stale_samples_checks_clipping_and_the_correction_each_on_its_own():
+    # SkyRL #1315's bug has two halves: old = current (clipping never binds) and no reweighing of the
+    # sampler's samples; each half alone is caught
+    from dataclasses import replace
+
+    from pipeline.conformance import loss
+
+    grpo, broken = loss.grpo_objective(), loss.uncorrected_objective()
+    assert loss._clip_binds(grpo)[0] and not loss._clip_binds(broken)[0]
+
+    def no_correction(logp, old, adv, mask, loss_type, **kw):  # keeps old, drops the sampler weight
+        kw.pop("sampler_logprobs", None)
+        return grpo.loss(logp, old, adv, mask, loss_type, **kw)
+
+    holds, measured = loss.stale_samples_experiment(replace(grpo, loss=no_correction))
+    assert not holds and "8 of 12" in measured, measured

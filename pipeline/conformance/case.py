@@ -31,6 +31,7 @@ class Outcome:
 
     holds: bool | None  # None: not run (see `measured` for why)
     measured: str
+    raised: bool = False  # the experiment crashed on it: a failure, but no measurement
 
     @property
     def word(self) -> str:
@@ -53,7 +54,8 @@ class Case:
 
 def measure(case: Case, which: str) -> Outcome:
     """Run `case`'s experiment on implementation `which` (grpo, broken, trl); an exception is a
-    failure of that implementation, reported with its last line (a crash is not a pass)."""
+    failure of that implementation, reported with its last line (a crash is not a pass) and marked
+    `raised`: for the broken variant it is no flag either, since a typo in a control raises too."""
     build = {"grpo": case.grpo, "broken": case.broken, "trl": case.trl}[which]
     if build is None:
         return Outcome(None, case.trl_na or "not measured")
@@ -65,7 +67,7 @@ def measure(case: Case, which: str) -> Outcome:
         raise
     except Exception as err:  # noqa: BLE001 - the implementation failed the experiment
         last = traceback.format_exception_only(type(err), err)[-1].strip()
-        return Outcome(False, f"raised {last[:200]}")
+        return Outcome(False, f"raised {last[:200]}", raised=True)
     return Outcome(bool(holds), measured)
 
 
@@ -80,7 +82,16 @@ class Row:
     @property
     def valid(self) -> bool:
         """grpo passes and the broken variant is flagged: the case is neither failed nor vacuous."""
-        return self.grpo.holds is True and self.broken.holds is False
+        return self.grpo.holds is True and self.flagged
+
+    @property
+    def flagged(self) -> bool:
+        """The broken variant was measured and failed the expectation (a control that raised was not measured)."""
+        return self.broken.holds is False and not self.broken.raised
+
+    @property
+    def flag_word(self) -> str:
+        return "yes" if self.flagged else ("NO (control raised)" if self.broken.raised else "NO (vacuous)")
 
 
 def run_case(case: Case, with_trl: bool = True) -> Row:
@@ -94,9 +105,8 @@ def table(rows: list[Row], detail: bool = False) -> str:
     """The side-by-side table, Markdown: case, source, grpo, negative control, TRL."""
     lines = ["| case | source | grpo | broken variant flagged | TRL 1.16 |", "|---|---|---|---|---|"]
     for r in rows:
-        flagged = "yes" if r.broken.holds is False else "NO (vacuous)"
         trl = r.trl.word if not detail else f"{r.trl.word}: {r.trl.measured}"
         grpo = r.grpo.word if not detail else f"{r.grpo.word}: {r.grpo.measured}"
-        cells = [r.case.id, r.case.source, grpo, flagged, trl]
+        cells = [r.case.id, r.case.source, grpo, r.flag_word, trl]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Cases on the objective: how the loss is normalised over micro-batches, ranks and masks, and
+"""Cases on the objective: how the loss is normalised over micro-batches and ranks (its masks: masking.py), and
 whether its KL term has a gradient.
 
 The implementation each experiment asks is an `Objective`: `loss(logp, old, adv, mask, cfg, **kw)`
@@ -23,6 +23,8 @@ class Objective:
     micro_share: Callable[[str, float, float, int], float]
     rank_weight: Callable[[str, int, int, int, int, int], float]
     num_items: Callable  # (mini-batch mask [B, T], generation batch mask) -> DAPO's normaliser
+    model_tokens: Callable = None  # (completion ids, episode masks) -> each row's tokens for num_items
+    loss_mask: Callable = None  # (completion ids, episode masks) -> the mask [B, T] the loss is given
 
 
 def grpo_objective() -> Objective:
@@ -38,7 +40,21 @@ def grpo_objective() -> Objective:
         rank_weight=lambda t, w, r, ar, tk, atk: LOSS_TYPES[t].rank_weight(w, r, ar, tk, atk),
         # the trainer's: num_items = the mini-batch's (one optimizer step's) model tokens, TRL's since #6024
         num_items=lambda mb_mask, gen_mask: float(mb_mask.sum()),
+        model_tokens=_grpo_model_tokens,
+        loss_mask=_grpo_loss_mask,
     )
+
+
+def _grpo_model_tokens(comps, masks):
+    from pipeline.update.data import model_tokens  # what the trainer's mini-batch token count sums
+
+    return model_tokens(comps, masks)
+
+
+def _grpo_loss_mask(comps, masks):
+    from pipeline.models.tokens import Batch  # the mask the trainer hands policy_loss
+
+    return Batch.build([[0]] * len(comps), comps, episode_masks=masks).loss_mask.double()
 
 
 def one_over_n_objective() -> Objective:
@@ -73,17 +89,6 @@ def no_grad_kl_objective() -> Objective:
         with torch.no_grad():
             kl = (kl_estimate(logp, ref) * mask).sum(1) / mask.sum(1)
         return pg + coef * kl.mean()
-
-    return replace(base, loss=loss)
-
-
-def unmasked_numerator_objective() -> Objective:
-    """TRL #6369 / ROLL #444: the token mean's numerator sums every position, masked ones included."""
-    base = grpo_objective()
-
-    def loss(logp, old, adv, mask, loss_type, **kw):
-        import torch
-        return base.loss(logp, old, adv, torch.ones_like(mask), loss_type, **kw)
 
     return replace(base, loss=loss)
 
@@ -188,27 +193,6 @@ def dp_experiment(obj: Objective) -> tuple[bool, str]:
     return max(worst.values()) < 1e-9, ", ".join(f"{t}: {e:.2e}" for t, e in worst.items())
 
 
-def masked_mean_experiment(obj: Objective) -> tuple[bool, str]:
-    """Garbage (+-1e3 logprobs, NaN-free) on masked positions must change neither the loss nor the
-    gradient: L = sum(l * m) / sum(m) over the model's tokens only (grpo: per sequence; dapo: per token)."""
-    import torch
-
-    W, y, mask, adv = _policy()
-    errs = []
-    for t in ("grpo", "dapo"):
-        def clean(w, t=t):
-            lp = _logp(w, y)
-            return obj.loss(lp * mask, (lp * mask).detach(), adv, mask, t, num_items=obj.num_items(mask, mask))
-
-        def dirty(w, t=t):
-            lp = _logp(w, y)
-            junk = torch.where(mask.bool(), lp, 1e3 * lp)  # masked positions: scaled, still attached to w
-            return obj.loss(junk, junk.detach() + (1 - mask) * 3.0, adv, mask, t, num_items=obj.num_items(mask, mask))
-        la, lb = float(clean(W)), float(dirty(W))
-        errs.append(max(abs(la - lb) / max(abs(la), 1e-12), _rel(_grad(dirty, W), _grad(clean, W))))
-    return max(errs) < 1e-12, "rel. change from masked garbage: " + ", ".join(f"{e:.2e}" for e in errs)
-
-
 def kl_gradient_experiment(obj: Objective) -> tuple[bool, str]:
     """With A = 0 only the KL term moves the policy: loss = beta * mean_seq(token mean of k3), so its
     gradient is beta * d k3 / d logp = beta * (1 - exp(ref - logp)) per token over the normaliser; it must
@@ -236,12 +220,13 @@ def kl_gradient_experiment(obj: Objective) -> tuple[bool, str]:
 
 def uncorrected_objective() -> Objective:
     """SkyRL #1315 (fully async): the ratio is taken against old logprobs recomputed with the current weights
-    and nothing else looks at the sampler's: the stale samples weigh as if the current policy drew them."""
+    (old = current: ratio 1, clipping never binds) and nothing else looks at the sampler's: the stale
+    samples weigh as if the current policy drew them."""
     base = grpo_objective()
 
     def loss(logp, old, adv, mask, loss_type, **kw):
         config = {**kw.pop("config", {}), "rollout_correction": {"mode": "none"}}
-        return base.loss(logp, old, adv, mask, loss_type, config=config, **kw)
+        return base.loss(logp, logp.detach(), adv, mask, loss_type, config=config, **kw)
 
     return replace(base, loss=loss)
 
@@ -277,7 +262,25 @@ def stale_samples_experiment(obj: Objective) -> tuple[bool, str]:
                         sampler_logprobs=lp_sampler[pos, ys])
 
     err = _rel(_grad(sampled, theta), g_on)
-    return err < 0.08, f"|g - g_on| / |g_on| = {err:.3f} (Monte Carlo floor ~0.035)"
+    clip, clip_msg = _clip_binds(obj)
+    return err < 0.08 and clip, f"|g - g_on| / |g_on| = {err:.3f} (Monte Carlo floor ~0.035); {clip_msg}"
+
+
+def _clip_binds(obj: Objective) -> tuple[bool, str]:
+    """Old != current: 4 rows x 3 tokens, A = [1, 1, -1, -1], old = current - 0.5 on tokens 0-1 of the
+    A > 0 rows (ratio e^0.5 = 1.65 > 1.2) and + 0.5 on those of the A < 0 rows (ratio 0.61 < 0.8), old =
+    current on token 2. The clipped tokens get no gradient: 8 of 12 exactly (eps 0.2). An implementation
+    that takes the ratio against the current logprobs (old = current) clips none."""
+    import torch
+
+    logp0 = torch.log(torch.full((4, 3), 0.25, dtype=torch.float64))
+    delta = torch.zeros(4, 3, dtype=torch.float64)
+    delta[:2, :2], delta[2:, :2] = -0.5, 0.5
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    logp = logp0.clone().requires_grad_()
+    obj.loss(logp, logp0 + delta, adv, torch.ones(4, 3, dtype=torch.float64), "grpo").backward()
+    clipped = int((logp.grad == 0).sum())
+    return clipped == 8, f"clipped tokens (no gradient) with old != current: {clipped} of 12 (expected 8)"
 
 
 OBJ_NA = "not measured: TRL's loss is inline in _compute_loss behind its fused forward; it cannot be fed these logprobs"
@@ -293,16 +296,13 @@ def cases() -> list[Case]:
              "TRL #5619, fixed by #6024", "L(step) = sum_step(l m) / sum_step(m), for each of the 2 steps of one generation",
              dapo_window_experiment, grpo_objective, generation_window_objective, trl_na=OBJ_NA),
         Case("dp-seq-mean-denominator", "the loss is the same on 1 process and averaged over 2 uneven ranks",
-             "verl #5798 (seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
+             "verl #5798 (closed unmerged; the bug as the PR reports it: seq-mean denominator dp_size^2 off)", "(1/world) sum_r w_r grad L_r = grad L, w_r = world rows_r / rows (tokens for dapo)",
              dp_experiment, grpo_objective, dp_squared_objective,
              trl_na="not measured: needs 2 accelerate processes and TRL's loss fed these logprobs"),
-        Case("masked-token-mean", "masked positions count in neither the numerator nor the denominator",
-             "TRL #6369, ROLL #444", "L = sum(l m) / sum(m); garbage where m = 0 changes loss and gradient by 0",
-             masked_mean_experiment, grpo_objective, unmasked_numerator_objective, trl_na=OBJ_NA),
         Case("kl-has-gradient", "the KL penalty in the loss has a gradient",
              "SkyRL #1340, fixed by #1353; open-instruct #530", "A = 0: grad L = beta grad mean_i(sum_t k3 m / sum_t m) != 0",
              kl_gradient_experiment, grpo_objective, no_grad_kl_objective, trl_na=OBJ_NA),
         Case("stale-samples-corrected", "samples of an older sampler are reweighed to the current policy",
-             "SkyRL #1315 (clipping off in fully async)", "E_sampler[w grad L] = g_on, w = pi_old / pi_sampler (TRL 1.16's sequence_mask, cap 3): rel. error < 0.08",
+             "SkyRL #1315 (clipping off in fully async)", "E_sampler[w grad L] = g_on, w = pi_old / pi_sampler (TRL 1.16's sequence_mask, cap 3): rel. error < 0.08; with old != current, 8 of 12 tokens clipped",
              stale_samples_experiment, grpo_objective, uncorrected_objective, trl_na=OBJ_NA),
     ]

@@ -151,13 +151,13 @@ def cases() -> list[Case]:
     resume_na = "not measured: TRL resumes through transformers' Trainer (skip_first_batches), not run here"
     return [
         Case("staleness-counted-once", "a sample is at most s policy versions old, counted once",
-             "prime-rl #1764 (counted twice), AReaL #1345 (after recovery)", "b(k) = max(0, k - s) for all k, s, also after a restart",
+             "prime-rl #1764 (counted twice); AReaL #1345's recovery path not rebuilt", "b(k) = max(0, k - s) for all k, s, each asked afresh",
              staleness_experiment, grpo_versions, double_count_versions, trl_na=na),
         Case("staleness-not-off-by-one", "max staleness s admits s versions, not s + 1",
              "prime-rl #1902", "k - b(k) = min(k, s); s = 0: b(k) = k",
              staleness_experiment, grpo_versions, off_by_one_versions, trl_na=na),
         Case("resume-at-epoch-boundary", "a resume at an epoch boundary trains the next epoch",
-             "verl #5725", "prompts(k) after a resume at k = 3 (= steps per epoch) == uninterrupted, none empty",
+             "verl #5725", "prompts(k) after a resume at k = 3 (= steps per epoch) == uninterrupted, none empty (grpo: its loader, a pure function of k; no resumed trainer run)",
              epoch_boundary_experiment, grpo_loader, epoch_boundary_loader, trl_na=resume_na),
         Case("resume-skips-no-prompt", "a resume neither skips nor repeats prompts",
              "NeMo-RL #3599", "prompts(k) after a resume at k = 4 == uninterrupted: every prompt once per epoch",

@@ -52,11 +52,11 @@ def versions() -> str:
 def report(rows: list[Row], detail: bool = True) -> str:
     """The Markdown report: when, with what, the table, and the verdict line."""
     failed = [r.case.id for r in rows if r.grpo.holds is not True]
-    vacuous = [r.case.id for r in rows if r.broken.holds is not False]
+    vacuous = [r.case.id for r in rows if not r.flagged]
     trl = [r for r in rows if r.trl.holds is not None]
     lines = [f"measured {datetime.date.today().isoformat()} with {versions()}", "", table(rows, detail=detail), "",
              f"grpo: {len(rows) - len(failed)} of {len(rows)} pass" + (f" (failed: {', '.join(failed)})" if failed else "")
-             + f"; broken variants flagged: {len(rows) - len(vacuous)} of {len(rows)}" + (f" (vacuous: {', '.join(vacuous)})" if vacuous else "")
+             + f"; broken variants flagged: {len(rows) - len(vacuous)} of {len(rows)}" + (f" (vacuous or raising: {', '.join(vacuous)})" if vacuous else "")
              + f"; TRL measured on {len(trl)}, passing {sum(r.trl.holds is True for r in trl)}"]
     return "\n".join(lines)
 

@@ -45,8 +45,8 @@ def _column(j: int):
     return reward
 
 
-@lru_cache(maxsize=2)
-def _trainer(temperature: float = TEMPERATURE, G: int = 4):
+@lru_cache(maxsize=3)
+def _trainer(temperature: float = TEMPERATURE, G: int = 4, aggregation: str = "sum_then_normalize"):
     if not _MODEL:
         raise ImportError("no tiny model given (pipeline.conformance.trl_adapter.use_model)")
     os.environ.setdefault("ACCELERATE_USE_CPU", "true")
@@ -55,15 +55,15 @@ def _trainer(temperature: float = TEMPERATURE, G: int = 4):
 
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="conformance-trl-"), per_device_train_batch_size=G, num_generations=G,
                       max_completion_length=4, temperature=temperature, report_to="none", use_cpu=True, logging_steps=10**6,
-                      save_strategy="no", bf16=False, seed=0)
+                      save_strategy="no", bf16=False, seed=0, multi_objective_aggregation=aggregation)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 + 3?"}]}] * G)
     return GRPOTrainer(model=_MODEL[0], reward_funcs=[_column(0), _column(1)], args=args, train_dataset=data)
 
 
-def _advantages(per_fn: np.ndarray, weights: np.ndarray, G: int) -> np.ndarray:
+def _advantages(per_fn: np.ndarray, weights: np.ndarray, G: int, aggregation: str = "sum_then_normalize") -> np.ndarray:
     import torch
 
-    t = _trainer(G=G)
+    t = _trainer(G=G, aggregation=aggregation)
     F = per_fn.shape[1]
     TABLE["per_fn"] = np.concatenate([per_fn, np.full((len(per_fn), 2 - F), np.nan)], axis=1)  # 2 functions
     t.reward_weights = torch.tensor([*weights.tolist(), *[1.0] * (2 - F)], dtype=torch.float32)
@@ -96,6 +96,16 @@ def scorer():
 
     _trainer()  # TRL importable and the model given, or the row says why
     return Scorer(_advantages, _contract)
+
+
+def both_aggregations():
+    """TRL's two `multi_objective_aggregation`s (TRL 1.16): its default sum_then_normalize and GDPO's
+    normalize_then_sum, each as a Scorer; the experiment runs on both and reports both."""
+    from pipeline.conformance.impls import Scorer
+
+    _trainer()
+    return {agg: Scorer(lambda per_fn, w, G, agg=agg: _advantages(per_fn, w, G, agg), _contract)
+            for agg in ("sum_then_normalize", "normalize_then_sum")}
 
 
 def _trl_logprobs(model, prompts, comps, T):

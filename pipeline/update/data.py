@@ -18,6 +18,13 @@ from pipeline.run.run import Run
 from schemas.artifacts import LOGPROBS, ROLLOUT, SCORE
 
 
+def model_tokens(completion_ids: list, masks: list) -> np.ndarray:
+    """Each row's tokens the loss counts: its episode mask's ones (None: every token sampled), the
+    mask `Batch.build` gives the loss, so a normaliser built from these (DAPO's num_items) counts the
+    tokens its numerator sums and no token masked after sampling (TRL #6369)."""
+    return np.array([len(c) if m is None else int(sum(m)) for c, m in zip(completion_ids, masks)])
+
+
 class UpdateData:
     """Iteration k's training rows: rollout + score + logprobs joined on (prompt_id, sample_idx)."""
 
@@ -56,7 +63,7 @@ class UpdateData:
         self.ref = df["ref_logprobs"].to_list()
         self.adv = torch.tensor(df["advantage"].to_numpy(), dtype=torch.float32)
         # what the loss counts per row: the tokens the model sampled (the token type's units, DAPO's num_items)
-        self.model_tokens = np.array([len(c) if m is None else int(sum(m)) for c, m in zip(self.completion_ids, self.masks)])
+        self.model_tokens = model_tokens(self.completion_ids, self.masks)
 
     def _kl_in_reward(self, df: pl.DataFrame, cfg: Config, kl_ctl) -> pl.DataFrame:
         """Fold KL(policy_old || ref) into each reward, then recompute group advantages."""
