@@ -4,11 +4,12 @@ The demo's update (a 4M-parameter model, 4 optimizer steps over ~2.3k tokens) on
 default of one OpenMP thread per core: on a 2-core machine with other processes running, each
 of the many small kernels of a forward and backward ends in a barrier where one thread waits
 (spinning, then sleeping) for the other, which the OS has given to another process. Measured
-in-process on the demo's update 0, one process at a time, load 11-30 on 2 cores: 2 threads took
-67.9 s of CPU (288 s wall) where 1 thread took 7.4 s (43 s wall), with the same weights to the
-bit. A tiny model's kernels gain little from a second thread even on an idle machine (the tests
-run on one: tests/conftest.py), so without OMP_NUM_THREADS the update runs on one thread; a
-user who sets OMP_NUM_THREADS (a big model on an idle many-core machine) gets that count.
+in-process on the demo's update 0, on a machine shared with other work (load 11-30 on 2 cores):
+2 threads took 67.9 s of CPU (288 s wall) where 1 thread took 7.4 s (43 s wall), with the same
+weights to the bit. A tiny model's kernels gain little from a second thread even on an idle
+machine (the tests run on one: tests/conftest.py), so without OMP_NUM_THREADS the update runs
+on one thread; a user who sets OMP_NUM_THREADS (a big model on an idle many-core machine) gets
+that count.
 """
 
 from __future__ import annotations
