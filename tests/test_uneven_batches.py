@@ -112,3 +112,29 @@ def test_bnpo_weighs_each_micro_batch_the_same(twenty_rows, trainer):
     trainer.engine.module.zero_grad(set_to_none=True)
     assert _relative(split, (parts[0] + parts[1]) / 2) < 1e-6
     assert _relative(split, whole) > 1e-3  # by its definition, not the 8 rows' token mean
+
+
+def test_the_update_computes_on_one_thread_without_omp_num_threads(twenty_rows, trainer, monkeypatch):
+    """Without OMP_NUM_THREADS, every forward and backward of `train_iteration` runs on one thread
+    (pipeline/update/threads.py; on torch's thread per core a busy core stalled the demo's update
+    several fold), and the process's setting is back afterwards. Last in this module: it steps the
+    shared trainer."""
+    run, data = twenty_rows
+    trainer.cfg = run.cfg
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    seen: list[int] = []
+    step = trainer.micro_step
+
+    def counted(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "micro_step", counted)
+    try:
+        rows = trainer.train_iteration(data, 0)
+        assert len(rows) == 2 and set(seen) == {1}, seen  # 20 rows, mini-batches of 12: 2 steps
+        assert torch.get_num_threads() == 2
+    finally:
+        torch._C.set_num_threads(before)
