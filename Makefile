@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-ray bench-long bench-intervals docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-ray bench-long bench-intervals bench-demo-update docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -74,6 +74,13 @@ bench: $(STAMP)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.record
+	$(BIN)/python -m bench.demo_update
+	$(BIN)/python -m bench.page
+
+# seconds per update of `make demo`'s model (iteration 0's update, byte for byte), the update's own
+# thread choice and 2 threads, each alone and beside a busy core (bench/demo_update.py)
+bench-demo-update: $(STAMP)
+	$(BIN)/python -m bench.demo_update
 	$(BIN)/python -m bench.page
 
 # what the record costs warm `iterate` (SmolLM2-135M full fine-tuning, two shapes): seconds outside

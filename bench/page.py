@@ -17,11 +17,13 @@ GPU = "## On a GPU (bench/gpu)"
 
 def side_sections() -> list[str]:
     """The side benches' sections, in page order, for those that have written their JSON."""
-    from bench import agent, intervals, long, overlap, ray, record
+    from bench import agent, demo_update, intervals, long, overlap, ray, record
 
     out: list[str] = []
     if record.OUT.exists():  # `make bench-record` (also the last step of `make bench`)
         out += record.section(json.loads(record.OUT.read_text()))
+    if demo_update.OUT.exists():  # `make bench-demo-update` (also a step of `make bench`)
+        out += demo_update.section(json.loads(demo_update.OUT.read_text()))
     if (ROOT / "overlap.json").exists():  # `make bench-overlap`
         out += overlap.section(json.loads((ROOT / "overlap.json").read_text()))
     if by_workload := ray.results():  # `make bench-ray`

@@ -128,3 +128,29 @@ def test_conformance_zero_stage_2_steps_on_every_micro_batch(twenty_rows):
     row = run_case(case, with_trl=False)
     assert row.grpo.holds is True, row.grpo.measured
     assert row.broken.holds is False, row.broken.measured
+
+
+def test_the_update_computes_on_one_thread_without_omp_num_threads(twenty_rows, trainer, monkeypatch):
+    """Without OMP_NUM_THREADS, every forward and backward of `train_iteration` runs on one thread
+    (pipeline/update/threads.py; on torch's thread per core a busy core stalled the demo's update
+    several fold), and the process's setting is back afterwards. Last in this module: it steps the
+    shared trainer."""
+    run, data = twenty_rows
+    trainer.cfg = run.cfg
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    seen: list[int] = []
+    step = trainer.micro_step
+
+    def counted(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "micro_step", counted)
+    try:
+        rows = trainer.train_iteration(data, 0)
+        assert len(rows) == 2 and set(seen) == {1}, seen  # 20 rows, mini-batches of 12: 2 steps
+        assert torch.get_num_threads() == 2
+    finally:
+        torch._C.set_num_threads(before)

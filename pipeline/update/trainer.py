@@ -32,6 +32,7 @@ from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
 from pipeline.update.determinism import serial_accumulation, update_rng
+from pipeline.update.threads import update_threads
 from schemas.artifacts import STEP_METRICS
 
 if TYPE_CHECKING:
@@ -187,8 +188,9 @@ class Trainer:
             return rows
         self.engine.train()
         steps = t.epochs * -(-n // t.mini_batch_size)
-        with (progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(self.engine.device),
-              update_rng(self.engine.device, self.cfg.seed, k, self.rank)):  # dropout draws as on any path to update k
+        dev = self.engine.device
+        with (progress(f"update iteration {k} optimizer steps", steps) as bar, serial_accumulation(dev), update_threads(dev),
+              update_rng(dev, self.cfg.seed, k, self.rank)):  # dropout draws as on any path to update k
             for epoch in range(t.epochs):
                 rows += self._epoch(data, k, epoch, bar)
                 if epoch == 0 and data.old_from_update and self.world > 1:
