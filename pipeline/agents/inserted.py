@@ -136,6 +136,8 @@ def shifted(spans: list[list[int]], by: int, within: int) -> list[list[int]]:
 
 
 _PLAIN: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+_CUT = "\ue000grpo-cut\ue000"
+"""A token added to the plain copy only (private-use characters), put before a text that follows a token."""
 _LOCK = threading.Lock()
 
 
@@ -146,7 +148,8 @@ class Tokens:
         self.tok = tokenizer
         added = tokenizer.added_tokens_decoder
         self.control = {i for i, t in added.items() if t.special or _MARKER.search(t.content)}
-        contents = sorted((added[i].content for i in self.control), key=len, reverse=True)
+        self._content = {i: added[i].content for i in self.control}
+        contents = sorted(self._content.values(), key=len, reverse=True)
         self._find = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def encode(self, text: str, spans: list[list[int]] | None = None) -> list[int]:
@@ -161,18 +164,20 @@ class Tokens:
         ids, at = [], 0
         for a, b, i in cuts:
             if a > at:
-                ids += self.plain(text[at:a])
+                ids += self.plain(text[at:a], at > 0)
             ids.append(i)
             at = b
         if at < len(text):
-            ids += self.plain(text[at:])
+            ids += self.plain(text[at:], at > 0)
         return ids
 
     def _markers(self, glue: str) -> list[tuple[int, int, int]]:
         """(start, end, id) of the control tokens the tokenizer matches in the template's own text."""
         if getattr(self.tok, "is_fast", False):
             enc = self.tok(glue, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-            return [(a, b, i) for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i in self.control]
+            # a token matched in the text (not an unknown character the model maps to `<unk>`, a special token too)
+            return [(a, b, i) for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
+                    if i in self.control and self._content[i] in glue[a:b]]
         if self._find is None:
             return []
         return [(m.start(), m.end(), self.tok.convert_tokens_to_ids(m.group(0))) for m in self._find.finditer(glue)]
@@ -180,20 +185,27 @@ class Tokens:
     def _ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"])
 
-    def plain(self, text: str) -> list[int]:
+    def plain(self, text: str, after_token: bool = False) -> list[int]:
         """`text`'s ids with no control token matched in it (a marker there is its text's tokens; one
-        a normalizer would make, such as NFKC's from full-width letters, too)."""
+        a normalizer would make, such as NFKC's from full-width letters, too). `after_token`: the text
+        follows a token in the whole, as the tokenizer sees it there (a Metaspace pre-tokenizer adds
+        its `▁` only at the start of the whole text)."""
         backend = getattr(self.tok, "backend_tokenizer", None)
         if backend is None:  # a slow tokenizer: its own switch, for its special tokens
             return list(self.tok(text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"])
-        return list(_plain_backend(backend, self.control).encode(text, add_special_tokens=False).ids)
+        plain, cut = _plain_backend(backend, self.control)
+        if not after_token:
+            return list(plain.encode(text, add_special_tokens=False).ids)
+        ids = plain.encode(_CUT + text, add_special_tokens=False).ids
+        assert ids[0] == cut, "the cut token is matched first"
+        return list(ids[1:])
 
 
 def _plain_backend(backend, control: set[int]):
     """A copy of the fast tokenizer whose control tokens are all special and not matched in text
     (`encode_special_tokens`: transformers' `split_special_tokens`, extended to the marker-shaped
     added tokens that are not special), cached per tokenizer."""
-    from tokenizers import Tokenizer
+    from tokenizers import AddedToken, Tokenizer
 
     key = id(backend)
     with _LOCK:
@@ -206,8 +218,10 @@ def _plain_backend(backend, control: set[int]):
             t["special"] = True
     plain = Tokenizer.from_str(json.dumps(spec))
     plain.encode_special_tokens = True
+    plain.add_tokens([AddedToken(_CUT, special=False, normalized=False)])  # matched still: a token to follow
+    made = (plain, plain.token_to_id(_CUT))
     with _LOCK:
-        _PLAIN[key] = (backend, plain)
+        _PLAIN[key] = (backend, made)
         while len(_PLAIN) > 4:
             _PLAIN.popitem(last=False)
-    return plain
+    return made
