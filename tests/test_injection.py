@@ -210,7 +210,8 @@ def test_an_environments_observation_and_answers_are_text(assets, make_run, tool
 def test_audit_rederives_an_episode_row_and_names_a_forged_one(assets, make_run, tools_file, tmp_path, monkeypatch):
     """The audit's check of an episode row: the injected row and a harmless one re-derive; the same row
     with the marker's text tokens replaced by the special ids (what tokenising the glue whole gave) is
-    named, as is a forged prompt; a record of episode version 1 (written before) is not re-derived."""
+    named, as is the same with the record's span of the result dropped too, and a forged prompt; a
+    record of episode version 1 (written before) is not re-derived."""
     from pipeline.report.audit_episodes import row_problems
 
     plan = runner_for(make_run, model_with(assets, tmp_path, "llama3_1"), tmp_path, "audit", tools=[f"{tools_file}:fetch"])
@@ -230,6 +231,11 @@ def test_audit_rederives_an_episode_row_and_names_a_forged_one(assets, make_run,
               "sampler_logprobs": row["sampler_logprobs"][:start] + [0.0] * len(old_way)}
     problems = row_problems(tok, forged)
     assert len(problems) == 1 and "glue" in problems[0] and f"token {start}" in problems[0], problems
+
+    hidden = json.loads(forged["episode"])  # the record edited too: the result's span dropped, so the whole glue re-derives
+    hidden["inserted"]["glue"][0]["data"] = []
+    problems = row_problems(tok, {**forged, "episode": json.dumps(hidden)})
+    assert len(problems) == 1 and "outside the spans its record marks as inserted" in problems[0], problems
 
     prompt = {**row, "prompt_ids": row["prompt_ids"][:-1] + [tok.convert_tokens_to_ids("<|eot_id|>")]}
     assert any("prompt_ids" in p for p in row_problems(tok, prompt))

@@ -38,7 +38,13 @@ def row_problems(tokens, row: dict) -> list[str] | None:
         return ["prompt_ids are not the tokens of its prompt (the observation as text, the rest as the tokenizer reads it)"]
     ids, mask, text = list(row["completion_ids"]), list(row["completion_mask"] or []), row["completion"]
     glues = ins["glue"]
-    turns = [m for m in record["messages"] if m["role"] == "assistant"]
+    turns, results = [], []  # the assistant messages, and the tool messages answering each
+    for m in record["messages"]:
+        if m["role"] == "assistant":
+            turns.append(m)
+            results.append([])
+        elif results:
+            results[-1].append(m)
     if len(glues) > len(turns) or len(mask) != len(ids):
         return [f"its record holds {len(turns)} turn(s) and {len(glues)} glue(s) for {len(ids)} ids and a mask of {len(mask)}"]
     t = c = 0
@@ -50,7 +56,12 @@ def row_problems(tokens, row: dict) -> list[str] | None:
         if j >= len(glues):
             continue
         g = glues[j]
-        want = tokens.encode(text[c:c + g["chars"]], g["data"])
+        glue = text[c:c + g["chars"]]
+        outside = [r["content"] for r in results[j] if isinstance(r.get("content"), str) and "value" not in r]
+        if (bare := _unmarked(glue, g["data"], outside)) is not None:
+            return [f"the glue after turn {j + 1} holds the tool result {bare[:40]!r} outside the spans its record marks as "
+                    "inserted (a record edited to pass the result off as the template's text?)"]
+        want = tokens.encode(glue, g["data"])
         if g["at"] != c or ids[t:t + len(want)] != want or set(mask[t:t + len(want)]) - {0}:
             return [f"completion_ids at token {t} are not the tokens of the glue after turn {j + 1} as its record holds it "
                     "(the template's text with the tool results as text, mask 0)"]
@@ -58,6 +69,17 @@ def row_problems(tokens, row: dict) -> list[str] | None:
     if t != len(ids) or c != len(text):
         return [f"{len(ids) - t} id(s) and {len(text) - c} character(s) after its last turn and glue that its record does not hold"]
     return []
+
+
+def _unmarked(glue: str, spans: list[list[int]], contents: list[str]) -> str | None:
+    """A tool result written in the glue (as it is, or escaped as JSON) that lies in no inserted span."""
+    inside = [glue[s:e] for s, e in spans]
+    for content in contents:
+        # a text shorter than 3 characters holds no marker and may be any template's text as well ("42")
+        forms = {f for f in (content, json.dumps(content, ensure_ascii=False)[1:-1], content.strip()) if len(f.strip()) >= 3}
+        if any(f in glue for f in forms) and not any(f in part for f in forms for part in inside):
+            return content
+    return None
 
 
 def check_episodes(a, rel: str, data: bytes) -> None:
