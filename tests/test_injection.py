@@ -177,6 +177,9 @@ def test_a_tool_result_holding_the_templates_markers_is_text(assets, make_run, t
     assert page in tok.decode(glue)  # the text the model reads is the page as it was
     row = runner.row(e, "h")
     assert page in row["completion"] and json.loads(row["episode"])["messages"][1]["content"] == page
+    from pipeline.report.audit_episodes import row_problems
+
+    assert row_problems(tok, row) == []  # audit re-derives the row's ids from its record
 
 
 def test_a_harmless_result_keeps_the_tokens_it_had(assets, make_run, tools_file, tmp_path, monkeypatch):
@@ -205,6 +208,10 @@ def test_an_environments_observation_and_answers_are_text(assets, make_run, tool
     glue = glue_of(plan.episodes, e)
     assert Counter(i for i in glue if i in special) == Counter(i for i in glue_of(plan.episodes, clean) if i in special)
     assert contains(glue, text_ids(tok, page[page.index("<"):]))
+    from pipeline.report.audit_episodes import row_problems
+
+    row = plan.episodes.row(e, "h")
+    assert json.loads(row["episode"])["inserted"]["prompt"] and row_problems(tok, row) == []
 
 
 def test_audit_rederives_an_episode_row_and_names_a_forged_one(assets, make_run, tools_file, tmp_path, monkeypatch):
