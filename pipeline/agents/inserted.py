@@ -44,9 +44,23 @@ def leaves(value: Any) -> list[str]:
         return [value]
     if isinstance(value, (list, tuple)):
         return [s for v in value for s in leaves(v)]
-    if isinstance(value, dict):  # its keys are the tool's text too
-        return [s for k, v in value.items() for s in (*leaves(k), *leaves(v))]
+    if isinstance(value, dict):  # its keys are the tool's text too, but for the names a template reads (see _kept)
+        return [s for k, v in value.items() for s in (*_open(k, k), *_open(v, k))]
     return []
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _kept(value: Any, key: Any) -> bool:
+    """A dict's key, or a content part's `type` ("text"), that is a bare name: the template reads it (Qwen 3.5's
+    `{% if item.type == 'text' %}`, else it raises), so it is not replaced by a placeholder; a bare name holds
+    no marker."""
+    return isinstance(value, str) and (value is key or key == "type") and _NAME.fullmatch(value) is not None
+
+
+def _open(value: Any, key: Any) -> list[str]:
+    return [] if _kept(value, key) else leaves(value)
 
 
 def replaced(value: Any, new: list[str]) -> Any:
@@ -58,8 +72,8 @@ def replaced(value: Any, new: list[str]) -> Any:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            key = replaced(k, new)
-            out[key] = replaced(v, new)
+            key = k if _kept(k, k) else replaced(k, new)
+            out[key] = v if _kept(v, k) else replaced(v, new)
         return out
     return value
 
