@@ -600,4 +600,22 @@ def test_smollm2_gguf_lora_tool_episodes_through_iterate(assets, smollm2, tools_
         assert not list((run / f"policy/iter-{k + 1:04d}").glob("model*.safetensors"))
     assert any(json.loads(e)["turns"] > 1 for p in (run / "iter-0000/rollout").glob("part-*.parquet")
                for e in pq.read_table(p, columns=["episode"]).column("episode").to_pylist())
-    assert ": ok, 2 iteration(s)" in grpo("audit", str(run)).stdout
+    assert ": ok, 2 iteration(s)" in grpo("audit", str(run)).stdout  # every episode row's ids re-derived from its record
+    # a row whose glue ids were changed (one turned into <|im_end|>) with its part's hash recomputed: audit names the row
+    import hashlib
+
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    part = run / "iter-0000/rollout/part-00000.parquet"
+    table = pq.read_table(part)
+    rows = table.to_pylist()
+    i = next(i for i, r in enumerate(rows) if 0 in r["completion_mask"])
+    at = rows[i]["completion_mask"].index(0) + 2
+    rows[i]["completion_ids"][at] = AutoTokenizer.from_pretrained(smollm2["dir"]).convert_tokens_to_ids("<|im_end|>")
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
+    manifest = json.loads((part.parent / "MANIFEST.json").read_text())
+    manifest["outputs"][part.name].update(sha256=hashlib.sha256(part.read_bytes()).hexdigest(), bytes=part.stat().st_size)
+    (part.parent / "MANIFEST.json").write_text(json.dumps(manifest))
+    out = grpo("audit", str(run), check=False).stdout
+    assert f"iter-0000/rollout/{part.name}: row {i}: completion_ids at token {at - 2} are not the tokens of the glue" in out, out

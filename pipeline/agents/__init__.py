@@ -11,7 +11,8 @@
 Modules: options (the config keys), tools (loading, schemas, one call with a timeout),
 environment (the factory contract, pools, routing, get_reward), state (the exact encoding of
 an instance's state), format (prompt rendering, call parsing, glue between
-turns), episode (the loop and the record), setup (loading it all; `grpo init`'s checks).
+turns), inserted (outside text located and tokenised as text), episode (the loop and the record),
+setup (loading it all; `grpo init`'s checks).
 
 A rollout row of an episode holds the whole episode after the prompt: `completion_ids` (every
 token), `completion_mask` (1 sampled, 0 tool result / template glue), `sampler_logprobs` (0.0
@@ -19,7 +20,7 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
 `truncated` (of the last turn), `completion_length` (the tokens the model sampled: the mask's
 1s, what every length metric counts), and `episode`, a JSON object:
 
-    {"version": 1, "format": "hermes" | "template", "tools": [names offered],
+    {"version": 2, "format": "hermes" | "template", "tools": [names offered],
      "observation": str | null,                       # what reset() returned
      "messages": [
        {"role": "assistant", "content": str,          # text without the call blocks
@@ -35,6 +36,11 @@ where the mask is 0), `completion` (the text: turns and glue in order), `finish_
      "turns": int,
      "ending": "answered" | "malformed" | "max_turns" | "max_episode_tokens" | "length" | "tool_timeout",
      "model_tokens": int, "context_tokens": int,
+     "inserted": {"prompt": [[start, end], ...],      # outside text (inserted.py): the observation's spans
+                                                      # in the prompt text, and for each glue after a turn
+                  "glue": [{"at": int, "chars": int,  # where it starts in `completion`, its length,
+                            "data": [[start, end], ...]}, ...]},   # its tool results' spans (in the glue)
+                                                      # (absent in version 1: glue tokenised whole)
      "environment": {"class": "module:Class", "codec": 1, "state": ...,   # with an environment: its exact
                      "slot": int, "name": str (a mapping's)}}             # state (agents/state.py), pool slot
 

@@ -17,7 +17,9 @@ before it was interrupted never reach the record.
 
 Tokens: a turn's tokens are kept exactly as sampled (mask 1, the sampler's logprobs); the next
 turn extends them. Between turns, the template's glue and the tool results are tokenised on
-their own (ToolFormat.glue_text) and appended with mask 0 and logprob 0.0. Seeds derive from
+their own (ToolFormat.glue) and appended with mask 0 and logprob 0.0; the results (and the
+environment's observation in the prompt) as text, so a marker in them is no control token
+(pipeline/agents/inserted.py), and the record keeps where they lie (`inserted`). Seeds derive from
 (group seed, sample index, turn), so an episode's tokens do not depend on which others share a
 call, a part or a worker.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.agents import environment as envs
+from pipeline.agents import inserted
 from pipeline.agents import state as exact
 from pipeline.agents.execution import EpisodeThread, MainThreadCalls, cast_arguments, episode_calls, parameters, seeded
 from pipeline.agents.format import ToolFormat
@@ -38,7 +41,9 @@ from pipeline.agents.tools import call_tool, tool_schema
 from pipeline.data.prompts import Prompt, as_messages, derive_seed, raw_to_json
 from pipeline.errors import GRPOError
 
-EPISODE_VERSION = 1
+EPISODE_VERSION = 2
+"""2: the record keeps what was inserted (`inserted`) and outside text is tokenised as text; 1: the glue
+was tokenised whole (a marker in a tool's result became its special token), and audit does not re-derive it."""
 TOOL_SEED = 1
 """The last part of the seed a turn's tool calls run under, derive_seed(group seed, sample, turn, TOOL_SEED):
 apart from the engine's seed of the next turn, derive_seed(group seed, sample, turn)."""
@@ -73,6 +78,9 @@ class Episode:
     call, then at the end; a timed-out call leaves the one from before it."""
     pool: dict | None = None
     """{"name": its environment's name (a mapping's), "slot": its pooled instance's slot}, for the record."""
+    inserted: dict = field(default_factory=lambda: {"prompt": [], "glue": []})
+    """Where outside text lies (the record's `inserted`): spans in the prompt (the observation) and, for each
+    glue, where it starts in the completion, its length and its spans (tool results)."""
 
     def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
         self.ids += ids
@@ -90,6 +98,7 @@ class EpisodeRunner:
         self.budget = cfg.episode_tokens()
         self.max_prompt_len = max_prompt_len
         self.stop_ids = set(agents.stop_ids)
+        self.tokens = inserted.Tokens(tokenizer)  # outside text tokenised as text (agents/inserted.py)
         self.tool_s, self.tool_calls = 0.0, 0  # this process's tool time, for the rollout manifest's stats
 
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> Episode:
@@ -109,21 +118,23 @@ class EpisodeRunner:
                 thread.close()
                 raise
             pool = {"name": name, "slot": slot} if name is not None else {"slot": slot}
-            raw = envs.observe(raw, obs)
             for m in envs.methods(env):
                 if m.__name__ in tools:
                     envs.release(env)
                     raise GRPOError(f"rollout.environment: method {m.__name__!r} has the name of a tool in rollout.tools")
                 tools[m.__name__] = m
                 schemas.append(tool_schema(m, f"rollout.environment method {m.__name__!r}"))
-        messages = as_messages(raw, self.data.system_prompt)
-        text = self.a.format.render(messages, schemas, True)
-        ids = self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        # the observation is outside text: located in the rendered prompt and tokenised as text
+        text, spans = inserted.locate(lambda o: self.a.format.render(
+            as_messages(envs.observe(raw, o[0] if o else None), self.data.system_prompt), schemas, True),
+            [obs] if isinstance(obs, str) else [])
+        ids = self.tokens.encode(text, spans)
         if len(ids) > self.max_prompt_len:
             raise GRPOError(f"{where}: prompt with tools has {len(ids)} tokens, more than the {self.max_prompt_len} the model's "
                             f"context leaves beside rollout.max_episode_tokens ({self.budget})")
         return Episode(prompt, group_idx, sample_idx, seed, text, list(ids), tools, schemas, obs, env, thread=thread,
-                       params={s["function"]["name"]: parameters(s) for s in schemas}, pool=pool)
+                       params={s["function"]["name"]: parameters(s) for s in schemas}, pool=pool,
+                       inserted={"prompt": spans, "glue": []})
 
     def _open_env(self, name: str | None, row: dict, seed: int):
         """(instance, observation, slot): a pooled instance of the row's environment (made on first
@@ -213,14 +224,14 @@ class EpisodeRunner:
         eot_sampled = bool(s.token_ids) and s.token_ids[-1] in self.stop_ids
         eot = self.tok.decode([s.token_ids[-1]]) if eot_sampled else (self.tok.eos_token or "")
         history = [_render_message(m) for m in e.messages]
-        glue = self.a.format.glue_text(_prompt_messages(e, self.data) + history,
-                                       len(calls), e.schemas, eot, eot_sampled)
-        glue_ids = self.tok(glue, add_special_tokens=False, verbose=False)["input_ids"]
+        glue, spans = self.a.format.glue(_prompt_messages(e, self.data) + history, len(calls), e.schemas, eot, eot_sampled)
+        glue_ids = self.tokens.encode(glue, spans)  # the results as text: a marker in them is no special token
         if len(e.ids) + len(glue_ids) > self.budget:  # TRL's test: the results would pass the budget
             for m in e.messages[-len(calls):]:
                 m["dropped"] = True  # ran, but its result did not fit: not part of the tokens
             e.ending = "max_episode_tokens"
             return self._finish(e)
+        e.inserted["glue"].append({"at": sum(map(len, e.texts)), "chars": len(glue), "data": spans})
         e.extend(list(glue_ids), None, glue)
         if len(e.ids) == self.budget:  # they fit exactly: kept, as TRL keeps them, and no room for another turn
             e.ending = "max_episode_tokens"  # (TRL samples one and cuts it to nothing)
@@ -239,6 +250,7 @@ class EpisodeRunner:
             "ending": e.ending,
             "model_tokens": sum(e.mask),
             "context_tokens": len(e.mask) - sum(e.mask),
+            "inserted": e.inserted,
         }
         if e.env is not None:
             if e.state is None:  # not ended by this runner (a test's own turns): stored now, on its thread

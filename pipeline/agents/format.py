@@ -24,7 +24,8 @@ start of the next: the tool messages and the next assistant header. It is the su
 conversation rendered with the tool messages and a generation prompt over the one rendered
 without them, from the template's end of the assistant turn (its end-of-turn token, `eot`, when
 it renders one there; pipeline/models/stop_tokens.py finds it, and the engines stop on it); the
-sampled tokens themselves are never re-tokenised. A turn that ended in the token the glue starts
+sampled tokens themselves are never re-tokenised. The tool results in the glue are outside text:
+`glue` gives their spans too, and they are tokenised as text (inserted.py). A turn that ended in the token the glue starts
 with (the template's end of turn, or GLM's `<|observation|>`) does not get it twice. A turn that ended in another stop token the model can sample (Qwen's `<|endoftext|>`,
 Llama 3.1's `<|eom_id|>`) keeps it, as sampled and trained on; it stands in for the template's end
 of turn, and the glue goes on after that, as TRL appends its tool suffix after whatever eos ended
@@ -42,7 +43,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from pipeline.agents import call_formats, templates
+from pipeline.agents import call_formats, inserted, templates
 from pipeline.agents.call_formats import SPECS
 from pipeline.agents.templates import ChatTemplate
 from pipeline.errors import GRPOError
@@ -189,8 +190,26 @@ class ToolFormat:
         ends with that turn's assistant message and `n_new` tool messages. `eot`: the text of the
         stop token the turn ended in; `eot_sampled`: whether it ended in one (see the module's
         docstring for the stop tokens the template does not render there)."""
+        return self._glue(messages, n_new, schemas, eot, eot_sampled, self.render(messages, schemas, True))[0]
+
+    def glue(self, messages: list[dict], n_new: int, schemas: list[dict], eot: str, eot_sampled: bool) -> tuple[str, list[list[int]]]:
+        """(glue_text, the [start, end) spans in it of what the template wrote for the new tool messages'
+        contents): outside text, tokenised as text (pipeline/agents/inserted.py)."""
+        head, new = messages[: len(messages) - n_new], messages[len(messages) - n_new:]
+        contents = [m["content"] for m in new]
+
+        def render(values: list[str]) -> str:
+            values = list(values)
+            return self.render(head + [{**m, "content": inserted.replaced(c, values)} for m, c in zip(new, contents)], schemas, True)
+
+        after, spans = inserted.locate(render, [s for c in contents for s in inserted.leaves(c)])
+        text, at = self._glue(messages, n_new, schemas, eot, eot_sampled, after)
+        return text, inserted.shifted(spans, -at, len(text))
+
+    def _glue(self, messages: list[dict], n_new: int, schemas: list[dict], eot: str, eot_sampled: bool,
+              after: str) -> tuple[str, int]:
+        """(the glue, where it starts in `after`: the conversation rendered with the tool messages and a generation prompt)."""
         before = self.render(messages[: len(messages) - n_new], schemas, False)
-        after = self.render(messages, schemas, True)
         body = before.rstrip()
         eos = getattr(self.tokenizer, "eos_token", None)
         if eos and body.endswith(eos) and not after.startswith(body):  # an eos after the turn's own end (Phi-3.5's) ends
@@ -205,10 +224,10 @@ class ToolFormat:
                             f"({before[max(0, at - 24):at + 24]!r} becomes {after[max(0, at - 24):at + 24]!r}: not prefix-preserving)")
         rest = after[cut:]
         if eot_sampled and eot and rest.startswith(eot):  # the template writes the token the turn ended in
-            return rest[len(eot):]
+            return rest[len(eot):], cut + len(eot)
         if eot_sampled and self.eot and rest.startswith(self.eot):  # another stop token stands in for it
-            return rest[len(self.eot):]
-        return rest
+            return rest[len(self.eot):], cut + len(self.eot)
+        return rest, cut
 
     # -------------------------------------------------------------------------------- parsing
     def parse_turn(self, token_ids: list[int], prefix_ids: list[int], stop_ids) -> tuple[str, list[Call]]:

@@ -12,6 +12,7 @@ import io
 import pyarrow.parquet as pq
 
 from pipeline.eval.metrics import FIGURES_VERSION, figures
+from pipeline.report.audit_episodes import check_episodes
 from pipeline.report.audit_record import PART_STAGES, Auditor, short
 from pipeline.report.audit_verdicts import check_verdicts
 from pipeline.run import parts
@@ -114,6 +115,8 @@ def _check_part(a: Auditor, rel: str, name: str, listed: FileEntry, schema, stam
     index = name[len("part-") : -len(".parquet")]
     if not index.isdigit() or meta.get("grpo.part") != str(int(index)):
         a.audit.problem(rel, f"stamped as part {meta.get('grpo.part')}, listed as {name}")
+    if schema.kind in ("rollout", "eval"):
+        check_episodes(a, rel, data)  # an episode row's ids, re-derived from its record
 
 
 def _check_rollout_link(a: Auditor, k: int, mrel: str, ref: dict, outputs: dict) -> None:

@@ -34,6 +34,9 @@ class Audit:
     pruned: list[str] = field(default_factory=list)
     weightless: list[str] = field(default_factory=list)
     """Policies audited without their weight files (`grpo audit --without-weights`: a record copied without them)."""
+    unchecked_episodes: int = 0
+    """Episode rows whose ids were not re-derived (audit_episodes.py): written before their record kept what
+    was inserted (episode version 1), or no policy directory holds the tokenizer any more."""
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,9 @@ class Audit:
             skipped = f"; pruned by train.keep_policies (manifest and hashes kept, weights removed): {names}" + skipped
         if self.weightless:
             skipped = f"; {len(self.weightless)} policies' weight files absent and not checked (--without-weights)" + skipped
+        if self.unchecked_episodes:
+            skipped += (f"; {self.unchecked_episodes} episode row(s) whose ids were not re-derived (recorded before grpo "
+                        "kept what an episode inserted, or no tokenizer left)")
         if self.ok:
             return (f"audit {self.uri}: ok, {self.iterations} iteration(s), {self.manifests} manifests and "
                     f"{self.files} files verified, lineage intact{skipped}")
@@ -65,6 +71,7 @@ class Auditor:
         self.audit = Audit(run.store.display())
         self.policy: dict[int, str] = {}  # committed policies' recorded hashes
         self.config_mismatch: list[str] = []
+        self._tokens: object = False  # the run's tokenizer for episode rows (episode_tokens), once looked up
 
     def manifest(self, rel_dir: str):
         """The typed manifest, or None: absent, or unreadable / malformed (recorded as a problem)."""
@@ -73,6 +80,24 @@ class Auditor:
         except GRPOError as err:
             self.audit.problem(f"{rel_dir}/{MANIFEST}", str(err).removeprefix(f"{self.store.display(f'{rel_dir}/{MANIFEST}')}: "))
             return None
+
+    def episode_tokens(self):
+        """The run's tokenizer as episodes tokenise (pipeline/agents/inserted.py's Tokens), from the first
+        committed policy whose directory still holds it; None when none does (pruned, or not local)."""
+        if self._tokens is False:
+            from pipeline.agents.inserted import Tokens
+            from pipeline.models.tokenizer_cache import tokenizer_of
+
+            self._tokens = None
+            for k in sorted(self.policy):
+                try:
+                    folder = self.run.plain_dir(k)
+                except (GRPOError, OSError):
+                    continue
+                if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+                    self._tokens = Tokens(tokenizer_of(folder))
+                    break
+        return self._tokens
 
     def manifest_sha(self, rel_dir: str) -> str | None:
         return self.store.manifest_hash(rel_dir)

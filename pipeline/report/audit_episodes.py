@@ -1,0 +1,107 @@
+"""`grpo audit`'s check of episode rows (rollout parts' rows with an `episode` record): the ids
+the episode put there re-derived from what its record keeps.
+
+An episode row's ids are the model's turns as sampled (not re-derivable: the sampler's) and, between
+them, the glue: the template's text around the tool results, tokenised with the results as plain
+text (pipeline/agents/inserted.py). The record (episode version 2) keeps each glue's place in the
+completion text and the spans of outside text in it, and the spans of the observation in the prompt;
+audit tokenises them again with the run's tokenizer and names the first row whose ids differ: the
+prompt's ids, or the glue after a turn (a row whose ids were edited, say a tool's `<|im_end|>` turned
+into the special token, is named although every hash was recomputed). Each assistant message's
+`text` and `tokens` place the turns. A record of episode version 1 (written before grpo recorded what
+it inserted, when the glue was tokenised whole) is not re-derived: its ids are not called forged, and
+the summary counts such rows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow.parquet as pq
+
+from pipeline.agents.inserted import Tokens
+
+COLUMNS = ("prompt", "prompt_ids", "completion", "completion_ids", "completion_mask", "episode")
+
+
+def row_problems(tokens, row: dict) -> list[str] | None:
+    """What is wrong with one episode row's ids (empty: they re-derive), or None: its record is of
+    episode version 1 and keeps no spans, so its ids are not re-derived. `tokens`: the run's tokenizer,
+    or its `Tokens`."""
+    tokens = tokens if isinstance(tokens, Tokens) else Tokens(tokens)
+    record = json.loads(row["episode"])
+    ins = record.get("inserted")
+    if record.get("version", 1) < 2 or ins is None:
+        return None
+    if tokens.encode(row["prompt"], ins["prompt"]) != list(row["prompt_ids"]):
+        return ["prompt_ids are not the tokens of its prompt (the observation as text, the rest as the tokenizer reads it)"]
+    ids, mask, text = list(row["completion_ids"]), list(row["completion_mask"] or []), row["completion"]
+    glues = ins["glue"]
+    turns, results = [], []  # the assistant messages, and the tool messages answering each
+    for m in record["messages"]:
+        if m["role"] == "assistant":
+            turns.append(m)
+            results.append([])
+        elif results:
+            results[-1].append(m)
+    if len(glues) > len(turns) or len(mask) != len(ids):
+        return [f"its record holds {len(turns)} turn(s) and {len(glues)} glue(s) for {len(ids)} ids and a mask of {len(mask)}"]
+    t = c = 0
+    for j, m in enumerate(turns):
+        n = m["tokens"]
+        if text[c:c + len(m["text"])] != m["text"] or set(mask[t:t + n]) - {1} or t + n > len(ids):
+            return [f"turn {j + 1} at token {t}: not the {n} sampled tokens (mask 1) and text its record holds"]
+        t, c = t + n, c + len(m["text"])
+        if j >= len(glues):
+            continue
+        g = glues[j]
+        glue = text[c:c + g["chars"]]
+        outside = [r["content"] for r in results[j] if isinstance(r.get("content"), str) and "value" not in r]
+        if (bare := _unmarked(glue, g["data"], outside)) is not None:
+            return [f"the glue after turn {j + 1} holds the tool result {bare[:40]!r} outside the spans its record marks as "
+                    "inserted (a record edited to pass the result off as the template's text?)"]
+        want = tokens.encode(glue, g["data"])
+        if g["at"] != c or ids[t:t + len(want)] != want or set(mask[t:t + len(want)]) - {0}:
+            return [f"completion_ids at token {t} are not the tokens of the glue after turn {j + 1} as its record holds it "
+                    "(the template's text with the tool results as text, mask 0)"]
+        t, c = t + len(want), c + g["chars"]
+    if t != len(ids) or c != len(text):
+        return [f"{len(ids) - t} id(s) and {len(text) - c} character(s) after its last turn and glue that its record does not hold"]
+    return []
+
+
+def _unmarked(glue: str, spans: list[list[int]], contents: list[str]) -> str | None:
+    """A tool result written in the glue (as it is, or escaped as JSON) that lies in no inserted span."""
+    inside = [glue[s:e] for s, e in spans]
+    for content in contents:
+        # a text shorter than 3 characters holds no marker and may be any template's text as well ("42")
+        forms = {f for f in (content, json.dumps(content, ensure_ascii=False)[1:-1], content.strip()) if len(f.strip()) >= 3}
+        if any(f in glue for f in forms) and not any(f in part for f in forms for part in inside):
+            return content
+    return None
+
+
+def check_episodes(a, rel: str, data: bytes) -> None:
+    """Every episode row of one part (already read and hash-checked: `data`) into `a.audit`."""
+    f = pq.ParquetFile(io.BytesIO(data))
+    if not set(COLUMNS) <= set(f.schema_arrow.names):  # no episodes, or no ids kept (an eval part's)
+        return
+    rows = f.read(columns=list(COLUMNS)).to_pylist()
+    episodes = [(i, r) for i, r in enumerate(rows) if r["episode"] is not None]
+    if not episodes:
+        return
+    tokens = a.episode_tokens()
+    if tokens is None:
+        a.audit.unchecked_episodes += len(episodes)
+        return
+    for i, r in episodes:
+        try:
+            found = row_problems(tokens, r)
+        except (KeyError, TypeError, ValueError) as err:
+            found = [f"its episode record is malformed ({type(err).__name__}: {err})"]
+        if found is None:
+            a.audit.unchecked_episodes += 1
+        elif found:
+            a.audit.problem(rel, f"row {i}: {found[0]}")
+            return  # the first row: what follows from it is the same edit
