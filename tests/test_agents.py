@@ -607,10 +607,10 @@ def test_smollm2_gguf_lora_tool_episodes_through_iterate(assets, smollm2, tools_
     import pyarrow as pa
     from transformers import AutoTokenizer
 
-    part = run / "iter-0000/rollout/part-00000.parquet"
+    part, i = next((p, i) for p in sorted((run / "iter-0000/rollout").glob("part-*.parquet"))
+                   for i, r in enumerate(pq.read_table(p, columns=["completion_mask"]).to_pylist()) if 0 in r["completion_mask"])
     table = pq.read_table(part)
     rows = table.to_pylist()
-    i = next(i for i, r in enumerate(rows) if 0 in r["completion_mask"])
     at = rows[i]["completion_mask"].index(0) + 2
     rows[i]["completion_ids"][at] = AutoTokenizer.from_pretrained(smollm2["dir"]).convert_tokens_to_ids("<|im_end|>")
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
