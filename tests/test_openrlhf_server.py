@@ -171,6 +171,23 @@ def test_an_answer_quoting_the_key_a_key_given_encoded_and_a_bearer_key_with_a_n
     assert "newline-marker" not in json.dumps(log.extra), log.extra["orm_reason"]
 
 
+def test_more_secret_names_and_a_semicolon_separated_key_are_refused():
+    """Names a key goes by beyond key/token/sig (authorization, jwt, plurals), and a `;`-separated
+    parameter, which some servers read as `&`: refused written literally, accepted as a reference."""
+    import pydantic
+
+    from pipeline.config.rewards import validate_reward
+
+    for query, name in (("authorization=m4rker", "authorization"), ("a=1;key=m4rker", "key"), ("api_keys=m4rker", "api_keys"),
+                        ("jwt=m4rker", "jwt"), ("bearer=m4rker", "bearer"), ("hmac=m4rker", "hmac"),
+                        ("passphrase=m4rker", "passphrase")):
+        with pytest.raises(pydantic.ValidationError, match=f"its query parameter '{name}' holds a secret"):
+            validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": f"http://127.0.0.1:5000/get_reward?{query}"}))
+        ref = validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": "http://h:1/get_reward?" + query.replace("m4rker", "${K}")}))
+        assert ref.kwargs.url.endswith("${K}")
+    assert validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": "http://h:1/get_reward?keyboard=qwerty"})).served
+
+
 def test_a_run_written_before_the_rule_with_a_literal_key_reads_as_it_was(assets):
     """config.yaml and a manifest's rewards of a run made before URL secrets were refused: read (and
     sent, and hashed) as written, where a user's config with the same URL is refused."""
