@@ -68,7 +68,7 @@ def test_mlflows_error_quoting_the_tracking_uri_is_redacted_in_the_warning(monke
 
     from mlflow import MlflowClient
 
-    from pipeline.config.urls import redacted
+    from pipeline.config.urls import redacted, scrub
     from judge_server import dead_url
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -83,6 +83,8 @@ def test_mlflows_error_quoting_the_tracking_uri_is_redacted_in_the_warning(monke
         assert "marker" not in said and f"***@{dead}/api/2.0/mlflow" in said, said
     assert redacted(f"http://tk-marker@{dead}/x") == f"http://***@{dead}/x"
     assert redacted("http://${U}:${P}@h/x?key=${K}&sig=s1g") == "http://${U}:${P}@h/x?key=${K}&sig=***"  # references kept
+    assert scrub("the URL http://h/x?key=${K}: the variable K is not set; see http://h/y?sig=s1g.") == \
+        "the URL http://h/x?key=${K}: the variable K is not set; see http://h/y?sig=***."  # punctuation is not the URL's
 
 
 def test_a_secret_written_into_the_tracking_uri_is_refused(assets):

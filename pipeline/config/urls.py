@@ -156,7 +156,11 @@ URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
 def scrub(text: str) -> str:
     """`text` (another library's error: MLflow's quotes the tracking URI it could not reach, password and
     all) with every URL in it `redacted` and every value expanded here `mask`ed."""
-    return mask(URL_IN_TEXT.sub(lambda m: redacted(m.group(0)), text))
+    def one(m: re.Match) -> str:
+        url = m.group(0).rstrip(".,;:!?")  # a sentence's punctuation after the URL is not part of it
+        return redacted(url) + m.group(0)[len(url):]
+
+    return mask(URL_IN_TEXT.sub(one, text))
 
 
 def mask(text: str) -> str:
