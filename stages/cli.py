@@ -59,9 +59,9 @@ def run_cli(args: list[str] | None = None) -> int:
     try:
         rv = app(args=args, prog_name="grpo", standalone_mode=False)
     except GRPOError as err:
-        from pipeline.config.urls import mask  # a secret this process sent is never in its last word either
+        from pipeline.config.urls import scrub  # a secret this process sent is never in its last word either
 
-        print(f"error: {mask(str(err))}", file=sys.stderr)
+        print(f"error: {scrub(str(err))}", file=sys.stderr)
         if not _interrupted(err):
             return 1
         rv = 130  # a Ctrl-C came first; this error came as it unwound the command (a background write's, waited for at close)

@@ -39,7 +39,8 @@ any number of queries per request, with the same modes; its garbage answers are 
 POST-only route).
 mode `keyed` answers as ok only a request whose query carries `key=<Judge.url_key>` (a random secret; any other
 key or none: a 401 quoting the path it was sent), mode `keyed-echo` answers a request with the right key a 400
-whose message quotes the whole path, the key in it (as some gateways do); `url_keys` counts the keys sent.
+whose message quotes the whole path, the key in it (as some gateways do), mode `keyed-log` answers as ok with the
+path it was sent and the key decoded in two extra_logs (`sent`, `sent_key`); `url_keys` counts the keys sent.
 GET /<mode>/v1/models lists MODEL with `root` (the weights it serves: `Judge.root`, which a test
 may change to put another model behind the same name), `max_model_len` (`Judge.context`) and a
 `created` that is the time of the request.
@@ -255,6 +256,9 @@ class Judge:
                             logs["orm_answer"] = rewards
                         if mode == "reason":  # a log named as a record field (`reason`), which another reward may log too
                             logs["reason"] = rewards
+                        if mode == "keyed-log":  # a server that logs what it was sent, the key decoded and in its URL
+                            logs["sent"] = [self.path]
+                            logs["sent_key"] = parse_qs(urlparse(self.path).query).get("key", [""])
                         return self.answer(200, json.dumps({"rewards": rewards, "scores": rewards, "extra_logs": logs}))
                     if classify:  # vLLM's ClassificationResponse
                         usage = {"prompt_tokens": len(text.split()), "total_tokens": len(text.split()), "completion_tokens": 0}

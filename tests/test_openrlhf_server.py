@@ -150,6 +150,44 @@ def test_a_url_key_is_sent_never_recorded_and_masked_where_a_server_quotes_it(rm
                                     "process that sends a request reads it)")
 
 
+def test_an_answer_quoting_the_key_a_key_given_encoded_and_a_bearer_key_with_a_newline_are_masked(rm, monkeypatch):
+    """A 200 answer echoing the URL and the key it was sent is stored whole: masked before it is kept (the
+    reward read from it is the same); a value given already percent-encoded, echoed decoded by the server,
+    and a Bearer key read with a trailing newline, which httpx refuses quoting it, are masked too."""
+    from urllib.parse import quote
+
+    monkeypatch.setattr(rm, "url_key", "urlkey+/=" + rm.url_key)  # a key that must be encoded in a URL
+    monkeypatch.setenv(URL_KEY, quote(rm.url_key, safe=""))  # given encoded: sent as it is, the server decodes it
+    values, log, _ = served(keyed(rm.url, "keyed-log"), n=2)
+    assert rm.url_keys == {rm.url_key: 2}
+    assert values.tolist() == [rm_reward(p + t, a) for p, t, a in zip(RENDERED[:2], TEXTS[:2], COLUMNS["answer"][:2])]
+    answers = [json.loads(a) for a in log.extra["orm_answer"]]
+    assert [a["extra_logs"]["sent"] for a in answers] == [["/keyed-log/get_reward?key=***"]] * 2
+    assert [a["extra_logs"]["sent_key"] for a in answers] == [["***"]] * 2
+    assert not any(rm.url_key.removeprefix("urlkey+/=") in json.dumps(v) for v in log.extra.values())
+    monkeypatch.setenv(KEY, "sk-newline-marker\n")  # as a key read from a file often is
+    values, log, _ = served(entry(rm.url, retries=0, kwargs={"api_key_env": KEY, "on_failure": "none"}), n=1)
+    assert np.isnan(values).all() and log.extra["orm_reason"][0].startswith("failed: LocalProtocolError: Illegal header value")
+    assert "newline-marker" not in json.dumps(log.extra), log.extra["orm_reason"]
+
+
+def test_more_secret_names_and_a_semicolon_separated_key_are_refused():
+    """Names a key goes by beyond key/token/sig (authorization, jwt, plurals), and a `;`-separated
+    parameter, which some servers read as `&`: refused written literally, accepted as a reference."""
+    import pydantic
+
+    from pipeline.config.rewards import validate_reward
+
+    for query, name in (("authorization=m4rker", "authorization"), ("a=1;key=m4rker", "key"), ("api_keys=m4rker", "api_keys"),
+                        ("jwt=m4rker", "jwt"), ("bearer=m4rker", "bearer"), ("hmac=m4rker", "hmac"),
+                        ("passphrase=m4rker", "passphrase")):
+        with pytest.raises(pydantic.ValidationError, match=f"its query parameter '{name}' holds a secret"):
+            validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": f"http://127.0.0.1:5000/get_reward?{query}"}))
+        ref = validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": "http://h:1/get_reward?" + query.replace("m4rker", "${K}")}))
+        assert ref.kwargs.url.endswith("${K}")
+    assert validate_reward(entry("http://127.0.0.1:5000", kwargs={"url": "http://h:1/get_reward?keyboard=qwerty"})).served
+
+
 def test_a_run_written_before_the_rule_with_a_literal_key_reads_as_it_was(assets):
     """config.yaml and a manifest's rewards of a run made before URL secrets were refused: read (and
     sent, and hashed) as written, where a user's config with the same URL is refused."""

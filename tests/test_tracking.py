@@ -61,6 +61,32 @@ def test_resolve_target_precedence(make_run, monkeypatch):
     assert target.key == "https://me:***@mlflow.example.com/?token=***&x=1"
 
 
+def test_mlflows_error_quoting_the_tracking_uri_is_redacted_in_the_warning(monkeypatch, caplog):
+    """MLflow's error for a tracking server it cannot reach quotes the URI, password and all: the warning
+    that a stage logs instead of failing shows it redacted (a token given as the URI's user too)."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    from pipeline.config.urls import redacted, scrub
+    from judge_server import dead_url
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    dead = dead_url().removeprefix("http://")
+    for uri in (f"http://bob:pw-marker@{dead}", f"http://tk-marker@{dead}"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="grpo.tracking"):
+            tracking._guard("the run", lambda: MlflowClient(uri).get_experiment_by_name("grpo"))
+        said = "\n".join(r.getMessage() for r in caplog.records)
+        assert "warning: MLflow: could not log the run (MlflowException: API request to http://" in said
+        assert "marker" not in said and f"***@{dead}/api/2.0/mlflow" in said, said
+    assert redacted(f"http://tk-marker@{dead}/x") == f"http://***@{dead}/x"
+    assert redacted("http://${U}:${P}@h/x?key=${K}&sig=s1g") == "http://${U}:${P}@h/x?key=${K}&sig=***"  # references kept
+    assert scrub("the URL http://h/x?key=${K}: the variable K is not set; see http://h/y?sig=s1g.") == \
+        "the URL http://h/x?key=${K}: the variable K is not set; see http://h/y?sig=***."  # punctuation is not the URL's
+
+
 def test_a_secret_written_into_the_tracking_uri_is_refused(assets):
     from pipeline import config as config_mod
 

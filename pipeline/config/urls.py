@@ -24,6 +24,7 @@ logging filter does the same for httpx's own request lines.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -33,8 +34,9 @@ from pipeline.errors import GRPOError
 
 REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """A reference to an environment variable: `${NAME}`."""
-SECRET_ENDINGS = ("key", "token", "secret", "password", "passwd", "passcode", "signature", "credential", "credentials")
-SECRET_WORDS = ("sig", "code", "pwd", "pass", "auth")
+SECRET_ENDINGS = ("key", "keys", "token", "tokens", "secret", "secrets", "password", "passwd", "passcode", "passphrase",
+                  "signature", "credential", "credentials", "authorization")
+SECRET_WORDS = ("sig", "code", "pwd", "pass", "auth", "jwt", "bearer", "hmac")
 """A query parameter is a secret (case-insensitive) when one of its words (split at `_`, `-`, `.`) ends in one of
 SECRET_ENDINGS or is one of SECRET_WORDS: key, apikey, api_key, X-Api-Key, subscription-key, token, access_token,
 client_secret, password, X-Amz-Signature, sig (an Azure SAS), code (an Azure Functions key)."""
@@ -46,6 +48,11 @@ _KNOWN: set[str] = set()
 def is_secret_param(name: str) -> bool:
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
     return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words)
+
+
+def _params(query: str) -> list[tuple[str, str]]:
+    """A query's (name, value) pairs, split at `&` and at `;` (which some servers take as a separator too)."""
+    return [pair for part in query.split(";") for pair in parse_qsl(part, keep_blank_values=True)]
 
 
 def names(url: str) -> list[str]:
@@ -68,7 +75,7 @@ def literal_secret(url: str) -> str | None:
         if part is not None and not REF.fullmatch(part):
             return (f"holds {what} (user:password@), which would be stored with the run and every answer: write it as "
                     "${NAME} and set NAME in the environment")
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+    for name, value in _params(parts.query):
         if is_secret_param(name) and value and not REF.fullmatch(value):
             return (f"its query parameter {name!r} holds a secret, which would be stored with the run and every answer: "
                     f"write {name}=${{NAME}} and set NAME in the environment (its name is stored, its value read where "
@@ -111,24 +118,49 @@ def redacted(url: str) -> str:
         password = parts.password
     except ValueError:
         return url
-    if password is None and not parts.fragment and not any(is_secret_param(k) for k, _ in parse_qsl(parts.query)):
+    hidden = lambda v: bool(v) and not REF.fullmatch(v)  # noqa: E731 (a ${NAME} reference is no secret: kept)
+    user, _, host = parts.netloc.rpartition("@")
+    secret_param = lambda k, v: is_secret_param(unquote(k)) and hidden(v)  # noqa: E731
+    pairs = [p.partition("=") for p in re.split(r"[&;]", parts.query)]
+    if not hidden(user) and not parts.fragment and not any(secret_param(k, v) for k, _, v in pairs):
         return url  # nothing to hide: the URL as given, byte for byte
-    netloc = parts.netloc
-    if password is not None:
-        netloc = f"{netloc.rpartition('@')[0].split(':')[0]}:{MASK}@{netloc.rpartition('@')[2]}"
-    query = "&".join(f"{k}={MASK}" if is_secret_param(unquote(k)) and v else (f"{k}={v}" if sep else k)
-                     for k, sep, v in (p.partition("=") for p in parts.query.split("&")) if k or sep)
+    if hidden(password):
+        user = f"{user.split(':')[0]}:{MASK}"
+    elif hidden(user) and password is None:  # a user alone may be the token itself (https://TOKEN@host): MLflow drops
+        user = MASK                          # a git URL's userinfo whole
+    netloc = f"{user}@{host}" if user else host
+    query = "&".join(f"{k}={MASK}" if secret_param(k, v) else (f"{k}={v}" if sep else k) for k, sep, v in pairs if k or sep)
     return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=MASK if parts.fragment else ""))
 
 
 def remember(value: str) -> None:
     """`value` is a secret sent from this process (a URL's, a Bearer key): `mask` hides it from here on."""
     if len(value) >= 4 and value not in _KNOWN:
-        _KNOWN.add(value)
-        encoded = quote(value, safe="%-._~")
-        if encoded != value:
-            _KNOWN.add(encoded)
+        _KNOWN.update(v for v in _forms(value) if len(v) >= 4)
         _install_filter()
+
+
+def _forms(value: str) -> set[str]:
+    """The ways a text may quote `value`: as sent (percent-encoded), decoded (a server echoing a value given
+    already encoded), stripped (a key read with a trailing newline), and as Python's and JSON's reprs
+    write it (httpx's "Illegal header value b'Bearer ...\\n'")."""
+    out = {value, quote(value, safe="%-._~"), unquote(value), value.strip()}
+    out |= {repr(v)[1:-1] for v in list(out)} | {repr(v.encode())[2:-1] for v in list(out)}
+    out |= {json.dumps(v)[1:-1] for v in list(out)}
+    return out
+
+
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
+
+
+def scrub(text: str) -> str:
+    """`text` (another library's error: MLflow's quotes the tracking URI it could not reach, password and
+    all) with every URL in it `redacted` and every value expanded here `mask`ed."""
+    def one(m: re.Match) -> str:
+        url = m.group(0).rstrip(".,;:!?")  # a sentence's punctuation after the URL is not part of it
+        return redacted(url) + m.group(0)[len(url):]
+
+    return mask(URL_IN_TEXT.sub(one, text))
 
 
 def mask(text: str) -> str:
@@ -136,6 +168,21 @@ def mask(text: str) -> str:
     for value in sorted(_KNOWN, key=len, reverse=True):
         text = text.replace(value, MASK)
     return text
+
+
+def mask_json(data):
+    """Parsed JSON (a server's answer, stored whole) with every string in it `mask`ed: a server that
+    echoes the URL or key it was sent in a 200 answer does not put the key in the records. Numbers
+    are left as they are, so the reward read from the answer is the same."""
+    if not _KNOWN:
+        return data
+    if isinstance(data, str):
+        return mask(data)
+    if isinstance(data, list):
+        return [mask_json(v) for v in data]
+    if isinstance(data, dict):
+        return {mask(k) if isinstance(k, str) else k: mask_json(v) for k, v in data.items()}
+    return data
 
 
 class _Masking(logging.Filter):

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.config.urls import redacted
+from pipeline.config.urls import redacted, scrub
 from pipeline.report.tracking_names import TRACKING_JSON, Target
 from pipeline.store import cache_dir, sha256_bytes
 from pipeline.run.run import Run
@@ -126,7 +126,7 @@ def _guard(what: str, fn) -> None:
     try:
         fn()
     except Exception as err:  # tracking is a copy of the run directory: never let it fail a stage
-        first = (str(err).strip().splitlines() or [""])[0][:300]
+        first = (scrub(str(err)).strip().splitlines() or [""])[0][:300]  # MLflow's quotes the URI, password and all
         log.warning(f"warning: MLflow: could not log {what} ({type(err).__name__}: {first}); "
                     "the run directory is complete, and the next `grpo iterate` logs what is missing")
 

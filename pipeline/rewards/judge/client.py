@@ -222,7 +222,7 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
     (pipeline/config/urls.py), a GRPOError when one is unset. Raises JudgeFailure."""
     import httpx
 
-    from pipeline.config.urls import expand, mask
+    from pipeline.config.urls import expand, mask, mask_json
 
     url = expand(url, f"the URL {url}")
     cause = "no attempt"
@@ -242,7 +242,7 @@ async def ask(client, url: str, body: str | None, hdrs: dict, timeout_s: float, 
             latency = time.monotonic() - t0
             if r.status_code == 200:
                 try:
-                    answer = parse(r.json())
+                    answer = parse(mask_json(r.json()))  # an answer echoing the key: masked before it is kept
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                     cause = f"HTTP 200 with a body that is not a {kind}"
                 else:
