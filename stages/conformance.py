@@ -16,22 +16,28 @@ CaseOpt = Annotated[Optional[list[str]], typer.Option("--case", help="Run only t
 
 def conformance(case: CaseOpt = None,
                 no_trl: Annotated[bool, typer.Option("--no-trl", help="Skip the TRL column.")] = False,
-                fast: Annotated[bool, typer.Option("--fast", help="Skip the cases that need a DeepSpeed engine.")] = False,
+                fast: Annotated[bool, typer.Option("--fast", help="Skip the cases that need an engine (DeepSpeed, vLLM).")] = False,
                 out: Annotated[Optional[Path], typer.Option("--out", help="Also write the Markdown report here.", dir_okay=False)] = None) -> None:
     """Run the conformance cases: grpo, the broken variant each must flag, and TRL side by side."""
     from pipeline.conformance import suite
 
     cases = suite.select(case, slow=not fast)
-    needs_rows = any(c.slow for c in cases)
-    model = None if no_trl and not needs_rows else _tiny_model()
+    needs_rows = any(c.slow and c.id != "sampler-gets-new-weights" for c in cases)
+    needs_sampler = any(c.id == "sampler-gets-new-weights" for c in cases)
+    model = None if no_trl and not (needs_rows or needs_sampler) else _tiny_model()
     if needs_rows:
         _engine_rows(model)
+    sampler = _sampler(model) if needs_sampler else None
 
     def show(row) -> None:
         flagged = "flagged" if row.flagged else ("RAISED" if row.broken.raised else "NOT flagged")
         print(f"{row.case.id:34s} grpo {row.grpo.word:4s}  broken {flagged:11s}  TRL {row.trl.word:4s}  ({row.seconds:.1f} s)", flush=True)
 
-    rows = suite.run(cases, with_trl=not no_trl, model=model, on_row=show)
+    try:
+        rows = suite.run(cases, with_trl=not no_trl, model=model, on_row=show)
+    finally:
+        if sampler is not None:
+            sampler.close()
     text = suite.report(rows)
     print()
     print(text)
@@ -61,3 +67,12 @@ def _engine_rows(model: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="grpo-conformance-"))
     train, _ = write_demo_data(work / "data", n_train=40, n_eval=4, seed=0)
     engine.make_rows(model, str(train), str(work / "run"), SYSTEM_PROMPT)
+
+
+def _sampler(model: str):
+    """A vLLM engine and two policies (the tiny model, and a perturbed copy) for the weight-sync case."""
+    import tempfile
+
+    from pipeline.conformance import engine
+
+    return engine.make_sampler(model, tempfile.mkdtemp(prefix="grpo-conformance-sampler-"))

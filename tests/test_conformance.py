@@ -2,7 +2,9 @@
 and flags its deliberately broken variant; the table in docs/conformance.md is what the cases measure,
 TRL's column included (slow: it builds TRL's GRPOTrainer on the session's tiny model).
 
-The engine case (zero-keeps-every-micro-step) runs in tests/test_uneven_batches.py on that module's rows.
+The engine cases run where an engine is already started: zero-keeps-every-micro-step in
+tests/test_uneven_batches.py on that module's rows, sampler-gets-new-weights in tests/test_engines.py on
+its sleeping vLLM engine.
 """
 
 from __future__ import annotations

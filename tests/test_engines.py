@@ -160,8 +160,16 @@ def test_sleeping_engine_gives_kv_cache_and_weights_back_and_wakes_to_the_same_s
         eng.load(a)  # new weights while asleep
         got_a = eng.generate(PROMPT, [3], n=4)
         awake = eng.llm.collective_rpc(_weight_bytes)
+        # the conformance case sampler-gets-new-weights (TRL #5312) on this engine: sleep, sync b -> a, wake
+        from pipeline.conformance import engine as conformance
+        from pipeline.conformance.case import run_case
+
+        conformance.use_sampler(eng, b, a)
+        row = run_case(next(c for c in conformance.cases() if c.id == "sampler-gets-new-weights"), with_trl=False)
     finally:
         eng.close()
+    assert row.grpo.holds is True, row.grpo.measured
+    assert row.flagged, row.broken.measured  # the engine left on the old weights is caught
     weight_mb = sum(f.stat().st_size for f in b.glob("*.safetensors")) / 2**20  # fp32, as the engine holds them
     assert asleep == [(0, 0)] and awake[0][0] > 0 and awake[0][1] > 0  # no parameter bytes, no packed GEMM
     assert freed > 0.9 * (kv_cache_bytes(cfg, a, 256, "float32") / 2**20 + weight_mb)  # 512 MiB and the weights

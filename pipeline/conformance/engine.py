@@ -1,4 +1,5 @@
-"""Cases that need a real engine: grpo's own `Trainer` on DeepSpeed (gloo, CPU), slow.
+"""Cases that need a real engine, slow: grpo's own `Trainer` on DeepSpeed (gloo, CPU), and a vLLM sampler
+that must sample from the weights an update made.
 
 The experiment runs on one iteration's real training rows (`UpdateData`: a tiny model's rollout, score
 and logprobs). The test suite hands it the rows tests/test_uneven_batches.py already made (`use`), so no
@@ -9,6 +10,12 @@ the weights after one optimizer step over `rows`, from a fresh `Trainer` with `t
 `train.grad_accum` set. grpo's sets DeepSpeed's accumulation boundary on the last micro-batch of the
 mini-batch only (`Trainer.accumulate`); the broken one marks every micro-step a boundary, as a trainer
 calling backward() several times per step with DeepSpeed's `gradient_accumulation_steps: 1` does.
+
+The sampler case runs on a started vLLM engine and two policy directories that differ (`use_sampler`; the
+test suite hands it tests/test_engines.py's sleeping engine, `grpo conformance` starts one with
+`make_sampler`). The implementation asked is a `Syncer`: `sync(engine, policy_dir)` hands the asleep
+engine the update's weights (grpo's: `VLLMEngine.load`, what pipeline.rollout.policy_engine calls); the broken
+one skips it, so the wake restores the weights the engine slept with (TRL #5312).
 """
 
 from __future__ import annotations
@@ -110,10 +117,96 @@ def zero_accumulation_experiment(s: Stepper) -> tuple[bool, str]:
     return bool(float(ref.norm()) > 0 and err < 1e-3), f"|delta(ZeRO-2, 2 micro) - delta(one micro)| / |delta| = {err:.2e}"
 
 
+_SAMPLER: dict[str, Any] = {}
+PROBE = list(range(3, 40))  # token ids whose teacher-forced logprobs tell two policies apart
+
+
+def use_sampler(engine, old, new) -> None:
+    """A started vLLM engine (any weights) and the directories of two policies (before, after an update)."""
+    _SAMPLER.clear()
+    _SAMPLER.update(engine=engine, old=old, new=new)
+
+
+def make_sampler(model: str, workdir: str):
+    """For `grpo conformance`: `model` and a perturbed copy (as one update step moves it), and a vLLM
+    engine on the first; returns the engine (the caller closes it)."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.config.rollout import RolloutConfig
+    from pipeline.models.vllm_engine import VLLMEngine
+
+    old, new = Path(workdir) / "old", Path(workdir) / "new"
+    shutil.copytree(model, old, dirs_exist_ok=True)
+    shutil.copytree(model, new, dirs_exist_ok=True)
+    m = AutoModelForCausalLM.from_pretrained(old, dtype=torch.float32)
+    with torch.no_grad():
+        emb = m.get_input_embeddings().weight
+        emb.add_(0.05 * torch.randn(emb.shape, generator=torch.Generator().manual_seed(0)))
+    m.save_pretrained(new)
+    engine = VLLMEngine(old, RolloutConfig(max_new_tokens=12), 256, seed=0)
+    use_sampler(engine, old, new)
+    return engine
+
+
+@dataclass(frozen=True)
+class Syncer:
+    sync: Callable  # (engine, policy_dir) -> None
+
+
+def grpo_syncer() -> Syncer:
+    return Syncer(lambda engine, policy: engine.load(policy))
+
+
+def unsynced_syncer() -> Syncer:
+    """TRL #5312: with vllm_enable_sleep_mode the wake restored the slept weights; the update's never arrived."""
+    return Syncer(lambda engine, policy: None)
+
+
+def _trainer_probe(policy):
+    """The policy's own logprobs of PROBE, from its stored files in fp32 (transformers, CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    key = f"probe:{policy}"
+    if key not in _SAMPLER:
+        model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([PROBE])).logits[0, :-1].float(), -1)
+        _SAMPLER[key] = lp.gather(-1, torch.tensor(PROBE[1:])[:, None])[:, 0]
+    return _SAMPLER[key]
+
+
+def new_weights_experiment(s: Syncer) -> tuple[bool, str]:
+    """The engine samples the old policy, sleeps while the update trains, is handed the new policy, wakes:
+    its logprobs must be the new policy's, mean |engine - new| < 1e-4 (fp32 on both sides: measured ~1e-7),
+    while the two policies are > 1e-2 apart (so the old weights cannot pass)."""
+    import torch
+
+    if not _SAMPLER:
+        raise RuntimeError("no sampler: pipeline.conformance.engine.use_sampler or make_sampler first")
+    engine, old, new = _SAMPLER["engine"], _SAMPLER["old"], _SAMPLER["new"]
+    engine.load(old)
+    engine.generate([PROBE[:6]], [1], n=1)  # the rollout, on the old policy
+    engine.sleep()  # the update trains
+    s.sync(engine, new)
+    got = torch.tensor(engine.probe(PROBE))  # wakes it
+    ref, before = _trainer_probe(new), _trainer_probe(old)
+    gap, apart = float((got - ref).abs().mean()), float((before - ref).abs().mean())
+    return gap < 1e-4 and apart > 1e-2, f"mean |engine - new policy| = {gap:.2e} nats (old vs new: {apart:.2e})"
+
+
 def cases() -> list[Case]:
     return [
         Case("zero-keeps-every-micro-step", "ZeRO-1/2 steps on the sum of every micro-step's gradient",
              "DeepSpeed #7981, open-instruct #1498", "delta(ZeRO-2, [micro 1, micro 2]) = delta(one micro-batch) (rel. < 1e-3)",
              zero_accumulation_experiment, grpo_stepper, boundary_every_step_stepper, slow=True,
              trl_na="not applicable: TRL accumulates through accelerate / transformers' Trainer, not manual boundaries"),
+        Case("sampler-gets-new-weights", "a sleeping sampler wakes with the weights the update made",
+             "TRL #5312, fixed by #5313", "mean |logp_engine - logp_new policy| < 1e-4 after sleep, sync, wake (policies 1e-2 apart)",
+             new_weights_experiment, grpo_syncer, unsynced_syncer, slow=True,
+             trl_na="not measured: TRL's sleep mode is vLLM colocate on a GPU (vllm_enable_sleep_mode); not run on this CPU"),
     ]
