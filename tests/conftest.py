@@ -36,19 +36,6 @@ if str(REPO) not in sys.path:  # bench/ (not an installed package) describes the
     sys.path.insert(0, str(REPO))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Each test starts on the worker's one thread: a test (or an in-process engine) that left torch on
-    another count made a later in-process pass reduce in another order (a replay's logprobs 1e-6 off
-    its source run's, in a clean-clone run)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
-        import torch
-
-        if torch.get_num_threads() != 1:
-            torch._C.set_num_threads(1)
-    yield
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Keep the user's ~/.cache/grpo and MLflow settings out of the tests."""

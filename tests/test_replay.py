@@ -105,11 +105,13 @@ def test_rescore_old_completions_with_another_reward(replays, tmp_path):
 
 
 def test_kl_in_a_replay_is_measured_against_the_source_reference(replays, tmp_path):
-    from pipeline.loop.replay import replay
+    """Through the command line, as users replay: the logprob pass then runs in a fresh process as the
+    source run's did, where in this worker an earlier test's torch state made it 1e-6 off (CI, 2026-12-01)."""
     from pipeline.run.run import Run
 
     ref, *_ = replays
-    new = replay(str(ref), 1, str(tmp_path / "kl"), ["loss.kl_coef=0.05"], until="logprobs")
+    grpo("replay", str(ref), "--iter", "1", "--to", str(tmp_path / "kl"), "--set", "loss.kl_coef=0.05", "--until", "logprobs")
+    new = Run(str(tmp_path / "kl"))
     assert new.cfg.ref_model == str(ref / "policy/iter-0000")
     lp = content(tmp_path / "kl", "iter-0000/logprobs")
     old, ref_lp = lp.column("old_logprobs").to_pylist(), lp.column("ref_logprobs").to_pylist()

@@ -12,7 +12,7 @@ CPU = torch.device("cpu")
 def test_one_thread_inside_without_omp_num_threads(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch._C.set_num_threads(2)  # torch.set_num_threads may be vLLM's no-op already (an engine earlier in this worker)
     try:
         # what vLLM's CPU worker does to torch in its process (vllm/v1/worker/cpu_worker.py)
         monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
