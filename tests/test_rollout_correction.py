@@ -6,7 +6,6 @@ sequence sum vs mean, masked tokens and the denominator); the config and its old
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -218,35 +217,19 @@ def test_pitfall_logprobs_are_of_the_logits_divided_by_the_temperature():
 
 
 def test_drift_a_mismatched_sampler_biases_the_gradient_and_the_correction_removes_it():
-    # Hand-built: a policy of 3 independent categorical positions over 4 tokens (logits theta), a reward on
-    # the whole sequence. The sampler is a perturbed copy (theta + 0.3 noise), like a bf16 engine or a stale
-    # policy. The on-policy gradient of the grpo loss at ratio 1 is exact by enumerating the 4^3 sequences:
-    #   g_on = d/dtheta  -sum_y pi_old(y) A(y) sum_t log pi(y_t) / 3,   A = r - E_old[r]
-    # 20000 samples from the sampler estimate it: uncorrected they estimate E_sampler instead (drift); with
-    # w = pi_old(y) / pi_sampler(y) the estimate is unbiased (the cap 3 of TRL's default never binds here).
-    T, V, N = 3, 4, 20000
-    g = torch.Generator().manual_seed(0)
-    theta = torch.randn(T, V, generator=g, dtype=torch.float64)
-    lp_old = torch.log_softmax(theta, -1)
-    lp_sampler = torch.log_softmax(theta + 0.3 * torch.randn(T, V, generator=g, dtype=torch.float64), -1)
-    pos = torch.arange(T)
+    # The conformance suite's stale-sampler problem (pipeline/conformance/loss.py): 3 categorical positions
+    # over 4 tokens, 20000 sequences from a perturbed sampler, the exact on-policy gradient g_on by
+    # enumeration. Uncorrected the samples estimate E_sampler instead (drift); with w = pi_old(y) /
+    # pi_sampler(y) the estimate is unbiased (the cap 3 of TRL's default never binds here).
+    from pipeline.conformance.loss import stale_sampler_problem
 
-    def reward(y):
-        return (y[:, 0] == y[:, 2]).double() + 0.5 * (y[:, 1] == 0).double()
-
-    every = torch.tensor(list(itertools.product(range(V), repeat=T)))  # [64, 3]
-    p_old = lp_old[pos, every].sum(-1).exp()  # [64]
-    baseline = (p_old * reward(every)).sum()
-    th = theta.clone().requires_grad_()
-    (-(p_old * (reward(every) - baseline) * torch.log_softmax(th, -1)[pos, every].sum(-1)).sum() / T).backward()
-    g_on = th.grad.clone()
-
-    ys = torch.stack([torch.multinomial(lp_sampler[t].exp(), N, replacement=True, generator=g) for t in range(T)], 1)
+    theta, lp_sampler, pos, ys, adv, g_on = stale_sampler_problem()
+    N, T = ys.shape
 
     def gradient(mode: str) -> torch.Tensor:
         th = theta.clone().requires_grad_()
         logp = torch.log_softmax(th, -1)[pos, ys]  # [N, T]
-        loss, _ = policy_loss(logp, logp.detach(), reward(ys) - baseline, torch.ones(N, T),
+        loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(N, T),
                               LossConfig(rollout_correction=rc(mode)), sampler_logprobs=lp_sampler[pos, ys])
         loss.backward()
         return th.grad

@@ -231,16 +231,18 @@ def uncorrected_objective() -> Objective:
     return replace(base, loss=loss)
 
 
-def stale_samples_experiment(obj: Objective) -> tuple[bool, str]:
-    """Samples drawn by a stale (perturbed) sampler, trained at ratio 1 against the current policy: with the
-    correction w = pi_old / pi_sampler their Monte Carlo gradient estimates the on-policy gradient
-    g_on = grad -sum_y pi_old(y) A(y) sum_t log pi(y_t) / 3 (exact, by enumerating all 4^3 sequences);
-    uncorrected it estimates E_sampler instead. Measured: 0.035 corrected (the N = 20000 floor), 0.283 not."""
+def stale_sampler_problem(N: int = 20000):
+    """A policy of 3 independent categorical positions over 4 tokens (logits theta, float64), a reward on
+    the whole sequence, and N sequences drawn by a stale sampler (theta + 0.3 noise: a bf16 engine or an
+    older policy). Returns (theta, lp_sampler [T, V], pos, ys [N, T], reward(ys) - baseline, g_on): g_on is
+    the on-policy gradient of the grpo loss at ratio 1, exact by enumerating the 4^3 sequences,
+    g_on = grad -sum_y pi_old(y) A(y) sum_t log pi(y_t) / 3, A = r - E_old[r]. Shared with the
+    rollout-correction tests (tests/test_rollout_correction.py), which measure each correction mode on it."""
     import itertools
 
     import torch
 
-    T, V, N = 3, 4, 20000
+    T, V = 3, 4
     g = torch.Generator().manual_seed(0)
     theta = torch.randn(T, V, generator=g, dtype=torch.float64)
     lp_old = torch.log_softmax(theta, -1)
@@ -255,10 +257,21 @@ def stale_samples_experiment(obj: Objective) -> tuple[bool, str]:
     baseline = (p_old * reward(every)).sum()
     g_on = _grad(lambda th: -(p_old * (reward(every) - baseline) * torch.log_softmax(th, -1)[pos, every].sum(-1)).sum() / T, theta)
     ys = torch.stack([torch.multinomial(lp_sampler[t].exp(), N, replacement=True, generator=g) for t in range(T)], 1)
+    return theta, lp_sampler, pos, ys, reward(ys) - baseline, g_on
+
+
+def stale_samples_experiment(obj: Objective) -> tuple[bool, str]:
+    """Samples drawn by a stale (perturbed) sampler (`stale_sampler_problem`), trained at ratio 1 against
+    the current policy: with the correction w = pi_old / pi_sampler their Monte Carlo gradient estimates
+    the on-policy gradient g_on; uncorrected it estimates E_sampler instead. Measured: 0.035 corrected
+    (the N = 20000 floor), 0.283 not."""
+    import torch
+
+    theta, lp_sampler, pos, ys, adv, g_on = stale_sampler_problem()
 
     def sampled(th):
         logp = torch.log_softmax(th, -1)[pos, ys]  # [N, T]
-        return obj.loss(logp, logp.detach(), reward(ys) - baseline, torch.ones(N, T, dtype=torch.float64), "grpo",
+        return obj.loss(logp, logp.detach(), adv, torch.ones(*ys.shape, dtype=torch.float64), "grpo",
                         sampler_logprobs=lp_sampler[pos, ys])
 
     err = _rel(_grad(sampled, theta), g_on)
