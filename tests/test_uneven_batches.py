@@ -114,27 +114,11 @@ def test_bnpo_weighs_each_micro_batch_the_same(twenty_rows, trainer):
     assert _relative(split, whole) > 1e-3  # by its definition, not the 8 rows' token mean
 
 
-@pytest.mark.slow
-def test_conformance_zero_stage_2_steps_on_every_micro_batch(twenty_rows):
-    """The conformance case zero-keeps-every-micro-step (DeepSpeed #7981) on this module's rows, so the suite
-    makes no second rollout: the short last mini-batch (rows 12..19) in 2 micro-batches under ZeRO-2 moves the
-    weights as one micro-batch does, and the broken variant (every micro-step a boundary) is flagged."""
-    from pipeline.conformance import engine
-    from pipeline.conformance.case import run_case
-
-    run, data = twenty_rows
-    engine.use(run, data, np.arange(12, 20))
-    case = next(c for c in engine.cases() if c.id == "zero-keeps-every-micro-step")
-    row = run_case(case, with_trl=False)
-    assert row.grpo.holds is True, row.grpo.measured
-    assert row.broken.holds is False, row.broken.measured
-
-
 def test_the_update_computes_on_one_thread_without_omp_num_threads(twenty_rows, trainer, monkeypatch):
     """Without OMP_NUM_THREADS, every forward and backward of `train_iteration` runs on one thread
     (pipeline/update/threads.py; on torch's thread per core a busy core stalled the demo's update
-    several fold), and the process's setting is back afterwards. Last in this module: it steps the
-    shared trainer."""
+    several fold), and the process's setting is back afterwards. Before the conformance test below: it
+    steps the shared trainer."""
     run, data = twenty_rows
     trainer.cfg = run.cfg
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -154,3 +138,20 @@ def test_the_update_computes_on_one_thread_without_omp_num_threads(twenty_rows, 
         assert torch.get_num_threads() == 2
     finally:
         torch._C.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_conformance_zero_stage_2_steps_on_every_micro_batch(twenty_rows):
+    """The conformance case zero-keeps-every-micro-step (DeepSpeed #7981) on this module's rows, so the suite
+    makes no second rollout: the short last mini-batch (rows 12..19) in 2 micro-batches under ZeRO-2 moves the
+    weights as one micro-batch does, and the broken variant (every micro-step a boundary) is flagged. Last in
+    this module: its trainers close the process group the shared trainer trains in."""
+    from pipeline.conformance import engine
+    from pipeline.conformance.case import run_case
+
+    run, data = twenty_rows
+    engine.use(run, data, np.arange(12, 20))
+    case = next(c for c in engine.cases() if c.id == "zero-keeps-every-micro-step")
+    row = run_case(case, with_trl=False)
+    assert row.grpo.holds is True, row.grpo.measured
+    assert row.broken.holds is False, row.broken.measured
