@@ -96,6 +96,39 @@ def test_hash_is_canonical_and_sensitive(tmp_path):
     assert len(config_mod.config_hash(a)) == 64
 
 
+@pytest.mark.parametrize("value", ["[1, 0]", "[0, 0]", "[0, .inf]", "[.nan, 1]", "[0]", "[0, 1, 2]", "x"])
+def test_a_rewards_range_is_lo_below_hi_both_finite_or_one_line_naming_the_key(tmp_path, value):
+    with pytest.raises(GRPOError) as err:
+        config_mod.load(write(tmp_path, {**MINIMAL, "rewards": [{"fn": "correct"}, {"fn": "my_rewards.py:score"}]}),
+                        [f"rewards.1.range={value}"])
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'cfg.yaml'}: rewards.1.range") and "\n" not in msg, msg
+
+
+def test_a_rewards_range_left_out_keeps_the_hash_and_one_declared_changes_it(tmp_path):
+    """`range` was added after runs existed: an entry without it (None) hashes as an entry written before it
+    did (tests/fixtures/old_run's hash is checked below too); a declared range is another run's settings."""
+    import hashlib
+    import json
+
+    tree = {**MINIMAL, "rewards": [{"fn": "correct"}, {"fn": "my_rewards.py:score"}]}
+    a = config_mod.load(write(tmp_path, tree))
+    assert a.rewards[1].range is None
+    dumped = a.model_dump(mode="json")
+    for entry in dumped["rewards"]:
+        del entry["range"]  # as a config.yaml written before the option
+    b = config_mod.resolve(dumped)
+    assert config_mod.config_hash(a) == config_mod.config_hash(b)
+    assert '"range"' not in config_mod.canonical(a)
+    declared = config_mod.load(write(tmp_path, tree), ["rewards.1.range=[-1, 1]"])
+    assert declared.rewards[1].range == (-1.0, 1.0)
+    assert config_mod.config_hash(declared) != config_mod.config_hash(a)
+    back = config_mod.from_yaml_text(config_mod.to_yaml(declared), "roundtrip")  # config.yaml keeps it
+    assert back.rewards[1].range == (-1.0, 1.0) and config_mod.config_hash(back) == config_mod.config_hash(declared)
+    assert hashlib.sha256(config_mod.canonical(a).encode()).hexdigest() == config_mod.config_hash(a)
+    assert json.loads(config_mod.canonical(declared))["rewards"][1]["range"] == [-1.0, 1.0]
+
+
 def test_every_field_has_a_docstring():
     def walk(model):
         for name, field in model.model_fields.items():
@@ -143,6 +176,9 @@ def test_an_option_added_later_keeps_the_hash_of_runs_made_before_it(tmp_path):
             section = section[part]
         assert key in section  # the option exists, filled in with its default
         del section[key]  # as a config written before it
+    for entry in tree["rewards"]:
+        for key in config_mod.ADDED_REWARD_OPTIONS:
+            del entry[key]  # a rewards entry's options added later, likewise
     before = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert config_mod.config_hash(a, legacy=True) == before  # the form the record-only options were hashed in then
     on = config_mod.load(write(tmp_path, MINIMAL), ["train.gradient_checkpointing=true"])

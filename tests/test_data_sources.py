@@ -152,3 +152,127 @@ def test_shards_save_to_disk_and_jsonl_give_byte_identical_rollout_parts(assets,
         assert table.num_rows == 4 * 4
     assert parts["shards"] == parts["jsonl"]
     assert parts["saved"] == parts["jsonl"]
+
+
+# -- issue 64: a signed data URL's secret is sent, never stored ------------------------------------------------
+
+SIG = "sig-marker-5f3a9c"
+
+
+@pytest.fixture
+def signed(tmp_path):
+    """A web server on loopback serving tmp_path/served only to requests whose query holds `sig=SIG` (as a signed
+    URL's host does: 403 otherwise); each query it was sent is kept."""
+    import functools
+    import http.server
+    import threading
+    from urllib.parse import parse_qs, urlsplit
+
+    served = tmp_path / "served"
+    served.mkdir()
+    seen = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def _signed(self) -> bool:
+            parts = urlsplit(self.path)
+            seen.append(parts.query)
+            if parse_qs(parts.query).get("sig") != [SIG]:
+                self.send_error(403)
+                return False
+            self.path = parts.path
+            return True
+
+        def do_GET(self):
+            if self._signed():
+                super().do_GET()
+
+        def do_HEAD(self):
+            if self._signed():
+                super().do_HEAD()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield served, f"http://127.0.0.1:{server.server_port}", seen
+    server.shutdown()
+
+
+def test_a_data_url_reads_its_secret_from_the_environment_and_a_literal_one_is_refused(signed, tmp_path, monkeypatch):
+    """The loader sends `${NAME}`'s value (a URL's ?query is no glob), says the URL as written in its errors (an
+    unset variable named; a wrong value masked), and the config refuses a literal secret in data.train,
+    data.eval's sets and cluster.address in one line naming the key."""
+    from pipeline import config as config_mod
+    from pipeline.data import sources
+
+    served, url, seen = signed
+    write_jsonl(served / "train.jsonl", ROWS)
+    ref = f"{url}/train.jsonl?sig=${{DATA_SIG}}"
+    monkeypatch.setenv("DATA_SIG", SIG)
+    assert sources.columns(ref) == ["question", "answer", "id"] and sources.read(ref).to_dicts() == ROWS
+    assert f"sig={SIG}" in seen
+    monkeypatch.setenv("DATA_SIG", "wrong-marker-77")
+    with pytest.raises(GRPOError) as info:
+        sources.read(ref)
+    assert str(info.value).startswith(f"{ref}: cannot read dataset (") and "403" in str(info.value)
+    assert "marker" not in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.delenv("DATA_SIG")
+    with pytest.raises(GRPOError, match=r"the environment variable DATA_SIG is not set"):
+        sources.read(ref)
+
+    fix = "which would be stored with the run: write it as ${NAME} and set NAME in the environment (read where it is used, never stored)"
+    base = {"model": "m", "data": {"train": "t.jsonl"}, "rewards": [{"fn": "correct"}]}
+    for key, value, why in (
+            ("data.train", "https://b.s3.amazonaws.com/t.jsonl?X-Amz-Date=1&X-Amz-Signature=abc9", "its query parameter 'X-Amz-Signature' holds a secret"),
+            ("data.train", f"{url}/train.jsonl?sig={SIG}", "its query parameter 'sig' holds a secret"),
+            ("data.eval", "https://h/e.jsonl?token=tk-marker", "its query parameter 'token' holds a secret"),
+            ("data.eval", {"held": {"path": "https://me:pw-marker@h/e.jsonl"}}, "set 'held': holds a user (user:password@)"),
+            ("cluster.address", "ray://me:pw-marker@head:10001", "holds a user (user:password@)")):
+        section, option = key.split(".")
+        tree = json.loads(json.dumps(base))
+        tree.setdefault(section, {})[option] = value
+        with pytest.raises(GRPOError) as info:
+            config_mod.resolve(tree)
+        assert str(info.value) == f"config: {key}: {why}, {fix}"
+    ok = json.loads(json.dumps(base))
+    ok["data"] = {"train": ref, "eval": {"held": {"path": ref}}}
+    ok["cluster"] = {"address": "ray://${RAY_USER}:${RAY_PW}@head:10001"}
+    config_mod.resolve(ok)  # references are kept as written
+    ok["data"]["train"] = "data/#1.jsonl"  # a local path is no URL: a # in it is a file name's
+    config_mod.resolve(ok)
+
+
+def test_a_run_on_a_signed_data_url_keeps_no_trace_of_the_secret(signed, assets, tmp_path):
+    """`grpo init` and one `grpo iterate` iteration (rollout, score, eval, MLflow on) with data.train and data.eval
+    behind a signed URL and a cluster.address with a password, each `${NAME}`: the server got the secret, and no
+    file of the run (config.yaml, manifests, parts, mlflow.db, mlartifacts) and no output line holds it."""
+    from conftest import grpo, write_config
+
+    served, url, seen = signed
+    lines = Path(assets["train"]).read_text().splitlines()
+    (served / "train.jsonl").write_text("\n".join(lines[:32]) + "\n")
+    (served / "eval.jsonl").write_text(Path(assets["eval"]).read_text())
+    cfg = base_config(assets, tracking={"mlflow": True}, eval={"every": 1, "max_prompts": 4},
+                      cluster={"address": "ray://${RAY_USER}:${RAY_PW}@127.0.0.1:1"})  # local executor: recorded, never joined
+    cfg["rewards"] = [{"fn": "correct"}]
+    cfg["data"] = {**cfg["data"], "train": f"{url}/train.jsonl?sig=${{DATA_SIG}}", "eval": f"{url}/eval.jsonl?sig=${{DATA_SIG}}"}
+    run = tmp_path / "run"
+    literal = {**cfg, "data": {**cfg["data"], "train": f"{url}/train.jsonl?sig={SIG}"}}
+    refused = grpo("init", str(run), "--config", str(write_config(tmp_path / "literal.yaml", literal)), check=False)
+    assert refused.returncode != 0 and not run.exists()
+    assert "data.train: its query parameter 'sig' holds a secret" in refused.stderr + refused.stdout
+    assert SIG not in refused.stderr + refused.stdout
+    env = {"DATA_SIG": SIG, "RAY_USER": "ray-user", "RAY_PW": "pw-marker-2b7"}
+    said = []
+    for args in (("init", str(run), "--config", str(write_config(tmp_path / "cfg.yaml", cfg))), ("iterate", str(run), "--iters", "1")):
+        out = grpo(*args, env=env)
+        said += [out.stdout, out.stderr]
+    assert f"sig={SIG}" in seen and (run / "iter-0000/update/MANIFEST.json").is_file() and (run / "mlflow.db").is_file()
+    assert (run / "iter-0000/eval").is_dir()
+    assert "sig=${DATA_SIG}" in (run / "config.yaml").read_text() and "${RAY_PW}" in (run / "config.yaml").read_text()
+    kept = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "literal.yaml"
+            and any(s.encode() in p.read_bytes() for s in (SIG, env["RAY_PW"]))]
+    assert kept == [] and not any(s in text for text in said for s in (SIG, env["RAY_PW"]))
+    missing = grpo("rollout", str(run), "--iter", "1", check=False)  # a stage in an environment without the variable
+    assert missing.returncode != 0 and "the environment variable DATA_SIG is not set" in missing.stderr + missing.stdout

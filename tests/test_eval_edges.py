@@ -293,6 +293,10 @@ def test_a_figure_s_span_is_the_range_it_can_take():
                                     "rewards": [{"fn": "correct"}, {"fn": "my_rewards.py:score", "name": "format"}]})
     assert declared(custom.rewards[1]) is None and declared_span(custom, "reward") is None
     assert span(custom, values, "rewards/format") == (0.0, 2.0)  # all at 1.0, widened by 1 on each side
+    ranged = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"}, "rewards": [
+        {"fn": "correct"}, {"fn": "my_rewards.py:score", "name": "format", "weight": 0.5, "range": [-1, 1]}]})
+    assert declared(ranged.rewards[1]) == (-1.0, 1.0)  # your own function's declared range: no widening
+    assert span(ranged, values, "rewards/format") == (-1.0, 1.0) and declared_span(ranged, "reward") == (-0.5, 1.5)
     overlong = Config.model_validate({"model": "m", "data": {"train": "t.jsonl", "eval": "e.jsonl"}, "rewards": [
         {"fn": "overlong", "kwargs": {"max_tokens": 8, "buffer": 4}, "weight": 2.0}, {"fn": "contains", "kwargs": {"keyword": "x", "value": -3}},
         {"fn": "correct", "weight": -1.0}]})

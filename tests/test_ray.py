@@ -644,13 +644,53 @@ def test_secrets_are_never_in_the_runtime_env_and_a_jobs_runtime_env_is_merged_n
     cfg = SimpleNamespace(rewards=[reward_spec({"fn": "openrlhf_server", "kwargs": {
         "url": "http://127.0.0.1:5000/get_reward?sv=${GRPO_RM_SV}&sig=${GRPO_RM_SIG}", "api_key_env": "GRPO_RM_KEY"}}, 0),
         reward_spec({"fn": "judge", "kwargs": {"base_url": "http://${GRPO_JUDGE_USER}:${GRPO_JUDGE_PW}@127.0.0.1:8000/v1",
-                                               "model": "m", "rubric": "{completion}"}}, 1)])
+                                               "model": "m", "rubric": "{completion}"}}, 1)],
+        # and a data URL's, a data.eval set's and cluster.address's (issue 64): each node that reads them has its own
+        data=SimpleNamespace(train="https://h/t.jsonl?sig=${GRPO_DATA_SIG}"), cluster=SimpleNamespace(address="ray://${GRPO_RAY_USER}:${GRPO_RAY_PW}@h:10001"),
+        eval_sets=lambda: [SimpleNamespace(path="s3://b/e.jsonl"), SimpleNamespace(path="https://h/e.jsonl?X-Amz-Signature=${GRPO_EVAL_SIG}")])
     assert key_names(cfg) == ["GRPO_RM_KEY", "GRPO_RM_SV", "GRPO_RM_SIG", "GRPO_JUDGE_USER", "GRPO_JUDGE_PW"]
-    signed = {**env, "GRPO_RM_SIG": "sig-marker", "GRPO_RM_SV": "2020", "GRPO_JUDGE_USER": "me"}
-    assert not {"GRPO_RM_SIG", "GRPO_RM_SV", "GRPO_JUDGE_USER"} & set(runtime_env(signed, url_secrets(cfg))["env_vars"])
+    signed = {**env, "GRPO_RM_SIG": "sig-marker", "GRPO_RM_SV": "2020", "GRPO_JUDGE_USER": "me", "GRPO_DATA_SIG": "d-marker",
+              "GRPO_RAY_USER": "me", "GRPO_EVAL_SIG": "e-marker"}
+    assert not {"GRPO_RM_SIG", "GRPO_RM_SV", "GRPO_JUDGE_USER", "GRPO_DATA_SIG", "GRPO_RAY_USER", "GRPO_EVAL_SIG"} & set(
+        runtime_env(signed, url_secrets(cfg))["env_vars"])
+    assert {"GRPO_DATA_SIG", "GRPO_RAY_USER", "GRPO_EVAL_SIG"} <= set(runtime_env(signed)["env_vars"])  # names that say nothing
     assert "GRPO_RM_SIG" in runtime_env(signed)["env_vars"]  # what the driver sent before: a name that says nothing
     # without an address: a Ray instance of the run's own, not whatever cluster this machine runs (case 12)
     assert init_kwargs(None)["address"] == "local" and init_kwargs("10.0.0.1:6379")["address"] == "10.0.0.1:6379"
+
+
+def test_a_cluster_address_reads_its_secret_from_the_environment_and_says_it_by_name(monkeypatch):
+    """cluster.address's `${NAME}` is expanded where the driver joins (an unset one named in one line), and the
+    lines that name the address say it as written; a password in RAY_ADDRESS is said redacted."""
+    import socket
+
+    from pipeline.cluster.executor import connect
+    from pipeline.errors import GRPOError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("GRPO_RAY_HEAD", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(GRPOError, match=r"^cluster.address: the environment variable GRPO_RAY_HEAD is not set"):
+        connect(cluster_cfg(address="${GRPO_RAY_HEAD}"), None)
+    monkeypatch.setenv("GRPO_RAY_HEAD", f"127.0.0.1:{port}")
+    with pytest.raises(GRPOError) as info:
+        connect(cluster_cfg(address="${GRPO_RAY_HEAD}"), None)
+    assert str(info.value).startswith("cluster.address ${GRPO_RAY_HEAD}: no Ray cluster answers there")
+
+
+@pytest.mark.slow
+def test_a_password_in_ray_address_is_said_redacted(monkeypatch):
+    """RAY_ADDRESS (the environment's, not stored) with a password: Ray's client gives up on a port nothing
+    listens on after about 30 s, and the line says the address redacted."""
+    from pipeline.cluster.executor import connect
+    from pipeline.errors import GRPOError
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://me:pw-marker@127.0.0.1:1")
+    with pytest.raises(GRPOError) as info:
+        connect(cluster_cfg(), None)
+    assert str(info.value).startswith("cluster.address ray://me:***@127.0.0.1:1: no Ray cluster answers there")
 
 
 def test_the_drivers_gpu_is_reserved_on_a_gpu_cluster():

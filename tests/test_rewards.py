@@ -304,6 +304,18 @@ def test_a_bad_reward_function_stops_with_one_line_naming_it_the_iteration_and_t
     )
 
 
+def test_a_value_outside_the_declared_range_stops_the_stage_naming_the_reward_and_the_row(user_module):
+    """`range:` is what the eval's intervals take as the values a function can give: a value past it is refused
+    (the first such row named), None and NaN ("does not apply") and the ends themselves are not."""
+    three = ["hi", "hello", "hello world"]
+    assert error_of([{"fn": "format"}, {"fn": "user_rewards:as_numpy", "name": "n", "range": [0, 1]}], three, iteration=2) == (
+        "reward 'n' (iteration 2) row 2: returned 2, outside its declared range [0, 1] (rewards.1.range)")
+    assert error_of([{"fn": "contains", "kwargs": {"keyword": "hello"}, "range": [-0.5, 0.5]}], three) == (
+        "reward 'contains' (iteration 0) row 1: returned 1, outside its declared range [-0.5, 0.5] (rewards.0.range)")
+    same(score([{"fn": "user_rewards:as_numpy", "range": [0, 2]}, {"fn": "user_rewards:none_for_short", "range": [0.5, 1]}],
+               three), [[0, NAN], [1, NAN], [2, 1]])
+
+
 def test_loading_errors_name_the_config_entry(tmp_path, monkeypatch, user_module):
     monkeypatch.chdir(tmp_path)
     Path("foo.py").write_text("def baz(completions, **kwargs):\n    return [0.0] * len(completions)\n")

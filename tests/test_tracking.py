@@ -240,6 +240,46 @@ def test_one_mlflow_run_found_again_on_resume(server_run):
 
 
 @pytest.mark.slow
+def test_a_password_in_mlflow_tracking_uri_keys_the_run_redacted_and_a_resume_finds_it(assets, mlflow_server, tmp_path):
+    """MLFLOW_TRACKING_URI with user:password@ (MLflow sends them as basic auth; the loopback server takes any):
+    tracking.json keys the run by the redacted URI and holds no password, and a resume under a rotated password
+    finds the same MLflow run by that key alone (the run's grpo.run_uri tag, the fallback search, deleted first).
+    A ledger written before keys were redacted (keyed by the URI, password and all) is found again and rewritten
+    without it; `grpo status` says the URI redacted."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import config as config_mod
+    from pipeline.run.run import init_run
+
+    host = mlflow_server["url"].removeprefix("http://")
+    uri = lambda pw: f"http://bob:{pw}@{host}"  # noqa: E731
+    path = tmp_path / "run"
+    init_run(str(path), config_mod.resolve(base_config(assets, tracking={"mlflow": True})))
+    grpo("iterate", str(path), "--iters", "1", env={"MLFLOW_TRACKING_URI": uri("pw-marker-one")})
+    ledger = json.loads((path / "tracking.json").read_text())
+    key = f"http://bob:***@{host}"
+    assert list(ledger["runs"]) == [key] and ledger["runs"][key]["tracking_uri"] == key
+    run_id = ledger["runs"][key]["run_id"]
+    client = MlflowClient(mlflow_server["url"])
+    client.delete_tag(run_id, "grpo.run_uri")  # only tracking.json's key can find the run now
+    grpo("iterate", str(path), "--iters", "2", env={"MLFLOW_TRACKING_URI": uri("pw-marker-two")})
+    assert json.loads((path / "tracking.json").read_text()) == ledger
+    assert [s for s, _ in _history(client, run_id, "reward/mean")] == [0, 1]  # both iterations in the one run
+
+    old = uri("pw-marker-old")  # as tracking.json was written before 632488f
+    (path / "tracking.json").write_text(json.dumps({"runs": {old: {**ledger["runs"][key], "tracking_uri": old}}}))
+    grpo("iterate", str(path), "--iters", "2", env={"MLFLOW_TRACKING_URI": old})  # nothing to run: the run is synced
+    assert json.loads((path / "tracking.json").read_text()) == ledger
+    status = grpo("status", str(path), env={"MLFLOW_TRACKING_URI": old})
+    assert f"MLflow: run {run_id}" in status.stdout and key in status.stdout
+    kept = [p for p in path.rglob("*") if p.is_file() and b"pw-marker" in p.read_bytes()]
+    assert kept == [] and "pw-marker" not in status.stdout + status.stderr
+    exp = client.get_experiment_by_name("grpo")
+    assert [r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`grpo.config_hash` = '{Run(str(path)).cfg_hash}'")
+            if r.data.tags.get("grpo.run_uri") in (None, str(path))] == [run_id]  # no second MLflow run of it
+
+
+@pytest.mark.slow
 def test_params_and_tags(server_run):
     from mlflow.tracking import MlflowClient
 

@@ -61,15 +61,19 @@ def connect(cc, address: str | None, skip=()) -> str:
     except ImportError:
         raise GRPOError('cluster.executor ray: Ray is not installed (pip install -e ".[ray]")') from None
 
+    from pipeline.config.urls import expand, redacted
+
     address = address or cc.address or os.environ.get("RAY_ADDRESS")
-    if address and address != "auto" and "://" not in address:  # Ray itself retries an unanswered address for minutes
-        host, _, port = address.rpartition(":")
+    sent = expand(address, "cluster.address") if address else address  # a ${NAME} read here, never stored
+    address = redacted(address) if address else address  # what every line says (RAY_ADDRESS's password too)
+    if sent and sent != "auto" and "://" not in sent:  # Ray itself retries an unanswered address for minutes
+        host, _, port = sent.rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
         except (OSError, ValueError) as err:
             raise GRPOError(f"cluster.address {address}: no Ray cluster answers there ({getattr(err, 'strerror', None) or err})") from None
     try:
-        ray.init(**init_kwargs(address, skip))
+        ray.init(**init_kwargs(sent, skip))
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... for an unreachable cluster
         from pipeline.cluster.secrets import redact
 

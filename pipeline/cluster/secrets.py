@@ -51,12 +51,15 @@ def key_names(cfg) -> list[str]:
 
 
 def url_secrets(cfg) -> set[str]:
-    """The variables the run's served rewards' URLs reference: secrets whatever their names, so never
-    forwarded by value (`forwarded_env`)."""
+    """The variables the run's served rewards' URLs, its data URLs (data.train, data.eval) and cluster.address
+    reference: secrets whatever their names, so never forwarded by value (`forwarded_env`): a node that reads
+    the data needs the variable set in its own environment, as a served reward's node does."""
     from pipeline.config.urls import names as url_names
 
-    return {n for spec in cfg.rewards if spec.served
-            for n in url_names(spec.options().get("url") or spec.options().get("base_url") or "")}
+    served = {n for spec in cfg.rewards if spec.served
+              for n in url_names(spec.options().get("url") or spec.options().get("base_url") or "")}
+    sets = [cfg.data.train, cfg.cluster.address or ""] + [s.path for s in cfg.eval_sets()]  # data URLs, the cluster's
+    return served | {n for location in sets for n in url_names(location)}
 
 
 def runtime_env(environ=None, skip=()) -> dict:

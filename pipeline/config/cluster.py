@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.config.base import Section
 
@@ -21,7 +21,15 @@ class ClusterConfig(Section):
     update_workers > 1, on that many Ray-placed processes."""
     address: str | None = None
     """The Ray cluster to join, e.g. 127.0.0.1:6379 (`ray start --head` prints it); None: RAY_ADDRESS, else a Ray
-    instance started on this machine for the run."""
+    instance started on this machine for the run. A secret in it (`ray://user:${RAY_PASSWORD}@host:10001`) is written
+    `${NAME}`, read from the environment where the driver joins and never stored."""
+
+    @field_validator("address")
+    @classmethod
+    def _no_secret_written(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from pipeline.config.urls import checked_location
+
+        return value if value is None else checked_location(value, info.context)
     rollout_workers: int = Field(1, ge=1)
     """Rollout actors, one engine each, kept warm across iterations."""
     rollout_cpus: float = Field(1.0, gt=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from pydantic import field_validator
+from pydantic import ValidationInfo, field_validator
 
 from pipeline.config.base import Section
 from pipeline.config.eval import EvalSet
@@ -14,7 +14,7 @@ class DataConfig(Section):
     """Where prompts come from and how they are rendered."""
 
     train: str
-    """Training prompts: a .jsonl, .json or .parquet file, a directory or glob of Parquet shards (Hub layout), or a `datasets` save_to_disk directory (local path or fsspec URI)."""
+    """Training prompts: a .jsonl, .json or .parquet file, a directory or glob of Parquet shards (Hub layout), or a `datasets` save_to_disk directory (local path or fsspec URI). A secret in a URL (a signed URL's `X-Amz-Signature`, `sig`, `token`, a user:password) is written `${NAME}`, read from that environment variable where the data is read and never stored."""
     eval: str | dict[str, str | EvalSet] | None = None
     """Held-out prompts for periodic evaluation (same forms as train), or a mapping of set names to
     files ({path, reward} for a set with its own accuracy reward), each reported under its name; None disables eval."""
@@ -31,6 +31,27 @@ class DataConfig(Section):
     gpt-oss's "Current date", Llama 3.x's "Today Date"). Unset, `grpo init` records the day it runs when the
     model's template reads the date, so every stage, resume, replay and rerun of the run's config renders
     the same prompt bytes on any later day; a template that does not read it leaves this unset."""
+
+    @field_validator("train")
+    @classmethod
+    def _no_secret_in_train(cls, value: str, info: ValidationInfo) -> str:
+        from pipeline.config.urls import checked_location
+
+        return checked_location(value, info.context)
+
+    @field_validator("eval")
+    @classmethod
+    def _no_secret_in_eval(cls, value, info: ValidationInfo):
+        from pipeline.config.urls import checked_location
+
+        if isinstance(value, str):
+            return checked_location(value, info.context)
+        for name, v in (value or {}).items():
+            try:
+                checked_location(v if isinstance(v, str) else v.path, info.context)
+            except ValueError as err:
+                raise ValueError(f"set {name!r}: {err}") from None
+        return value
 
     @field_validator("template_date", mode="before")
     @classmethod

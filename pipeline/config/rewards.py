@@ -17,6 +17,7 @@ and its signature are checked at init by `pipeline.preflight`, which needs the d
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, create_model, field_validator,
@@ -194,6 +195,15 @@ class _Reward(Section):
     """Async functions and served rewards: limit per call (served: per request); a call still running then is an error (after retries)."""
     retries: int = Field(2, ge=0, le=10)
     """Async functions and served rewards: further attempts after a transient error (OSError, TimeoutError; served: as the openai client, also HTTP 408, 409, 429, 5xx and x-should-retry, waiting retry-after up to 60 s, else exponential backoff)."""
+    range: tuple[float, float] | None = None
+    """[lo, hi], the values the function can give (lo < hi, both finite): eval's intervals of its figures (`rewards/<name>`, and `reward` when every reward's range is known) take their span from it, and a value outside it stops the score stage, naming the reward and the row. None: a built-in's range where its definition gives one (correct, format, code_tests [0, 1]; contains, length_range [0, value]; overlong [-1, 0]; a judge's verdict; a reward model's sigmoid or softmax), else the range its samples took, widened, which at 3-5 prompts can miss the truth (bench/results.md, eval intervals)."""
+
+    @field_validator("range")
+    @classmethod
+    def _a_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise ValueError(f"[{value[0]}, {value[1]}] is no range: need [lo, hi] with lo < hi, both finite")
+        return value
 
     @property
     def column(self) -> str:

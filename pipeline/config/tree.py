@@ -139,6 +139,10 @@ left out of the canonical form at that value, so the config hash of a run made b
 (its config.yaml lacks it) stays the one its manifests were written with; and a stored config.yaml
 that lacks one is read with that value (`from_yaml_text`), even where a new run's default differs."""
 
+ADDED_REWARD_OPTIONS: dict[str, object] = {"range": None}
+"""`ADDED_OPTIONS` of every `rewards:` entry (a list, which ADDED_OPTIONS' paths do not reach): the
+option's value that does what runs did before it, left out of the canonical form there."""
+
 
 RECORD_ONLY: tuple[tuple[str, str], ...] = (("train", "state_every"), ("train", "keep_states"), ("train", "keep_policies"))
 """Options that change only what the record keeps (how often a trainer state is written, how many
@@ -161,6 +165,10 @@ def canonical(cfg: Config, legacy: bool = False) -> str:
             section = section.get(part) or {}
         if key in section and section[key] == neutral:
             del section[key]
+    for entry in tree.get("rewards") or []:
+        for key, neutral in ADDED_REWARD_OPTIONS.items():
+            if key in entry and entry[key] == neutral:
+                del entry[key]
     return json.dumps(tree, sort_keys=True, separators=(",", ":"))
 
 

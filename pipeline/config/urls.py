@@ -1,4 +1,4 @@
-"""Secrets in a served reward's URL: sent, never stored.
+"""Secrets in a URL (a served reward's, a data file's, a Ray cluster's): sent, never stored.
 
 A URL's secret parts (a query parameter's value such as `?key=...`, a password in `user:pass@`,
 or any other part) are written as references to environment variables, `${NAME}`:
@@ -108,6 +108,17 @@ def checked(url: str, context, fix: str | None = None) -> str:
             raise ValueError(why if fix is None else f"{why.split(', which ')[0].split(': ')[0]}, which would be stored "
                                                      f"with the run: {fix}")
     return url
+
+
+LOCATION_FIX = "write it as ${NAME} and set NAME in the environment (read where it is used, never stored)"
+"""`checked`'s fix for a location that is no served reward's (a data URL, a Ray address): `${NAME}` is
+expanded where it is read (pipeline/data/sources.py, pipeline/cluster/executor.py: connect)."""
+
+
+def checked_location(value: str, context) -> str:
+    """`checked` for a location that may be a local path (data.train, data.eval, cluster.address): only a value
+    with a scheme (`https://`, `s3://`, `ray://`) is a URL whose parts can hold a secret."""
+    return checked(value, context, LOCATION_FIX) if "://" in value else value
 
 
 def redacted(url: str) -> str:

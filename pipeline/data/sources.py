@@ -11,12 +11,20 @@ numbering), a save_to_disk directory in the order its state.json lists its files
 their order within a file, so the same rows give the same dataset however they are split.
 Every shard must have the same columns as the first: otherwise a one-line error names the file.
 `datasets` itself is not needed: its Arrow files are read with pyarrow.
+
+A URL's secret (a signed URL's `X-Amz-Signature`, `sig`, `token`, a user:password) is written as
+`${NAME}` and read from the environment where the data is read (pipeline/config/urls.py, as a served
+reward's URL): `data.train: "https://host/train.jsonl?sig=${TRAIN_SIG}"`. Every function here takes
+the path as the config holds it and says it that way in its errors; the value is never written.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 from pathlib import PurePosixPath
+from urllib.parse import urlsplit
 
 import polars as pl
 import pyarrow as pa
@@ -33,19 +41,40 @@ def _fs(path: str):
     return fsspec.core.url_to_fs(path)
 
 
+def _secret_safe(fn):
+    """`fn(path)` on the path with its `${NAME}` references expanded (urls.expand), every error line saying the
+    path as the config holds it, with any value read for it masked (a library's error quoting the URL)."""
+    @functools.wraps(fn)
+    def wrapper(path: str):
+        from pipeline.config.urls import REF, expand, scrub
+
+        if not REF.search(path):
+            return fn(path)
+        sent = expand(path, path)
+        try:
+            return fn(sent)
+        except GRPOError as err:
+            raise GRPOError(scrub(str(err).replace(sent, path))) from None
+        except Exception as err:
+            raise GRPOError(scrub(f"{path}: cannot read dataset ({type(err).__name__}: {err})".replace(sent, path))) from None
+
+    return wrapper
+
+
 def _display(fs, p: str, original: str) -> str:
     """A file's name as the user would write it (with the URI scheme for remote ones)."""
-    if "://" not in original:
+    if "://" not in original or "://" in p:  # an http(s) filesystem's paths are the URLs themselves
         return p
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
     return f"{protocol}://{p}"
 
 
+@_secret_safe
 def resolve(path: str) -> tuple[object, list[str], str]:
     """(filesystem, files in reading order, kind) where kind is a file suffix, "parquet-shards"
     or "arrow" (save_to_disk); one-line GRPOError when nothing is there."""
     fs, root = _fs(path)
-    if any(c in root for c in "*?["):
+    if any(c in (urlsplit(root).path if "://" in root else root) for c in "*?["):  # a URL's ?query is no glob
         files = sorted(f for f in fs.glob(root) if fs.isfile(f))
         if not files:
             raise GRPOError(f"{path}: no files match")
@@ -74,6 +103,19 @@ def resolve(path: str) -> tuple[object, list[str], str]:
     if fs.size(root) == 0:
         raise GRPOError(f"{path}: dataset is empty")  # polars' own message for this is about type inference
     return fs, [root], suffix
+
+
+def _polars_source(fs, files: list[str], path: str):
+    """What polars reads for a one-file dataset: its path (local files, and the object stores polars reads
+    itself), or an http(s) file's bytes fetched through fsspec: polars' own http reader asks for byte ranges,
+    which a plain web server (or a signed URL's) need not serve."""
+    if urlsplit(path).scheme in ("http", "https"):
+        return io.BytesIO(fs.cat_file(files[0]))
+    return path
+
+
+def _ndjson_schema(source):
+    return pl.scan_ndjson(source).collect_schema() if isinstance(source, str) else pl.read_ndjson(source).schema
 
 
 def _schema(fs, f: str, kind: str) -> pa.Schema:
@@ -105,15 +147,16 @@ def _check_same_columns(path: str, fs, files: list[str], schemas: list[pa.Schema
     return first
 
 
+@_secret_safe
 def columns(path: str) -> list[str]:
     """The dataset's column names from its header(s): Parquet / Arrow schemas, or the first
     rows polars infers a JSON lines schema from. Shards that disagree are an error."""
     fs, files, kind = resolve(path)
     try:
         if kind in (".jsonl", ".ndjson"):
-            return pl.scan_ndjson(path).collect_schema().names()
+            return list(_ndjson_schema(_polars_source(fs, files, path)).names())
         if kind == ".json":
-            return pl.read_json(path).columns
+            return pl.read_json(_polars_source(fs, files, path)).columns
         schemas = []
         for f in files:
             where = _display(fs, f, path)
@@ -128,29 +171,32 @@ def columns(path: str) -> list[str]:
         raise GRPOError(f"{path}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
 
 
+@_secret_safe
 def schema(path: str) -> pa.Schema:
     """The dataset's Arrow schema (its nested types): the first file's Parquet / Arrow schema, or
     the one polars infers from a JSON file's rows (a nested object is a struct of its keys)."""
     fs, files, kind = resolve(path)
     try:
         if kind in (".jsonl", ".ndjson", ".json"):
-            inferred = pl.scan_ndjson(path).collect_schema() if kind != ".json" else pl.read_json(path).schema
+            source = _polars_source(fs, files, path)
+            inferred = _ndjson_schema(source) if kind != ".json" else pl.read_json(source).schema
             return pl.DataFrame(schema=inferred).to_arrow().schema
         return _schema(fs, files[0], "arrow" if kind == "arrow" else "parquet")
     except Exception as err:  # polars / pyarrow raise several types for malformed input
         raise GRPOError(f"{_display(fs, files[0], path)}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
 
 
+@_secret_safe
 def read(path: str) -> pl.DataFrame:
     """All rows, in order (see the module docstring)."""
     fs, files, kind = resolve(path)
     try:
         if kind in (".jsonl", ".ndjson"):
-            return pl.read_ndjson(path)
+            return pl.read_ndjson(_polars_source(fs, files, path))
         if kind == ".json":
-            return pl.read_json(path)
+            return pl.read_json(_polars_source(fs, files, path))
         if kind == ".parquet":
-            return pl.read_parquet(path)
+            return pl.read_parquet(_polars_source(fs, files, path))
     except Exception as err:  # polars raises several types for malformed input
         raise GRPOError(f"{path}: cannot read dataset ({(str(err).splitlines() or [''])[0]})") from None
     tables = []

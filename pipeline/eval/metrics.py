@@ -168,7 +168,7 @@ def span(cfg, values, f: str) -> tuple[float, float] | None:
     (intervals.estimate): a rate [0, 1]; `mean_length` [0, the completion budget] (rollout.max_new_tokens, an
     episode's whole budget); `reward` the sum of its rewards' declared ranges (`declared`) times their weights,
     `rewards/<name>` that reward's; where a range is not declared (your own function, a served one, a reward
-    model's raw logit) or the figure is a count, the range its samples took (else its per-prompt values),
+    model's raw logit, without a `range:` in its entry) or the figure is a count, the range its samples took (else its per-prompt values),
     widened (intervals.widened). Never narrower than what the samples took. None: no values."""
     if is_rate(f):
         return 0.0, 1.0
@@ -205,7 +205,10 @@ def declared(spec) -> tuple[float, float] | None:
     """The values a reward function can give, where its definition says (pipeline/rewards/builtins.py and
     judge): correct, format, code_tests [0, 1]; contains, length_range [0, value]; overlong [-1, 0]; a judge
     its verdict's [min, max] ([0, 1] normalized; a choice: its values); a reward model with a sigmoid or
-    softmax activation [0, 1] (times its sign). None: a custom or served function, a raw logit."""
+    softmax activation [0, 1] (times its sign); any entry's own `range:` first. None: a custom or served
+    function, a raw logit, that declares none."""
+    if spec.range is not None:
+        return float(spec.range[0]), float(spec.range[1])
     fn, kw = spec.fn, spec.kwargs
     if fn in ("correct", "format", "code_tests"):
         return 0.0, 1.0

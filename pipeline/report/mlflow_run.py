@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.config.urls import redacted
-from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target
+from pipeline.report.tracking_names import LEDGER, LOCK, MAX_BATCH, PLOTS, TRACKING_JSON, Target, keyed_redacted
 from pipeline.store import MANIFEST, code_version, iter_name, policy_rel, sha256_bytes, stage_rel
 from pipeline.run.run import Run
 from schemas.artifacts import STEP_METRICS
@@ -101,7 +101,11 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         ledger = run.store.read_json(TRACKING_JSON) if run.store.exists(TRACKING_JSON) else {"runs": {}}
-        known = ledger.setdefault("runs", {}).get(self.target.key)
+        runs = ledger.setdefault("runs", {})
+        if (clean := keyed_redacted(runs)) != runs:  # written before the ledger kept URIs redacted: its password goes
+            ledger["runs"] = clean
+            run.store.write_json(TRACKING_JSON, ledger)
+        known = ledger["runs"].get(self.target.key)
         run_id = None
         if known:
             try:

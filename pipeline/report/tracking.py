@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.config.urls import redacted, scrub
-from pipeline.report.tracking_names import TRACKING_JSON, Target
+from pipeline.report.tracking_names import TRACKING_JSON, Target, keyed_redacted
 from pipeline.store import cache_dir, sha256_bytes
 from pipeline.run.run import Run
 from pipeline.update.distributed import is_rank_zero
@@ -68,7 +68,7 @@ def tracking_info(run: Run) -> dict | None:
     target = resolve_target(run)
     if target is None or not run.store.exists(TRACKING_JSON):
         return None
-    return run.store.read_json(TRACKING_JSON).get("runs", {}).get(target.key)
+    return keyed_redacted(run.store.read_json(TRACKING_JSON).get("runs", {})).get(target.key)
 
 
 # -- the hooks ---------------------------------------------------------------------------------

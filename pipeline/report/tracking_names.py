@@ -29,3 +29,13 @@ class Target:
     key: str
     artifact_location: str | None = None
     note: str | None = None
+
+
+def keyed_redacted(runs: dict) -> dict:
+    """tracking.json's `runs` keyed by the redacted tracking URI (pipeline/config/urls.py: redacted), as
+    `Target.key` is: a ledger written before keys were redacted (one held MLFLOW_TRACKING_URI's password)
+    reads to the entry a resume looks up, and its rewrite keeps no password."""
+    from pipeline.config.urls import redacted
+
+    return {redacted(k): {**v, "tracking_uri": redacted(v["tracking_uri"])} if isinstance(v, dict) and isinstance(
+        v.get("tracking_uri"), str) else v for k, v in runs.items()}

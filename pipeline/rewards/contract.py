@@ -29,8 +29,8 @@ and checked when the config is validated. Custom functions are imported and thei
 checked at `grpo init` (pipeline.preflight).
 
 A reward function that raises, returns the wrong number of values, or returns something that
-is not a finite number or None stops the stage with one line naming it, the iteration and the
-first bad row. TRL silently broadcast a wrong-length return (TRL#6533); here it is an error.
+is not a finite number or None (or one outside the entry's declared `range:`) stops the stage with
+one line naming it, the iteration and the first bad row. TRL silently broadcast a wrong-length return (TRL#6533); here it is an error.
 """
 
 from __future__ import annotations
@@ -184,4 +184,20 @@ def compute_rewards(
     if pending:
         for j, values in run_async(pending, n, log, state, _check_rewards).items():
             out[:, j] = np.asarray(values, dtype=np.float64)  # [N], already checked per call
+    for j, spec in enumerate(specs):
+        _check_range(spec, j, out[:, j], iteration)
     return out
+
+
+def _check_range(spec, j: int, values: np.ndarray, iteration: int) -> None:
+    """A value outside the entry's declared `range:` stops the stage, naming the reward and the first such row:
+    the eval's intervals take that range as what the function can give (pipeline/eval/metrics.py: declared), so
+    a value past it is a bug in the function or in the declaration, not data to record."""
+    if spec.range is None:
+        return
+    lo, hi = spec.range
+    bad = np.flatnonzero(~np.isnan(values) & ((values < lo) | (values > hi)))
+    if bad.size:
+        i = int(bad[0])
+        raise GRPOError(f"reward {spec.column!r} (iteration {iteration}) row {i}: returned {values[i]:g}, outside its "
+                        f"declared range [{lo:g}, {hi:g}] (rewards.{j}.range)")
