@@ -84,8 +84,11 @@ def write_config(path: Path, cfg: dict) -> Path:
 
 
 def grpo(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real `grpo` command line in a separate process."""
-    full_env = {**os.environ, **(env or {})}
+    """Run the real `grpo` command line in a separate process, on this checkout's code: with another
+    `cwd` (a test's examples folder) `python -m stages.cli` would otherwise import the editable
+    install's checkout, not this one."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "stages.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, env=full_env, timeout=timeout
     )

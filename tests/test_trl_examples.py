@@ -826,6 +826,19 @@ def harmony_conversation(trl: dict, task: tuple[str, str], seed: int) -> list[di
             {"role": "tool", "name": name, "content": result}, {"role": "assistant", "content": final}]
 
 
+GPTOSS_DAY = "2026-11-28"
+"""The day gpt-oss's template writes ("Current date:", strftime_now) in the warm start's texts and the run's
+prompts (data.template_date): the date's text is in every prompt, so it shapes the tokenizer's merges, the
+warm-started weights and every sample; pinned, the model and its episodes are the same on any day."""
+
+
+def gptoss_dated(**kwargs) -> dict:
+    """apply_chat_template's kwargs with GPTOSS_DAY as today (as pipeline/run/template_date.py's `dated`)."""
+    import datetime
+
+    return {**kwargs, "strftime_now": datetime.datetime.fromisoformat(GPTOSS_DAY).strftime}
+
+
 GPTOSS_SIZE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 GPTOSS_LR = 3e-3
 
@@ -862,7 +875,7 @@ def gptoss_tiny(out: Path, examples: Path, steps: int, seed: int = 0) -> tuple[P
     schemas = [tool_schema(trl["query_biogrid"], "t"), tool_schema(trl["Game2048Env"]().move, "t")]
     convs = [harmony_conversation(trl, task, seed=s) for s in range(8) for task in HARMONY_TASKS]
     draft = gptoss_tokenizer([json.dumps(c, default=str) for c in convs])  # renders the texts the real one is trained on
-    texts = [draft.apply_chat_template(c, tools=schemas, tokenize=False) for c in convs]
+    texts = [draft.apply_chat_template(c, **gptoss_dated(tools=schemas, tokenize=False)) for c in convs]
     tok = gptoss_tokenizer(texts)
     stops = [tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
     torch.manual_seed(seed)
@@ -923,13 +936,14 @@ def test_gptoss_template_trl_examples_on_the_hf_engine(assets, examples, gptoss_
     rows_file.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": text.format(arg)}], "answer": "yes"}) + "\n"
                                  for text, arg in tasks))
     ex = str(examples)
-    cfg = base_config(assets, model=str(gptoss_model), data={"train": str(rows_file), "eval": None, "system_prompt": None},
+    cfg = base_config(assets, model=str(gptoss_model), data={"train": str(rows_file), "eval": None, "system_prompt": None,
+                                                             "template_date": GPTOSS_DAY},  # the warm start's day
                       rollout={"engine": "hf", "num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 32,
                                "temperature": 1.0, "tools": [f"{ex}:query_biogrid"], "environment": f"{ex}:Game2048Env",
                                "max_turns": 2, "max_episode_tokens": 160},
                       rewards=[{"fn": f"{ex}:{n}"} for n in EXAMPLE_REWARDS])
     write_config(tmp_path / "cfg.yaml", cfg)
-    for run in ("a", "b"):  # gpt-oss's template writes today's date into the prompt: both runs render it on the same day
+    for run in ("a", "b"):  # gpt-oss's template writes the date into the prompt: both runs render GPTOSS_DAY
         grpo("init", str(tmp_path / run), "--config", str(tmp_path / "cfg.yaml"), cwd=examples.parent)
         grpo("iterate", str(tmp_path / run), "--iters", "1", cwd=examples.parent)
     a, b = tmp_path / "a", tmp_path / "b"
@@ -957,7 +971,7 @@ def test_gptoss_template_trl_examples_on_the_hf_engine(assets, examples, gptoss_
         text, arg = tasks[r["prompt_id"]]
         conversation = [{"role": "user", "content": text.format(arg) + rec["observation"]}] + trl_completion(rec)
         assert tok.decode(r["prompt_ids"] + r["completion_ids"]) == \
-            tok.apply_chat_template(conversation, tools=[trl["query_biogrid"], trl["Game2048Env"]().move], tokenize=False)
+            tok.apply_chat_template(conversation, **gptoss_dated(tools=[trl["query_biogrid"], trl["Game2048Env"]().move], tokenize=False))
     metrics = pq.read_table(a / "iter-0000/update/metrics.parquet").to_pylist()
     assert sum(x["tokens"] for x in metrics) == sum(rec["model_tokens"] for rec in records)
     assert ": ok, 1 iteration(s)" in grpo("audit", str(a)).stdout
