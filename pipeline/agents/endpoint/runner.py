@@ -162,7 +162,8 @@ class EndpointRunner:
             e.end("no_calls", "the agent exited without asking for a turn")
         else:
             e.end("finished")
-        e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": e.proc.result()}
+        result, why = e.proc.result()
+        e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
         e.done = True
 
     def _refuse(self, e: EndpointEpisode, r: Request, h: str | None, message: str, kind: str = "refused") -> None:
