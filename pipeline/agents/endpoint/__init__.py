@@ -9,6 +9,7 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
 
     {"version": 1, "route": "endpoint", "format": "hermes" | "template",
      "tools": [names], "tool_schemas": [the first request's `tools`], "observation": null,
+     "tool_schemas_json": the same as JSON text in the order sent (what the template renders; audit re-renders from it),
      "prompt_messages": [the first request's messages, canonical] | null,
      "messages": [after the prompt, as a tool episode's: assistant turns (content, text, tokens,
                   finish_reason, tool_calls), tool results {role, name, content, error: null},
