@@ -3,8 +3,11 @@ trains through its endpoint (`rollout.agent.command: [python, examples/endpoint_
 examples/endpoint_agent.yaml, docs/agents.md "Agents behind an endpoint").
 
 grpo starts it once per episode with OPENAI_BASE_URL and OPENAI_API_KEY (which the SDK reads
-itself), GRPO_MODEL (the model to ask for), GRPO_TASK (the prompt row as JSON) and GRPO_RESULT
-(where it may write its own reward). `--stream` asks for streamed answers.
+itself), GRPO_MODEL (the model to ask for), GRPO_TASK (the prompt row as JSON) and GRPO_RESULT_FILE
+(where it writes its own reward and metrics: {"reward": 1.0 when the model's last answer ends in the
+task's `answer`, else 0.0; null without one, "metrics": {"tool_calls": n, "turns": n}}, which grpo
+scores as the reward `agent` and the columns extra_agent_tool_calls / extra_agent_turns).
+`--stream` asks for streamed answers.
 
 Test hooks, read from the environment (tests/test_endpoint.py): AGENT_REWRITE=1 changes the
 assistant's answer before sending the history back; AGENT_SIDE=1 asks another model for a title
@@ -15,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 
 def multiply(a: int, b: int) -> int:
@@ -68,7 +72,10 @@ def main() -> None:
         client.chat.completions.create(model="title-model", messages=[{"role": "user", "content": "A title for: " + str(prompt)[:80]}])
     calls, nudged = 0, False
     for _ in range(4):
-        message = ask(client, model, messages, "--stream" in sys.argv)
+        try:
+            message = ask(client, model, messages, "--stream" in sys.argv)
+        except BadRequestError:  # grpo answers 400 once the episode has ended (its turns or tokens are spent)
+            break
         if os.environ.get("AGENT_REWRITE"):
             message = {**message, "content": (message.get("content") or "") + " (edited)"}
         messages.append(message)
@@ -86,10 +93,13 @@ def main() -> None:
             except (ValueError, KeyError, TypeError) as err:
                 result = f"error: {err}"
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    result_path = os.environ.get("GRPO_RESULT")
-    if result_path:
-        with open(result_path, "w") as f:
-            json.dump({"tool_calls": calls}, f)
+    said = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+    numbers = re.findall(r"-?\d+", said[-1] if said else "")
+    gold = re.findall(r"-?\d+", str(task.get("answer", "")))
+    reward = None if not gold else float(bool(numbers) and numbers[-1] == gold[-1])
+    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    with open(os.environ["GRPO_RESULT_FILE"], "w") as f:
+        json.dump({"reward": reward, "metrics": {"tool_calls": calls, "turns": turns}}, f)
 
 
 if __name__ == "__main__":

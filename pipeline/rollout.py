@@ -59,6 +59,10 @@ class RolloutInputs:
 
             with run_code(run):  # the tools and environments the run carries (pipeline/store/code.py)
                 agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(b), cfg.model)  # b(k): policy k may not exist yet
+                if cfg.rollout.agent is not None:  # the agent's scripts: run from the run's copies
+                    from pipeline.rewards.loading import copy_of
+
+                    agent_command = [cfg.rollout.agent.command[0], *map(copy_of, cfg.rollout.agent.command[1:])]
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "
@@ -67,6 +71,8 @@ class RolloutInputs:
                 from pipeline.agents.endpoint.runner import EndpointRunner as EpisodeRunner
             self.episodes = EpisodeRunner(agents, self.tokenizer, cfg.rollout, cfg.data, room,
                                           prompt_given=not prompt_made_up(cfg.data.train, cfg.data, True))
+            if cfg.rollout.agent is not None:
+                self.episodes.command = agent_command
 
     @cached_property
     def policy_hash(self) -> str:

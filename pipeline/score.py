@@ -33,7 +33,8 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | 
     is its conversation after the prompt, as TRL 1.16 passes it (pipeline.agents.episode.
     trl_completion), its prompt the messages the model saw (with the environment's observation);
     with `rollout.environment`, `environments` carries each episode's instance, rebuilt from its
-    recorded state (pipeline.agents.environment), as TRL passes its live ones."""
+    recorded state (pipeline.agents.environment), as TRL passes its live ones; with endpoint agents,
+    `agent_results` carries each one's result file as recorded (pipeline.agents.endpoint.result)."""
     raws = [json.loads(r) for r in rollout.column("prompt_raw").to_pylist()]
     texts = rollout.column("completion").to_pylist()
     chat = [not isinstance(r, str) for r in raws]
@@ -53,6 +54,10 @@ def trl_inputs(rollout: pa.Table, system_prompt: str | None, environment: str | 
                 completions[i] = trl_completion(rec)
         if environment is not None:
             columns["environments"] = envs.instances(environment, records)  # one class, or the mapping's by name
+        if any(rec is not None and rec.get("route") == "endpoint" for rec in records):
+            from pipeline.agents.endpoint.result import agent_results
+
+            columns["agent_results"] = agent_results(records)  # each agent's own reward and metrics (its result file)
     return prompts, completions, rollout.column("completion_ids").to_pylist(), columns
 
 

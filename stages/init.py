@@ -79,7 +79,9 @@ def init(
         "--loss-type": loss_type, "--kl-coef": kl_coef, "--seed": seed,
     }
     cfg = from_command_line(config, given, set)
-    if cfg.rollout.environment is not None:  # an environment's get_reward is a reward, as in TRL: written into the run's rewards
+    if cfg.rollout.environment is not None or cfg.rollout.agent is not None:
+        # an environment's get_reward is a reward, as in TRL; an endpoint agent's result file gives the reward `agent`:
+        # written into the run's rewards
         from pipeline.agents.setup import with_environment_rewards
 
         cfg = with_environment_rewards(cfg)

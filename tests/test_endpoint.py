@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, init_error_line, write_config, base_config
 
 AGENT = str(REPO / "examples/endpoint_agent.py")
+AGENT_REWARD = {"fn": "pipeline.agents.endpoint.result:agent_reward", "name": "agent"}  # what `grpo init` adds
 
 FAULTS = '''
 import json, os, sys, time
@@ -50,7 +51,7 @@ def endpoint_run(make_run, tiny2k, tmp_path, name: str, command: list[str], data
     ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
           "max_episode_tokens": 120, "agent": {"command": command, **agent}}
     return make_run(name, model=tiny2k, data={"train": data, "eval": None, "system_prompt": None}, rollout=ro,
-                    rewards=[{"fn": "correct"}])
+                    rewards=[{"fn": "correct"}, AGENT_REWARD])
 
 
 def part_rows(run: str) -> list[dict]:
@@ -100,11 +101,92 @@ def test_agent_beside_tools_is_refused(assets, tmp_path, capsys):
     assert "rollout.agent" in line and "cannot be combined with rollout.tools" in line, line
 
 
+def test_the_agents_result_file_contract(tmp_path):
+    """GRPO_RESULT_FILE: {"reward", "metrics"} read canonical; anything else a recorded reason, never a raise;
+    the reward `agent` gives the rewards and logs each metric as a row column and (numbers) a mean."""
+    from pipeline.agents.endpoint.result import agent_reward, read_result
+    from pipeline.rewards.calls import RewardLog
+
+    f = tmp_path / "result.json"
+    assert read_result(f) == (None, "no result file: the agent wrote nothing to GRPO_RESULT_FILE")
+    cases = [
+        ('{"reward": 1, "metrics": {"turns": 2, "ok": true, "note": "x"}}',
+         {"reward": 1.0, "metrics": {"note": "x", "ok": True, "turns": 2}}, None),
+        ('{"metrics": {}}', {"reward": None, "metrics": {}}, None),
+        ('{"reward": 0.5', None, "the result file is not JSON"),
+        ('[1]', None, "the result is a JSON list, not an object"),
+        ('{"reward": 1, "score": 2}', None, "the result has the key 'score'"),
+        ('{"reward": NaN}', None, "the result's reward is NaN, not a finite number"),
+        ('{"reward": true}', None, "the result's reward is true, not a finite number"),
+        ('{"reward": 1, "metrics": {"a b": 1}}', None, "the result's metric name 'a b'"),
+        ('{"reward": 1, "metrics": {"x": [1]}}', None, "the result's metric 'x' is [1]"),
+    ]
+    for text, want, why in cases:
+        f.write_text(text)
+        got, reason = read_result(f)
+        assert got == want and (reason is None if why is None else reason.startswith(why)), (text, got, reason)
+    f.write_bytes(b"\xff\xfe")
+    assert read_result(f) == (None, "the result file is not UTF-8 text")
+    log = RewardLog(3)
+    results = [{"reward": 1.0, "metrics": {"turns": 2, "ok": True}}, None, {"reward": None, "metrics": {"turns": 4}}]
+    got = agent_reward([[], [], []], agent_results=results, log_extra=log.extra_logger("w", range(3)), log_metric=log.metric_logger("w"))
+    assert got == [1.0, None, None]
+    assert log.extra == {"agent_ok": [1.0, None, None], "agent_turns": [2, None, 4]}
+    assert log.metric_sums() == {"agent_ok": [1.0, 1], "agent_turns": [6.0, 2]}
+
+
+def test_grpo_init_adds_the_agents_reward(assets, tmp_path):
+    """A run with rollout.agent and no reward function is the agent scoring itself: `grpo init` writes
+    the reward `agent` into its rewards (weight 1), beside any given."""
+    import yaml
+
+    from conftest import grpo
+
+    for name, rewards in (("alone", []), ("beside", [{"fn": "correct"}])):
+        cfg = base_config(assets, data={"train": assets["train"], "eval": None, "chat_template": True},
+                          rollout={"agent": {"command": ["python", AGENT]}}, rewards=rewards)
+        grpo("init", str(tmp_path / name), "--config", str(write_config(tmp_path / f"{name}.yaml", cfg)))
+        stored = yaml.safe_load((tmp_path / name / "config.yaml").read_text())["rewards"]
+        assert [(r.get("name"), r["fn"], r["weight"]) for r in stored][-1] == ("agent", "pipeline.agents.endpoint.result:agent_reward", 1.0)
+        assert len(stored) == len(rewards) + 1
+    # the agent's script travels with the run (RUN/code, as reward and tool files do); the rollout runs the copy
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    from pipeline.store import code
+
+    run = Run(str(tmp_path / "beside"))
+    copy = code.local_copies(run.store, run.code)[AGENT]
+    assert "/code/" in str(copy) and Path(copy).read_bytes() == Path(AGENT).read_bytes()
+    assert RolloutInputs(run, 0).episodes.command == ["python", str(copy)]
+
+
 @pytest.mark.slow
 def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_path, monkeypatch):
     from pipeline.rollout import policy_engine, run_rollout
     from pipeline.run.run import Run
+    from pipeline.agents.endpoint.audit import row_problems as endpoint_problems
+    from pipeline.report.audit import audit_run
+    from pipeline.rollout import RolloutInputs
+    from pipeline.score import run_score
 
+    from pipeline.agents.endpoint.process import AgentProcess
+    from pipeline.loop.replay import replay
+    from pipeline.models.hf_engine import HFEngine
+    from pipeline.models.vllm_engine import VLLMEngine
+
+    started = {"engines": 0, "agents": 0}  # real constructions, counted on the way through (each still runs)
+
+    def counted(cls, what):
+        init = cls.__init__
+
+        def counting(self, *args, **kwargs):
+            started[what] += 1
+            init(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", counting)
+
+    counted(HFEngine, "engines"), counted(VLLMEngine, "engines"), counted(AgentProcess, "agents")
     data = rows(tmp_path / "calc.jsonl")
     monkeypatch.setenv("AGENT_SIDE", "1")  # a harness's side call (another model's name) before the first turn
     first = endpoint_run(make_run, tiny2k, tmp_path, "first", ["python", AGENT], data)
@@ -140,6 +222,41 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
             assert rec["ending"] in ("finished", "length", "max_episode_tokens", "max_turns"), rec
             assert "grpo-" not in row["episode"]  # the episode's key is nowhere in the record
         assert any(json.loads(r["episode"])["turns"] > 1 for r in got)  # the multi-turn path ran
+        # the agent's result file: recorded, then scored as the reward `agent` and its metric columns
+        run_score(Run(first), 0)
+        scored = pq.read_table(Path(first) / "iter-0000/score/part-00000.parquet").to_pylist()
+        for row, sc in zip(got, scored):
+            agent = json.loads(row["episode"])["agent"]
+            assert agent["result_error"] is None and agent["result"]["reward"] in (0.0, 1.0), agent
+            assert sc["reward_agent"] == agent["result"]["reward"]
+            assert sc["extra_agent_tool_calls"] == agent["result"]["metrics"]["tool_calls"]
+            assert sc["extra_agent_turns"] == agent["result"]["metrics"]["turns"] == json.loads(row["episode"])["turns"]
+        assert started == {"engines": 1, "agents": 4}  # the counters see the run's engine and its 4 episodes' agents
+        # `grpo replay --until score` re-scores the iteration from the record: no agent, no engine started
+        again = replay(first, 0, str(tmp_path / "replayed"), until="score")
+        assert started == {"engines": 1, "agents": 4}
+        rescored = pq.read_table(Path(again.uri) / "iter-0000/score/part-00000.parquet").to_pylist()
+        assert [(r["reward_agent"], r["extra_agent_tool_calls"], r["reward"]) for r in rescored] == \
+               [(r["reward_agent"], r["extra_agent_tool_calls"], r["reward"]) for r in scored]
+        # `grpo audit`: each row's record replayed through the endpoint's code (prompts re-rendered, glue
+        # re-derived, completions re-parsed) gives its ids; a forged token and a forged answer are named
+        audited = audit_run(Run(first))
+        assert audited.problems == [] and audited.unchecked_episodes == 0, audited.problems
+        inputs = RolloutInputs(Run(first), 0)
+        check = lambda r: endpoint_problems(inputs.episodes, r, inputs.group_seed(r["prompt_id"]))
+        assert all(check(r) == [] for r in got)
+        row = next(r for r in got if json.loads(r["episode"])["turns"] > 1)
+        ids = list(row["completion_ids"])
+        i = len(ids) - 1 - row["completion_mask"][::-1].index(1)  # the last sampled token
+        ids[i] ^= 1
+        assert "recorded completion ids" in check({**row, "completion_ids": ids})[0]
+        rec = json.loads(row["episode"])
+        last = [q for q in rec["requests"] if q["kind"] == "turn"][-1]
+        last["message"] = {**last["message"], "content": (last["message"]["content"] or "") + " 42"}
+        assert check({**row, "episode": json.dumps(rec)}) == [f"turn {rec['turns']}: its recorded answer is not what its completion ids parse to"]
+        rec = json.loads(row["episode"])
+        rec["requests"][1]["new_messages"][0]["content"] += "!"  # the prompt it was sampled from, forged
+        assert check({**row, "episode": json.dumps(rec)})[0].startswith("prompt_ids are not its first request's messages")
         # a second run of the same config: the same bytes
         second = endpoint_run(make_run, tiny2k, tmp_path, "second", ["python", AGENT], data)
         run_rollout(Run(second), 0, engine=engine)
@@ -165,7 +282,7 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
             assert y["completion_ids"] == first_turn and ry["turns"] == 1
             if ry["ending"] != "length":  # a cut first turn ends the episode before any history comes back
                 assert ry["ending"] == "history_rewritten" and "not the assistant message grpo answered" in ry["detail"], ry
-                assert ry["agent"]["exit_code"] != 0  # the SDK raised on the 400
+                assert ry["agent"]["exit_code"] == 0 and ry["agent"]["result"]["metrics"]["turns"] == 1  # it caught the 400
         # faults: a crash, a hang past the timeout, a malformed body, no call at all: each recorded, the part written
         faults = tmp_path / "faults.py"
         faults.write_text(FAULTS)
@@ -174,7 +291,7 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
                              rollout={"engine": "hf", "num_generations": 2, "prompts_per_iter": 4, "groups_per_part": 4,
                                       "max_new_tokens": 12, "max_episode_tokens": 120,
                                       "agent": {"command": [sys.executable, str(faults)], "timeout_s": 3}},
-                             rewards=[{"fn": "correct"}])
+                             rewards=[{"fn": "correct"}, AGENT_REWARD])
         run_rollout(Run(fault_run), 0, engine=engine)
         endings = {r["mode"]: json.loads(r["episode"]) for r in part_rows(fault_run)}
         assert len(part_rows(fault_run)) == 8 and set(endings) == {"crash", "hang", "malformed", "none"}
@@ -183,6 +300,9 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
         assert endings["malformed"]["ending"] == "malformed_request" and "not JSON" in endings["malformed"]["detail"]
         assert endings["none"]["ending"] == "no_calls"
         assert all(r["completion_ids"] == [] for r in part_rows(fault_run))
+        assert {e["agent"]["result_error"] for e in endings.values()} == {"no result file: the agent wrote nothing to GRPO_RESULT_FILE"}
+        run_score(Run(fault_run), 0)  # no agent reward anywhere: null, left out of the total, no crash
+        assert pq.read_table(Path(fault_run) / "iter-0000/score/part-00000.parquet").column("reward_agent").null_count == 8
     finally:
         engine.close()
 
@@ -243,6 +363,15 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     # an earlier message changed: the episode ends there, the agent is answered 400
     runner._answer(job2, Sample("253", [50, tok.eos_token_id], [-0.1, -0.2], "stop"))
     answer(r2)
+    # audit's replay of the row's record (pipeline/agents/endpoint/audit.py) re-derives it; a changed call is named
+    from pipeline.agents.endpoint.audit import row_problems
+    row = runner.row(e, "policy-hash")
+    assert row_problems(runner, row, plan.group_seed(p.prompt_id)) == []
+    assert row_problems(runner, row, plan.group_seed(p.prompt_id) + 1) == ["turn 1: its recorded seed or token cap is not the one the run derives"]
+    rec = json.loads(row["episode"])
+    rec["requests"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"a": 11, "b": 24}'
+    rec["requests"][1]["new_messages"] = []
+    assert row_problems(runner, {**row, "episode": json.dumps(rec)})[0].startswith("turn 1: its recorded answer is not")
     forged = [{"role": "user", "content": "What is 12 * 23?"}] + history[1:] + [{"role": "assistant", "content": "253"},
                                                                                {"role": "user", "content": "Thanks"}]
     r3, job3 = ask({**body, "messages": forged})

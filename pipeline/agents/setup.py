@@ -89,12 +89,16 @@ def check_routes(cfg, classes: dict) -> None:
 
 def with_environment_rewards(cfg):
     """The config with TRL's implicit reward sources written out: each environment class that
-    defines get_reward, named after the class, weight 1 (unless `rewards` names it already).
+    defines get_reward, named after the class, weight 1, and with rollout.agent the reward `agent`
+    (the agent's result file, pipeline.agents.endpoint.result), unless `rewards` names them already.
     A run with no reward function and no get_reward is refused here (before a run directory exists)."""
     from pipeline import config as config_mod
 
+    from pipeline.agents.endpoint.result import reward_spec
+
     have = {r.column for r in cfg.rewards}
-    extra = [spec for spec in envs.reward_specs(cfg.rollout.environment) if spec["name"] not in have]
+    specs = envs.reward_specs(cfg.rollout.environment) + ([reward_spec()] if cfg.rollout.agent is not None else [])
+    extra = [spec for spec in specs if spec["name"] not in have]
     if not cfg.rewards and not extra:
         raise GRPOError("rewards: none given, and no rollout.environment class defines get_reward; TRL needs reward "
                         "functions or an environment that scores itself")

@@ -20,8 +20,9 @@ class AgentCommand(Section):
     """The program and its arguments, e.g. `[python, agent.py]` (`python`/`python3` is the
     interpreter running grpo). Started once per episode, in the directory grpo runs in, with
     OPENAI_BASE_URL, OPENAI_API_KEY (the episode's key), GRPO_MODEL (the model name to ask for),
-    GRPO_TASK (the prompt row as JSON), GRPO_SEED and GRPO_RESULT (a path where it may write a JSON
-    object of its own reward and metrics) in its environment."""
+    GRPO_TASK (the prompt row as JSON), GRPO_SEED and GRPO_RESULT_FILE (a path where it may write
+    {"reward": x, "metrics": {...}}: the reward `agent` and its metric columns, pipeline/agents/endpoint/result.py)
+    in its environment."""
     timeout_s: float = Field(300.0, gt=0.0)
     """Wall-clock seconds per episode: an agent still running past it is killed (ending agent_timeout)."""
 

@@ -16,8 +16,8 @@ def refusal(c) -> str | None:
     t, r = c.train, c.rollout
     if t.mini_batch_size % t.grad_accum:
         return f"train.mini_batch_size ({t.mini_batch_size}) must be divisible by train.grad_accum ({t.grad_accum})"
-    if not c.rewards and r.environment is None:
-        return "rewards: at least one reward function (or a rollout.environment class with get_reward)"
+    if not c.rewards and r.environment is None and r.agent is None:
+        return "rewards: at least one reward function (or a rollout.environment class with get_reward, or rollout.agent)"
     names = [w.column for w in c.rewards]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.agents.inserted import Tokens
 
 COLUMNS = ("prompt", "prompt_ids", "completion", "completion_ids", "completion_mask", "episode")
+ENDPOINT_COLUMNS = ("prompt_id", "group_idx", "sample_idx", "sampler_logprobs")
 
 
 def row_problems(tokens, row: dict) -> list[str] | None:
@@ -87,10 +88,13 @@ def check_episodes(a, rel: str, data: bytes) -> None:
     f = pq.ParquetFile(io.BytesIO(data))
     if not set(COLUMNS) <= set(f.schema_arrow.names):  # no episodes, or no ids kept (an eval part's)
         return
-    rows = f.read(columns=list(COLUMNS)).to_pylist()
+    names = list(COLUMNS) + [c for c in ENDPOINT_COLUMNS if c in f.schema_arrow.names]
+    rows = f.read(columns=names).to_pylist()
     episodes = [(i, r) for i, r in enumerate(rows) if r["episode"] is not None]
     if not episodes:
         return
+    if '"route": "endpoint"' in episodes[0][1]["episode"]:  # an endpoint agent's part: its record replayed (pipeline/agents/endpoint/audit.py)
+        return check_endpoint_episodes(a, rel, episodes)
     tokens = a.episode_tokens()
     if tokens is None:
         a.audit.unchecked_episodes += len(episodes)
@@ -105,3 +109,30 @@ def check_episodes(a, rel: str, data: bytes) -> None:
         elif found:
             a.audit.problem(rel, f"row {i}: {found[0]}")
             return  # the first row: what follows from it is the same edit
+
+
+def check_endpoint_episodes(a, rel: str, episodes: list[tuple[int, dict]]) -> None:
+    """An endpoint part's rows, each its record replayed through the endpoint's code; unchecked when
+    the iteration's rollout inputs (its policy's tokenizer and template) cannot be rebuilt."""
+    import re
+
+    from pipeline.agents.endpoint.audit import row_problems as endpoint_problems
+    from pipeline.errors import GRPOError
+
+    k = int(re.search(r"iter-(\d+)", rel).group(1))
+    try:
+        inputs, seeded = a.endpoint_inputs(k)
+    except (GRPOError, OSError):
+        inputs = None
+    if inputs is None or inputs.episodes is None:
+        a.audit.unchecked_episodes += len(episodes)
+        return
+    for i, r in episodes:
+        try:
+            seed = inputs.group_seed(r["prompt_id"]) if seeded else None
+            found = endpoint_problems(inputs.episodes, r, seed)
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            found = [f"its episode record is malformed ({type(err).__name__}: {err})"]
+        if found:
+            a.audit.problem(rel, f"row {i}: {found[0]}")
+            return

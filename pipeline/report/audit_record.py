@@ -72,6 +72,7 @@ class Auditor:
         self.policy: dict[int, str] = {}  # committed policies' recorded hashes
         self.config_mismatch: list[str] = []
         self._tokens: object = False  # the run's tokenizer for episode rows (episode_tokens), once looked up
+        self._inputs: dict = {}  # iteration -> its rollout inputs, for endpoint episode rows (endpoint_inputs)
 
     def manifest(self, rel_dir: str):
         """The typed manifest, or None: absent, or unreadable / malformed (recorded as a problem)."""
@@ -80,6 +81,16 @@ class Auditor:
         except GRPOError as err:
             self.audit.problem(f"{rel_dir}/{MANIFEST}", str(err).removeprefix(f"{self.store.display(f'{rel_dir}/{MANIFEST}')}: "))
             return None
+
+    def endpoint_inputs(self, k: int):
+        """(iteration k's RolloutInputs, whether its seeds are this run's) for auditing endpoint episodes:
+        the rollout's own template, tool format and budget; a replayed rollout's seeds are its source's."""
+        if k not in self._inputs:
+            from pipeline.rollout import RolloutInputs
+
+            m = self.store.manifest(stage_rel(k, "rollout"))
+            self._inputs[k] = (RolloutInputs(self.run, k), m.replayed_from is None)
+        return self._inputs[k]
 
     def episode_tokens(self):
         """The run's tokenizer as episodes tokenise (pipeline/agents/inserted.py's Tokens), from the first

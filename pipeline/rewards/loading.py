@@ -134,6 +134,11 @@ _COPIES: dict[str, str] = {}
 """While a stage computes for a run (`run_code`): a file or module the config names -> the run's copy."""
 
 
+def copy_of(where: str) -> str:
+    """Inside `run_code`: the run's copy of the file `where` (a script of rollout.agent.command), else `where`."""
+    return _COPIES.get(where, where)
+
+
 @contextlib.contextmanager
 def run_code(run, here: str = "here"):
     """Within it, the config's reward, tool and environment targets import the run's copies

@@ -1,7 +1,8 @@
 """The code a config names travels with the run: reward files, tool and environment files.
 
 `grpo init` copies each file a config names (`rewards[i].fn: my_rewards.py:brevity`, `rollout.tools`,
-`rollout.environment`; a `module:fn` whose module is a single file in the current directory too)
+`rollout.environment`, the `.py` scripts of `rollout.agent.command`; a `module:fn` whose module is a
+single file in the current directory too)
 into RUN/code/<sha256[:12]>/<name>.py and records it in RUN/code/CODE.json with its sha256; a module
 imported from the environment (an installed package) is recorded by its version and its file's
 sha256. A copied file's local imports (`import helpers` where helpers.py lies beside it, found by
@@ -55,8 +56,12 @@ def targets(cfg) -> list[str]:
 
 
 def sources(cfg) -> list[str]:
-    """The files and modules those targets name (each once, in order)."""
-    return list(dict.fromkeys(w for t in targets(cfg) if (w := t.rpartition(":")[0])))
+    """The files and modules those targets name (each once, in order), then the scripts an endpoint
+    agent's command names (`rollout.agent.command: [python, agent.py]`: agent.py, which the rollout runs
+    from the run's copy)."""
+    agent = cfg.rollout.agent
+    scripts = [a for a in agent.command[1:] if a.endswith(".py")] if agent is not None else []
+    return list(dict.fromkeys([w for t in targets(cfg) if (w := t.rpartition(":")[0])] + scripts))
 
 
 @functools.cache

@@ -9,6 +9,7 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
 
     {"version": 1, "route": "endpoint", "format": "hermes" | "template",
      "tools": [names], "tool_schemas": [the first request's `tools`], "observation": null,
+     "tool_schemas_json": the same as JSON text in the order sent (what the template renders; audit re-renders from it),
      "prompt_messages": [the first request's messages, canonical] | null,
      "messages": [after the prompt, as a tool episode's: assistant turns (content, text, tokens,
                   finish_reason, tool_calls), tool results {role, name, content, error: null},
@@ -25,7 +26,8 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
      "turns", "ending": "finished" | "history_rewritten" | "max_turns" | "max_episode_tokens" | "length"
                | "malformed_request" | "agent_crashed" | "agent_timeout" | "no_calls" | "prompt_too_long"
                | "template_rewrites_history",
-     "detail": str | null, "agent": {"exit_code", "killed", "result": its GRPO_RESULT object | why not | null},
+     "detail": str | null, "agent": {"exit_code", "killed", "result": {"reward", "metrics"} | null,
+               "result_error": why there is no result | null} (pipeline.agents.endpoint.result),
      "model_tokens", "context_tokens"}
 
 No timestamp, request id, port, key or timing is recorded: a rerun writes the same bytes.

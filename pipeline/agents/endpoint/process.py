@@ -4,7 +4,6 @@ the endpoint's address, the episode's key and its task in its environment, kille
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.agents.endpoint.result import RESULT_ENV, read_result
 from pipeline.errors import GRPOError
 
 PYTHONS = ("python", "python3")
@@ -48,7 +48,7 @@ class AgentProcess:
         self.dir = Path(tempfile.mkdtemp(prefix="grpo-agent-"))
         self.result_path = self.dir / "result.json"
         self.log = open(self.dir / "output.txt", "wb")
-        full = {**os.environ, **env, "GRPO_RESULT": str(self.result_path)}
+        full = {**os.environ, **env, RESULT_ENV: str(self.result_path)}
         self.proc = subprocess.Popen(command(cmd), env=full, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.deadline = time.monotonic() + timeout_s
@@ -69,15 +69,9 @@ class AgentProcess:
                 pass
             self.proc.wait()
 
-    def result(self) -> dict | str | None:
-        """What it wrote to GRPO_RESULT: a JSON object, or why it is not one; None when it wrote nothing."""
-        if not self.result_path.is_file():
-            return None
-        try:
-            value = json.loads(self.result_path.read_text())
-        except (ValueError, UnicodeDecodeError) as err:
-            return f"not JSON ({err})"
-        return value if isinstance(value, dict) else f"not a JSON object ({type(value).__name__})"
+    def result(self) -> tuple[dict | None, str | None]:
+        """What it wrote to GRPO_RESULT_FILE (pipeline.agents.endpoint.result): (result, None) or (None, why not)."""
+        return read_result(self.result_path)
 
     def output_tail(self, secret: str, lines: int = 5) -> str:
         """The last lines it printed, the episode's key blanked out (for the log, never the record)."""

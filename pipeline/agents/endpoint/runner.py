@@ -97,6 +97,7 @@ class EndpointRunner:
         self.budget, self.max_prompt_len = cfg.episode_tokens(), max_prompt_len
         self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
+        self.command = list(cfg.agent.command)  # what runs: the rollout names the run's copies of its scripts (RUN/code)
 
     def stamp(self) -> dict:
         return stamp(self.cfg.agent.command)
@@ -120,7 +121,7 @@ class EndpointRunner:
                 e.key = hub.new_key()
                 env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
                        "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, AGENT_SEED))}
-                e.proc = AgentProcess(self.cfg.agent.command, env, self.cfg.agent.timeout_s)
+                e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
             live = list(episodes)
             while live:
                 with hub.cond:
@@ -162,7 +163,8 @@ class EndpointRunner:
             e.end("no_calls", "the agent exited without asking for a turn")
         else:
             e.end("finished")
-        e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": e.proc.result()}
+        result, why = e.proc.result()
+        e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
         e.done = True
 
     def _refuse(self, e: EndpointEpisode, r: Request, h: str | None, message: str, kind: str = "refused") -> None:
@@ -312,6 +314,8 @@ class EndpointRunner:
         record = {
             "version": ENDPOINT_VERSION, "route": "endpoint", "format": self.a.format.kind,
             "tools": [t["function"]["name"] for t in e.schemas], "tool_schemas": e.schemas, "observation": None,
+            # the schemas' JSON in the order the agent sent them: the template renders that order (the record's keys are sorted)
+            "tool_schemas_json": json.dumps(e.schemas, ensure_ascii=False, separators=(",", ":")),
             "prompt_messages": e.prompt_messages, "messages": e.messages, "requests": e.requests,
             "turns": e.turns, "ending": e.ending, "detail": e.detail, "agent": e.agent,
             "model_tokens": sum(e.mask), "context_tokens": len(e.mask) - sum(e.mask),
