@@ -186,8 +186,8 @@ class GroupSampler:
             u.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_()  # log(-log u)
             choice = torch.sub(s, u, out=u).argmax(-1)  # argmax(s + Gumbel noise)
         self.chosen.append(logp.gather(-1, choice[:, None]).squeeze(-1))
-        return s.fill_(float("-inf")).scatter_(-1, choice[:, None], 0.0) if s is not scores else \
-            torch.full_like(s, float("-inf")).scatter_(-1, choice[:, None], 0.0)
+        out = s if s is not scores else torch.empty_like(s)  # s is ours once divided by T
+        return out.fill_(float("-inf")).scatter_(-1, choice[:, None], 0.0)
 
 
 def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int,
