@@ -131,6 +131,97 @@ def test_hf_engine_batched_groups_sample_softmax_over_temperature_from_their_own
         assert logp[i, : len(s.token_ids)].tolist() == pytest.approx(s.logprobs, abs=1e-4)
 
 
+class _ReferenceGroupDraw:
+    """The batched HF engine's draw written out plainly, out of place, as documented: rows come
+    `copies` to a group; the group's uniforms come from its own torch.Generator; token =
+    argmax(s + Gumbel noise) with s = logits / T truncated by the warpers; its logprob is
+    log_softmax(s) at the token. The engine's sampler must match it bit for bit."""
+
+    def __init__(self, seeds, copies, temperature, warpers=()):
+        self.gens = [torch.Generator().manual_seed(int(x)) for x in seeds]
+        self.copies, self.temperature, self.warpers, self.chosen = copies, temperature, list(warpers), []
+
+    def __call__(self, input_ids, scores):
+        s = scores.float() / self.temperature
+        for w in self.warpers:
+            s = w(input_ids, s)
+        u = torch.cat([torch.rand((self.copies, s.shape[-1]), generator=g) for g in self.gens])
+        gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(torch.float32).tiny)))
+        choice = (s + gumbel).argmax(-1)
+        self.chosen.append(torch.log_softmax(s, -1).gather(-1, choice[:, None]).squeeze(-1))
+        return torch.full_like(s, float("-inf")).scatter(-1, choice[:, None], 0.0)
+
+
+@pytest.mark.parametrize("trunc", [{}, {"top_k": 50, "top_p": 0.9}])
+def test_hf_engine_group_sampler_draws_what_the_plain_reference_draws_bit_for_bit(trunc):
+    """The sampler's in-place, buffer-reusing form (fewer passes over the vocabulary) changes no
+    token and no logprob bit against the plain reference, step after step, with and without
+    top-k / top-p, and leaves `generate`'s scores as it got them."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    from pipeline.models.hf_engine import GroupSampler
+
+    cfg = RolloutConfig(engine="hf", temperature=0.7, **trunc)
+    seeds, copies, V = [11, 5, 2026], 4, 3001
+    ours = GroupSampler(cfg, False, seeds, copies, torch.device("cpu"))
+    warpers = [TopKLogitsWarper(50), TopPLogitsWarper(0.9)] if trunc else []
+    ref = _ReferenceGroupDraw(seeds, copies, 0.7, warpers)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.zeros((len(seeds) * copies, 1), dtype=torch.long)
+    for _ in range(6):
+        scores = 4 * torch.randn((len(seeds) * copies, V), generator=g)
+        kept = scores.clone()
+        got, want = ours(ids, scores), ref(ids, scores.clone())
+        assert torch.equal(scores, kept)
+        assert torch.equal(got, want)  # -inf but at the same token in every row
+        assert torch.equal(ours.chosen[-1], ref.chosen[-1])
+        ids = torch.cat([ids, got.argmax(-1, keepdim=True)], 1)
+    assert len({tuple(r) for r in ids[:copies].tolist()}) > 1  # a group's rows are drawn, not copied
+
+
+def test_hf_engine_rollouts_equal_the_plain_reference_samplers_bit_for_bit(two_policies):
+    """Whole rollouts on both of the HF engine's paths give exactly the tokens and logprobs of the
+    plain reference made in this test: the one-group-at-a-time path (the group's seed, transformers'
+    own sampler, log softmax of every stacked step's scores) and the batched path (one padded batch,
+    the reference Gumbel draw from each group's own generator)."""
+    from transformers import LogitsProcessorList
+
+    from pipeline.models.hf_engine import HFEngine, sampling_config
+
+    a, _ = two_policies
+    cfg = RolloutConfig(engine="hf", max_new_tokens=12, temperature=0.8)
+    eng = HFEngine(a, cfg, 256, seed=0)
+    prompts, seeds, n = [PROMPT[0], [9, 3, 4]], [7, 8], 3
+    plain = eng.generate(prompts, seeds, n=n)
+    for ids, seed, group in zip(prompts, seeds, plain):
+        torch.manual_seed(seed)
+        inp = torch.tensor([ids] * n)
+        gen = sampling_config(cfg, False, cfg.max_new_tokens, eng.stop_ids, eng.pad_id)
+        with torch.no_grad():
+            out = eng.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen)
+        new = out.sequences[:, len(ids):]
+        logp = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)  # [n, L, V]
+        tok_lp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        for j, smp in enumerate(group):
+            assert smp.token_ids == new[j, : len(smp.token_ids)].tolist()
+            assert smp.logprobs == [float(x) for x in tok_lp[j, : len(smp.token_ids)]]
+    eng.batched = True
+    batched = eng.generate(prompts, seeds, n=n)
+    width = max(map(len, prompts))
+    rows = [ids for ids in prompts for _ in range(n)]
+    inp = torch.tensor([[eng.pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ref = _ReferenceGroupDraw(seeds, n, 0.8)
+    with torch.no_grad():
+        out = eng.model.generate(inp, attention_mask=mask, logits_processor=LogitsProcessorList([ref]),
+                                 generation_config=sampling_config(cfg, True, cfg.max_new_tokens, eng.stop_ids, eng.pad_id))
+    new, tok_lp = out.sequences[:, width:], torch.stack(ref.chosen, 1)
+    for j, smp in enumerate(s for group in batched for s in group):
+        assert smp.token_ids == new[j, : len(smp.token_ids)].tolist()
+        assert smp.logprobs == [float(x) for x in tok_lp[j, : len(smp.token_ids)]]
+    assert len({tuple(s.token_ids) for s in batched[0]}) > 1
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024

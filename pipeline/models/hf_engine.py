@@ -87,9 +87,10 @@ class HFEngine:
             with torch.no_grad():
                 out = self.model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen)
             new = out.sequences[:, len(ids):]  # [n, L]
-            # `scores` are the processed logits (temperature, top-k/p) the sampler drew from
-            logp = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)  # [n, L, V]
-            tok_lp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [n, L]
+            # `scores` are the processed logits (temperature, top-k/p) the sampler drew from; each
+            # step's log softmax is gathered at its token alone (not stacked into an [n, L, V] copy)
+            tok_lp = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, new[:, t, None])[:, 0]
+                                  for t, s in enumerate(out.scores)], 1)  # [n, L]
             group = []
             for j in range(new.shape[0]):
                 row = new[j].tolist()
@@ -159,24 +160,34 @@ class GroupSampler:
                                     TopPLogitsWarper(cfg.top_p) if cfg.top_p < 1.0 else None,
                                     MinPLogitsWarper(cfg.min_p) if cfg.min_p else None) if w is not None]
         self.chosen: list = []
+        self._noise = None  # the [B, V] uniforms buffer, reused every step
 
     def __call__(self, input_ids, scores):
+        # Every op is the same elementwise op on the same [B, V] float32 shape as the plain
+        # out-of-place form (tests/test_engines.py holds it as the reference), only in place and in
+        # buffers kept across steps: the same tokens and logprobs bit for bit, with fewer passes
+        # over the vocabulary and no allocation per step (s - log(-log u) is exactly s + (-log(-log u))).
         torch = self.torch
         s = scores.float()
         if not self.greedy:
-            s = s / self.temperature
+            s = s / self.temperature  # a copy: `scores` is not changed
             for w in self.warpers:
                 s = w(input_ids, s)
         logp = torch.log_softmax(s, -1)
         if self.greedy:
             choice = s.argmax(-1)
         else:
-            k, V = self.copies, s.shape[-1]
-            u = torch.cat([torch.rand((k, V), generator=g, device=s.device) for g in self.gens])
-            gumbel = -torch.log(-torch.log(u.clamp_(min=torch.finfo(torch.float32).tiny)))
-            choice = (s + gumbel).argmax(-1)
+            k = self.copies
+            if self._noise is None or self._noise.shape != s.shape or self._noise.device != s.device:
+                self._noise = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+            u = self._noise
+            for i, g in enumerate(self.gens):  # each group's uniforms from its own generator, into its rows
+                torch.rand((k, s.shape[-1]), generator=g, device=s.device, out=u[i * k:(i + 1) * k])
+            u.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_()  # log(-log u)
+            choice = torch.sub(s, u, out=u).argmax(-1)  # argmax(s + Gumbel noise)
         self.chosen.append(logp.gather(-1, choice[:, None]).squeeze(-1))
-        return torch.full_like(s, float("-inf")).scatter_(-1, choice[:, None], 0.0)
+        out = s if s is not scores else torch.empty_like(s)  # s is ours once divided by T
+        return out.fill_(float("-inf")).scatter_(-1, choice[:, None], 0.0)
 
 
 def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int,
