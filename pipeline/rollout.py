@@ -19,7 +19,8 @@ from pipeline.run.template_date import dated
 from pipeline.run.parts import Shard, n_parts, part_groups, run_parts
 from pipeline.rewards.calls import TrainerState, trainer_state_at
 from pipeline.run.run import Run
-from pipeline.store import pending, policy_rel
+from pipeline.run import inflight
+from pipeline.store import policy_rel
 from pipeline.schedule import iteration_plan
 from schemas.artifacts import ROLLOUT
 
@@ -136,14 +137,13 @@ def policy_engine(run: Run, k: int, engine=None, settings=None, weights: list | 
     built = policy.engine_tensors(run, k)  # a merged LoRA policy: built in memory, never written
     weights_given = built or weights
     weights, adapter = policy.engine_weights(run, k)
-    if not weights_given:  # the engine reads policy k's files: one still being written is waited for
+    if not weights_given:  # the engine reads policy k's files: a write of them in flight is settled
         run.policy_dir(k)
     loaded = engine is None or engine.model_dir != weights or engine.adapter != adapter
     if engine is None:  # weights built in memory: a new engine starts from policy 0's files, then takes them
         max_len = engine_max_len(cfg, model_context(run.plain_dir(k)))
         engine = make_engine(run.policy_dir(0) if built else weights, cfg.rollout, max_len, cfg.seed, max_lora_rank=policy.engine_lora_rank(),
-                             precision=cfg.train.precision, settings=settings)
-    engine.files_ready = pending.wait_dir  # a reload from the files (a sleeping vLLM's wake) waits for their background write
+                             precision=cfg.train.precision, settings=settings, files_ready=inflight.wait_dir)
     if engine.model_dir != weights:
         engine.load(weights, weights=None if adapter is not None else weights_given)
     engine.adapter = adapter

@@ -293,13 +293,13 @@ def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_poli
     reading b's stored directory, and then holds b's directory as its model. That directory is
     `iterate`'s policy K+1, whose weights file is still being written in the background: after the
     next sleep the engine's wake reloads the weights from it, and waits for the write first
-    (the hook `policy_engine` gives a run's engine)."""
+    (the wait `policy_engine` hands a run's engine when it makes it)."""
     import threading
 
     from transformers import AutoModelForCausalLM
 
     from pipeline.models.vllm_engine import VLLMEngine
-    from pipeline.store import pending
+    from pipeline.run import inflight
 
     a, b = two_policies
     module = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)
@@ -316,15 +316,14 @@ def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_poli
         for f in b.glob("*.safetensors"):
             shutil.copy(f, policy / f.name)
 
-    eng = VLLMEngine(a, RolloutConfig(max_new_tokens=12), 256, seed=0)
-    eng.files_ready = pending.wait_dir  # as policy_engine sets it
+    eng = VLLMEngine(a, RolloutConfig(max_new_tokens=12), 256, seed=0, files_ready=inflight.wait_dir)  # as policy_engine makes it
     try:
         from_a = eng.generate(PROMPT, [7], n=4)
         eng.load(b)
         from_disk = eng.generate(PROMPT, [7], n=4)
         eng.load(a)
         eng.sleep()  # as in `iterate`: the new policy reaches an engine asleep since the rollout
-        pending.start(str(root), 1, write)
+        inflight.start(str(root), 1, write)
         eng.load(policy, weights=weights)  # from memory: nothing waits for the file
         held = eng.model_dir
         from_memory = eng.generate(PROMPT, [7], n=4)
@@ -334,7 +333,7 @@ def test_weights_handed_over_from_memory_sample_like_a_reload_from_disk(two_poli
     finally:
         release.set()
         eng.close()
-    assert held == policy and pending.get(str(root), 1) is None
+    assert held == policy and inflight.get(str(root), 1) is None
     for got in (from_memory, woken):
         for m, d in zip(got[0], from_disk[0]):
             assert m.token_ids == d.token_ids and m.logprobs == d.logprobs

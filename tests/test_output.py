@@ -84,7 +84,7 @@ def test_ctrl_c_then_a_failed_background_write_exits_as_ctrl_c_with_both_lines(m
     ends as a Ctrl-C (exit 130, what to do next), not as the write's error (exit 1)."""
     from pipeline.loop.iteration import WarmEngines
     from pipeline.run.run import Run
-    from pipeline.store import pending
+    from pipeline.run import inflight
     from stages.cli import app, run_cli
 
     run = Run(make_run("interrupted"))
@@ -94,7 +94,7 @@ def test_ctrl_c_then_a_failed_background_write_exits_as_ctrl_c_with_both_lines(m
 
     def interrupted_while_writing() -> None:
         warm = WarmEngines(run)
-        pending.start(run.store.root, 1, write)
+        inflight.start(run.store.root, 1, write)
         try:
             raise KeyboardInterrupt  # what SIGINT raises in the loop
         finally:

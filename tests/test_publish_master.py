@@ -90,12 +90,13 @@ def test_published_policy_is_the_fp32_master(assets, tmp_path, bf16, zero):
             trainer.engine.module.save_pretrained(ref_dir, state_dict=master_state_dict(trainer.engine.module, masters))
             assert (out / "model.safetensors").read_bytes() == (ref_dir / "model.safetensors").read_bytes()
             # iterate's background write: the sha256 computed from memory (on its thread); the file written later, the same bytes
-            deferred: list = []
+            from pipeline.run.weights_file import DeferredWeights
+
             later = tmp_path / "later"
-            assert trainer.save_policy(later, Path(assets["model"]), ckpt, deferred) == {}
-            assert {deferred[0].path.name: deferred[0].hash()} == hashed
+            deferred = trainer.save_policy(later, Path(assets["model"]), ckpt, later=True)
+            assert isinstance(deferred, DeferredWeights) and {deferred.path.name: deferred.hash()} == hashed
             assert not (later / "model.safetensors").exists() and (later / "config.json").read_bytes() == (out / "config.json").read_bytes()
-            deferred[0].write()
+            deferred.write()
             assert (later / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
             assert [p.name for p in later.iterdir() if p.name.startswith(".tmp-")] == []
     finally:
@@ -127,14 +128,15 @@ def test_the_background_weights_file_is_on_disk_before_it_returns(tmp_path, monk
 
 
 def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(assets, tmp_path):
-    """pipeline.store.pending: while `iterate`'s thread writes policy K+1, its hash is answered at once
+    """pipeline.run.inflight: while `iterate`'s thread writes policy K+1, its hash is answered at once
     (the rollout's parts stamp it) and its tokenizer directory is there, but whoever asks whether it
     exists (or reads its weights) waits for the write; a failed write is raised there, once."""
     import threading
 
     from pipeline import config as config_mod
     from pipeline.errors import GRPOError
-    from pipeline.store import pending, policy_rel
+    from pipeline.run import inflight
+    from pipeline.store import policy_rel
     from pipeline.run.run import init_run, policy_manifest
     from tests.conftest import base_config
 
@@ -146,7 +148,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
         run.store.put_dir(run.policy_dir(0), policy_rel(1))
         wrote.append(run.store.write_manifest(policy_rel(1), policy_manifest(run.policy_dir(0), 1, source="test")).policy_hash)
 
-    pending.start(run.store.root, 1, lambda p: write(), policy_hash="f" * 64)
+    inflight.start(run.store.root, 1, lambda p: write(), policy_hash="f" * 64)
     assert run.policy_hash(1) == "f" * 64 and run.writing(1) is not None
     assert run.policy_dir(1, weights=False) == run.store.local_dir(policy_rel(1))  # not waited for
     answers: list = []
@@ -161,7 +163,7 @@ def test_a_policy_being_written_is_named_at_once_and_waited_for_by_its_readers(a
     def fail() -> None:
         raise GRPOError("policy/iter-0002: write failed: No space left on device")
 
-    pending.start(run.store.root, 2, lambda p: fail(), policy_hash="e" * 64)
+    inflight.start(run.store.root, 2, lambda p: fail(), policy_hash="e" * 64)
     with pytest.raises(GRPOError, match="No space left"):
         run.policy_dir(2)
     assert not run.policy_done(2)  # raised once; the policy is missing
@@ -172,7 +174,7 @@ def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path)
     OSError) is raised where the policy is next waited for as the one line the CLI prints, naming
     the policy's directory, the original kept as its cause; a Ctrl-C or an exit stays what it was."""
     from pipeline.errors import GRPOError
-    from pipeline.store import pending
+    from pipeline.run import inflight
 
     root = str(tmp_path / "run")
 
@@ -182,22 +184,22 @@ def test_any_error_of_a_background_write_is_one_line_naming_the_policy(tmp_path)
         return write
 
     bug = KeyError("model.embed_tokens.weight")
-    pending.start(root, 3, fail(bug))
+    inflight.start(root, 3, fail(bug))
     with pytest.raises(GRPOError) as got:
-        pending.wait(root, 3)
+        inflight.settle(root, 3, "files")
     assert str(got.value) == (f"{os.path.realpath(root)}/policy/iter-0003: its background write failed: "
                               "KeyError: 'model.embed_tokens.weight'")
     assert got.value.__cause__ is bug
-    pending.start(root, 4, fail(ValueError("first line\n  more detail")))
+    inflight.start(root, 4, fail(ValueError("first line\n  more detail")))
     with pytest.raises(GRPOError, match=r"policy/iter-0004: its background write failed: ValueError: first line$"):
-        pending.wait_all()
+        inflight.settle(root, None, "files")  # whichever write of the run is in flight
     ours = GRPOError("policy/iter-0005: write failed: No space left on device")
     for err in (ours, SystemExit(3), KeyboardInterrupt()):  # as they were raised
-        pending.start(root, 5, fail(err))
+        inflight.start(root, 5, fail(err))
         with pytest.raises(type(err)) as got:
-            pending.wait(root, 5)
+            inflight.settle(root, 5, "files")
         assert got.value is err
-    assert pending.get(root, 3) is pending.get(root, 4) is pending.get(root, 5) is None  # each raised once
+    assert inflight.get(root, 3) is inflight.get(root, 4) is inflight.get(root, 5) is None  # each raised once
 
 
 def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_write(make_run):
@@ -210,8 +212,9 @@ def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_
     import threading
 
     from pipeline.rollout import policy_engine
+    from pipeline.run import inflight
     from pipeline.run.run import Run
-    from pipeline.store import pending, policy_rel
+    from pipeline.store import policy_rel
 
     run = Run(make_run(rollout={"engine": "hf"}))
     engine = policy_engine(run, 0)
@@ -221,7 +224,7 @@ def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_
         assert release.wait(60)
         shutil.copytree(run.policy_dir(0), target)  # the files of a policy equal to policy 0
 
-    pending.start(run.store.root, 1, write)
+    inflight.start(run.store.root, 1, write)
     loaded: list = []
 
     def reload() -> None:
@@ -237,7 +240,7 @@ def test_an_engine_reloading_a_policy_from_its_files_waits_for_their_background_
     assert reader.is_alive() and loaded == []  # it waits: the files cannot be there yet
     release.set()
     reader.join(60)
-    assert loaded == [target] and pending.get(run.store.root, 1) is None
+    assert loaded == [target] and inflight.get(run.store.root, 1) is None
 
 
 def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_re_created(assets, tmp_path):
@@ -250,7 +253,7 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
     import sys
 
     from pipeline import config as config_mod
-    from pipeline.store import pending
+    from pipeline.run import inflight
     from pipeline.run.run import init_run
     from tests.conftest import REPO, base_config
 
@@ -268,7 +271,7 @@ def test_a_policy_written_by_another_process_is_neither_called_interrupted_nor_r
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip()
 
-    lock = pending.acquire(run.store.root, 1)  # as `background.write_later` takes it for policy 1
+    lock = inflight.acquire(run.store.root, 1)  # as `record.publish` takes it for policy 1
     try:
         said = other_process("run.policy_hash(1)")
         assert "another grpo process" in said and "interrupted" not in said, said
@@ -341,3 +344,43 @@ def test_an_iterations_row_is_shown_once_its_record_is_safe_or_with_its_writes_f
     assert str(err.value) == f"{run.store.display(policy_rel(2))}: write failed: No space left on device"
     assert shown == [(0, True, True), (1, False, True)]  # row 1 with the failure of its write, not before it ended
     assert run.done(1, "update") and not run.policy_done(2)  # the update recorded, its policy to re-create (restore_policy)
+
+
+@pytest.mark.slow
+def test_the_loops_wait_for_the_record_is_a_timed_line_of_the_iteration(make_run, monkeypatch):
+    """`iterate` waits for the record of update K in one place before update K+1 (that update changes
+    the tensors the file is written from) and once at its end, and the seconds waited are the
+    iteration's `record` timing. With rollout.weight_sync memory, and the old logprobs taken from the
+    update's own forward (one optimizer step per epoch), nothing before update 1 reads policy 1's files;
+    its write is held until the loop waits for it, so iteration 1's wait is not empty; policy 2's is
+    waited for at the loop's end, into the last row's timing."""
+    import threading
+
+    from pipeline.loop.iterate import iterate
+    from pipeline.run.run import Run
+    from pipeline.run.weights_file import DeferredWeights
+    from pipeline.update import record
+
+    run = Run(make_run(rollout={"engine": "hf", "weight_sync": "memory"}, train={"mini_batch_size": 16}))
+    waiting, waited_for = threading.Event(), []
+    real_settle, real_write = record.settle_before_update, DeferredWeights.write
+
+    def settle(r, k):
+        if r.writing(k if k is not None else r.completed_iters()) is not None:  # a write in flight: the loop waits here
+            waited_for.append(k)
+            waiting.set()
+        return real_settle(r, k)
+
+    def write(self, path=None) -> None:
+        assert waiting.wait(120), "the loop never waited for the record"
+        waiting.clear()
+        real_write(self, path)
+
+    monkeypatch.setattr(record, "settle_before_update", settle)
+    monkeypatch.setattr(DeferredWeights, "write", write)
+    rows = iterate(run, 2)
+    assert waited_for == [1, 2]  # before update 1 (policy 1's write), and at the end (policy 2's)
+    assert [sorted(r["timings"]) for r in rows] == [["logprobs", "record", "rollout", "score", "update"]] * 2
+    assert rows[0]["timings"]["record"] == 0.0 and rows[1]["timings"]["record"] > 0.0
+    assert sum(rows[1]["timings"].values()) <= rows[1]["seconds"]
+    assert run.policy_done(2) and run.done(1, "update") and run.writing(2) is None

@@ -23,7 +23,7 @@ from pipeline.config.rules import refusal
 from pipeline.errors import GRPOError
 from pipeline.report import tracking
 from pipeline.eval.run import run_eval
-from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn
+from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn, settle_record
 from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
 from pipeline.run.run import Run
@@ -86,7 +86,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             sampler = ProcessSampler(run)
         else:
             sampler = InlineSampler(run, warm)
-            warm.background = True  # every reader of policy k+1's file is in this process, and waits for it
+            warm.readers_here = True  # every reader of a policy's files is in this process
     except BaseException:
         warm.close()
         raise
@@ -115,8 +115,11 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             shown.hold(k, rows[-1])
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
-        shown.show(wait=True)  # the newest policy's file, if it is still being written
-        run.policy_done(run.completed_iters())  # (one this process's loop did not make: none, or waited for)
+        waited = settle_record(run, warm, run.completed_iters())  # the newest policy's record: the loop's one wait at its end
+        if rows:  # the last iteration's: its row waits for it (`shown`)
+            rows[-1]["timings"]["record"] += waited
+            rows[-1]["seconds"] += waited
+        shown.show(wait=True)
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         try:
@@ -129,8 +132,8 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
 
 class _Rows:
     """Iteration k's row is shown once its record is safe: update k's manifest and policy k+1 on disk
-    (their background write, pipeline/update/background.py, runs on while rollout k+1 does), or
-    together with that write's failure, never before it. A row waits while its write runs; the next
+    (their write, pipeline/update/record.py, may run on while rollout k+1 does), or together with
+    that write's failure, never before it. A row waits while its write is in flight; the next
     iteration's start, the loop's end, or an unwinding Ctrl-C shows it."""
 
     def __init__(self, run: Run, on_iteration: Callable[[dict], None] | None):
@@ -147,11 +150,11 @@ class _Rows:
             return
         k, row = self.waiting
         w = self.run.writing(k + 1)
-        if w is not None and not wait and w.thread.is_alive():
+        if w is not None and not wait and not w.files.done():
             return
         self.waiting = None
         try:
-            self.run.policy_done(k + 1)  # the write's error, if it failed
+            self.run.policy_done(k + 1)  # settles the write: its error, if it failed
         finally:
             if self.on_iteration is not None:
                 self.on_iteration(row)

@@ -14,7 +14,9 @@ from pipeline.run.policy import LogprobModels
 from pipeline.rollout import engine_settings, policy_engine
 from pipeline.run.run import Run
 from pipeline.score import run_score
+from pipeline.update import record
 from pipeline.update.publish import flush_state, run_update
+
 
 class WarmEngines:
     """The rollout engine, logprob models and trainer, created on first use and kept."""
@@ -24,9 +26,11 @@ class WarmEngines:
         self.engine = None
         self.logprobs = LogprobModels(run)  # the logprob pass's models, kept across iterations
         self.trainer = None
-        self.background = False
-        """Whether the update may write its policy's weights file in the background (the sampler runs
-        in this process, and whatever reads the file waits for it: pipeline.store.pending)."""
+        self.readers_here = False
+        """Whether every reader of a policy's files is in this process (the sampler is), so that
+        the update's record may be written on a thread (`record.in_background` decides)."""
+        self.unlogged: int | None = None
+        """The update whose record went to a thread: its diagnostics are logged once it settles (`settle_record`)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
         self.settings = engine_settings(run, run.completed_iters(), shared=True)
@@ -49,11 +53,10 @@ class WarmEngines:
             self.engine.sleep()
 
     def close(self) -> None:
-        """A policy file still being written is finished and the trainer's state written if it is
-        not on disk (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the
-        engines close."""
+        """A record still in flight is settled and the trainer's state written if it is not on disk
+        (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the engines close."""
         try:
-            flush_state(self.run, self.trainer)  # waits for the background write first
+            flush_state(self.run, self.trainer)  # settles the record in flight first (the tensors it is written from)
         finally:
             if self.engine is not None:
                 self.engine.close()
@@ -88,11 +91,25 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
     with tracking.reporting(run, k, "logprobs"):
         run_logprobs(run, k, models=warm.logprobs)
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
+    timings["record"] = settle_record(run, warm, k)  # update k changes the tensors policy k's file is written from
     with tracking.reporting(run, k, "update"):
         if not sampler.update(k):
-            # iterate writes the state at its end; policy k+1's file is written while rollout k+1 runs
-            _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.background)
+            # iterate writes the state at its end; update k's record may be written while rollout k+1 runs
+            _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.readers_here)
+            if run.writing(k + 1) is not None:
+                warm.unlogged = k
     timings["update"] = time.time() - t0 - sum(timings.values())
+
+
+def settle_record(run: Run, warm: WarmEngines, k: int) -> float:
+    """The loop's wait for the record of update k-1 (policy k's write, if still in flight): returns
+    the seconds waited. Update k-1's diagnostics are logged once its record has settled (here, or
+    earlier where a reader of the policy's files settled it); its error raised."""
+    waited = record.settle_before_update(run, k) if run.writing(k) is not None else 0.0
+    if warm.unlogged is not None:
+        due, warm.unlogged = warm.unlogged, None
+        tracking.diagnostics(run, due)
+    return waited
 
 
 def finish_row(run: Run, k: int, t0: float, timings: dict, on_iteration) -> dict:

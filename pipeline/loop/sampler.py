@@ -28,7 +28,8 @@ class Sampler(Protocol):
 
     @abstractmethod
     def close(self) -> None:
-        """Stop what the sampler started (processes, actors); the loop calls it once, at the end."""
+        """Stop what the sampler started (processes, actors). The loop calls it at its end and again
+        as it unwinds (its `finally`): a second call does nothing."""
 
     @abstractmethod
     def score(self, k: int) -> None:

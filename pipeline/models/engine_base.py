@@ -22,8 +22,8 @@ class Sample:
 
 def files_ready(model_dir: Path) -> None:
     """What an engine calls before it reads weights from a model directory: nothing to wait for
-    here. An engine sampling a run's policies is given the run's own (pipeline.rollout.policy_engine:
-    a policy this process still writes in the background is waited for), which models cannot import."""
+    here. An engine sampling a run's policies is handed the run's own when it is made
+    (pipeline.rollout.policy_engine: a policy whose write is in flight is settled), which models cannot import."""
 
 
 def cpu_env() -> None:

@@ -16,18 +16,20 @@ from pipeline.models.engine_base import Sample, cpu_env, engine_dtype, environme
 
 
 def make_engine(model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                precision: str = "fp32", settings=None):
+                precision: str = "fp32", settings=None, files_ready=None):
     """`precision`: train.precision, which `rollout.dtype: auto` follows; `settings`: a vLLM engine's
-    `device_budget.EngineSettings` (default: an engine alone on this machine's device)."""
+    `device_budget.EngineSettings` (default: an engine alone on this machine's device); `files_ready`:
+    what the engine calls before it reads weights from a directory (default: nothing to wait for)."""
+    ready = {} if files_ready is None else {"files_ready": files_ready}
     from pipeline.quiet import captured
 
     if cfg.engine == "vllm":
         from pipeline.models.vllm_engine import VLLMEngine
 
-        make = lambda: VLLMEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision, settings=settings)
+        make = lambda: VLLMEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision, settings=settings, **ready)
     else:
         from pipeline.models.hf_engine import HFEngine
 
-        make = lambda: HFEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision)
+        make = lambda: HFEngine(model_dir, cfg, max_model_len, seed, max_lora_rank=max_lora_rank, precision=precision, **ready)
     with captured():  # vLLM's Triton note at import, its NUMA-binding warning from C++ at start
         return make()

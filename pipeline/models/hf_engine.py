@@ -23,7 +23,8 @@ class HFEngine:
     """transformers `generate`: slower, but needs nothing beyond the training stack."""
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", files_ready=files_ready):
+        """`files_ready(model_dir)`: called before weights are read from a directory (engine_base.files_ready)."""
         cpu_env()
         same_kernels_every_run()  # the same tokens from the same seed on a GPU
         import torch
@@ -46,7 +47,7 @@ class HFEngine:
         self.model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model_dir = Path(model_dir)
         self.adapter = None  # LoRA policies reach this engine as merged weights
-        self.files_ready = files_ready  # called before weights are read from a directory
+        self.files_ready = files_ready
 
     def load(self, model_dir: Path, weights: list | None = None) -> None:
         """New weights: those stored in `model_dir`, or `weights` ((name, tensor) pairs, or a

@@ -36,8 +36,10 @@ class VLLMEngine:
     """vLLM's offline `LLM`, kept warm across iterations by `iterate`."""
 
     def __init__(self, model_dir: Path, cfg: RolloutConfig, max_model_len: int, seed: int, max_lora_rank: int | None = None,
-                 precision: str = "fp32", settings: EngineSettings | None = None):
-        """`settings`: how the engine uses the device (default: an engine alone on this machine's)."""
+                 precision: str = "fp32", settings: EngineSettings | None = None, files_ready=files_ready):
+        """`settings`: how the engine uses the device (default: an engine alone on this machine's);
+        `files_ready(model_dir)`: called before weights are read from a directory, a wake's reload too
+        (engine_base.files_ready)."""
         cpu_env()
         from transformers import AutoTokenizer
 
@@ -86,7 +88,7 @@ class VLLMEngine:
         self._asleep: set[str] = set()  # vLLM sleep mode: the memory tags not yet woken
         self._weights_stale = False  # level 2 discarded the weights: a wake reloads them
         self._reload = None  # what gives the weights again when `model_dir` does not hold them (load)
-        self.files_ready = files_ready  # called before weights are read from a directory (a wake's reload too)
+        self.files_ready = files_ready
 
     @_env_kept
     def sleep(self) -> None:

@@ -78,12 +78,16 @@ def reporting(run: Run, k: int, stage: str):
     The write path knows nothing of MLflow; the stages and `iterate` report through this."""
     fresh = not run.done(k, stage)
     yield
-    if fresh and is_rank_zero() and stage == "update" and (w := run.writing(k + 1)) is not None:
-        # its manifest is written on the policy's background write (pipeline.store.pending): the
-        # diagnostics follow it there; MLflow logs it at a later sync, with its policy
-        w.after_record(lambda: _guard(f"diagnostics of iteration {k}", lambda: _warn_new(run, k)))
+    if fresh and stage == "update" and run.writing(k + 1) is not None:
+        pass  # its record is in flight: the loop logs its diagnostics once it settles (`diagnostics`), MLflow at a later sync
     elif fresh and is_rank_zero() and run.done(k, stage):
         log_stage(run, k, stage)
+
+
+def diagnostics(run: Run, k: int) -> None:
+    """Update k's diagnostics, once its record has settled (what `reporting` leaves to the loop
+    where that record was in flight). Never raises."""
+    _guard(f"diagnostics of iteration {k}", lambda: _warn_new(run, k))
 
 
 def log_stage(run: Run, k: int, stage: str) -> None:

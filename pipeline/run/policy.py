@@ -81,11 +81,11 @@ class FullPolicy:
 
         return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, later: bool = False):
         """Policy K+1 as a plain HF model directory (`state_dict`: the fp32 master weights, if the
         module's own are not), with `src_dir`'s tokenizer and generation settings. Returns
-        {file: sha256} of the files hashed as they were written (the weights, when streamed; their
-        file is left to a `DeferredWeights` appended to `deferred` where it is a list)."""
+        {file: sha256} of the files hashed as they were written (the weights, when streamed), or,
+        with `later` and streamed weights, the `DeferredWeights` their file is left to."""
         import shutil
 
         from transformers.utils import logging as hf_logging
@@ -93,7 +93,7 @@ class FullPolicy:
         from pipeline.run.weights_file import save_fp32_policy, streamable, write_config
 
         hf_logging.disable_progress_bar()  # "Writing model shards" per iteration; the stage reports its own progress
-        hashed = save_fp32_policy(module, out, state_dict, deferred) if state_dict is not None else None
+        hashed = save_fp32_policy(module, out, state_dict, later) if state_dict is not None else None
         if hashed is None:
             module.save_pretrained(out, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
             if state_dict is not None and streamable(state_dict):
@@ -212,8 +212,8 @@ class LoraPolicy(FullPolicy):
             lora.frozen_linears_to_bf16(model)  # the same arithmetic under autocast, half the base's memory
         return model
 
-    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, deferred: list | None = None) -> dict[str, str]:
-        from pipeline.run.lora import save_adapter  # small files: written at once (`deferred` unused)
+    def save(self, module, out: Path, src_dir: Path, state_dict: dict | None, later: bool = False) -> dict[str, str]:
+        from pipeline.run.lora import save_adapter  # small files: written at once, whatever `later` says
 
         save_adapter(module, out, state_dict=state_dict)
         return {}  # an adapter is small: hashed when it is published

@@ -19,7 +19,7 @@ from pipeline.run import gguf_import
 from pipeline.run.policy import policy_kind
 from pipeline.run.retention import is_pruned, pruned_error
 from pipeline.run.template_date import with_template_date
-from pipeline.store import pending
+from pipeline.run import inflight
 from pipeline.store import (
     MANIFEST,
     STAGES,
@@ -136,25 +136,28 @@ class Run:
         return False
 
     # -- policies ------------------------------------------------------------------------
+    def settle(self, k: int | None, what: str) -> str | None:
+        """Wait for this process's write of policy k (None: whichever is in flight), if one is (pipeline/run/inflight.py):
+        "hash" until update k-1's manifest names policy k's hash (returned), "files" until the
+        policy's MANIFEST.json is written; its error raised. The one place a question about a
+        policy or an update may wait."""
+        return inflight.settle(self.store.root, k, what) if self.store.local else None
+
     def writing(self, k: int):
-        """Policy k's weights file while this process writes it in the background
-        (`pipeline.store.pending.Pending`: its hash and the tensors it is written from), else None."""
-        return pending.get(self.store.root, k) if self.store.local else None
+        """Policy k's write while this process has it in flight (`inflight.Inflight`), else None. Never waits."""
+        return inflight.get(self.store.root, k) if self.store.local else None
 
     def policy_done(self, k: int) -> bool:
-        """Whether policy k is on disk (its MANIFEST.json, written last); a background write of it
-        in this process is waited for."""
-        if self.store.local:
-            pending.wait(self.store.root, k)
+        """Whether policy k is on disk (its MANIFEST.json, written last): settles its files."""
+        self.settle(k, "files")
         return self.store.exists(f"{policy_rel(k)}/{MANIFEST}")
 
     def policy_hash(self, k: int) -> str:
-        """Policy k's hash: known before its weights file is written (a background write is waited
-        for only until the update's manifest names the hash)."""
-        if (w := self.writing(k)) is not None:
-            return w.policy_hash
+        """Policy k's hash: settles only its hash where this process writes it (known before its files)."""
+        if self.writing(k) is not None:
+            return self.settle(k, "hash")
         if not self.policy_done(k):
-            if k > 0 and (self.done(k - 1, "update") or (self.store.local and pending.held(self.store.root, k))):
+            if k > 0 and (self.done(k - 1, "update") or (self.store.local and inflight.held(self.store.root, k))):
                 raise GRPOError(f"{self.store.display(policy_rel(k))}: {self.unwritten(k)}")
             raise GRPOError(f"{self.store.display(policy_rel(k))}: policy missing (run `grpo update` for iteration {k - 1} first)")
         return self.store.manifest(policy_rel(k)).policy_hash
@@ -162,7 +165,7 @@ class Run:
     def unwritten(self, k: int) -> str:
         """Why policy k has no MANIFEST.json though update k-1 is done: another process is writing it
         in the background now, or a kill stopped that write (and what re-creates it)."""
-        if self.store.local and pending.held(self.store.root, k):
+        if self.store.local and inflight.held(self.store.root, k):
             return "policy not written yet: another grpo process (its `grpo iterate`) is writing it in the background; wait for it"
         return (f"policy missing, its write was interrupted (update {k - 1} is done); `grpo update {self.uri} --iter {k - 1}` "
                 f"or `grpo iterate` re-creates it")
@@ -173,11 +176,11 @@ class Run:
 
     def policy_dir(self, k: int, needed_by: str = "this stage", weights: bool = True) -> Path:
         """Local directory of policy k (downloaded to the cache for remote runs). `weights` False:
-        only its tokenizer and config are read, which are there before a weights file this process
-        is writing in the background; otherwise that write is waited for."""
+        only its tokenizer and config are read, which are there before the weights file of a write
+        in flight; otherwise its files are settled (`policy_done`)."""
         if not weights and self.writing(k) is not None:
             return self.store.local_dir(policy_rel(k))
-        self.policy_done(k)  # waits for a background write of it
+        self.policy_done(k)
         self.policy_hash(k)
         if self.policy_pruned(k):
             raise pruned_error(self, k, needed_by)
@@ -200,23 +203,23 @@ class Run:
 
     # -- stages --------------------------------------------------------------------------
     def done(self, k: int, stage: str) -> bool:
-        self._recorded(k, stage)
-        return self.store.exists(f"{stage_rel(k, stage)}/{MANIFEST}")
+        """Whether iteration k's `stage` is done; an update whose record is in flight settles its hash."""
+        return self.store.exists(f"{self._settled(k, stage)}/{MANIFEST}")
 
     def manifest(self, k: int, stage: str) -> Manifest | None:
-        self._recorded(k, stage)
-        return self.store.manifest(stage_rel(k, stage))
+        return self.store.manifest(self._settled(k, stage))
 
-    def _recorded(self, k: int, stage: str) -> None:
-        """An update whose policy this process writes in the background is done once its manifest
-        is written, on that thread (pipeline.store.pending): waited for (its error raised)."""
-        if stage == "update" and (w := self.writing(k + 1)) is not None:
-            w.policy_hash
+    def _settled(self, k: int, stage: str) -> str:
+        """The stage's directory, once an update whose record is in flight has its manifest written."""
+        if stage == "update":
+            self.settle(k + 1, "hash")
+        return stage_rel(k, stage)
 
     def completed_iters(self) -> int:
-        """Iterations whose update is done (= index of the newest policy)."""
+        """Iterations whose update is done (= index of the newest policy); one whose record is in
+        flight counts. Never waits."""
         k = 0
-        while self.writing(k + 1) is not None or self.done(k, "update"):  # one this process is recording counts (no wait)
+        while self.writing(k + 1) is not None or self.store.exists(f"{stage_rel(k, 'update')}/{MANIFEST}"):
             k += 1
         return k
 

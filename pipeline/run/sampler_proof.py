@@ -47,12 +47,12 @@ def probe_ids(tokenizer) -> list[int]:
 def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     """Policy k's logprobs of ids[1:] given the tokens before each, at temperature 1, from its stored
     files in fp32 on the CPU (`policy`, the run's `pipeline.run.policy` object, loads it: a LoRA
-    policy is the base with its adapter). Cached per policy hash. A policy this process is writing
-    in the background: the reference its write computed from the same tensors (`reference_meanwhile`)."""
+    policy is the base with its adapter). Cached per policy hash. A policy whose write is in flight:
+    the reference that write computed from the same tensors (`reference_meanwhile`), set before its hash settles."""
     writing = run.writing(k)
-    if writing is not None and (ready := writing.value(REFERENCE)) is not None and ready[0] == tuple(ids):
+    key = (run.policy_hash(k), tuple(ids))  # a write in flight: settles its hash, its reference set before it
+    if writing is not None and (ready := writing.reference) is not None and ready[0] == tuple(ids):
         return ready[1]
-    key = (run.policy_hash(k), tuple(ids))
     if key not in _REFERENCE:
         import torch
 
@@ -65,8 +65,6 @@ def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
 
 
 _REFERENCE: dict[tuple, np.ndarray] = {}
-REFERENCE = "sampler proof reference"
-"""The name under which a background write gives its policy's reference probe (pipeline.store.pending)."""
 
 
 def _logprobs_of(logits, ids: list[int]) -> np.ndarray:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import uuid
 from pathlib import Path
 
 import torch
+
+from pipeline.store import atomic_write
 
 SAFETENSORS_DTYPE = {torch.float32: "F32"}
 
@@ -75,42 +75,21 @@ class DeferredWeights:
         return self.sha256
 
     def write(self, path: Path | None = None) -> None:
-        """The file, at `path` (default: where it was planned), under a temporary name renamed into
-        place. Both synced to disk before it returns (on the background thread, off the loop's path):
-        the policy's MANIFEST.json, written next, must never name a file a power loss could leave
-        empty or absent."""
-        path = Path(path or self.path)
-        tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
-        try:
-            with open(tmp, "wb") as f:
-                for data in _chunks(self.tensors, self.metadata):
-                    f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _sync_dir(path.parent)
-
-
-def _sync_dir(path: Path) -> None:
-    """The directory's entries (a rename into it) on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        """The file, at `path` (default: where it was planned), written atomically, it and its
+        directory synced before it returns: the policy's MANIFEST.json, written next, must never
+        name a file a power loss could leave empty or absent."""
+        atomic_write(Path(path or self.path), _chunks(self.tensors, self.metadata), sync_dir=True)
 
 
 def streamable(tensors: dict[str, torch.Tensor]) -> bool:
     return all(t.dtype in SAFETENSORS_DTYPE and t.device.type == "cpu" for t in tensors.values())
 
 
-def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred: list | None = None) -> dict[str, str] | None:
+def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], later: bool = False) -> dict[str, str] | DeferredWeights | None:
     """The weights file and config `module.save_pretrained(out, state_dict=state)` would write,
     the weights streamed with their sha256 ({file name: sha256}), config.json saying float32.
     None (nothing written) where that needs save_pretrained itself (a sharded or non-fp32 model).
-    `deferred` (a list): the weights file is not written, nor hashed: its `DeferredWeights` is appended."""
+    `later`: the weights file is neither written nor hashed; its `DeferredWeights` is returned."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
     from transformers.utils import SAFE_WEIGHTS_NAME
@@ -125,9 +104,8 @@ def save_fp32_policy(module, out: Path, state: dict[str, torch.Tensor], deferred
     out.mkdir(parents=True, exist_ok=True)
     write_config(module, out)
     tensors = {n: t.contiguous() for n, t in state.items()}
-    if deferred is not None:
-        deferred.append(DeferredWeights(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"}))
-        return {}
+    if later:
+        return DeferredWeights(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"})
     return {SAFE_WEIGHTS_NAME: write_safetensors(out / SAFE_WEIGHTS_NAME, tensors, {"format": "pt"})}
 
 

@@ -60,6 +60,31 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def atomic_write(path, chunks, sync_dir: bool = False) -> None:
+    """`chunks` (bytes-like) written to the local file `path` under a temporary name in its
+    directory, synced, and renamed into place: whole or absent, never half-written. `sync_dir`:
+    the directory's entries too (the rename itself on disk, before a record names the file)."""
+    path = str(path)
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f"{TMP_MARK}{uuid.uuid4().hex}-{os.path.basename(path)}")
+    try:
+        with open(tmp, "wb") as f:
+            for data in chunks:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if sync_dir:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def canonical_hash(obj) -> str:
     return sha256_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
 
@@ -142,16 +167,7 @@ class RunStore:
         try:
             if self.local:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                tmp = f"{os.path.dirname(target)}/{TMP_MARK}{uuid.uuid4().hex}-{os.path.basename(target)}"
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, target)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+                atomic_write(target, (data,))
             else:
                 self.fs.makedirs(self.fs._parent(target), exist_ok=True)
                 with self.fs.open(target, "wb") as f:  # an object store PUT is atomic

@@ -12,16 +12,9 @@ machine, so an update killed midway is simply redone from its start and gives th
 Single process here; under `deepspeed` / `torchrun` each rank takes its slice of every
 mini-batch (data parallel, same global batch).
 
-In `iterate` (`background`: one rank, a local run, streamed fp32 weights) the sampler gets policy
-k+1's weights in memory at once, and the record of it is written by a thread while rollout k+1
-runs: the sampler proof's reference from the same tensors, the sha256 computed in memory over the
-bytes the file will hold, update k's manifest naming it (whoever asks whether update k is done, or
-for the policy's hash, e.g. the rollout's parts, waits for it), the weights file, and last the
-policy's MANIFEST.json (whatever reads the files or asks whether the policy exists waits:
-pipeline.store.pending). The next update waits too before its first step changes the weights the
-file is written from. A kill before update k's manifest leaves it undone (run again from its
-parts); a kill before the policy's MANIFEST.json leaves update k done and policy k+1 missing:
-`restore_policy` re-runs update k from its stored parts and checks the hash it recorded.
+What update k leaves in the run, and in what order (inline, or on a thread while `iterate`'s
+next rollout runs), is pipeline/update/record.py; here: training it, re-creating a policy a kill
+left missing (`restore_policy`), and the warm trainer's state at the end (`flush_state`).
 """
 
 from __future__ import annotations
@@ -30,28 +23,26 @@ import contextlib
 import os
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyarrow as pa
 import torch
 
 from pipeline.errors import GRPOError
-from pipeline.run.sampler_proof import check_sampler_gap, reference_meanwhile
+from pipeline.run.sampler_proof import check_sampler_gap
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
-from pipeline.run.weights_file import DeferredWeights
-from pipeline.store import pending
+from pipeline.run import inflight
 from pipeline.store.faults import fault_point
 from pipeline.run.retention import prune_policies
-from pipeline.run.run import Run, policy_manifest
-from pipeline.update.background import write_later
+from pipeline.run.run import Run
+from pipeline.update import record
+from pipeline.update.record import has_state as _has_state, policy_manifest_of as _policy_manifest, prune_states as _prune_states
 from pipeline.update.data import UpdateData
 from pipeline.update.rerun import rerun, rerunnable
 from pipeline.update.stored_state import checked, seal, state_rel
 from pipeline.update.distributed import barrier as _barrier, init_distributed, is_rank_zero
-from pipeline.update.trainer import TRAINER_JSON, STATE, Trainer
-from schemas.artifacts import LOGPROBS, OLD_LOGPROBS, UPDATE_METRICS
-from schemas.manifests import FileEntry, Lineage, PolicyRef, UpdateInputs, UpdateManifest, UpdateOutputs
+from pipeline.update.trainer import STATE, Trainer
+from schemas.manifests import UpdateManifest
 
 
 def _agreed_done(run: Run, k: int) -> bool:
@@ -80,10 +71,10 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
                background: bool = False) -> tuple[UpdateManifest | None, Trainer | None]:
     """Train policy k -> k+1. Returns the manifest and the (warm) trainer. `final`: the command's
     last update, whose trainer state is always written (`iterate` passes False and writes the
-    state at its end, `flush_state`). `background`: policy k+1's weights file may be written by a
-    thread after this returns (one rank, a local run; `iterate` with its sampler in this process)."""
-    if run.store.local:  # a previous update's file is written from the weights this one changes
-        pending.wait(run.store.root)
+    state at its end, `flush_state`). `background`: every reader of policy k+1 is in this process
+    (`iterate`'s sampler), so its record may be written on a thread after this returns
+    (`record.in_background`)."""
+    record.settle_before_update(run, k)  # the loop's own wait, timed, came first: a no-op then
     if run.done(k, "update"):
         if not run.policy_done(k + 1):  # a kill stopped its background write
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -100,8 +91,8 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
     t0 = time.time()
     lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank_zero() else contextlib.nullcontext()
     with lock:
-        if store.local and is_rank_zero() and pending.held(store.root, k + 1):
-            with pending.hold(store.root, k + 1, wait=600):  # another process records update k on its background write
+        if store.local and is_rank_zero() and inflight.held(store.root, k + 1):
+            with inflight.hold(store.root, k + 1, wait=600):  # another process records update k on its background write
                 pass
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
@@ -123,15 +114,15 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
         if with_state:
             trainer.save_state(state_dir)
             _barrier()  # every rank's shard of the state is written
-        deferred = [] if background and trainer.world == 1 and run.store.local else None  # DeferredWeights, if streamed
+        later = record.in_background(run, trainer.world, background)
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
             state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 and with_state else None
-            hashed = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir, deferred)
+            saved = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir, later)  # {file: sha256}, or a DeferredWeights
             _barrier()
             manifest = None
             if trainer.rank == 0:
-                manifest = _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred[0] if deferred else None)
+                manifest = record.publish(run, k, trainer, data, rows, work, t0, train_s, state_hash, saved)
                 if trainer.published is not None:  # the weights it saved are now policy k+1 (rollout.weight_sync memory)
                     trainer.published = (run.policy_dir(k + 1, weights=False), *trainer.published[1:])
             _barrier()
@@ -152,10 +143,6 @@ def _fresh_work(run: Run, k: int, trainer: Trainer) -> Path:
         work.mkdir(parents=True)
     _barrier()
     return work
-
-
-def _has_state(run: Run, k: int) -> bool:
-    return run.store.exists(f"{state_rel(k)}/{TRAINER_JSON}")
 
 
 def resume_trainer(run: Run, k: int) -> Trainer:
@@ -190,7 +177,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
     policy checked against the hash update k recorded (one line naming the iteration if not) and
     written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
     # another process's background write of it may still run (a second `iterate`, say): refused, never raced
-    with pending.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
+    with inflight.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
         if run.policy_done(k + 1):  # that write finished meanwhile
             return trainer
         if trainer is None or trainer.clean_after != k - 1:
@@ -206,7 +193,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
             run.store.write_manifest(policy_rel(k + 1), pm)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    _prune_states(run, k)  # the state before update k, kept for this until policy k+1 was on disk (write_later)
+    _prune_states(run, k)  # the state before update k, kept for this until policy k+1 was on disk (record.py, step 8)
     prune_policies(run, k + 1)
     trainer.clean_after = k
     return trainer
@@ -216,8 +203,7 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
     """The warm trainer's state after the last update it published, written if it is not on disk
     yet: at the end of `iterate`, also on Ctrl-C or an error outside an update (a trainer stopped
     mid-update holds no iteration's state and writes nothing)."""
-    if run.store.local:  # the policy file written from these weights, and its scratch directory
-        pending.wait(run.store.root)
+    record.settle_before_update(run, k=None)  # the record in flight is written from these weights (a no-op after the loop's wait)
     k = getattr(trainer, "clean_after", None)
     if trainer is None or k is None or k < 0 or _has_state(run, k):
         return
@@ -234,94 +220,3 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
             _prune_states(run, k)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _prev_state_hash(run: Run, k: int) -> str | None:
-    """The hash of the state update k-1 recorded when it wrote it (None where none was due); hashed
-    again only for a run written before updates recorded it (and wrote one every time)."""
-    if k == 0:
-        return None
-    prev = run.manifest(k - 1, "update")
-    if prev.outputs.state is not None or prev.state_every is not None:
-        return prev.outputs.state
-    return canonical_hash(hash_dir(run.store.local_dir(state_rel(k - 1)))) if _has_state(run, k - 1) else None
-
-
-def _policy_manifest(run: Run, k: int, trainer: Trainer, policy_dir: Path, hashed: dict[str, str]):
-    """Policy k+1's manifest, as update k writes it (and `restore_policy` again)."""
-    inputs = {s: run.store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
-    lineage = Lineage(update_iteration=k, inputs=inputs, from_policy_hash=run.policy_hash(k))
-    return policy_manifest(policy_dir, k + 1, source=f"update of {stage_rel(k, 'update')}", lineage=lineage, hashed=hashed,
-                           adapter=trainer.policy.manifest(run))
-
-
-def _publish(run, k, trainer, data, rows, work, t0, train_s, state_hash: Future | None, hashed: dict[str, str],
-             deferred: DeferredWeights | None = None) -> UpdateManifest | None:
-    """Write policy k+1, the trainer state (where one was written), metrics, and last the update
-    manifest. `deferred`: policy k+1's weights file, left to a thread with its hash and the update
-    manifest (`background.write_later`); None is returned then (`run.manifest` waits for it)."""
-    store, sd = run.store, stage_rel(k, "update")
-    # before update k's manifest: no moment another process could take the write for an interrupted one (restore_policy)
-    lock = pending.acquire(store.root, k + 1, wait=30) if deferred is not None else None  # released by the writing thread
-    try:
-        reference = reference_meanwhile(work / "policy") if deferred is not None else None  # built here: not thread-safe
-        pm, body, state = _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    if deferred is not None:
-        write_later(run, k, pm, body, deferred, lock, reference, after_policy=(lambda: _prune_states(run, k)) if state else None)
-        return None
-    manifest = store.write_manifest(sd, body(pm))
-    if state:
-        _prune_states(run, k)
-    prune_policies(run, k + 1)  # train.keep_policies; policy k+1 and iter-0000 always stay
-    return manifest
-
-
-def _publish_locked(run, k, trainer, data, rows, work, t0, train_s, state_hash, hashed, deferred):
-    """`_publish` up to the update's manifest: (policy k+1's manifest, the update's manifest as a
-    function of it, whether a state was stored). `deferred`: policy k+1's manifest still lacks its weights file."""
-    store, sd = run.store, stage_rel(k, "update")
-    try:
-        inputs = {s: store.manifest_hash(stage_rel(k, s)) for s in ("rollout", "score", "logprobs")}
-        pm = _policy_manifest(run, k, trainer, work / "policy", hashed)
-        lineage = pm.lineage
-        store.put_dir(work / "policy", policy_rel(k + 1), move=True)  # deferred: without its weights file yet
-        if deferred is None:
-            store.write_manifest(policy_rel(k + 1), pm)
-        fault_point("update:publish", k)
-        state = state_hash.result() if state_hash is not None else None  # before the state is moved under the hashing thread
-        if state is not None:
-            store.put_dir(work / STATE, state_rel(k), move=True)
-        metrics = store.write_table(f"{sd}/metrics.parquet", _metrics_table(rows), UPDATE_METRICS)
-        old_lp = store.write_table(f"{sd}/{OLD_LOGPROBS}", data.old_table(), LOGPROBS) if data.old_from_update else None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    prev_state, seconds = _prev_state_hash(run, k), round(time.time() - t0, 3)
-
-    def body(pm) -> UpdateManifest:
-        return UpdateManifest(
-            stage="update", iteration=k, schema_version=UPDATE_METRICS.version, config_hash=run.cfg_hash, seed=run.cfg.seed,
-            inputs=UpdateInputs(**inputs, policy_hash=lineage.from_policy_hash, state=prev_state),
-            outputs=UpdateOutputs(metrics=FileEntry(**metrics.as_dict()), policy=PolicyRef(path=policy_rel(k + 1), policy_hash=pm.policy_hash),
-                                  old_logprobs=FileEntry(**old_lp.as_dict()) if old_lp is not None else None, state=state),
-            policy_hash=pm.policy_hash, rows=data.size, optimizer_steps=len(rows), global_step=trainer.global_step,
-            kl_coef=trainer.kl_ctl.coef, world_size=trainer.world, precision=trainer.precision, state_every=run.cfg.train.state_every,
-            timings={"seconds": seconds, "train_s": round(train_s, 3)},
-        )
-
-    return pm, body, state is not None
-
-
-def _prune_states(run: Run, k: int) -> None:
-    """Keep only the newest `train.keep_states` trainer states up to iteration k (they are large)."""
-    have = [i for i in range(k + 1) if _has_state(run, i)]
-    for old in have[: -run.cfg.train.keep_states]:
-        run.store.remove(state_rel(old), recursive=True)
-
-
-def _metrics_table(rows: list[dict]) -> pa.Table:
-    names = UPDATE_METRICS.schema.names
-    return pa.table({n: [r.get(n) for r in rows] for n in names}) if rows else UPDATE_METRICS.schema.empty_table()

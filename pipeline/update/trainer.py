@@ -130,12 +130,13 @@ class Trainer:
         self.kl_ctl.load_state_dict(meta["kl_controller"])
 
     @deepspeed_env
-    def save_policy(self, out: Path, src_dir: Path, ckpt: Path, deferred: list | None = None) -> dict[str, str]:
+    def save_policy(self, out: Path, src_dir: Path, ckpt: Path, later: bool = False):
         """Policy K+1 as the policy object saves it (a plain HF model dir, or a LoRA adapter) from
         the fp32 master weights: views of the optimizer's own where they are whole in this process
         (pipeline.update.weights), consolidated from the checkpoint `ckpt` under ZeRO-3 or several
-        ranks. Returns {file: sha256} of the files hashed as they were written. `deferred` (a list):
-        a streamed weights file is hashed, left to the `DeferredWeights` appended to it."""
+        ranks. Returns {file: sha256} of the files hashed as they were written, or, with `later`,
+        where the weights are streamed, the `DeferredWeights` their file is left to (not hashed yet)."""
+        from pipeline.run.weights_file import DeferredWeights
         from pipeline.update.weights import fp32_masters, master_state_dict
 
         module, t = self.engine.module, self.cfg.train
@@ -152,9 +153,9 @@ class Trainer:
             state = None
         if self.rank != 0:
             return {}
-        hashed = self.policy.save(module, out, src_dir, state, deferred) or {}  # whole weights, or the LoRA adapter
+        hashed = self.policy.save(module, out, src_dir, state, later) or {}  # whole weights, or the LoRA adapter
         if self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
-            names = set(deferred[0].tensors) if deferred else None  # as the file will name them
+            names = set(hashed.tensors) if isinstance(hashed, DeferredWeights) else None  # as the file will name them
             self.published = (out, state if state is not None else module.state_dict(), names)
         return hashed
 
