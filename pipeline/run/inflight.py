@@ -4,7 +4,8 @@
 (pipeline/update/record.py says in what order, and what a kill at each step leaves). While that
 thread runs, the run holds one `Inflight`:
 - `hash`: a future, settled once update k's MANIFEST.json names policy k+1's hash;
-- `files`: a future, settled once policy k+1's MANIFEST.json is written (its files are whole);
+- `files`: a future, settled once the thread has ended: policy k+1's MANIFEST.json written (its
+  files are whole) and older states and policies pruned (record.py's steps 7-8);
 - `lock`: policy k+1's write lock (`lock_rel`), taken before update k's own lock is released and
   released by the thread after the policy's manifest: another process tells a write running here
   from one a kill stopped (`held`, `hold`).

@@ -5,24 +5,25 @@ directory. Saving it returned either {file: sha256} (the weights written and has
 is written here, inline) or a `DeferredWeights` (`iterate`, `in_background`: the weights file is
 not written yet, and the record's last steps go to a thread while rollout k+1 runs).
 
-Inline, in order:
-1. policy k+1's directory moved into the run, then its MANIFEST.json: the policy exists;
+The steps, one numbering for both ways (the code's comments follow it):
+1. (thread only) policy k+1's write lock taken (`inflight.acquire`): held until step 7;
+2. policy k+1's directory moved into the run; inline, its MANIFEST.json too: the policy exists;
    -- a kill after it (`update:publish`) leaves update k undone: it is run again, over the policy;
-2. the trainer state (where one is due), update k's metrics and old logprobs;
-3. update k's MANIFEST.json: update k is done;
-4. older trainer states and policies pruned (train.keep_states, keep_policies).
-
-On the thread (`_write_later`), after steps 1-2 here without the weights file or the policy's
-manifest, with policy k+1's write lock taken first (`inflight.acquire`):
-1. the sampler proof's reference, from the tensors the file is written from;
-2. the file's sha256, in memory over exactly the bytes it will hold;
+3. the trainer state (where one is due), update k's metrics and old logprobs;
+Inline, then:
+5. update k's MANIFEST.json: update k is done;
+8. older trainer states and policies pruned (train.keep_states, keep_policies).
+On the thread (`_write_later`), while rollout k+1 runs:
+4. the sampler proof's reference, from the tensors the file is written from, and the file's sha256,
+   in memory over exactly the bytes it will hold;
    -- a kill here (`update:record`) leaves update k undone: nothing names the hash;
-3. update k's MANIFEST.json naming it: update k is done (the `hash` future settles);
-4. the weights file, synced, renamed into place, its directory synced;
+5. update k's MANIFEST.json naming it: update k is done (the `hash` future settles);
+6. the weights file, synced, renamed into place, its directory synced;
    -- a kill here (`update:write`) leaves update k done and policy k+1 missing:
    `publish.restore_policy` re-runs update k from the state before it and checks the hash;
-5. policy k+1's MANIFEST.json: the policy exists (the `files` future settles); the lock released;
-6. older trainer states (kept until now for that re-run) and policies pruned.
+7. policy k+1's MANIFEST.json: the policy exists; the lock released;
+8. older trainer states (kept until now for that re-run) and policies pruned; the thread ends and
+   the `files` future settles (a failed prune reaches its reader as the write's error).
 Until the thread ends:
 - the master's tensors the file is written from must not change: the loop settles the write
   before update k+1 (`settle_before_update`, timed), and before the trainer closes;
@@ -65,7 +66,8 @@ def in_background(run: Run, world: int, readers_here: bool) -> bool:
 
 def settle_before_update(run: Run, k: int | None) -> float:
     """Before update k changes the master's tensors (or the trainer holding them is closed): the
-    write in flight from them (policy k's), finished, its error raised. Returns the seconds waited."""
+    write in flight from them finished, its error raised (whichever is in flight: policy k's, as the
+    loop calls it; `k` names the update for a reader). Returns the seconds waited."""
     t = time.time()
     run.settle(None, "files")
     return time.time() - t
@@ -73,7 +75,7 @@ def settle_before_update(run: Run, k: int | None) -> float:
 
 def publish(run: Run, k: int, trainer, data, rows, work: Path, t0: float, train_s: float, state_hash: Future | None,
             saved: dict[str, str] | DeferredWeights) -> UpdateManifest | None:
-    """Steps 1-8 of update k's record (rank 0). `saved`: what saving policy k+1 into `work`/policy
+    """Update k's record (rank 0), steps 1-8 of the module's list. `saved`: what saving policy k+1 into `work`/policy
     returned: {file: sha256} (the record written here; update k's manifest returned), or the
     `DeferredWeights` of its weights file (steps 4-8 on a thread; None returned: `Run.manifest`
     settles it)."""
@@ -143,7 +145,7 @@ def _write_later(run: Run, k: int, pm: PolicyManifest, body, weights: DeferredWe
     def write(p: inflight.Inflight) -> None:
         try:
             p.reference = _reference(reference, weights, where)
-            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4
+            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4 (its reference just above)
             fault_point("update:record", k)
             try:  # 5
                 store.write_manifest(stage_rel(k, "update"), body(final))
