@@ -7,6 +7,7 @@ that crashes, hangs, never calls or sends a malformed body each end (or not) as 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,9 +48,9 @@ def rows(path: Path, modes: list[str] | None = None) -> str:
     return str(path)
 
 
-def endpoint_run(make_run, tiny2k, tmp_path, name: str, command: list[str], data: str, **agent) -> str:
+def endpoint_run(make_run, tiny2k, tmp_path, name: str, command: list[str], data: str, budget: int = 120, **agent) -> str:
     ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
-          "max_episode_tokens": 120, "agent": {"command": command, **agent}}
+          "max_episode_tokens": budget, "agent": {"command": command, **agent}}
     return make_run(name, model=tiny2k, data={"train": data, "eval": None, "system_prompt": None}, rollout=ro,
                     rewards=[{"fn": "correct"}, AGENT_REWARD])
 
@@ -99,6 +100,30 @@ def test_agent_beside_tools_is_refused(assets, tmp_path, capsys):
                       rollout={"agent": {"command": ["python", AGENT]}, "tools": ["examples/calc_tools.py:multiply"]})
     line = init_error_line(capsys, tmp_path / "run", "--config", write_config(tmp_path / "cfg.yaml", cfg))
     assert "rollout.agent" in line and "cannot be combined with rollout.tools" in line, line
+
+
+@pytest.mark.parametrize("message, field", [
+    ({"role": "assistant", "content": None, "tool_calls": {"a": 1}}, "messages[1].tool_calls must be a list"),
+    ({"role": "assistant", "content": None, "tool_calls": ["x"]}, "messages[1].tool_calls[0] must be"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": "f"}]}, "messages[1].tool_calls[0] must be"),
+    ({"role": "user", "content": [{"type": "text", "text": 5}]}, "messages[1].content[0] must be a content part"),
+    ({"role": "user", "content": {"a": 1}}, "messages[1].content is a dict"),
+    ({"role": "tool", "tool_call_id": ["x"], "content": "1"}, "messages[1].tool_call_id must be a string"),
+    ({"role": "user", "content": "\ud800"}, "cannot be recorded as JSON text"),
+    ({"role": "user", "content": float("nan")}, "messages[1].content is a float"),
+])
+def test_a_body_of_json_in_a_shape_grpo_cannot_read_is_named_not_a_crash(message, field):
+    """JSON of the wrong shape (found by review: each raised out of the runner and stopped the rollout of
+    every episode) is a BadBody naming the field: the episode ends malformed_request, the part is written."""
+    from pipeline.agents.endpoint import chat
+
+    with pytest.raises(chat.BadBody, match=re.escape(field)):
+        chat.check_body({"model": "policy", "messages": [{"role": "user", "content": "hi"}, message]})
+    with pytest.raises(chat.BadBody, match="stream_options"):
+        chat.check_body({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": True})
+    with pytest.raises(chat.BadBody, match="NaN"):
+        chat.check_body({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "temperature": float("nan")})
+    chat.check_body({"model": "policy", "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": None, "content": "1"}]})
 
 
 def test_the_agents_result_file_contract(tmp_path):
@@ -323,7 +348,7 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     sys.path.insert(0, str(REPO / "examples"))
     from endpoint_agent import TOOLS
 
-    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "unit", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "unit", ["python", AGENT], rows(tmp_path / "c.jsonl"), budget=240)), 0)
     runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
     e = runner.start(p, 0, 0, plan.group_seed(p.prompt_id), "test")
     loop = asyncio.new_event_loop()
@@ -352,13 +377,15 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
     assert [tc.function.arguments for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []] == [message.tool_calls[0].function.arguments]
     # the SDK's message sent back as it parsed it (refusal, audio, annotations: null), then the tool's result
-    history = body["messages"] + [message.model_dump(), {"role": "tool", "tool_call_id": "call_1_0", "content": "253"}]
+    # (the result holds the template's end-of-turn marker: text from outside, tokenised as text)
+    history = body["messages"] + [message.model_dump(), {"role": "tool", "tool_call_id": "call_1_0", "content": "253<|im_end|>"}]
     r2, job2 = ask({**body, "messages": history})
     n = len(e.prompt_ids) + len(ids)
     assert job2.prompt[:n] == e.prompt_ids + ids  # the sampled tokens as sampled
-    assert tok.decode(job2.prompt[n:]) == "\n<|im_start|>user\n<tool_response>\n253\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(job2.prompt[n:]) == "\n<|im_start|>user\n<tool_response>\n253<|im_end|>\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert job2.prompt[n:].count(tok.convert_tokens_to_ids("<|im_end|>")) == 1  # the template's own; the result's is text
     assert e.mask == [1] * len(ids) + [0] * (len(job2.prompt) - n) and job2.seed != job.seed
-    assert e.messages[1] == {"role": "tool", "name": "multiply", "content": "253", "error": None}
+    assert e.messages[1] == {"role": "tool", "name": "multiply", "content": "253<|im_end|>", "error": None}
     assert job2.entry["prompt_delta"] == job2.prompt[n:]
     # an earlier message changed: the episode ends there, the agent is answered 400
     runner._answer(job2, Sample("253", [50, tok.eos_token_id], [-0.1, -0.2], "stop"))

@@ -47,9 +47,38 @@ def check_body(body: Any) -> None:
             isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
             and isinstance(t["function"].get("name"), str) for t in tools)):
         raise BadBody("`tools` must be a list of {type: function, function: {name, ...}}")
+    if not isinstance(body.get("stream_options"), (dict, type(None))):
+        raise BadBody("`stream_options` must be an object")
     for i, m in enumerate(msgs):
         if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
             raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")
+        _check_message(m, f"messages[{i}]")
+    try:  # the record is strict JSON in UTF-8: a lone surrogate (\ud800) or a NaN cannot be written there
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError, UnicodeError) as err:
+        raise BadBody(f"the body cannot be recorded as JSON text ({type(err).__name__}: a lone surrogate or NaN)") from None
+
+
+def _check_message(m: dict, where: str) -> None:
+    """BadBody naming the field of message `where` whose shape grpo cannot read (a crash otherwise: one
+    agent's body would stop the rollout of every episode)."""
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or (part.get("type") in ("text", None) and not isinstance(part.get("text", ""), str)):
+                raise BadBody(f"{where}.content[{j}] must be a content part with text as a string")
+    elif not isinstance(content, (str, type(None))):
+        raise BadBody(f"{where}.content is a {type(content).__name__}, not text or content parts")
+    calls = m.get("tool_calls")
+    if m["role"] == "assistant" and calls:
+        if not isinstance(calls, list):
+            raise BadBody(f"{where}.tool_calls must be a list")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(c.get("id"), (str, type(None))):
+                raise BadBody(f"{where}.tool_calls[{j}] must be {{id, type: function, function: {{name, arguments}}}}")
+    if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), (str, type(None))):
+        raise BadBody(f"{where}.tool_call_id must be a string")
 
 
 def text_of(content: Any) -> str:

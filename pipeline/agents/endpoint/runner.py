@@ -23,6 +23,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
+
+from pipeline.agents import inserted
 from pipeline.agents.endpoint import chat
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.server import Hub, Request, Server
@@ -94,6 +97,7 @@ class EndpointRunner:
 
     def __init__(self, agents, tokenizer, cfg, data_cfg, max_prompt_len: int, greedy: bool = False, prompt_given: bool = True):
         self.a, self.tok, self.cfg, self.data, self.greedy = agents, tokenizer, cfg, data_cfg, greedy
+        self.tokens = inserted.Tokens(tokenizer)  # tool results and new messages tokenised as text (agents/inserted.py)
         self.budget, self.max_prompt_len = cfg.episode_tokens(), max_prompt_len
         self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
@@ -173,6 +177,11 @@ class EndpointRunner:
 
     def _request(self, e: EndpointEpisode, r: Request) -> Job | None:
         """A job for the engine, or None when the request is answered without one (refused, repeated)."""
+        try:
+            if r.body is not None:
+                chat.check_body(r.body)  # before its hash: a body that is no JSON text cannot be hashed
+        except chat.BadBody as err:
+            return self._malformed(e, r, None, err)
         h = None if r.body is None else chat.body_hash(r.body)
         if e.ending is not None:
             self._refuse(e, r, h, f"the episode has ended ({e.ending})")
@@ -180,12 +189,22 @@ class EndpointRunner:
         try:
             if r.body is None:
                 raise chat.BadBody(r.raw_error)
-            chat.check_body(r.body)
             msgs = [chat.canonical_message(m) for m in r.body["messages"]]
         except chat.BadBody as err:
+            return self._malformed(e, r, h, err)
+        try:
+            return self._turn(e, r, h, msgs)
+        except TemplateError as err:  # the template's own raise_exception (Qwen 3.5: the system message first)
+            return self._malformed(e, r, h, chat.BadBody(f"the chat template refuses the conversation: {err}"))
+
+    def _malformed(self, e: EndpointEpisode, r: Request, h: str | None, err: chat.BadBody) -> None:
+        if e.ending is None:
             e.end("malformed_request", str(err))
-            self._refuse(e, r, h, f"malformed request: {err}", "malformed")
-            return None
+        self._refuse(e, r, h, f"malformed request: {err}", "malformed")
+        return None
+
+    def _turn(self, e: EndpointEpisode, r: Request, h: str | None, msgs: list[dict]) -> Job | None:
+        """`_request` for a body that reads as a chat completion (`msgs`: its canonical messages)."""
         body, tools = r.body, r.body.get("tools") or []
         entry = {"body_sha256": h, "asked": chat.asked(body)}
         if body["model"] != MODEL:
@@ -221,12 +240,12 @@ class EndpointRunner:
             eot_sampled = bool(last) and last[-1] in self.stop_ids
             eot = self.tok.decode([last[-1]]) if eot_sampled else (self.tok.eos_token or "")
             try:
-                glue = self.a.format.glue_text(e.shapes + shapes, len(shapes), e.schemas, eot, eot_sampled)
+                glue, spans = self.a.format.glue(e.shapes + shapes, len(shapes), e.schemas, eot, eot_sampled)
             except GRPOError as err:
                 e.end("template_rewrites_history", str(err))
                 self._refuse(e, r, h, str(err))
                 return None
-            glue_ids = list(self.tok(glue, add_special_tokens=False, verbose=False)["input_ids"])
+            glue_ids = self.tokens.encode(glue, spans)  # the new messages' text as text: a marker in it is no special token
             if len(e.ids) + len(glue_ids) >= self.budget:  # no room for a token of the next turn
                 e.end("max_episode_tokens")
                 self._refuse(e, r, h, f"the episode has ended (rollout.max_episode_tokens {self.budget})")
