@@ -278,6 +278,9 @@ def test_a_run_made_before_the_option_keeps_its_behaviour_and_hash(tmp_path):
         for part in path:
             section = section[part]
         del section[key]
+    for entry in tree["rewards"]:  # and in every reward entry (rewards[].range)
+        for key in config_mod.ADDED_REWARD_OPTIONS:
+            del entry[key]
     old_hash = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
     run = Run(str(tmp_path))
