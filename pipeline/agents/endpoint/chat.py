@@ -189,3 +189,32 @@ def chunks(answer: dict, body: dict, rid: str, model: str) -> list[dict]:
 
 def error(message: str, kind: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def extension_problem(schemas: list, convo: list[dict], answer: dict, msgs: list[dict], tools: list) -> str | None:
+    """Why `msgs` (with `tools`) is not the recorded conversation extended, or None. `convo`: the recorded
+    request's canonical messages then grpo's answer (`answer`: that answer as recorded); `schemas`: the
+    first request's tools."""
+    if canonical_json(tools) != canonical_json(schemas):
+        return "its tools differ from the first request's"
+    n = len(convo) - 1
+    for i, (have, got) in enumerate(zip(convo[:n], msgs)):
+        if have != got:
+            return f"messages[{i}] ({have['role']}) differs from what was recorded"
+    if len(msgs) <= n:
+        return f"it has {len(msgs)} messages, not the {n} recorded and grpo's answer"
+    if _no_ids(answer) != _no_ids(msgs[n]):
+        return f"messages[{n}] is not the assistant message grpo answered"
+    new = msgs[n + 1:]
+    if not new:
+        return "no new message after grpo's answer"
+    if any(m["role"] not in ("tool", "user") for m in new):
+        return "a message after grpo's answer is neither a tool result nor a user message"
+    return None
+
+
+def _no_ids(m: dict) -> dict:
+    """A canonical message without its calls' ids (a client may drop or rewrite them; results find their call by order then)."""
+    if "tool_calls" not in m:
+        return m
+    return {**m, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]}

@@ -226,7 +226,7 @@ class EndpointRunner:
             e.convo, e.shapes = msgs, shapes
             entry.update(new_messages=msgs, prompt_tokens=len(ids))
         else:
-            if (why := self._extends(e, msgs, tools)) is not None:
+            if (why := chat.extension_problem(e.schemas, e.convo, e.convo_answer, msgs, tools)) is not None:
                 e.end("history_rewritten", why)
                 self._refuse(e, r, h, f"the conversation does not extend the episode's record: {why}")
                 return None
@@ -263,25 +263,6 @@ class EndpointRunner:
         cap = min(self.cfg.max_new_tokens, self.budget - len(e.ids))
         seed = derive_seed(e.seed, e.sample_idx, e.turns)
         return Job(e, r, "turn", e.prompt_ids + e.ids, seed, cap, {"kind": "turn", **entry, "seed": seed, "sampling": self.sampling(cap)})
-
-    def _extends(self, e: EndpointEpisode, msgs: list[dict], tools: list) -> str | None:
-        """Why `msgs` (with `tools`) is not the recorded conversation extended, or None."""
-        if chat.canonical_json(tools) != chat.canonical_json(e.schemas):
-            return "its tools differ from the first request's"
-        n = len(e.convo) - 1  # the recorded request's messages, then grpo's answer
-        for i, (have, got) in enumerate(zip(e.convo[:n], msgs)):
-            if have != got:
-                return f"messages[{i}] ({have['role']}) differs from what was recorded"
-        if len(msgs) <= n:
-            return f"it has {len(msgs)} messages, not the {n} recorded and grpo's answer"
-        if _no_ids(e.convo_answer) != _no_ids(msgs[n]):
-            return f"messages[{n}] is not the assistant message grpo answered"
-        new = msgs[n + 1:]
-        if not new:
-            return "no new message after grpo's answer"
-        if any(m["role"] not in ("tool", "user") for m in new):
-            return "a message after grpo's answer is neither a tool result nor a user message"
-        return None
 
     def _side(self, e: EndpointEpisode, r: Request, msgs: list[dict], tools: list, entry: dict) -> Job | None:
         text = self.a.format.render([chat.render_shape(m, {}) for m in msgs], tools, True)
@@ -349,9 +330,3 @@ class EndpointRunner:
             **p.columns,
         }
 
-
-def _no_ids(m: dict) -> dict:
-    """A canonical message without its calls' ids (a client may drop or rewrite them; results find their call by order then)."""
-    if "tool_calls" not in m:
-        return m
-    return {**m, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]}
