@@ -180,6 +180,7 @@ def test_a_tool_result_holding_the_templates_markers_is_text(assets, make_run, t
     from pipeline.report.audit_episodes import row_problems
 
     assert row_problems(tok, row) == []  # audit re-derives the row's ids from its record
+    assert row_problems(tok, row, runner) == []  # and its prompt and glue from the template and recorded messages
 
 
 def test_a_harmless_result_keeps_the_tokens_it_had(assets, make_run, tools_file, tmp_path, monkeypatch):
@@ -212,6 +213,10 @@ def test_an_environments_observation_and_answers_are_text(assets, make_run, tool
 
     row = plan.episodes.row(e, "h")
     assert json.loads(row["episode"])["inserted"]["prompt"] and row_problems(tok, row) == []
+    assert row_problems(tok, row, plan.episodes) == []  # the observation and the method's schema rendered again
+    record = json.loads(row["episode"])
+    record["observation"] = CLEAN  # the record's observation is not the one the prompt holds
+    assert "its prompt is not" in row_problems(tok, {**row, "episode": json.dumps(record)}, plan.episodes)[0]
 
 
 def test_audit_rederives_an_episode_row_and_names_a_forged_one(assets, make_run, tools_file, tmp_path, monkeypatch):
@@ -251,6 +256,44 @@ def test_audit_rederives_an_episode_row_and_names_a_forged_one(assets, make_run,
     record["version"] = 1
     del record["inserted"]
     assert row_problems(tok, {**forged, "episode": json.dumps(record)}) is None  # not re-derivable: not called forged
+
+
+def test_audit_renders_the_glue_again_and_names_a_row_forged_consistently(assets, make_run, tools_file, tmp_path, monkeypatch):
+    """A forgery consistent in ids, spans and content: the injected page's marker taken out of its
+    inserted span (so it is the template's text, its special ids), the ids re-made from that text and
+    those spans, the recorded result cut to what the span still holds. Taken from the row, the glue
+    re-derives (the hole); rendered again from the template and the recorded messages, it is named.
+    The honest row and a harmless one pass both ways."""
+    from pipeline.agents.inserted import Tokens
+    from pipeline.report.audit_episodes import row_problems
+
+    plan = runner_for(make_run, model_with(assets, tmp_path, None), tmp_path, "consistent", tools=[f"{tools_file}:fetch"])
+    tok, runner = plan.tokenizer, plan.episodes
+    page = CASES["chatml"][1]
+    clean = runner.row(one_turn(plan, monkeypatch, CLEAN), "h")
+    e = one_turn(plan, monkeypatch, page)
+    row = runner.row(e, "h")
+    for honest in (clean, row):
+        assert row_problems(tok, honest) == [] and row_problems(tok, honest, runner) == []
+
+    record = json.loads(row["episode"])
+    g = record["inserted"]["glue"][0]
+    glue = row["completion"][g["at"]:g["at"] + g["chars"]]
+    (s, end), = g["data"]
+    kept = glue[s:end].index("<")  # "ok": the span keeps the text before the marker
+    g["data"] = [[s, s + kept]]
+    record["messages"][1]["content"] = glue[s:s + kept]
+    start = len(row["completion_ids"]) - len(glue_of(runner, e))
+    ids = Tokens(tok).encode(glue, g["data"])
+    special = special_ids(tok)
+    assert sum(i in special for i in ids) > sum(i in special for i in row["completion_ids"][start:])  # the marker is control tokens now
+    forged = {**row, "episode": json.dumps(record), "completion_ids": row["completion_ids"][:start] + ids,
+              "completion_mask": row["completion_mask"][:start] + [0] * len(ids),
+              "sampler_logprobs": row["sampler_logprobs"][:start] + [0.0] * len(ids)}
+    assert row_problems(tok, forged) == []  # every id, span and text agrees with the record
+    problems = row_problems(tok, forged, runner)
+    assert problems == ["the glue after turn 1 is not what the run's chat template writes there for its recorded messages "
+                        "(the template's text, the tool results' spans as inserted)"], problems
 
 
 def test_a_sentencepiece_style_tokenizer_keeps_its_ids_and_reads_markers_as_text():

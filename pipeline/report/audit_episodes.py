@@ -8,7 +8,12 @@ completion text and the spans of outside text in it, and the spans of the observ
 audit tokenises them again with the run's tokenizer and names the first row whose ids differ: the
 prompt's ids, or the glue after a turn (a row whose ids were edited, say a tool's `<|im_end|>` turned
 into the special token, is named although every hash was recomputed). Each assistant message's
-`text` and `tokens` place the turns. A record of episode version 1 (written before grpo recorded what
+`text` and `tokens` place the turns. Where the iteration's rollout inputs can be rebuilt (its chat
+template, tool format, tools), the prompt text and each glue are not taken from the row: they are
+rendered again from the recorded messages (the template's text between the turns, the tool results
+located in it as `inserted` spans), so a row forged consistently in ids, spans and text (a result's
+marker moved out of its span and into the template's text, the recorded result shortened to match)
+is named too. A record of episode version 1 (written before grpo recorded what
 it inserted, when the glue was tokenised whole) is not re-derived: its ids are not called forged, and
 the summary counts such rows.
 """
@@ -23,18 +28,22 @@ import pyarrow.parquet as pq
 from pipeline.agents.inserted import Tokens
 
 COLUMNS = ("prompt", "prompt_ids", "completion", "completion_ids", "completion_mask", "episode")
-ENDPOINT_COLUMNS = ("prompt_id", "group_idx", "sample_idx", "sampler_logprobs")
+ENDPOINT_COLUMNS = ("prompt_id", "group_idx", "sample_idx", "sampler_logprobs", "prompt_raw")
 
 
-def row_problems(tokens, row: dict) -> list[str] | None:
+def row_problems(tokens, row: dict, runner=None) -> list[str] | None:
     """What is wrong with one episode row's ids (empty: they re-derive), or None: its record is of
     episode version 1 and keeps no spans, so its ids are not re-derived. `tokens`: the run's tokenizer,
-    or its `Tokens`."""
+    or its `Tokens`; `runner`: the iteration's EpisodeRunner (pipeline/agents/episode.py), whose template
+    renders the prompt and the glue again from the recorded messages (None: they are the row's)."""
     tokens = tokens if isinstance(tokens, Tokens) else Tokens(tokens)
     record = json.loads(row["episode"])
     ins = record.get("inserted")
     if record.get("version", 1) < 2 or ins is None:
         return None
+    derive = Rendered(runner, record, row) if runner is not None and row.get("prompt_raw") is not None else None
+    if derive is not None and (problem := derive.prompt(row["prompt"], ins["prompt"])):
+        return [problem]
     if tokens.encode(row["prompt"], ins["prompt"]) != list(row["prompt_ids"]):
         return ["prompt_ids are not the tokens of its prompt (the observation as text, the rest as the tokenizer reads it)"]
     ids, mask, text = list(row["completion_ids"]), list(row["completion_mask"] or []), row["completion"]
@@ -58,6 +67,8 @@ def row_problems(tokens, row: dict) -> list[str] | None:
             continue
         g = glues[j]
         glue = text[c:c + g["chars"]]
+        if derive is not None and (problem := derive.glue(j, turns, results[j], ids[t - 1] if n else None, glue, g["data"])):
+            return [problem]
         outside = [r["content"] for r in results[j] if isinstance(r.get("content"), str) and "value" not in r]
         if (bare := _unmarked(glue, g["data"], outside)) is not None:
             return [f"the glue after turn {j + 1} holds the tool result {bare[:40]!r} outside the spans its record marks as "
@@ -70,6 +81,70 @@ def row_problems(tokens, row: dict) -> list[str] | None:
     if t != len(ids) or c != len(text):
         return [f"{len(ids) - t} id(s) and {len(text) - c} character(s) after its last turn and glue that its record does not hold"]
     return []
+
+
+class Rendered:
+    """An episode row's prompt and glues as the run's template renders them from its record (what
+    EpisodeRunner.start and _after_turn rendered): the text and the spans of outside text in it."""
+
+    def __init__(self, runner, record: dict, row: dict):
+        from pipeline.agents import environment as envs
+        from pipeline.agents.episode import _render_message
+        from pipeline.data.prompts import as_messages, raw_from_json
+
+        self.runner, self.record, self.render_message = runner, record, _render_message
+        self.schemas = list(runner.a.schemas) + _method_schemas(runner, record)
+        raw, obs = raw_from_json(row["prompt_raw"]), record.get("observation")
+        self.prompt_messages = lambda o: as_messages(envs.observe(raw, o), runner.data.system_prompt)
+        self.obs = obs
+
+    def prompt(self, text: str, spans: list) -> str | None:
+        from pipeline.agents import inserted
+
+        names = [s["function"]["name"] for s in self.schemas]
+        if names != self.record["tools"]:
+            return f"its record names the tools {self.record['tools']}, the run's config gives {names}"
+        fmt, obs = self.runner.a.format, self.obs
+        want, at = inserted.locate(lambda o: fmt.render(self.prompt_messages(o[0] if o else None), self.schemas, True),
+                                   [obs] if isinstance(obs, str) else [])
+        if want != text or at != spans:
+            return "its prompt is not its recorded messages and observation as the run's chat template renders them"
+        return None
+
+    def glue(self, j: int, turns: list[dict], results: list[dict], last: int | None, text: str, spans: list) -> str | None:
+        runner = self.runner
+        eot_sampled = last is not None and last in runner.stop_ids
+        eot = runner.tok.decode([last]) if eot_sampled else (runner.tok.eos_token or "")
+        msgs = self.record["messages"]
+        upto = msgs[:next(i for i, m in enumerate(msgs) if m is turns[j]) + 1 + len(results)]
+        history = [self.render_message(m) for m in upto]
+        want, at = runner.a.format.glue(self.prompt_messages(self.obs) + history, len(results), self.schemas, eot, eot_sampled)
+        if want != text or at != spans:
+            return (f"the glue after turn {j + 1} is not what the run's chat template writes there for its recorded messages "
+                    "(the template's text, the tool results' spans as inserted)")
+        return None
+
+
+def _method_schemas(runner, record: dict) -> list[dict]:
+    """The schemas of the row's environment's methods (its class's, as EpisodeRunner.start lists an instance's)."""
+    import inspect
+    import types
+
+    from pipeline.agents import environment as envs
+    from pipeline.agents.tools import tool_schema
+
+    if not runner.a.env_classes:
+        return []
+    cls = runner.a.env_classes.get((record.get("environment") or {}).get("name"))
+    if cls is None:
+        return []
+    out = []
+    for name, f in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if name in envs.SKIPPED_METHODS or name.startswith("_"):
+            continue
+        bound = f if isinstance(inspect.getattr_static(cls, name), staticmethod) else types.MethodType(f, cls)
+        out.append(tool_schema(bound, f"rollout.environment method {name!r}"))
+    return out
 
 
 def _unmarked(glue: str, spans: list[list[int]], contents: list[str]) -> str | None:
@@ -99,9 +174,10 @@ def check_episodes(a, rel: str, data: bytes) -> None:
     if tokens is None:
         a.audit.unchecked_episodes += len(episodes)
         return
+    runner = _runner(a, rel)
     for i, r in episodes:
         try:
-            found = row_problems(tokens, r)
+            found = row_problems(tokens, r, runner)
         except (KeyError, TypeError, ValueError) as err:
             found = [f"its episode record is malformed ({type(err).__name__}: {err})"]
         if found is None:
@@ -109,6 +185,20 @@ def check_episodes(a, rel: str, data: bytes) -> None:
         elif found:
             a.audit.problem(rel, f"row {i}: {found[0]}")
             return  # the first row: what follows from it is the same edit
+
+
+def _runner(a, rel: str):
+    """The iteration's EpisodeRunner (its template, tool format and tools), or None where its rollout
+    inputs cannot be rebuilt (its policy pruned): then the prompt and glue texts are the row's."""
+    import re
+
+    from pipeline.errors import GRPOError
+
+    try:
+        inputs, _ = a.endpoint_inputs(int(re.search(r"iter-(\d+)", rel).group(1)))
+    except (GRPOError, OSError):
+        return None
+    return inputs.episodes
 
 
 def check_endpoint_episodes(a, rel: str, episodes: list[tuple[int, dict]]) -> None:
