@@ -558,6 +558,28 @@ def test_a_lost_node_makes_the_score_and_update_stages_stop_idle_actors_instead_
     assert actors_to_stop({head: {"CPU": 1.0, "GPU": 0.0}}, {head: 1}, half, [{"CPU": 0.5}] * 3) is None
 
 
+def test_the_score_stage_counts_what_is_free_now_and_its_own_idle_actors():
+    """Another run's actor holds half of node a for its whole run; this run's idle actor holds half of
+    b; a score task wants a whole CPU. Counted on the totals less this run's actors (as before), node a
+    has room: nothing is stopped, and the task waits for the other run's actor until start_timeout_s
+    + part_timeout_s. Counted on what is free plus this run's own, only b can hold it: this run's actor
+    there is stopped. Where the other run holds b's other half too, stopping is no help, and the line
+    says what the stage waits for (the totals hold it); work no node could hold says that."""
+    from pipeline.cluster.placement import actors_to_stop, room_for
+
+    a, b = "a" * 16, "b" * 16
+    cc = cluster_cfg(rollout_workers=1, rollout_cpus=0.5, score_cpus=1.0)
+    nodes = {a: {"CPU": 1.0, "GPU": 0.0}, b: {"CPU": 1.0, "GPU": 0.0}}
+    task = [{"CPU": 1.0}]
+    assert actors_to_stop(nodes, {b: 1}, cc, task) == []  # the old count: "it fits" (on a, which the other run holds)
+    assert room_for({a: {"CPU": 0.5}, b: {"CPU": 0.5}}, nodes, {b: 1}, cc, task) == [b]
+    assert room_for({a: {"CPU": 1.0}, b: {"CPU": 0.5}}, nodes, {b: 1}, cc, task) == []  # a is free: nothing stopped
+    assert room_for({a: {"CPU": 0.5}, b: {"CPU": 0.0}}, nodes, {b: 1}, cc, task) == (
+        "cluster: waiting for room: other work on the cluster (another run?) holds what 1 x 1 CPU need beside this run's idle "
+        "rollout workers; free now: node aaaaaaaa 0.5 CPU, node bbbbbbbb 0 CPU (of node aaaaaaaa 1 CPU, node bbbbbbbb 1 CPU)")
+    assert room_for({a: {"CPU": 0.5}}, {a: {"CPU": 0.5, "GPU": 0.0}}, {}, cc, task).endswith("even with every idle rollout worker stopped")
+
+
 def test_work_that_fits_nowhere_stops_the_run_within_place_timeout_s(tmp_path):
     """pool.Room: the first look that finds no room says so in the log and in `grpo status`'s record;
     once cluster.place_timeout_s has passed with still no room, one line says what cannot be placed
@@ -571,7 +593,7 @@ def test_work_that_fits_nowhere_stops_the_run_within_place_timeout_s(tmp_path):
         problem: str | None = "score iteration 3: 1 x 1 CPU fit on no node alive (node hhhhhhhh 0.5 CPU), even with every idle rollout worker stopped"
         lines: list = []
 
-        def make_room(self, bundles, what):
+        def make_room(self, bundles, what, free_now=False):
             return self.problem
 
         def log(self, line):

@@ -199,7 +199,10 @@ def score(run: Run, k: int, cc, uri: str, pool) -> dict:
     stamp = input_hash(run.cfg_hash, "score", k, {"rollout": upstream(run, k, "rollout")})
     pending: list = []
     room = Room(pool, [{"CPU": cc.score_cpus}], f"score iteration {k}", lambda line: pool.show(k, len(pending), "score", line))
-    room.check()
+    room.check(free_now=True)  # none of the stage's tasks holds room yet: what is free now is exact
+    while room.since is not None:  # another run holds it: wait, and stop at cluster.place_timeout_s
+        time.sleep(POLL_S)
+        room.check(free_now=True)
     task = ray.remote(score_part).options(num_cpus=cc.score_cpus, max_retries=3)
     refs = {task.remote(uri, k, p, stamp): p for p in missing(run, k, "score", num_parts, stamp)}
     reports = []

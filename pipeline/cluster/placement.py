@@ -127,6 +127,23 @@ def actors_to_stop(nodes: dict[str, dict[str, float]], actors: dict[str, int], c
     return stop
 
 
+def room_for(free: dict[str, dict[str, float]], nodes: dict[str, dict[str, float]], actors: dict[str, int], cc,
+             bundles: list[dict[str, float]]) -> list[str] | str:
+    """Room for a stage's work counted on what is `free` now on each node (Ray's per-node available
+    view: another run's actors and tasks hold the rest) plus what this run's own idle actors hold
+    there: the idle actors to stop (actors_to_stop's list, [] when it fits now), or the line saying
+    what it waits for, naming whether the nodes' totals hold it (then other work holds the room)."""
+    each = {"CPU": cc.rollout_cpus, "GPU": cc.rollout_gpus}
+    mine = {n: {u: free.get(n, {}).get(u, 0.0) + actors.get(n, 0) * each[u] for u in UNITS} for n in nodes}
+    stop = actors_to_stop(mine, actors, cc, bundles)
+    if stop is not None:
+        return stop
+    if actors_to_stop(nodes, actors, cc, bundles) is not None:  # the nodes' totals hold it: what holds the room is outside this run
+        return (f"cluster: waiting for room: other work on the cluster (another run?) holds what {bundles_line(bundles)} need "
+                f"beside this run's idle rollout workers; free now: {describe(free) or 'nothing'} (of {describe(nodes)})")
+    return f"{bundles_line(bundles)} fit on no node alive ({describe(nodes) or 'none'}), even with every idle rollout worker stopped"
+
+
 def bundles_line(bundles: list[dict[str, float]]) -> str:
     """`2 x 0.5 CPU`, `1 x 1 CPU 1 GPU`: what a stage's work asks for."""
     b = bundles[0]

@@ -10,7 +10,8 @@ from typing import Callable
 
 from pipeline.errors import GRPOError
 from pipeline.store.faults import fault_point
-from pipeline.cluster.placement import Deadlines, actors_to_stop, alive_nodes, bundles_line, describe, free_nodes, held_elsewhere
+from pipeline.cluster.placement import (Deadlines, actors_to_stop, alive_nodes, bundles_line, describe, free_nodes, held_elsewhere,
+                                        room_for)
 from pipeline.cluster.secrets import secrets_left_out
 from pipeline.cluster.workers import RolloutWorker
 
@@ -86,11 +87,14 @@ class RolloutPool:
         if self.alive() < self.cc.rollout_workers and ray.available_resources().get("CPU", 0) >= need:
             self._start()
 
-    def make_room(self, bundles: list[dict[str, float]], what: str) -> str | None:
+    def make_room(self, bundles: list[dict[str, float]], what: str, free_now: bool = False) -> str | None:
         """Before a stage's work (a score task, the update's processes): where it fits on no node beside
         the warm actors (a node was lost, its room with it), stop idle actors until it fits; the next
         rollout starts them again where there is room. None when it fits; else the line that says what
-        cannot be placed (it fits on no node even with every idle actor stopped)."""
+        cannot be placed (it fits on no node even with every idle actor stopped). `free_now`: counted on
+        what each node has available now plus this run's idle actors (placement.room_for: another run
+        sharing the cluster holds the rest), exact while none of this stage's own work holds any;
+        else on the nodes' totals less the idle actors (own tasks running are not told from others')."""
         import ray
 
         nodes = alive_nodes(ray.nodes())
@@ -100,7 +104,14 @@ class RolloutPool:
             node = full.get(self.where.get(actor, {}).get("node", ""))
             if node:
                 actors[node] = actors.get(node, 0) + 1
-        stop = actors_to_stop(nodes, actors, self.cc, bundles)
+        if free_now:
+            from ray._private.state import available_resources_per_node  # Ray's per-node form of ray.available_resources()
+
+            stop = room_for(free_nodes(ray.nodes(), available_resources_per_node()), nodes, actors, self.cc, bundles)
+            if isinstance(stop, str):
+                return f"{what}: {stop}" if not stop.startswith("cluster:") else stop.replace("cluster: ", f"cluster: {what}: ", 1)
+        else:
+            stop = actors_to_stop(nodes, actors, self.cc, bundles)
         if stop is None:
             return (f"{what}: {bundles_line(bundles)} fit on no node alive ({describe(nodes) or 'none'}), even with every "
                     f"idle rollout worker stopped")
@@ -219,8 +230,8 @@ class Room:
         self.pool, self.bundles, self.what, self.show = pool, bundles, what, show
         self.since: float | None = None
 
-    def check(self) -> None:
-        problem = self.pool.make_room(self.bundles, self.what)
+    def check(self, free_now: bool = False) -> None:
+        problem = self.pool.make_room(self.bundles, self.what, free_now)
         limit = self.pool.cc.place_timeout_s
         if problem is None:
             if self.since is not None:
