@@ -371,6 +371,39 @@ def test_a_second_run_on_the_same_cluster_says_what_it_waits_for_and_stops_at_pl
     assert (first / "iter-0000/update/MANIFEST.json").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.ray_cluster
+def test_two_runs_at_once_both_finish_when_a_score_task_needs_a_node_the_other_run_half_holds(assets, dirs, ray_cluster, tmp_path):
+    """Two runs on the two one-CPU nodes at once: the first's one actor (0.5 CPU) stays on its node for
+    its whole run (held before its score stage); the second's actor (0.5) and score task (a whole CPU)
+    fit beside it. The second's score task can only go to the node the first run does not touch: where
+    Ray put the second's own actor there, the stage stops that idle actor (counting what is free now,
+    not the nodes' totals, by which the other node "had room"), scores, and the run finishes; then
+    the first finishes too. Ray's own lines stay off both runs' stdout."""
+    first = new_run(tmp_path, assets, dirs, "first", rollout_workers=1)
+    second = new_run(tmp_path, assets, dirs, "second", rollout_workers=1, score_cpus=1.0, place_timeout_s=60)
+    release = tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(first), "--iters", "1", "--executor", "ray",
+                             "--address", ray_cluster.address], cwd=dirs["elsewhere"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "driver-score:0",
+                                            "GRPO_CLUSTER_STALL_RELEASE": str(release)})
+    try:
+        held_at(proc, release, 0, 1, "the first run, its actor placed and idle")
+        out = grpo("iterate", str(second), "--iters", "1", "--executor", "ray", "--address", ray_cluster.address, env=THREADS,
+                   check=False, cwd=dirs["elsewhere"], timeout=600)
+        Path(f"{release}.0").touch()
+        first_out, first_err = proc.communicate(timeout=900)
+    finally:
+        end_run(proc, ray_cluster)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert proc.returncode == 0, first_err[-3000:]
+    for run in (first, second):
+        assert (run / "iter-0000/update/MANIFEST.json").exists()
+        assert grpo("audit", str(run), check=False).returncode == 0
+    for stdout, stderr in ((out.stdout, out.stderr), (first_out, first_err)):
+        assert "Traceback" not in stderr and "raylet" not in stdout and "marked dead" not in stdout.lower()
+
+
 # where the second node goes for good (issue 54 case 2): a GRPO_CLUSTER_STALL point. One rollout actor of
 # the whole CPU of a node, score tasks of one CPU: whichever node holds the actor, the head alone then has no
 # room for a score task beside it. "logprobs" is the point after iteration 0's logprobs, before its update
