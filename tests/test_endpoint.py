@@ -451,4 +451,13 @@ def test_retries_answered_as_before_record_nothing_and_a_stop_string_is_refused(
     assert ask(e2, side) == (None, sj.r.future.result()) and len(e2.requests) == 1 and e2.sides == 1
     job, (status, payload, _) = ask(e2, {**body, "stop": ["Observation:"]})
     assert job is None and status == 400 and e2.ending == "unsupported_request" and "`stop` ['Observation:']" in e2.detail
+    # `grpo inspect` shows an endpoint episode as its requests (pipeline/report/episodes.py)
+    from pipeline.report.episodes import conversation
+
+    shown = conversation(json.loads(runner.row(e2, "h")["episode"]))
+    side_tokens = len(json.loads(runner.row(e2, "h")["episode"])["requests"][0]["prompt_ids"])
+    assert shown.splitlines()[:3] == ["[request 1: side call to 'title-model']", f"  > its own prompt, {side_tokens} tokens",
+                                      "  < [answer, stop, 2 tokens, not trained] 253"], shown
+    assert "[request 2: refused] `stop` ['Observation:']" in shown and shown.endswith("after 0 turns; 0 sampled + 0 context tokens]")
+    assert conversation(json.loads(runner.row(e, "h")["episode"])).splitlines()[2] == f"  < [answer, length, {len(ids)} tokens] 253"
     loop.close()
