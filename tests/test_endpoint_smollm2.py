@@ -73,3 +73,5 @@ def test_smollm2_openai_sdk_agent_through_iterate_token_exact_and_resumed_identi
         engine.close()
     assert (runs["whole"] / "policy/iter-0001/adapter_config.json").exists()
     assert ": ok, 1 iteration(s)" in grpo("audit", str(runs["whole"])).stdout
+    shown = grpo("inspect", str(runs["whole"])).stdout  # the episodes as their requests (pipeline/report/episodes.py)
+    assert "[request 1: turn" in shown and "[end: " in shown, shown
