@@ -7,7 +7,8 @@ itself), GRPO_MODEL (the model to ask for), GRPO_TASK (the prompt row as JSON) a
 (where it writes its own reward and metrics: {"reward": 1.0 when the model's last answer ends in the
 task's `answer`, else 0.0; null without one, "metrics": {"tool_calls": n, "turns": n}}, which grpo
 scores as the reward `agent` and the columns extra_agent_tool_calls / extra_agent_turns).
-`--stream` asks for streamed answers.
+`--stream` asks for streamed answers, and so does a task row whose `stream` column is true (chosen
+per episode from its row, never from timing).
 
 Test hooks, read from the environment (tests/test_endpoint.py): AGENT_REWRITE=1 changes the
 assistant's answer before sending the history back; AGENT_SIDE=1 asks another model for a title
@@ -73,7 +74,7 @@ def main() -> None:
     calls, nudged = 0, False
     for _ in range(4):
         try:
-            message = ask(client, model, messages, "--stream" in sys.argv)
+            message = ask(client, model, messages, bool(task.get("stream")) or "--stream" in sys.argv)
         except BadRequestError:  # grpo answers 400 once the episode has ended (its turns or tokens are spent)
             break
         if os.environ.get("AGENT_REWRITE"):

@@ -405,3 +405,59 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     assert job3 is None and e.ending == "history_rewritten" and e.detail.startswith("messages[0] (user) differs")
     assert answer(r3)[0] == 400 and e.requests[-1]["kind"] == "refused"
     loop.close()
+
+
+def test_retries_answered_as_before_record_nothing_and_a_stop_string_is_refused(make_run, tiny2k, tmp_path):
+    """Reviewer findings: a byte-identical retry of the turn that ended the episode gets that turn's
+    answer (not 400) and, like every retry, adds nothing to the record; GRPO_SEED is no turn's seed;
+    a `stop` the run does not stop on ends the episode unsupported_request, never silently ignored."""
+    import asyncio
+
+    from pipeline.agents.endpoint.runner import AGENT_SEED
+    from pipeline.agents.endpoint.server import Request
+    from pipeline.data.prompts import derive_seed
+    from pipeline.models.engines import Sample
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "retry", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    runner, tok, p = plan.episodes, plan.tokenizer, plan.prompts[0]
+    loop = asyncio.new_event_loop()
+
+    def ask(e, body):
+        r = Request("k", body, None, loop, loop.create_future())
+        job = runner._request(e, r)
+        loop.run_until_complete(asyncio.sleep(0))
+        return job, (r.future.result() if r.future.done() else None)
+
+    body = {"model": "policy", "messages": [{"role": "user", "content": "What is 11 * 23?"}]}
+    e = runner.start(p, 0, 0, plan.group_seed(p.prompt_id), "test")
+    job, _ = ask(e, body)
+    ids = tok("253", add_special_tokens=False)["input_ids"]
+    runner._answer(job, Sample("253", ids, [-0.5] * len(ids), "length"))  # the turn that ends the episode
+    loop.run_until_complete(asyncio.sleep(0))
+    first = job.r.future.result()
+    assert e.ending == "length" and first[0] == 200
+    before = json.dumps(e.requests)
+    assert ask(e, body) == (None, first) and ask(e, body) == (None, first)  # retried twice: the recorded answer
+    assert json.dumps(e.requests) == before  # and no trace in the record
+    g = plan.group_seed(p.prompt_id)
+    assert derive_seed(g, 0, 0, AGENT_SEED) not in {derive_seed(g, 0, t) for t in range(64)}
+    e2 = runner.start(p, 0, 1, g, "test")
+    side = {**body, "model": "title-model"}  # a side call retried: its answer again, nothing recorded
+    sj, _ = ask(e2, side)
+    runner._answer(sj, Sample("T", ids, [-0.1] * len(ids), "stop"))
+    loop.run_until_complete(asyncio.sleep(0))
+    assert ask(e2, side) == (None, sj.r.future.result()) and len(e2.requests) == 1 and e2.sides == 1
+    job, (status, payload, _) = ask(e2, {**body, "stop": ["Observation:"]})
+    assert job is None and status == 400 and e2.ending == "unsupported_request" and "`stop` ['Observation:']" in e2.detail
+    # `grpo inspect` shows an endpoint episode as its requests (pipeline/report/episodes.py)
+    from pipeline.report.episodes import conversation
+
+    shown = conversation(json.loads(runner.row(e2, "h")["episode"]))
+    side_tokens = len(json.loads(runner.row(e2, "h")["episode"])["requests"][0]["prompt_ids"])
+    assert shown.splitlines()[:3] == ["[request 1: side call to 'title-model']", f"  > its own prompt, {side_tokens} tokens",
+                                      "  < [answer, stop, 2 tokens, not trained] 253"], shown
+    assert "[request 2: refused] `stop` ['Observation:']" in shown and shown.endswith("after 0 turns; 0 sampled + 0 context tokens]")
+    assert conversation(json.loads(runner.row(e, "h")["episode"])).splitlines()[2] == f"  < [answer, length, {len(ids)} tokens] 253"
+    loop.close()

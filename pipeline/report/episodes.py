@@ -99,6 +99,8 @@ def conversation(record: dict, width: int = 400) -> str:
     def short(text: str) -> str:
         return text if len(text) <= width else text[: width // 2] + " ... " + text[-width // 2:]
 
+    if record.get("route") == "endpoint":
+        return _requests(record, short)
     lines = []
     if record.get("observation"):
         lines.append(f"[observation] {short(record['observation'])}")
@@ -119,5 +121,33 @@ def conversation(record: dict, width: int = 400) -> str:
 
         lines.append(f"[environment] {short(describe(record['environment']))}")
     lines.append(f"[end: {record['ending']} after {record['turns']} turns; {record['model_tokens']} sampled + "
+                 f"{record['context_tokens']} context tokens]")
+    return "\n".join(lines)
+
+
+def _requests(record: dict, short) -> str:
+    """An endpoint episode (pipeline/agents/endpoint) as its requests: per request its new messages,
+    the answer (its calls, finish reason, tokens), a side call's model, a refusal's reason; then the ending."""
+    lines = []
+    for i, q in enumerate(record["requests"], 1):
+        kind = q["kind"]
+        if kind not in ("turn", "side"):
+            lines.append(f"[request {i}: {kind}] {q.get('why')}")
+            continue
+        asked = q.get("asked", {})
+        head = f"side call to {asked.get('model')!r}" if kind == "side" else "turn"
+        lines.append(f"[request {i}: {head}{', streamed' if asked.get('stream') else ''}]")
+        if kind == "side":
+            lines.append(f"  > its own prompt, {len(q['prompt_ids'])} tokens")
+        for m in q.get("new_messages", []):
+            tag = m["role"] + (f" {m['tool_call_id']}" if m.get("tool_call_id") else "")
+            lines.append(f"  > [{tag}] {short(m.get('content') or '')}")
+        msg = q["message"]
+        lines.append(f"  < [answer, {q['finish_reason']}, {len(q['completion_ids'])} tokens"
+                     f"{', not trained' if kind == 'side' else ''}] {short(msg.get('content') or '')}")
+        for c in msg.get("tool_calls", []):
+            lines.append(f"    -> call {c['id']} {c['function']['name']}({c['function']['arguments']})")
+    detail = f" ({record['detail']})" if record.get("detail") else ""
+    lines.append(f"[end: {record['ending']}{detail} after {record['turns']} turns; {record['model_tokens']} sampled + "
                  f"{record['context_tokens']} context tokens]")
     return "\n".join(lines)

@@ -21,11 +21,11 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
          "seed", "new_messages": [canonical], "prompt_tokens" (the first) | "prompt_delta": [glue ids],
          "completion_ids", "logprobs", "finish_reason", "message": {the assistant message answered}}
         {"kind": "side", ... the same, with "prompt_ids" (its own prompt; never in the row)}
-        {"kind": "repeat", "body_sha256"}                   a retried request, answered as before
+        (a retried body, the same bytes again, gets the answer it had and adds nothing here)
         {"kind": "refused" | "malformed" | "side_refused", "body_sha256", "why"}],
      "turns", "ending": "finished" | "history_rewritten" | "max_turns" | "max_episode_tokens" | "length"
                | "malformed_request" | "agent_crashed" | "agent_timeout" | "no_calls" | "prompt_too_long"
-               | "template_rewrites_history",
+               | "template_rewrites_history" | "unsupported_request" (a `stop` the run's rollout.stop lacks),
      "detail": str | null, "agent": {"exit_code", "killed", "result": {"reward", "metrics"} | null,
                "result_error": why there is no result | null} (pipeline.agents.endpoint.result),
      "model_tokens", "context_tokens"}

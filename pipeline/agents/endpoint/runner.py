@@ -34,7 +34,7 @@ from pipeline.errors import GRPOError
 
 MODEL = "policy"
 """The model name an episode's turns ask for (GRPO_MODEL); any other name is a side call."""
-SIDE_SEED, AGENT_SEED = 2, 3
+SIDE_SEED, AGENT_SEED = 2, 3  # GRPO_SEED: derive_seed(group seed, sample, 0, 3), four parts where a turn has three (no turn's seed)
 ENDPOINT_VERSION = 1
 
 
@@ -60,7 +60,8 @@ class EndpointEpisode:
     shapes: list[dict] = field(default_factory=list)  # the same, as ToolFormat renders them
     calls_by_id: dict[str, str] = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)
-    last: tuple | None = None  # (body hash, status, payload, stream) of the last turn answered
+    last: tuple | None = None  # (body hash, status, payload, stream) of the last turn answered or refused
+    side_answers: dict = field(default_factory=dict)  # body hash -> (status, payload, stream) of each side call
     last_ids: list[int] = field(default_factory=list)
     turns: int = 0
     sides: int = 0
@@ -124,7 +125,7 @@ class EndpointRunner:
             for e in episodes:
                 e.key = hub.new_key()
                 env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
-                       "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, AGENT_SEED))}
+                       "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, 0, AGENT_SEED))}
                 e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
             live = list(episodes)
             while live:
@@ -173,6 +174,7 @@ class EndpointRunner:
 
     def _refuse(self, e: EndpointEpisode, r: Request, h: str | None, message: str, kind: str = "refused") -> None:
         e.requests.append({"kind": kind, "body_sha256": h, "why": message})
+        e.last = (h, 400, chat.error(message), None)
         r.answer(400, chat.error(message))
 
     def _request(self, e: EndpointEpisode, r: Request) -> Job | None:
@@ -183,6 +185,12 @@ class EndpointRunner:
         except chat.BadBody as err:
             return self._malformed(e, r, None, err)
         h = None if r.body is None else chat.body_hash(r.body)
+        # the same body again (a client's retry, which timing drives): the answer it had, nothing recorded,
+        # so a part's bytes never depend on retries; the turn that ended the episode included
+        again = e.last[1:] if e.last is not None and h is not None and e.last[0] == h else e.side_answers.get(h)
+        if again is not None:
+            r.answer(*again)
+            return None
         if e.ending is not None:
             self._refuse(e, r, h, f"the episode has ended ({e.ending})")
             return None
@@ -209,9 +217,10 @@ class EndpointRunner:
         entry = {"body_sha256": h, "asked": chat.asked(body)}
         if body["model"] != MODEL:
             return self._side(e, r, msgs, tools, entry)
-        if e.last is not None and e.last[0] == h:  # the same request again (a client's retry): the same answer
-            e.requests.append({"kind": "repeat", "body_sha256": h})
-            r.answer(*e.last[1:])
+        stops = [body["stop"]] if isinstance(body.get("stop"), str) else list(body.get("stop") or [])
+        if any(x not in self.cfg.stop for x in stops):  # the engine stops on the run's strings alone: refused, never ignored
+            e.end("unsupported_request", f"`stop` {stops!r}: the engine stops on rollout.stop {list(self.cfg.stop)!r} only")
+            self._refuse(e, r, h, e.detail)
             return None
         if not e.convo:
             shapes = [chat.render_shape(m, {}) for m in msgs]
@@ -306,6 +315,8 @@ class EndpointRunner:
             e.last = (j.entry["body_sha256"], 200, payload, stream)
             if s.finish_reason == "length":
                 e.end("max_episode_tokens" if j.cap < self.cfg.max_new_tokens else "length")
+        else:
+            e.side_answers[j.entry["body_sha256"]] = (200, payload, stream)
         j.r.answer(200, payload, stream)
 
     def row(self, e: EndpointEpisode, policy_hash: str) -> dict:
