@@ -31,5 +31,23 @@ def iterate(
     if executor not in (None, "local", "ray"):
         raise GRPOError(f"--executor {executor!r}: expected local or ray")
     table = IterationTable(r)
-    run_iterate(r, target, on_iteration=table.add, executor=executor, address=address)
+    run_iterate(r, target, on_iteration=table.add, sampler=_sampler(r, executor, address))
     table.finish(target)
+
+
+def _sampler(run, executor: str | None, address: str | None):
+    """What makes the loop's sampler: a Ray cluster's at `address` (default cluster.address) where
+    `executor` (default cluster.executor) is ray, else the loop's own on this machine."""
+    from pipeline.config.rules import refusal
+    from pipeline.errors import GRPOError
+    from pipeline.loop.iterate import local_sampler
+
+    cfg = run.cfg
+    if executor and executor != cfg.cluster.executor and (why := refusal(cfg.model_copy(
+            update={"cluster": cfg.cluster.model_copy(update={"executor": executor})}))):
+        raise GRPOError(f"--executor {executor}: {why}")  # the rules a config with this executor would break
+    if (executor or cfg.cluster.executor) != "ray":
+        return local_sampler
+    from pipeline.cluster.executor import RaySampler
+
+    return lambda run, warm: RaySampler(run, warm, address)

@@ -122,7 +122,7 @@ and a record's maj@k only from version 2 on."""
 
 
 def _episodes(records: list[dict]) -> dict[str, float]:
-    from pipeline.report.episodes import EVAL_EPISODE_METRICS, episode_metrics
+    from pipeline.agents.metrics import EVAL_EPISODE_METRICS, episode_metrics
 
     m = episode_metrics(records)
     return {name: m[name] for name in EVAL_EPISODE_METRICS if name in m}

@@ -9,8 +9,8 @@ The artifacts are the ones the four separate commands write (the tests compare h
 One loop serves every schedule and executor. A sampler runs the rollouts and evals it is asked
 for: `InlineSampler` here, on the warm engine, at once (train.max_staleness 0),
 `pipeline.loop.overlap.ProcessSampler`, in a second process ahead of the training (max_staleness
->= 1), or `pipeline.cluster.executor.RaySampler`, on a Ray cluster's actors (cluster.executor ray),
-which also takes the score and, with cluster.update_workers > 1, the update. At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
+>= 1), or `pipeline.cluster.executor.RaySampler`, on a Ray cluster's actors (cluster.executor ray; `grpo iterate` hands
+it in), which also takes the score and, with cluster.update_workers > 1, the update. At the start of iteration k every rollout j whose behaviour policy b(j) exists (b(j) <= k,
 `pipeline.schedule`) and that is not done is asked for; with s = 0 that is rollout k alone.
 """
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from pipeline.config.rules import refusal
-from pipeline.errors import GRPOError
 from pipeline.report import tracking
 from pipeline.eval.run import run_eval
+from pipeline.loop.sampler import Sampler
 from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn, settle_record
 from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
@@ -55,16 +54,24 @@ class InlineSampler(LocalSampler):
         """The engine belongs to `WarmEngines`, which closes it."""
 
 
-def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None, executor: str | None = None,
-            address: str | None = None) -> list[dict]:
+def local_sampler(run: Run, warm: WarmEngines) -> Sampler:
+    """The sampler on this machine: in a second process ahead of the training with
+    train.max_staleness >= 1 (pipeline/loop/overlap.py), else in this process on the warm engine."""
+    if run.cfg.train.max_staleness:
+        from pipeline.loop.overlap import ProcessSampler
+
+        return ProcessSampler(run)
+    warm.readers_here = True  # every reader of a policy's files is in this process
+    return InlineSampler(run, warm)
+
+
+def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = None,
+            sampler: Callable[[Run, WarmEngines], Sampler] = local_sampler) -> list[dict]:
     """Bring the run to `iters` completed iterations; returns one summary row per iteration run.
-    With train.max_staleness >= 1 the sampling runs in its own process, ahead of the training
-    (pipeline/loop/overlap.py); with `executor` (default cluster.executor) ray, on a Ray cluster at
-    `address` (default cluster.address). The artifacts do not depend on which."""
+    `sampler` makes the sampler from the run and the loop's warm engines: `local_sampler`, or the
+    one the caller picks (`grpo iterate` hands in a Ray cluster's, pipeline/cluster/executor.py).
+    The artifacts do not depend on which."""
     cfg = run.cfg
-    if executor and executor != cfg.cluster.executor and (why := refusal(cfg.model_copy(
-            update={"cluster": cfg.cluster.model_copy(update={"executor": executor})}))):
-        raise GRPOError(f"--executor {executor}: {why}")  # the rules a config with this executor would break
     start = run.completed_iters()
     # a kill stopped the background write of the newest policy: its update again, hash checked
     trainer = restore_policy(run, start - 1) if start > 0 and not run.policy_done(start) else None
@@ -76,17 +83,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
         raise
     warm.trainer = trainer
     try:
-        if (executor or cfg.cluster.executor) == "ray":
-            from pipeline.cluster.executor import RaySampler
-
-            sampler = RaySampler(run, warm, address)
-        elif cfg.train.max_staleness:
-            from pipeline.loop.overlap import ProcessSampler
-
-            sampler = ProcessSampler(run)
-        else:
-            sampler = InlineSampler(run, warm)
-            warm.readers_here = True  # every reader of a policy's files is in this process
+        sampler = sampler(run, warm)
     except BaseException:
         warm.close()
         raise

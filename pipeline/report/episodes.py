@@ -1,31 +1,17 @@
-"""Multi-turn episodes in the reports: their metrics (logged to MLflow with the rollout's) and an
-episode shown as a conversation (`grpo inspect`).
-
-Metrics, over an iteration's episodes (none when it has none):
-    episodes/turns_mean, episodes/turns_max        model turns per episode
-    episodes/ending/<answered|malformed|max_turns|max_episode_tokens|length|tool_timeout>   share of episodes
-    tools/call_frequency                           tool calls per episode (TRL's name)
-    tools/used                                     share of episodes with at least one call
-    tools/failure_frequency                        failed calls / calls (TRL's name)
-    tools/calls/<tool>                             calls of each tool per episode
-    tools/errors/<malformed|unknown_tool|bad_arguments|raised|timeout>   count (malformed: records written
-                                                   before a malformed call ended its episode)
-    tools/dropped                                  results run but cut by the token budget
-    tokens/model_share                             sampled tokens / all completion tokens
+"""Multi-turn episodes in the reports: their records read from a rollout, their metrics
+(pipeline/agents/metrics.py, logged to MLflow with the rollout's) and an episode shown as a
+conversation (`grpo inspect`).
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pyarrow.parquet as pq
 
+from pipeline.agents.metrics import EVAL_EPISODE_METRICS, episode_metrics  # noqa: F401 (read from here by the reports)
 from pipeline.store import stage_rel
 from pipeline.run.run import Run
-
-ENDINGS = ("answered", "malformed", "max_turns", "max_episode_tokens", "length", "tool_timeout")
-ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout")
 
 
 def _episode_rows(run: Run, k: int, columns: list[str]) -> list[dict]:
@@ -52,45 +38,6 @@ def episode_texts(run: Run, k: int):
     rows = [{"prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"], "conversation": conversation(json.loads(r["episode"]))}
             for r in _episode_rows(run, k, ["prompt_id", "sample_idx"])]
     return pl.DataFrame(rows, schema={"prompt_id": pl.Int64, "sample_idx": pl.Int32, "conversation": pl.String})
-
-
-def episode_metrics(records: list[dict]) -> dict[str, float]:
-    if not records:
-        return {}
-    n = len(records)
-    turns = [r["turns"] for r in records]
-    endings = Counter(r["ending"] for r in records)
-    calls, errors = Counter(), Counter()
-    dropped = used = 0
-    for r in records:
-        used += any(msg["role"] == "tool" for msg in r["messages"])
-        for msg in r["messages"]:
-            if msg["role"] == "tool":
-                calls[msg["name"] or "malformed"] += 1
-                if msg.get("error"):
-                    errors[msg["error"]] += 1
-                dropped += bool(msg.get("dropped"))
-    total_calls = sum(calls.values())
-    model = sum(r["model_tokens"] for r in records)
-    context = sum(r["context_tokens"] for r in records)
-    out = {
-        "episodes/turns_mean": sum(turns) / n,
-        "episodes/turns_max": float(max(turns)),
-        **{f"episodes/ending/{e}": endings[e] / n for e in ENDINGS},
-        "tools/call_frequency": total_calls / n,
-        "tools/used": used / n,
-        "tools/failure_frequency": sum(errors.values()) / total_calls if total_calls else 0.0,
-        **{f"tools/calls/{name}": c / n for name, c in sorted(calls.items())},
-        **{f"tools/errors/{e}": float(errors[e]) for e in ERRORS},
-        "tools/dropped": float(dropped),
-        "tokens/model_share": model / (model + context) if model + context else float("nan"),
-    }
-    return out
-
-
-EVAL_EPISODE_METRICS = ("episodes/turns_mean", "tools/call_frequency", "tools/used", "episodes/ending/answered")
-"""What held-out episodes add to the eval's figures, as eval/<name>: how the policy uses its tools, how
-often it ends with an answer (pipeline/eval/metrics.py)."""
 
 
 def conversation(record: dict, width: int = 400) -> str:

@@ -78,7 +78,11 @@ def start(root: str, k: int, write: Callable[[Inflight], None], policy_hash: str
     # not a daemon: an interpreter that exits normally (also after an error) finishes the write first
     p.thread = threading.Thread(target=body, name=f"write policy {k}")
     _RUNS[r] = p
-    p.thread.start()
+    try:
+        p.thread.start()
+    except BaseException:  # no thread (no memory for one, a Ctrl-C): nothing in flight, nobody waits on it
+        _RUNS.pop(r, None)
+        raise
     return p
 
 

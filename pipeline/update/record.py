@@ -162,7 +162,11 @@ def _write_later(run: Run, k: int, pm: PolicyManifest, body, weights: DeferredWe
             lock.release()
         _pruned(run, k, state)  # 8
 
-    inflight.start(store.root, k + 1, write)
+    try:
+        inflight.start(store.root, k + 1, write)
+    except BaseException:  # the thread never ran `write`: its lock released here (update k stays undone)
+        lock.release()
+        raise
 
 
 def _reference(reference, weights: DeferredWeights, where: str):
