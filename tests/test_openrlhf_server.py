@@ -496,3 +496,40 @@ def test_a_servers_log_that_another_reward_logged_first_never_overwrites_its_own
                         {k: v[:2] for k, v in COLUMNS.items()}, iteration=0, log=RewardLog(2), rendered=RENDERED[:2])
     assert str(info.value) == ("reward 'orm' (iteration 0): the server's extra_logs name 'reason' (as 'orm_reason': another "
                                "reward logged 'reason' first), which is this reward's own record; rename the reward (`name:`)")
+
+
+def test_a_servers_error_quoting_another_secret_url_is_not_stored(monkeypatch):
+    """Held: a reward server answering 500 whose body quotes a URL carrying the user's key and a credential it
+    issued (`?sig=...`): neither is in what the score stage keeps."""
+    import http.server
+    import json
+    import threading
+
+
+    other = "presigned-SIG-7c1d9e"
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.dumps({"detail": f"moved: see http://127.0.0.1/blob?{self.path.split('?')[1]}&sig={other}"}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv(URL_KEY, "user-key-4b2a91")
+    try:
+        e = {"fn": "openrlhf_server", "name": "orm", "retries": 0,
+             "kwargs": {"url": f"http://127.0.0.1:{srv.server_port}/get_reward?key=${{{URL_KEY}}}", "label_key": "answer",
+                        "on_failure": "none"}}
+        _, log, _ = served(e, n=1)
+    finally:
+        srv.shutdown()
+    kept = json.dumps(log.extra)
+    assert "user-key-4b2a91" not in kept, kept
+    assert other not in kept, kept

@@ -11,6 +11,7 @@ import hashlib
 import json
 from typing import Any
 
+from pipeline.agents import inserted
 from pipeline.errors import GRPOError
 
 ASKED = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
@@ -123,6 +124,22 @@ def render_shape(m: dict, calls_by_id: dict[str, str]) -> dict:
         calls = [{"name": c["name"], "arguments": c["arguments"]} for c in m.get("tool_calls", [])]
         return {"role": "assistant", "content": m["content"], "raw": m.get("raw", m["content"]), "tool_calls": calls}
     return {"role": m["role"], "content": m["content"]}
+
+
+def first_prompt(fmt, shapes: list[dict], tools: list) -> tuple[str, list[list[int]]]:
+    """The first request rendered with the run's template (`fmt`: pipeline.agents.format), and the spans
+    its messages' text takes in it: all of that text is the agent's (a page it fetched, a tool result it
+    replays), so it is tokenised as text, never as control tokens (pipeline.agents.inserted)."""
+    contents = [s.get("content") for s in shapes]
+
+    def render(values: list[str]) -> str:
+        out = []
+        for s, c in zip(shapes, contents):
+            new = c if c is None else inserted.replaced(c, values)
+            out.append({**s, "content": new, **({"raw": new} if "raw" in s and s["raw"] == c else {})})
+        return fmt.render(out, tools, True)
+
+    return inserted.locate(render, [x for c in contents if c is not None for x in inserted.leaves(c)])
 
 
 def asked(body: dict) -> dict:
