@@ -332,6 +332,13 @@ def test_a_node_removed_before_during_and_after_each_stage_loses_nothing(assets,
 
 
 @pytest.mark.slow
+def held_first_run(first, ray_cluster, dirs, release, stall: str) -> subprocess.Popen:
+    """The first of two runs on the cluster: `grpo iterate` held at `stall` until `release`.0 exists."""
+    return subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(first), "--iters", "1", "--executor", "ray",
+                             "--address", ray_cluster.address], cwd=dirs["elsewhere"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **THREADS, "GRPO_CLUSTER_STALL": stall, "GRPO_CLUSTER_STALL_RELEASE": str(release)})
+
+
 @pytest.mark.ray_cluster
 def test_a_second_run_on_the_same_cluster_says_what_it_waits_for_and_stops_at_place_timeout_s(assets, dirs, ray_cluster, tmp_path):
     """Two runs sharing the two one-CPU nodes: the first holds its warm actors (0.5 CPU on each node) from
@@ -345,10 +352,7 @@ def test_a_second_run_on_the_same_cluster_says_what_it_waits_for_and_stops_at_pl
 
     first, second = new_run(tmp_path, assets, dirs, "first"), new_run(tmp_path, assets, dirs, "second", place_timeout_s=2)
     release = tmp_path / "release"
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(first), "--iters", "1", "--executor", "ray",
-                             "--address", ray_cluster.address], cwd=dirs["elsewhere"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "driver-rollout:0",
-                                            "GRPO_CLUSTER_STALL_RELEASE": str(release)})
+    proc = held_first_run(first, ray_cluster, dirs, release, "driver-rollout:0")
     try:
         held_at(proc, release, 0, 1, "the first run, its actors placed")
         out = grpo(*iterate_args(second, ray_cluster), env=THREADS, check=False, cwd=dirs["elsewhere"], timeout=300)
@@ -383,10 +387,7 @@ def test_two_runs_at_once_both_finish_when_a_score_task_needs_a_node_the_other_r
     first = new_run(tmp_path, assets, dirs, "first", rollout_workers=1)
     second = new_run(tmp_path, assets, dirs, "second", rollout_workers=1, score_cpus=1.0, place_timeout_s=60)
     release = tmp_path / "release"
-    proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "iterate", str(first), "--iters", "1", "--executor", "ray",
-                             "--address", ray_cluster.address], cwd=dirs["elsewhere"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **THREADS, "GRPO_CLUSTER_STALL": "driver-score:0",
-                                            "GRPO_CLUSTER_STALL_RELEASE": str(release)})
+    proc = held_first_run(first, ray_cluster, dirs, release, "driver-score:0")
     try:
         held_at(proc, release, 0, 1, "the first run, its actor placed and idle")
         out = grpo("iterate", str(second), "--iters", "1", "--executor", "ray", "--address", ray_cluster.address, env=THREADS,
