@@ -87,6 +87,19 @@ def test_mlflows_error_quoting_the_tracking_uri_is_redacted_in_the_warning(monke
         "the URL http://h/x?key=${K}: the variable K is not set; see http://h/y?sig=***."  # punctuation is not the URL's
 
 
+def test_a_secret_as_a_path_parameter_or_an_encoded_reference_is_refused_and_redacted():
+    """`/get_reward;key=...` (a path segment's parameter) is a secret as `?key=` is: refused as written,
+    redacted where taken from the environment; a percent-encoded `${K}` (%24%7BK%7D) would be sent as
+    written, never expanded, so it is refused rather than silently failing (found by the fresh reviewer of 64)."""
+    from pipeline.config.urls import literal_secret, redacted
+
+    assert "its path parameter 'key' holds a secret" in literal_secret("https://h/get_reward;key=sk-4f2a")
+    assert literal_secret("https://h/get_reward;key=${K}") is None and literal_secret("https://h/a;v=1/b") is None
+    assert "percent-encoded ${NAME}" in literal_secret("https://h/x?key=%24%7BK%7D")
+    assert redacted("https://h/a;v=1;token=tk-9/b?q=1") == "https://h/a;v=1;token=***/b?q=1"
+    assert redacted("https://h/a;v=1/b?q=1") == "https://h/a;v=1/b?q=1"
+
+
 def test_a_secret_written_into_the_tracking_uri_is_refused(assets):
     from pipeline import config as config_mod
 

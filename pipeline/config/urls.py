@@ -55,6 +55,11 @@ def _params(query: str) -> list[tuple[str, str]]:
     return [pair for part in query.split(";") for pair in parse_qsl(part, keep_blank_values=True)]
 
 
+def _path_params(path: str) -> list[tuple[str, str]]:
+    """A path's parameters (`/get_reward;key=...`, RFC 3986's `;name=value` in a segment) as (name, value) pairs."""
+    return [pair for seg in path.split("/") for part in seg.split(";")[1:] for pair in parse_qsl(part, keep_blank_values=True)]
+
+
 def names(url: str) -> list[str]:
     """The environment variables `url` references, in order, each once."""
     return list(dict.fromkeys(REF.findall(url or "")))
@@ -64,6 +69,8 @@ def literal_secret(url: str) -> str | None:
     """Why `url` cannot be kept as written (a secret written into it, a fragment, a broken `${`), or None."""
     if "${" in REF.sub("", url):
         return "holds a `${` that is no reference ${NAME} (letters, digits, _)"
+    if REF.search(unquote(REF.sub("", url))):
+        return "holds a percent-encoded ${NAME} (%24%7B...%7D), which would be sent as written: write ${NAME} as it is"
     if "#" in url:
         return "holds a fragment (#...), which is never sent to a server, only stored: remove it"
     try:
@@ -75,9 +82,9 @@ def literal_secret(url: str) -> str | None:
         if part is not None and not REF.fullmatch(part):
             return (f"holds {what} (user:password@), which would be stored with the run and every answer: write it as "
                     "${NAME} and set NAME in the environment")
-    for name, value in _params(parts.query):
+    for where, name, value in [("query ", *p) for p in _params(parts.query)] + [("path ", *p) for p in _path_params(parts.path)]:
         if is_secret_param(name) and value and not REF.fullmatch(value):
-            return (f"its query parameter {name!r} holds a secret, which would be stored with the run and every answer: "
+            return (f"its {where}parameter {name!r} holds a secret, which would be stored with the run and every answer: "
                     f"write {name}=${{NAME}} and set NAME in the environment (its name is stored, its value read where "
                     "each request is sent)")
     return None
@@ -133,15 +140,19 @@ def redacted(url: str) -> str:
     user, _, host = parts.netloc.rpartition("@")
     secret_param = lambda k, v: is_secret_param(unquote(k)) and hidden(v)  # noqa: E731
     pairs = [p.partition("=") for p in re.split(r"[&;]", parts.query)]
-    if not hidden(user) and not parts.fragment and not any(secret_param(k, v) for k, _, v in pairs):
+    segs = [[p.partition("=") for p in seg.split(";")] for seg in parts.path.split("/")]  # a segment's ;name=value too
+    in_path = any(secret_param(k, v) for seg in segs for k, _, v in seg[1:])
+    if not hidden(user) and not parts.fragment and not in_path and not any(secret_param(k, v) for k, _, v in pairs):
         return url  # nothing to hide: the URL as given, byte for byte
+    path = "/".join(";".join([seg[0][0], *(f"{k}={MASK}" if secret_param(k, v) else "".join((k, sep, v)) for k, sep, v in seg[1:])])
+                    for seg in segs)
     if hidden(password):
         user = f"{user.split(':')[0]}:{MASK}"
     elif hidden(user) and password is None:  # a user alone may be the token itself (https://TOKEN@host): MLflow drops
         user = MASK                          # a git URL's userinfo whole
     netloc = f"{user}@{host}" if user else host
     query = "&".join(f"{k}={MASK}" if secret_param(k, v) else (f"{k}={v}" if sep else k) for k, sep, v in pairs if k or sep)
-    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=MASK if parts.fragment else ""))
+    return urlunsplit(parts._replace(netloc=netloc, path=path, query=query, fragment=MASK if parts.fragment else ""))
 
 
 def remember(value: str) -> None:
