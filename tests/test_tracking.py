@@ -405,3 +405,27 @@ def test_embedded_store_catches_up(server_run, monkeypatch):
     assert os.path.exists(path / "tracking.json")
     both = json.loads((path / "tracking.json").read_text())["runs"]
     assert set(both) == {server_run["url"], "embedded"}
+
+
+def test_a_parameter_the_user_names_is_a_secret_and_a_short_secret_is_masked_where_it_stands_alone(assets, monkeypatch):
+    """`url_secret_params: [k]`: `?k=` written literally is refused as `?key=` is, `${K}` is kept, a URL from the
+    environment shows it as `***`, and the option is no part of the config hash. A secret of under 4 characters
+    (the reviewer of 64's B2: never masked before) is masked where it stands alone, not inside other words."""
+    from pipeline import config as config_mod
+    from pipeline.config import urls
+
+    monkeypatch.setattr(urls, "_NAMED", set())
+    monkeypatch.setattr(urls, "_KNOWN", set())
+    data = lambda url, **top: base_config(assets, data={"train": url, "eval": assets["eval"]}, **top)  # noqa: E731
+    with pytest.raises(GRPOError, match=r"data.train: its query parameter 'k' holds a secret"):
+        config_mod.resolve(data("https://h/t.jsonl?k=sk4f2a", url_secret_params=["k"]))
+    assert urls.redacted("https://h/t.jsonl?k=sk4f2a") == "https://h/t.jsonl?k=sk4f2a"  # nobody named it yet
+    named = config_mod.resolve(data("https://h/t.jsonl?k=${K}", url_secret_params=["K"]))
+    plain = config_mod.resolve(data("https://h/t.jsonl?k=${K}"))
+    assert config_mod.config_hash(named) == config_mod.config_hash(plain)
+    assert urls.redacted("https://h/t.jsonl?x=1&k=sk4f2a") == "https://h/t.jsonl?x=1&k=***"
+    urls.remember("ab1")
+    assert urls.mask("Authorization: Bearer ab1\n'ab1' table ab1x xab1 ab1.") == \
+        "Authorization: Bearer ***\n'***' table ab1x xab1 ***."
+    urls.remember("sk-long-key")
+    assert urls.mask("k=sk-long-key;sk-long-keyz") == "k=***;***z"

@@ -25,7 +25,7 @@ from pipeline.config.loss import NEUTRAL_ROLLOUT_CORRECTION, LossConfig
 from pipeline.config.rewards import RewardSpec
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.rules import refusal
-from pipeline.config.urls import checked
+from pipeline.config.urls import checked, name_secret_params
 from pipeline.config.train import TrainConfig
 from pipeline.errors import GRPOError
 
@@ -80,11 +80,24 @@ class Config(Section):
     """MLflow."""
     cluster: ClusterConfig = ClusterConfig()
     """Where `grpo iterate` runs the stages (this process, or a Ray cluster); not part of the config hash."""
+    url_secret_params: list[str] = []
+    """Names of URL parameters that hold a secret, beyond those whose name says so (key, token, sig, code, ...:
+    pipeline/config/urls.py), e.g. `[k, sid]`: a literal value under one, in any URL option, is refused (write
+    `k=${NAME}`), and a URL taken from the environment shows it as `***`. Not part of the config hash."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_names_first(cls, data, info: ValidationInfo):
+        """`url_secret_params` reaches every URL option's check, which runs before this model's own fields."""
+        if isinstance(data, dict) and isinstance(info.context, dict) and isinstance(data.get("url_secret_params"), list):
+            info.context["secret_params"] = [n for n in data["url_secret_params"] if isinstance(n, str)]
+        return data
 
     @model_validator(mode="after")
     def _cross_field(self) -> "Config":
         if (why := refusal(self)) is not None:
             raise ValueError(why)
+        name_secret_params(self.url_secret_params)
         return self
 
     @property
@@ -133,6 +146,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("data", "template_date"): None,  # a template that reads no date: nothing pinned
     **EVAL_NEUTRAL,
     ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
+    ("url_secret_params",): [],  # what a URL may not hold as written: out of the hash at any value (canonical)
 }
 """Options added after runs already existed, with the value that does what runs did before them:
 left out of the canonical form at that value, so the config hash of a run made before the option
@@ -157,6 +171,7 @@ def canonical(cfg: Config, legacy: bool = False) -> str:
     made before that hashed them)."""
     tree = cfg.model_dump(mode="json")
     tree.pop("cluster", None)  # where the stages run, not what they compute: a Ray run writes a local run's bytes
+    tree.pop("url_secret_params", None)  # which URL parameters are secrets: refused or redacted, never computed with
     for section, key in RECORD_ONLY if not legacy else ():
         tree[section].pop(key, None)
     for (*path, key), neutral in ADDED_OPTIONS.items():

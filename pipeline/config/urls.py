@@ -41,13 +41,27 @@ SECRET_WORDS = ("sig", "code", "pwd", "pass", "auth", "jwt", "bearer", "hmac")
 SECRET_ENDINGS or is one of SECRET_WORDS: key, apikey, api_key, X-Api-Key, subscription-key, token, access_token,
 client_secret, password, X-Amz-Signature, sig (an Azure SAS), code (an Azure Functions key)."""
 MASK = "***"
+SHORT = 4
+"""A secret of fewer characters is masked only where it stands alone (not inside a longer word or number):
+"Bearer ab" hides "ab", "table" keeps its "ab"."""
 _KNOWN: set[str] = set()
 """The values `expand` read in this process: `mask` hides them."""
+_NAMED: set[str] = set()
+"""The config's `url_secret_params` (lower-cased): parameter names the user says hold a secret."""
 
 
-def is_secret_param(name: str) -> bool:
+def is_secret_param(name: str, named=()) -> bool:
+    """Whether a URL parameter called `name` holds a secret: its words say so (SECRET_ENDINGS, SECRET_WORDS), or
+    the user named it (`url_secret_params`, this process's config; `named`: a config's being read)."""
+    if name.lower() in _NAMED or name.lower() in {n.lower() for n in named}:
+        return True
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
     return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words)
+
+
+def name_secret_params(names) -> None:
+    """The config's `url_secret_params`, for `redacted` in this process (a URL taken from the environment)."""
+    _NAMED.update(n.lower() for n in names)
 
 
 def _params(query: str) -> list[tuple[str, str]]:
@@ -65,8 +79,9 @@ def names(url: str) -> list[str]:
     return list(dict.fromkeys(REF.findall(url or "")))
 
 
-def literal_secret(url: str) -> str | None:
-    """Why `url` cannot be kept as written (a secret written into it, a fragment, a broken `${`), or None."""
+def literal_secret(url: str, named=()) -> str | None:
+    """Why `url` cannot be kept as written (a secret written into it, a fragment, a broken `${`), or None.
+    `named`: parameter names the config says hold a secret (`url_secret_params`)."""
     if "${" in REF.sub("", url):
         return "holds a `${` that is no reference ${NAME} (letters, digits, _)"
     if REF.search(unquote(REF.sub("", url))):
@@ -83,7 +98,7 @@ def literal_secret(url: str) -> str | None:
             return (f"holds {what} (user:password@), which would be stored with the run and every answer: write it as "
                     "${NAME} and set NAME in the environment")
     for where, name, value in [("query ", *p) for p in _params(parts.query)] + [("path ", *p) for p in _path_params(parts.path)]:
-        if is_secret_param(name) and value and not REF.fullmatch(value):
+        if is_secret_param(name, named) and value and not REF.fullmatch(value):
             return (f"its {where}parameter {name!r} holds a secret, which would be stored with the run and every answer: "
                     f"write {name}=${{NAME}} and set NAME in the environment (its name is stored, its value read where "
                     "each request is sent)")
@@ -110,7 +125,7 @@ def checked(url: str, context, fix: str | None = None) -> str:
     the config is a run's stored one (`context` {"stored": True}: written before the rule, read as it was).
     `fix`: what to do instead, where a `${NAME}` reference is not read (the option is not a served reward's)."""
     if not (isinstance(context, dict) and context.get("stored")):
-        why = literal_secret(url)
+        why = literal_secret(url, context.get("secret_params", ()) if isinstance(context, dict) else ())
         if why is not None:
             raise ValueError(why if fix is None else f"{why.split(', which ')[0].split(': ')[0]}, which would be stored "
                                                      f"with the run: {fix}")
@@ -156,9 +171,10 @@ def redacted(url: str) -> str:
 
 
 def remember(value: str) -> None:
-    """`value` is a secret sent from this process (a URL's, a Bearer key): `mask` hides it from here on."""
-    if len(value) >= 4 and value not in _KNOWN:
-        _KNOWN.update(v for v in _forms(value) if len(v) >= 4)
+    """`value` is a secret sent from this process (a URL's, a Bearer key): `mask` hides it from here on
+    (one of fewer than SHORT characters where it stands alone)."""
+    if value.strip() and value not in _KNOWN:
+        _KNOWN.update(v for v in _forms(value) if v.strip())
         _install_filter()
 
 
@@ -187,8 +203,17 @@ def scrub(text: str) -> str:
 
 def mask(text: str) -> str:
     """`text` with every secret value expanded in this process replaced by `***`."""
-    for value in sorted(_KNOWN, key=len, reverse=True):
-        text = text.replace(value, MASK)
+    return hide(text, _KNOWN)
+
+
+def hide(text: str, values) -> str:
+    """`text` with each of `values` replaced by `***`, longest first; one of fewer than SHORT characters
+    only where no letter or digit touches it (a 3-character key inside every word it spells would be no mask)."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= SHORT:
+            text = text.replace(value, MASK)
+        elif value in text:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", MASK, text)
     return text
 
 
