@@ -128,18 +128,41 @@ def render_shape(m: dict, calls_by_id: dict[str, str]) -> dict:
 
 def first_prompt(fmt, shapes: list[dict], tools: list) -> tuple[str, list[list[int]]]:
     """The first request rendered with the run's template (`fmt`: pipeline.agents.format), and the spans
-    its messages' text takes in it: all of that text is the agent's (a page it fetched, a tool result it
-    replays), so it is tokenised as text, never as control tokens (pipeline.agents.inserted)."""
+    its messages' text and its tools' descriptions take in it: all of that text is the agent's (a page it
+    fetched, a tool result it replays, an MCP server's tool description it forwards), so it is tokenised
+    as text, never as control tokens (pipeline.agents.inserted). The tools' names and types stay as they
+    are: bare names the template reads."""
     contents = [s.get("content") for s in shapes]
+    texts = [x for c in contents if c is not None for x in inserted.leaves(c)]
+    described = descriptions(tools)
 
     def render(values: list[str]) -> str:
+        values, told = values[:len(texts)], values[len(texts):]
         out = []
         for s, c in zip(shapes, contents):
             new = c if c is None else inserted.replaced(c, values)
             out.append({**s, "content": new, **({"raw": new} if "raw" in s and s["raw"] == c else {})})
-        return fmt.render(out, tools, True)
+        return fmt.render(out, with_descriptions(tools, told) if described else tools, True)
 
-    return inserted.locate(render, [x for c in contents if c is not None for x in inserted.leaves(c)])
+    return inserted.locate(render, texts + described)
+
+
+def descriptions(value) -> list[str]:
+    """The `description` texts a tool schema holds (the function's and each parameter's), in order."""
+    if isinstance(value, list):
+        return [d for v in value for d in descriptions(v)]
+    if isinstance(value, dict):
+        return [d for k, v in value.items() for d in ([v] if k == "description" and isinstance(v, str) else descriptions(v))]
+    return []
+
+
+def with_descriptions(value, new: list[str]):
+    """`value` with its `description` texts replaced by `new`, in order (consumed from the front)."""
+    if isinstance(value, list):
+        return [with_descriptions(v, new) for v in value]
+    if isinstance(value, dict):
+        return {k: (new.pop(0) if k == "description" and isinstance(v, str) else with_descriptions(v, new)) for k, v in value.items()}
+    return value
 
 
 def asked(body: dict) -> dict:
