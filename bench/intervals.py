@@ -167,6 +167,9 @@ def _measure(v, truth, rate, samples, span_today, span_new, withheld=None) -> di
         if name == "chosen" and withheld is not None:
             lo, hi = np.where(withheld, np.nan, lo), np.where(withheld, np.nan, hi)
         out[name] = measured(lo, hi, truth)
+    if withheld is not None and withheld.any() and not withheld.all():  # today's width on the records given one now
+        tlo, thi = today(v, rate, samples, *span_today)
+        out["chosen"]["width_today"] = float(np.mean((thi - tlo)[~withheld]))
     return out
 
 
@@ -307,7 +310,7 @@ def section(res: dict) -> list[str]:
            "| family | prompts | cases | >= 0.93 today | >= 0.93 now | lowest today | lowest now | zero-width records today | now | no interval now (records, most of a case) | width now / today (median, max) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     fams = sorted({r["family"] for r in rows})
-    total_t = total_n = 0
+    total_t = total_n = total_given = 0
     for fam in fams:
         for m in sorted({r["prompts"] for r in rows}):
             sel = [r for r in rows if r["family"] == fam and r["prompts"] == m]
@@ -315,23 +318,26 @@ def section(res: dict) -> list[str]:
                 continue
             t = [r["today"]["coverage"] for r in sel]
             n = [r["chosen"]["coverage"] for r in sel if r["chosen"]["coverage"] == r["chosen"]["coverage"]]
-            ratio = [r["chosen"]["width"] / r["today"]["width"] for r in sel if r["today"]["width"] > 0 and r["chosen"]["width"] == r["chosen"]["width"]]
+            ratio = [r["chosen"]["width"] / r["chosen"].get("width_today", r["today"]["width"]) for r in sel
+                     if r["chosen"].get("width_today", r["today"]["width"]) > 0 and r["chosen"]["width"] == r["chosen"]["width"]]
             none = max(r["chosen"].get("withheld", 0.0) for r in sel)
             zt = max(r["today"]["zero_width"] for r in sel)
             zn = max(r["chosen"]["zero_width"] for r in sel)
             total_t += sum(c >= 0.93 for c in t)
             total_n += sum(c >= 0.93 for c in n)
+            total_given += len(n)
             out.append(f"| {fam} | {m} | {len(sel)} | {sum(c >= 0.93 for c in t)} | {sum(c >= 0.93 for c in n)} | {min(t):.3f} | "
                        f"{min(n):.3f} | {zt:.3f} | {zn:.3f} | {none:.2f} | "
                        + (f"{np.median(ratio):.2f}, {max(ratio):.2f}" if ratio else "-") + " |")
-    out += ["", f"In all: {total_t} of {len(rows)} cases hold 0.93 today, {total_n} of {len(rows)} now"
-            + (f" ({len(empty)} give no record an interval: {', '.join(sorted({r['regime'] for r in empty}))})" if
-               (empty := [r for r in rows if r["chosen"].get("withheld", 0.0) == 1.0]) else "") + "."]
+    empty = [r for r in rows if r["chosen"].get("withheld", 0.0) == 1.0]
+    out += ["", f"In all: {total_t} of {len(rows)} cases hold 0.93 today; now {total_n} of the {total_given} cases that give "
+            f"intervals" + (f", and {len(empty)} give none" if empty else "") + "."]
     held = [r for r in rows if r["chosen"].get("withheld", 0.0) > 0]
     if held:
-        out += ["", f"No interval now (NaN bounds, the page saying why): {len(held)} cases' records, a reward that declares no "
-                f"range with no scored record in the run, below {MIN_PROMPTS} prompts or all its samples alike "
-                "(metrics.withheld); the coverage above is over the records given one."]
+        out += ["", f"No interval now (NaN bounds, the page saying why): some or all records of {len(held)} cases, a reward "
+                f"that declares no range in a run that scored nothing yet, below {MIN_PROMPTS} prompts or all its samples "
+                "alike (metrics.withheld; a run's scored samples give it one: bench/intervals_record.py below); coverage and "
+                "width now are over the records given one, their width ratio against today's on the same records."]
     missed = [r for r in rows if r["chosen"]["coverage"] < 0.93]
     undeclared = [r for r in missed if r["regime"].endswith("(no range declared)")]
     twins = [t for r in undeclared for t in rows if t["regime"] != r["regime"] and "(declared [" in t["regime"]
