@@ -152,3 +152,41 @@ def test_eval_prints_the_reason_and_the_manifest_and_mlflow_names_stay_clean(tmp
     assert body["no_interval"] == notes and math.isnan(body["metrics"]["rewards/score"]["lo"])
     names = flat(figs)
     assert math.isnan(names["eval/rewards/score_lo"]) and all(isinstance(v, float) for v in names.values())
+
+
+PM = "def pm(completions, **kwargs):\n    return [1.0 if len(c) % 2 else -1.0 for c in completions]\n"
+
+
+@pytest.mark.slow
+def test_a_real_eval_takes_the_span_from_the_run_s_score_parts_and_audit_checks_it(assets, tmp_path, monkeypatch):
+    """Through the stages on the tiny model: a -1/+1 reward of your own (no range) scored at iteration 0 (16
+    samples, both values), then `grpo eval --iter 0` of 3 prompts: the manifest records the score parts' range,
+    the interval spans it, and `grpo audit` is clean, and flags a recorded range the parts do not give."""
+    from conftest import base_config, grpo
+
+    from pipeline import config as config_mod
+    from pipeline.report.audit import audit_run
+    from pipeline.run.run import init_run
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pm.py").write_text(PM)
+    monkeypatch.chdir(src)
+    cfg = config_mod.resolve(base_config(assets, rewards=[{"fn": "correct"}, {"fn": "pm.py:pm"}], eval={"every": 0, "max_prompts": 3}))
+    run = init_run(str(tmp_path / "run"), cfg)
+    grpo("rollout", run.uri, "--iter", "0")
+    grpo("score", run.uri, "--iter", "0")
+    seen = observed(run)
+    assert seen is not None and seen["iterations"] == [0] and seen["samples"] == 16
+    assert seen["ranges"]["rewards/pm"] == [-1.0, 1.0]
+    out = grpo("eval", run.uri, "--iter", "0").stdout
+    m = json.loads((tmp_path / "run" / stage_rel(0, "eval") / "MANIFEST.json").read_text())
+    assert m["observed"] == seen and m["figures_version"] == 4 and "no_interval" not in m
+    lo, hi = m["metrics"]["rewards/pm"]["lo"], m["metrics"]["rewards/pm"]["hi"]
+    assert -1.5 <= lo < hi <= 1.5 and "rewards/pm" in out and "no interval" not in out
+    assert audit_run(Run(run.uri)).ok, audit_run(Run(run.uri)).problems
+    path = tmp_path / "run" / stage_rel(0, "eval") / "MANIFEST.json"
+    m["observed"]["ranges"]["rewards/pm"] = [-1.0, 3.0]  # a range the parts never took: the intervals differ too
+    path.write_text(json.dumps(m))
+    problems = audit_run(Run(run.uri)).problems
+    assert any("observed" in p for p in problems) and any("metrics.rewards/pm" in p for p in problems), problems
