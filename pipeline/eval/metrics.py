@@ -216,15 +216,16 @@ def _seen(values, f: str) -> tuple[float, float] | None:
 MIN_PROMPTS = 7
 """Below this many prompts a reward figure with neither a declared range nor a scored record gets no interval:
 bench/intervals.py's undeclared rewards on their samples' range widened miss 0.93 at 3-5 prompts (a -1/+1 reward
-at 0.5: 0.750 at 3 prompts x 1 sample; a 0-10 score mostly at 0-2: 0.894 at 5), sit on it at 6 (0.933) and hold
-it from 7 up (0.963; docs/tracking.md)."""
+at 0.5: 0.731-0.750 at 3 prompts x 1 sample; a 0-10 score mostly at 0-2: 0.894-0.906 at 5), sit near it at 6
+(0.933 and 0.947 in two seeded draws) and hold it from 7 up (0.963-0.964). No count of prompts holds for every
+shape: a [0, 1] reward with one sample in 25 at 10 still misses at 7-8 (0.913-0.940; bench/intervals_record.py)."""
 
 
-def withheld(prompts, lo, hi, recorded) -> np.ndarray:
+def withheld(prompts, lo, hi, scored) -> np.ndarray:
     """Where a reward figure without a declared range gets no interval (vectorised: the bench passes arrays):
     every value it took, the eval's samples joined with the run's scored ones, is one value (nothing says how far
-    the others lie), or fewer than MIN_PROMPTS prompts and no scored record (`recorded` False)."""
-    return (np.asarray(lo) == np.asarray(hi)) | (~np.asarray(recorded, dtype=bool) & (np.asarray(prompts) < MIN_PROMPTS))
+    the others lie), or fewer than MIN_PROMPTS prompts and no scored record (`scored` False)."""
+    return (np.asarray(lo) == np.asarray(hi)) | (~np.asarray(scored, dtype=bool) & (np.asarray(prompts) < MIN_PROMPTS))
 
 
 def no_interval(cfg, values, f: str, observed: dict | None = None) -> str | None:
@@ -234,11 +235,11 @@ def no_interval(cfg, values, f: str, observed: dict | None = None) -> str | None
     seen = _seen(values, f)
     if seen is None:
         return None
-    recorded = bool(observed) and f in observed
-    if recorded:
+    scored = bool(observed) and f in observed
+    if scored:
         seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
     m = sum(1 for v in values.values() if f in v and v[f] == v[f])
-    if not withheld(m, *seen, recorded):
+    if not withheld(m, *seen, scored):
         return None
     if seen[0] == seen[1]:
         return "all samples alike: declare its range for an interval"
