@@ -119,6 +119,7 @@ bench-long: $(STAMP)
 # grpo eval runs beside the one before issue 64 (bench/intervals.py; minutes of CPU, no model)
 bench-intervals: $(STAMP)
 	$(BIN)/python -m bench.intervals
+	$(BIN)/python -m bench.intervals_record
 	$(BIN)/python -m bench.page
 
 # docs/config.md is generated from the config tree's docstrings (pipeline/config/doc.py); after

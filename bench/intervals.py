@@ -4,7 +4,8 @@ the one pipeline/eval/intervals.py now runs, their coverage and their width.
 
     python -m bench.intervals [--records 1000] [--quick]   # writes bench/intervals.json
     python -m bench.intervals --regimes "judge 0-10"        # those mean regimes again, into it
-    python -m bench.page                                   # redraws bench/results.md with it (make bench-intervals: both)
+    python -m bench.intervals_record                       # the scored-record cases, into it (bench/intervals_record.py)
+    python -m bench.page                                   # redraws bench/results.md with it (make bench-intervals: all three)
 
 A case: m prompts x G samples, each prompt with its own truth drawn from the case's population, each sample
 drawn from its prompt; the figure's truth is the population's mean (exact, or from 4 million seeded draws
@@ -30,6 +31,7 @@ import numpy as np
 
 from pipeline.eval.intervals import effective_wilson, paired, sign_flip_p, tail_wilson, widened, wilson
 from pipeline.eval.intervals import intervals as chosen_intervals
+from pipeline.eval.metrics import MIN_PROMPTS, withheld
 from pipeline.eval.stats import pass_at_k
 
 PROMPTS = (3, 4, 5, 8, 10, 20, 30, 100, 300, 1000)
@@ -156,13 +158,30 @@ def chosen(v, rate, samples, a, b):
     return chosen_intervals(v, rate, samples, a, b)
 
 
-def _measure(v, truth, rate, samples, span_today, span_new) -> dict:
+def _measure(v, truth, rate, samples, span_today, span_new, withheld=None) -> dict:
+    """Each method's coverage and width over the records it gives an interval, and the share it gives none
+    (`withheld` [R]: where `grpo eval` gives the chosen method's figure none, metrics.withheld)."""
     out = {}
     for name, fn, span in (("today", today, span_today), ("chosen", chosen, span_new)):
         lo, hi = fn(v, rate, samples, *span)
-        out[name] = {"coverage": float(np.mean((lo <= truth + 1e-9) & (truth - 1e-9 <= hi))),
-                     "width": float(np.mean(hi - lo)), "zero_width": float(np.mean(hi - lo <= 0))}
+        if name == "chosen" and withheld is not None:
+            lo, hi = np.where(withheld, np.nan, lo), np.where(withheld, np.nan, hi)
+        out[name] = measured(lo, hi, truth)
+    if withheld is not None and withheld.any() and not withheld.all():  # today's width on the records given one now
+        tlo, thi = today(v, rate, samples, *span_today)
+        out["chosen"]["width_today"] = float(np.mean((thi - tlo)[~withheld]))
     return out
+
+
+def measured(lo: np.ndarray, hi: np.ndarray, truth: float) -> dict:
+    """coverage and width over the records with an interval (NaN: none has one), and the share without."""
+    given = ~np.isnan(lo)
+    held = (lo <= truth + 1e-9) & (truth - 1e-9 <= hi)
+    with np.errstate(invalid="ignore"):
+        return {"coverage": float(np.mean(held[given])) if given.any() else float("nan"),
+                "width": float(np.mean((hi - lo)[given])) if given.any() else float("nan"),
+                "zero_width": float(np.mean((hi - lo)[given] <= 0)) if given.any() else 0.0,
+                "withheld": float(np.mean(~given))}
 
 
 # -- the cases ------------------------------------------------------------------------------------------------
@@ -208,7 +227,7 @@ def mean_cases(records: int, prompts=PROMPTS, samples=SAMPLES, regimes=tuple(MEA
                 lo, hi = x.min(axis=(1, 2)), x.max(axis=(1, 2))
                 known = declared_range(declared)
                 new = (np.minimum(known[0], lo), np.maximum(known[1], hi)) if known else widened(lo, hi)
-                res = _measure(v, truth, False, m * g, (lo, hi), new)
+                res = _measure(v, truth, False, m * g, (lo, hi), new, None if known else withheld(m, lo, hi, False))
                 rows.append({"family": "length" if regime.startswith("length") else "reward", "regime": regime,
                              "figure": "mean", "prompts": m, "samples": g, "records": len(v), **res})
     return rows
@@ -288,26 +307,37 @@ def section(res: dict) -> list[str]:
            "and without a declared range; lognormal, mostly capped and rarely capped lengths, max_new_tokens 512), "
            f"{res['records']} seeded records each ({res['records'] // 4} at 300 and 1000 prompts; --compare 400). Coverage of the 95 % interval (a share's standard error at 0.95: "
            f"{math.sqrt(0.95 * 0.05 / res['records']):.4f}); width: the mean of hi - lo, now over today's (median over the cases).", "",
-           "| family | prompts | cases | >= 0.93 today | >= 0.93 now | lowest today | lowest now | zero-width records today | now | width now / today (median, max) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| family | prompts | cases | >= 0.93 today | >= 0.93 now | lowest today | lowest now | zero-width records today | now | no interval now (records, most of a case) | width now / today (median, max) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     fams = sorted({r["family"] for r in rows})
-    total_t = total_n = 0
+    total_t = total_n = total_given = 0
     for fam in fams:
         for m in sorted({r["prompts"] for r in rows}):
             sel = [r for r in rows if r["family"] == fam and r["prompts"] == m]
             if not sel:
                 continue
             t = [r["today"]["coverage"] for r in sel]
-            n = [r["chosen"]["coverage"] for r in sel]
-            ratio = [r["chosen"]["width"] / r["today"]["width"] for r in sel if r["today"]["width"] > 0]
+            n = [r["chosen"]["coverage"] for r in sel if r["chosen"]["coverage"] == r["chosen"]["coverage"]]
+            ratio = [r["chosen"]["width"] / r["chosen"].get("width_today", r["today"]["width"]) for r in sel
+                     if r["chosen"].get("width_today", r["today"]["width"]) > 0 and r["chosen"]["width"] == r["chosen"]["width"]]
+            none = max(r["chosen"].get("withheld", 0.0) for r in sel)
             zt = max(r["today"]["zero_width"] for r in sel)
             zn = max(r["chosen"]["zero_width"] for r in sel)
             total_t += sum(c >= 0.93 for c in t)
             total_n += sum(c >= 0.93 for c in n)
+            total_given += len(n)
             out.append(f"| {fam} | {m} | {len(sel)} | {sum(c >= 0.93 for c in t)} | {sum(c >= 0.93 for c in n)} | {min(t):.3f} | "
-                       f"{min(n):.3f} | {zt:.3f} | {zn:.3f} | "
+                       f"{min(n):.3f} | {zt:.3f} | {zn:.3f} | {none:.2f} | "
                        + (f"{np.median(ratio):.2f}, {max(ratio):.2f}" if ratio else "-") + " |")
-    out += ["", f"In all: {total_t} of {len(rows)} cases hold 0.93 today, {total_n} of {len(rows)} now."]
+    empty = [r for r in rows if r["chosen"].get("withheld", 0.0) == 1.0]
+    out += ["", f"In all: {total_t} of {len(rows)} cases hold 0.93 today; now {total_n} of the {total_given} cases that give "
+            f"intervals" + (f", and {len(empty)} give none" if empty else "") + "."]
+    held = [r for r in rows if r["chosen"].get("withheld", 0.0) > 0]
+    if held:
+        out += ["", f"No interval now (NaN bounds, the page saying why): some or all records of {len(held)} cases, a reward "
+                f"that declares no range in a run that scored nothing yet, below {MIN_PROMPTS} prompts or all its samples "
+                "alike (metrics.withheld; a run's scored samples give it one: bench/intervals_record.py below); coverage and "
+                "width now are over the records given one, their width ratio against today's on the same records."]
     missed = [r for r in rows if r["chosen"]["coverage"] < 0.93]
     undeclared = [r for r in missed if r["regime"].endswith("(no range declared)")]
     twins = [t for r in undeclared for t in rows if t["regime"] != r["regime"] and "(declared [" in t["regime"]
@@ -321,12 +351,13 @@ def section(res: dict) -> list[str]:
         out += ["", "Run again since with `--regimes` (each mean regime whose name holds the text; seconds): "
                 + ", ".join(f"{k!r} {v:.0f} s" for k, v in res["seconds_regimes"].items()) + "."]
     out += [""]
-    worst = sorted(rows, key=lambda r: r["chosen"]["coverage"])[:8]
+    worst = sorted(rows, key=lambda r: r["chosen"]["coverage"] if r["chosen"]["coverage"] == r["chosen"]["coverage"] else 2)[:8]
     out += ["Lowest coverage now:", "", "| case | m x G | today | now | width today | width now |", "|---|---|---|---|---|---|"]
     for r in worst:
         out.append(f"| {r['regime']} {r['figure']} | {r['prompts']} x {r['samples']} | {r['today']['coverage']:.3f} | "
                    f"{r['chosen']['coverage']:.3f} | {r['today']['width']:.4g} | {r['chosen']['width']:.4g} |")
-    widest = sorted((r for r in rows if r["today"]["width"] > 0), key=lambda r: -r["chosen"]["width"] / r["today"]["width"])[:8]
+    widest = sorted((r for r in rows if r["today"]["width"] > 0 and r["chosen"]["width"] == r["chosen"]["width"]),
+                    key=lambda r: -r["chosen"]["width"] / r["today"]["width"])[:8]
     out += ["", "Largest width cost:", "", "| case | m x G | today | now | width today | width now |", "|---|---|---|---|---|---|"]
     for r in widest:
         out.append(f"| {r['regime']} {r['figure']} | {r['prompts']} x {r['samples']} | {r['today']['coverage']:.3f} | "

@@ -17,7 +17,7 @@ GPU = "## On a GPU (bench/gpu)"
 
 def side_sections() -> list[str]:
     """The side benches' sections, in page order, for those that have written their JSON."""
-    from bench import agent, demo_update, intervals, long, overlap, ray, record
+    from bench import agent, demo_update, intervals, intervals_record, long, overlap, ray, record
 
     out: list[str] = []
     if record.OUT.exists():  # `make bench-record` (also the last step of `make bench`)
@@ -33,7 +33,8 @@ def side_sections() -> list[str]:
     if (ROOT / "long.json").exists():  # `make bench-long`
         out += long.section(json.loads((ROOT / "long.json").read_text()))
     if (ROOT / intervals.OUT_NAME).exists():  # `python -m bench.intervals`
-        out += intervals.section(json.loads((ROOT / intervals.OUT_NAME).read_text()))
+        res = json.loads((ROOT / intervals.OUT_NAME).read_text())
+        out += (intervals.section(res) if "cases" in res else []) + intervals_record.section(res.get("record", []), res.get("seconds_record", 0.0))
     return out
 
 

@@ -89,6 +89,11 @@ class PartsManifest(_Manifest):
     """eval: every figure (pipeline/eval/metrics.py) as {value, lo, hi}, its 95 % interval."""
     figures_version: int | None = None
     """eval: how the figures were computed (pipeline/eval/metrics.py FIGURES_VERSION); None: before it was recorded."""
+    observed: dict[str, Any] | None = None
+    """eval: the range each reward figure without a declared range took over the run's scored samples when it ran
+    (pipeline/eval/observed.py: `iterations`, `samples`, `ranges` {figure: [lo, hi]}), which its interval's span joins."""
+    no_interval: dict[str, str] | None = None
+    """eval: the figures whose interval is NaN and why, in a few words (pipeline/eval/metrics.py no_interval)."""
     rewards: list[dict[str, Any]] | None = None
     """score (and eval with a served reward): the reward functions as configured."""
     trainer_state: dict[str, Any] | None = None

@@ -28,7 +28,7 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
              config: ConfigOpt = None, set: SetOpt = None, compare: CompareOpt = None, replay: ReplayOpt = None) -> None:
     """Held-out accuracy, pass@k, maj@k and rewards of policy K (default: the newest policy), with intervals."""
     from pipeline.errors import GRPOError
-    from pipeline.eval.run import eval_figures, run_eval
+    from pipeline.eval.run import eval_figures, eval_notes, run_eval
     from pipeline.run.run import Run
     from pipeline.report.tracking import reporting
 
@@ -57,8 +57,10 @@ def evaluate(run: RecordArg = None, iter: IterOpt = None, model: ModelOpt = None
     figs = eval_figures(r, k)
     a, rw, ln = figs["accuracy"], figs["reward"], figs["mean_length"]
     print(f"eval policy {k}: accuracy {a[0]:.3f}, reward {rw[0]:.3f}, mean length {ln[0]:.1f}")
+    notes = eval_notes(r, k)
     for name, (v, lo, hi) in figs.items():
-        print(f"  {name:<32} {v:8.3f}  [{lo:.3f}, {hi:.3f}]")
+        interval = f"no interval ({notes[name]})" if name in notes else f"[{lo:.3f}, {hi:.3f}]"
+        print(f"  {name:<32} {v:8.3f}  {interval}")
 
 
 def _record(run: str, model: str, data, config, sets, iter):

@@ -259,9 +259,15 @@ def test_rewards_and_lengths_hold_93_percent_and_are_never_zero_wide(m):
     a width, and rare -1/+1 rewards, skewed and capped lengths hold 0.93 (today's method: 0.00-0.90)."""
     from bench import intervals as iv
 
+    from pipeline.eval.metrics import MIN_PROMPTS
+
     rows = iv.mean_cases(SLICE, prompts=(m,), samples=(1, 4), regimes=MEAN_SLICE, truth_draws=500_000)
     assert not _low(rows), _low(rows)
     assert max(r["chosen"]["zero_width"] for r in rows) == 0.0
+    for r in rows:  # the undeclared reward without a scored record: no interval below MIN_PROMPTS, else one that holds
+        undeclared = r["regime"].endswith("(no range declared)")
+        assert r["chosen"]["withheld"] == (1.0 if undeclared and m < MIN_PROMPTS else 0.0), r
+        assert (r["chosen"]["coverage"] != r["chosen"]["coverage"]) == (undeclared and m < MIN_PROMPTS), r
     assert max(r["today"]["zero_width"] for r in rows) > 0.5  # all at the cap, all at -1: [x, x] before
 
 
@@ -305,3 +311,18 @@ def test_compare_interval_agrees_with_the_verdict_and_covers_at_8_prompts(g):
         assert held / R >= 0.93, (pop, shift, held / R)
         if shift == 0.0:
             assert np.mean(p <= 0.05) <= 0.05, (pop, np.mean(p <= 0.05))
+
+
+def test_an_undeclared_reward_with_the_run_s_scored_record_holds_where_its_samples_alone_miss():
+    """bench/intervals_record.py's slice: a -1/+1 reward at 0.5 and a 0-10 score mostly at 0-2 (no range declared) at
+    3-5 prompts x 1 and 4 samples, each simulated eval with a 256-sample record of the same reward: the span from the
+    record and the eval (intervals.recorded) holds 0.93 in every case, where the eval's range widened (the code before)
+    missed in some (0.731 at 3 x 1 there), and never withholds an interval (the record's values are not all one)."""
+    from bench.intervals_record import record_cases
+
+    names = ["reward -1/+1, +1 at 0.5 (no range declared)", "judge 0-10, Beta(0.3,3) (no range declared)"]
+    rows = record_cases(SLICE, prompts=(3, 4, 5), samples=(1, 4), names=names, truth_draws=500_000)
+    low = [(r["regime"], r["prompts"], r["samples"], r["record"]["coverage"]) for r in rows if not r["record"]["coverage"] >= 0.93]
+    assert not low, low
+    assert max(r["record"]["withheld"] for r in rows) == 0.0
+    assert min(r["eval only"]["coverage"] for r in rows) < 0.8

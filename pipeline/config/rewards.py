@@ -196,7 +196,7 @@ class _Reward(Section):
     retries: int = Field(2, ge=0, le=10)
     """Async functions and served rewards: further attempts after a transient error (OSError, TimeoutError; served: as the openai client, also HTTP 408, 409, 429, 5xx and x-should-retry, waiting retry-after up to 60 s, else exponential backoff)."""
     range: tuple[float, float] | None = None
-    """[lo, hi], the values the function can give (lo < hi, both finite): eval's intervals of its figures (`rewards/<name>`, and `reward` when every reward's range is known) take their span from it, and a value outside it stops the score stage, naming the reward and the row. None: a built-in's range where its definition gives one (correct, format, code_tests [0, 1]; contains, length_range [0, value]; overlong [-1, 0]; a judge's verdict; a reward model's sigmoid or softmax), else the range its samples took, widened, which at 3-5 prompts can miss the truth (bench/results.md, eval intervals)."""
+    """[lo, hi], the values the function can give (lo < hi, both finite): eval's intervals of its figures (`rewards/<name>`, and `reward` when every reward's range is known) take their span from it, and a value outside it stops the score stage, naming the reward and the row. None: a built-in's range where its definition gives one (correct, format, code_tests [0, 1]; contains, length_range [0, value]; overlong [-1, 0]; a judge's verdict; a reward model's sigmoid or softmax), else the range it took over the run's scored samples and the eval's; where the run scored nothing yet, the eval's samples' range widened, and no interval below 7 prompts or where every sample is one value (docs/tracking.md, bench/results.md: eval intervals)."""
 
     @field_validator("range")
     @classmethod

@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline.eval.intervals import estimate, widened
+from pipeline.eval.intervals import estimate, recorded, widened
 from pipeline.eval.stats import MAJ_SEED, clusters, maj_at_k, pass_at_k
 from schemas.artifacts import REWARD_PREFIX
 
@@ -112,8 +112,10 @@ def per_prompt(cfg, table) -> dict[tuple, dict[str, float]]:
 SPANS = {"reward": "reward", "mean_length": "completion_length"}
 """A mean's column of samples: the range they took, which its interval's span holds (`span`)."""
 
-FIGURES_VERSION = 3
-"""How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 3 is the
+FIGURES_VERSION = 4
+"""How figures() computes an eval record's figures, recorded in its manifest (`figures_version`): 4 is a reward
+without a declared range spanned by the range it took over the run's scored samples too (the manifest's
+`observed`), and given no interval where the eval alone is too small for one (`no_interval`); 3 the
 intervals of issue 64 (Clopper-Pearson for a share, effective-n Clopper-Pearson and the generalised Wilson on
 the range a figure can take: docs/tracking.md, 2026-12-01); 2 was maj@k as its expectation over k-subsets with
 unanswered samples voting `[invalid]` and the intervals of 2026-11-28; a record without it came from the
@@ -133,13 +135,16 @@ def _nanmean(values) -> float:
     return float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
 
 
-def figures(cfg, table) -> dict[str, tuple[float, float, float]]:
-    """{figure: (value, lo, hi)}: over all sets (`accuracy`), and per named set (`<set>/accuracy`)."""
+def figures(cfg, table, observed: dict | None = None, notes: dict | None = None) -> dict[str, tuple[float, float, float]]:
+    """{figure: (value, lo, hi)}: over all sets (`accuracy`), and per named set (`<set>/accuracy`). `observed`: the
+    range each undeclared reward figure took over the run's scored samples (pipeline/eval/observed.py: its
+    `ranges`); `notes`, when given, gets why each figure with a value has no interval (`no_interval`)."""
     values = per_prompt(cfg, table)
-    out = _figures(cfg, values)
+    out = _figures(cfg, values, observed, notes, "")
     names = sorted({key[0] for key in values if key[0] is not None}, key=list(_set_order(cfg)).index)
     for name in names:
-        out.update({f"{name}/{f}": e for f, e in _figures(cfg, {k: v for k, v in values.items() if k[0] == name}).items()})
+        scope = {k: v for k, v in values.items() if k[0] == name}
+        out.update({f"{name}/{f}": e for f, e in _figures(cfg, scope, observed, notes, f"{name}/").items()})
     return out
 
 
@@ -149,11 +154,23 @@ def _set_order(cfg):
     return [s.name for s in eval_sets(cfg.data.eval, cfg.eval)]
 
 
-def _figures(cfg, values: dict[tuple, dict[str, float]]) -> dict[str, tuple[float, float, float]]:
+def _figures(cfg, values: dict[tuple, dict[str, float]], observed: dict | None = None, notes: dict | None = None,
+             prefix: str = "") -> dict[str, tuple[float, float, float]]:
     names = [f for f in dict.fromkeys(f for v in values.values() for f in v) if not f.startswith("#")]
     samples = sum(v["#samples"] for v in values.values())
-    return {f: estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples / draws(f),
-                        span=span(cfg, values, f)) for f in names}
+    out = {}
+    for f in names:
+        why = no_interval(cfg, values, f, observed)
+        e = estimate([v.get(f, np.nan) for v in values.values()], rate=is_rate(f), samples=samples / draws(f),
+                     span=span(cfg, values, f, observed))
+        if why is not None:
+            e = (e[0], float("nan"), float("nan"))
+        elif e[0] == e[0] and e[1] != e[1]:
+            why = "one prompt: no spread to estimate"
+        if why is not None and e[0] == e[0] and notes is not None:
+            notes[prefix + f] = why
+        out[f] = e
+    return out
 
 
 def draws(figure: str) -> int:
@@ -163,25 +180,70 @@ def draws(figure: str) -> int:
     return int(k.group(1)) if k else 1
 
 
-def span(cfg, values, f: str) -> tuple[float, float] | None:
+def span(cfg, values, f: str, observed: dict | None = None) -> tuple[float, float] | None:
     """The range figure `f` can take, which maps its per-prompt values onto [0, 1] for its interval
     (intervals.estimate): a rate [0, 1]; `mean_length` [0, the completion budget] (rollout.max_new_tokens, an
     episode's whole budget); `reward` the sum of its rewards' declared ranges (`declared`) times their weights,
     `rewards/<name>` that reward's; where a range is not declared (your own function, a served one, a reward
-    model's raw logit, without a `range:` in its entry) or the figure is a count, the range its samples took (else its per-prompt values),
-    widened (intervals.widened). Never narrower than what the samples took. None: no values."""
+    model's raw logit, without a `range:` in its entry) or the figure is a count, the range its samples took (else its per-prompt values)
+    widened (intervals.widened); for a reward the run scored, the range it took over the run's scored samples
+    (`observed`: {figure: [lo, hi]}) joined with the eval's, widened less (intervals.recorded). Never narrower
+    than what the samples took. None: no values."""
     if is_rate(f):
         return 0.0, 1.0
+    seen = _seen(values, f)
+    if seen is None:
+        return None
+    known = declared_span(cfg, f)
+    if known is None and observed and f in observed:
+        seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
+        known = recorded(*seen)
+    a, b = known if known is not None else widened(*seen)
+    return min(float(a), seen[0]), max(float(b), seen[1])
+
+
+def _seen(values, f: str) -> tuple[float, float] | None:
+    """The least and largest value figure f's samples took (else its per-prompt values'); None: none."""
     lo = [v[f"#lo/{f}"] for v in values.values() if f"#lo/{f}" in v]
     hi = [v[f"#hi/{f}"] for v in values.values() if f"#hi/{f}" in v]
     if not lo or np.all(np.isnan(lo)):
         lo = hi = [v[f] for v in values.values() if f in v and v[f] == v[f]]
     if not lo:
         return None
-    seen = float(np.nanmin(lo)), float(np.nanmax(hi))
-    known = declared_span(cfg, f)
-    a, b = known if known is not None else widened(*seen)
-    return min(float(a), seen[0]), max(float(b), seen[1])
+    return float(np.nanmin(lo)), float(np.nanmax(hi))
+
+
+MIN_PROMPTS = 7
+"""Below this many prompts a reward figure with neither a declared range nor a scored record gets no interval:
+bench/intervals.py's undeclared rewards on their samples' range widened miss 0.93 at 3-5 prompts (a -1/+1 reward
+at 0.5: 0.731-0.750 at 3 prompts x 1 sample; a 0-10 score mostly at 0-2: 0.894-0.906 at 5), sit near it at 6
+(0.933 and 0.947 in two seeded draws) and hold it from 7 up (0.963-0.964). No count of prompts holds for every
+shape: a [0, 1] reward with one sample in 25 at 10 still misses at 7-8 (0.913-0.940; bench/intervals_record.py)."""
+
+
+def withheld(prompts, lo, hi, scored) -> np.ndarray:
+    """Where a reward figure without a declared range gets no interval (vectorised: the bench passes arrays):
+    every value it took, the eval's samples joined with the run's scored ones, is one value (nothing says how far
+    the others lie), or fewer than MIN_PROMPTS prompts and no scored record (`scored` False)."""
+    return (np.asarray(lo) == np.asarray(hi)) | (~np.asarray(scored, dtype=bool) & (np.asarray(prompts) < MIN_PROMPTS))
+
+
+def no_interval(cfg, values, f: str, observed: dict | None = None) -> str | None:
+    """Why reward figure f gets no interval (`withheld`), in a few words for the page; None: it gets one."""
+    if not (f == "reward" or f.startswith("rewards/")) or declared_span(cfg, f) is not None:
+        return None
+    seen = _seen(values, f)
+    if seen is None:
+        return None
+    scored = bool(observed) and f in observed
+    if scored:
+        seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
+    m = sum(1 for v in values.values() if f in v and v[f] == v[f])
+    if not withheld(m, *seen, scored):
+        return None
+    if seen[0] == seen[1]:
+        return "all samples alike: declare its range for an interval"
+    return f"{m} prompt{'s' if m != 1 else ''}, no scored record: declare its range for an interval"
 
 
 def declared_span(cfg, f: str) -> tuple[float, float] | None:

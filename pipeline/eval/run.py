@@ -25,6 +25,7 @@ from pipeline.data.prompts import dataset_num_rows, derive_seed, load_dataset, m
 from pipeline.config.eval import SetRef
 from pipeline.config.rules import unknown_eval_reward
 from pipeline.eval.metrics import FIGURES_VERSION, figures, flat
+from pipeline.eval.observed import observed
 from pipeline.models.engines import model_context
 from pipeline.run.template_date import dated
 from pipeline.errors import GRPOError
@@ -200,10 +201,12 @@ def run_eval(run: Run, k: int, engine=None, recorded: list[pa.Table] | None = No
             recorded = {"rewards": [r.model_dump(mode="json") for r in cfg.rewards],
                         **({"judge": j} if (j := judge_summary(run, k, len(parts), "eval")) is not None else {})}
         written = [run.store.read_table(f"{stage_rel(k, 'eval')}/{part_name(p)}", EVAL) for p in range(len(parts))]
-        figs = figures(cfg, pa.concat_tables(written, promote_options="default"))
+        seen, notes = observed(run), {}  # the undeclared rewards' range over the run's scored samples
+        figs = figures(cfg, pa.concat_tables(written, promote_options="default"), seen and seen["ranges"], notes)
         return {"policy_hash": run.policy_hash(k), "stats": stats, **recorded,
                 "metrics": {f: {"value": v, "lo": lo, "hi": hi} for f, (v, lo, hi) in figs.items()},
-                "figures_version": FIGURES_VERSION}
+                "figures_version": FIGURES_VERSION, **({"observed": seen} if seen else {}),
+                **({"no_interval": notes} if notes else {})}
 
     try:
         data = cfg.data.eval if isinstance(cfg.data.eval, str) else cfg.model_dump(mode="json")["data"]["eval"]
@@ -227,6 +230,12 @@ def eval_figures(run: Run, k: int) -> dict[str, tuple[float, float, float]] | No
     if m.metrics is not None:
         return {f: (e["value"], e["lo"], e["hi"]) for f, e in m.metrics.items()}
     return figures(run.cfg, pa.concat_tables(read_parts(run, k, "eval", EVAL), promote_options="default"))
+
+
+def eval_notes(run: Run, k: int) -> dict[str, str]:
+    """Why each figure of policy k's eval that has a value has no interval ({} where every one has)."""
+    m = run.manifest(k, "eval")
+    return dict(m.no_interval or {}) if m is not None else {}
 
 
 def eval_summary(run: Run, k: int) -> dict | None:

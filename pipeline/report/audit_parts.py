@@ -70,8 +70,10 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
     from pipeline.run.parts import read_parts
     from schemas.artifacts import EVAL
 
+    seen, notes = m.observed, {}  # the scored samples' range the eval's intervals took (observed.py), checked below
     try:
-        figs = figures(a.run.cfg, pa.concat_tables(read_parts(a.run, k, "eval", EVAL), promote_options="default"))
+        figs = figures(a.run.cfg, pa.concat_tables(read_parts(a.run, k, "eval", EVAL), promote_options="default"),
+                       seen and seen.get("ranges"), notes)
     except Exception as err:
         sd = mrel.rsplit("/", 1)[0]
         if not any(p.startswith(f"{sd}/part-") for p in a.audit.problems):  # else _check_part named the part
@@ -86,6 +88,13 @@ def _check_figures(a: Auditor, k: int, m, mrel: str) -> None:
         if got is None or not all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or (x != x and y != y)
                                   for x, y in zip((rec["value"], rec["lo"], rec["hi"])[:3 if current else 1], got)):
             a.audit.problem(mrel, f"metrics.{name} {rec} is not what its parts give ({got})")
+    if current and (m.no_interval or {}) != notes:
+        a.audit.problem(mrel, f"no_interval {m.no_interval} is not what its parts give ({notes})")
+    if current and seen and all(a.run.done(j, "score") for j in seen.get("iterations", [])):
+        from pipeline.eval.observed import observed
+
+        if observed(a.run, seen["iterations"]) != seen:
+            a.audit.problem(mrel, f"observed {seen} is not what the score parts of iterations {seen.get('iterations')} give")
 
 
 def _check_part(a: Auditor, rel: str, name: str, listed: FileEntry, schema, stamp: str | None) -> None:
