@@ -427,5 +427,23 @@ def test_a_parameter_the_user_names_is_a_secret_and_a_short_secret_is_masked_whe
     urls.remember("ab1")
     assert urls.mask("Authorization: Bearer ab1\n'ab1' table ab1x xab1 ab1.") == \
         "Authorization: Bearer ***\n'***' table ab1x xab1 ***."
+    # quoted escaped (a URL percent-encoded inside another, a repr's \n, JSON's \u003d): the escape is no letter of it
+    assert urls.mask("next=https%3A%2F%2Fh%2Ft%3Fk%3Dab1 b'Bearer\\nab1' k\\u003dab1") == \
+        "next=https%3A%2F%2Fh%2Ft%3Fk%3D*** b'Bearer\\n***' k\\u003d***"
     urls.remember("sk-long-key")
     assert urls.mask("k=sk-long-key;sk-long-keyz") == "k=***;***z"
+
+
+def test_grpo_init_again_with_another_url_secret_params_keeps_them(assets, tmp_path, monkeypatch):
+    """`url_secret_params` is out of the config hash, so `grpo init` again with it changed is the same run; the later
+    stages read only the run's config.yaml, so it must say what the user named now (the reviewer r64b of 64: it kept
+    the old list, and a URL from the environment stayed unredacted there)."""
+    from pipeline import config as config_mod
+    from pipeline.config import urls
+    from pipeline.run.run import init_run
+
+    monkeypatch.setattr(urls, "_NAMED", set())
+    init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets)))
+    again = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets, url_secret_params=["sid"])))
+    assert again.cfg.url_secret_params == ["sid"]
+    assert "sid" in (tmp_path / "run" / "config.yaml").read_text()

@@ -90,13 +90,25 @@ def _placeholders(n: int, avoid: list[str]) -> list[str]:
 
 def locate(render: Callable[[list[str]], str], pieces: list[str]) -> tuple[str, list[list[int]]]:
     """(render(pieces), the [start, end) span each piece's rendering takes in it), merged where they
-    touch; `render` takes the pieces in order (see the module docstring)."""
+    touch; `render` takes the pieces in order (see the module docstring), which the template may write in
+    another order: they are located in the order it writes them."""
     real = render(list(pieces))
     if not pieces:
         return real, []
     n = len(pieces)
     ph = _placeholders(n, [*pieces, real])
-    renders = [render([*pieces[:i], *ph[i:]]) for i in range(n)] + [real]
+    inert = render(list(ph))
+    at = [inert.find(p) for p in ph]
+    if min(at) >= 0 and at != sorted(at):  # the template writes them in another order (an agent's tools before its messages)
+        order, draw = sorted(range(n), key=at.__getitem__), render
+        pieces, ph = [pieces[i] for i in order], [ph[i] for i in order]
+
+        def render(values: list[str]) -> str:
+            out: list = [None] * n
+            for j, i in enumerate(order):
+                out[i] = values[j]
+            return draw(out)
+    renders = [inert] + [render([*pieces[:i], *ph[i:]]) for i in range(1, n)] + [real]
     spans = []
     for i in range(n):
         t, u = renders[i], renders[i + 1]
@@ -165,6 +177,10 @@ class Tokens:
         self._content = {i: added[i].content for i in self.control}
         contents = sorted(self._content.values(), key=len, reverse=True)
         self._find = re.compile("|".join(map(re.escape, contents))) if contents else None
+
+    def marked(self, text: str) -> bool:
+        """Whether `text` holds a control token's text."""
+        return self._find is not None and self._find.search(text) is not None
 
     def encode(self, text: str, spans: list[list[int]] | None = None) -> list[int]:
         if not spans:

@@ -206,6 +206,11 @@ def mask(text: str) -> str:
     return hide(text, _KNOWN)
 
 
+_ALONE = r"(?:(?<![A-Za-z0-9])|(?<=%[0-9A-Fa-f]{2})|(?<=\\[nrt])|(?<=\\u[0-9A-Fa-f]{4}))"
+"""Where a short secret stands alone: no letter or digit before it, but for an escape's (`%3D` of a URL quoted
+percent-encoded, `\\n` of a repr, `\\u0026` of JSON)."""
+
+
 def hide(text: str, values) -> str:
     """`text` with each of `values` replaced by `***`, longest first; one of fewer than SHORT characters
     only where no letter or digit touches it (a 3-character key inside every word it spells would be no mask)."""
@@ -213,7 +218,7 @@ def hide(text: str, values) -> str:
         if len(value) >= SHORT:
             text = text.replace(value, MASK)
         elif value in text:
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", MASK, text)
+            text = re.sub(rf"{_ALONE}{re.escape(value)}(?![A-Za-z0-9])", MASK, text)
     return text
 
 

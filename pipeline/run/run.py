@@ -284,8 +284,10 @@ def init_run(uri: str, cfg: Config, merged_from: dict | None = None, code_from: 
         if code.code_hash(code.collect(cfg)[0]) != code.code_hash(run.code):
             raise GRPOError(f"{store.display(code.RECORD)}: the run's reward, tool or environment code differs from "
                             f"what the config names now; choose a new run directory")
-    if old is not None and config_mod.record_only(old) != config_mod.record_only(cfg):
-        kept = old  # the same run keeping another record from now on (train.state_every, retention): its config says so
+    if old is not None and (config_mod.record_only(old) != config_mod.record_only(cfg) or old.url_secret_params != cfg.url_secret_params):
+        # the same run keeping another record from now on (train.state_every, retention), or redacting another URL
+        # parameter (url_secret_params: the later stages read only its config): its config says so
+        kept = old.model_copy(update={"url_secret_params": cfg.url_secret_params})
         for section, key in config_mod.RECORD_ONLY:
             kept = kept.model_copy(update={section: getattr(kept, section).model_copy(update={key: getattr(getattr(cfg, section), key)})})
         store.write_bytes(CONFIG, config_mod.to_yaml(kept).encode())

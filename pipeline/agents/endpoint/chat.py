@@ -126,15 +126,16 @@ def render_shape(m: dict, calls_by_id: dict[str, str]) -> dict:
     return {"role": m["role"], "content": m["content"]}
 
 
-def first_prompt(fmt, shapes: list[dict], tools: list) -> tuple[str, list[list[int]]]:
+def first_prompt(fmt, shapes: list[dict], tools: list, marked=lambda text: False) -> tuple[str, list[list[int]]]:
     """The first request rendered with the run's template (`fmt`: pipeline.agents.format), and the spans
     its messages' text and its tools' descriptions take in it: all of that text is the agent's (a page it
     fetched, a tool result it replays, an MCP server's tool description it forwards), so it is tokenised
     as text, never as control tokens (pipeline.agents.inserted). The tools' names and types stay as they
-    are: bare names the template reads."""
+    are: bare names the template reads; any other string of a tool (an enum value, a property's name)
+    that holds a control token's text (`marked`: inserted.Tokens.marked) is located as text too."""
     contents = [s.get("content") for s in shapes]
     texts = [x for c in contents if c is not None for x in inserted.leaves(c)]
-    described = descriptions(tools)
+    described = descriptions(tools, marked)
 
     def render(values: list[str]) -> str:
         values, told = values[:len(texts)], values[len(texts):]
@@ -142,26 +143,33 @@ def first_prompt(fmt, shapes: list[dict], tools: list) -> tuple[str, list[list[i
         for s, c in zip(shapes, contents):
             new = c if c is None else inserted.replaced(c, values)
             out.append({**s, "content": new, **({"raw": new} if "raw" in s and s["raw"] == c else {})})
-        return fmt.render(out, with_descriptions(tools, told) if described else tools, True)
+        return fmt.render(out, with_descriptions(tools, told, marked) if described else tools, True)
 
     return inserted.locate(render, texts + described)
 
 
-def descriptions(value) -> list[str]:
-    """The `description` texts a tool schema holds (the function's and each parameter's), in order."""
+def descriptions(value, marked=lambda text: False) -> list[str]:
+    """The `description` texts a tool schema holds (the function's and each parameter's), and its other strings
+    and keys that are `marked`, in order."""
+    if isinstance(value, str):
+        return [value] if marked(value) else []
     if isinstance(value, list):
-        return [d for v in value for d in descriptions(v)]
+        return [d for v in value for d in descriptions(v, marked)]
     if isinstance(value, dict):
-        return [d for k, v in value.items() for d in ([v] if k == "description" and isinstance(v, str) else descriptions(v))]
+        return [d for k, v in value.items()
+                for d in (*descriptions(k, marked), *([v] if k == "description" and isinstance(v, str) else descriptions(v, marked)))]
     return []
 
 
-def with_descriptions(value, new: list[str]):
-    """`value` with its `description` texts replaced by `new`, in order (consumed from the front)."""
+def with_descriptions(value, new: list[str], marked=lambda text: False):
+    """`value` with its `descriptions` replaced by `new`, in order (consumed from the front)."""
+    if isinstance(value, str):
+        return new.pop(0) if marked(value) else value
     if isinstance(value, list):
-        return [with_descriptions(v, new) for v in value]
-    if isinstance(value, dict):
-        return {k: (new.pop(0) if k == "description" and isinstance(v, str) else with_descriptions(v, new)) for k, v in value.items()}
+        return [with_descriptions(v, new, marked) for v in value]
+    if isinstance(value, dict):  # a key before its value, as `descriptions` lists them
+        return {with_descriptions(k, new, marked): (new.pop(0) if k == "description" and isinstance(v, str)
+                                                    else with_descriptions(v, new, marked)) for k, v in value.items()}
     return value
 
 

@@ -224,7 +224,7 @@ class EndpointRunner:
             return None
         if not e.convo:
             shapes = [chat.render_shape(m, {}) for m in msgs]
-            text, spans = chat.first_prompt(self.a.format, shapes, tools)
+            text, spans = chat.first_prompt(self.a.format, shapes, tools, self.tokens.marked)
             ids = self.tokens.encode(text, spans)  # the agent's messages as text: a marker in them is no special token
             if len(ids) > self.max_prompt_len:
                 e.end("prompt_too_long", f"{len(ids)} tokens, more than the {self.max_prompt_len} the context leaves beside "
