@@ -447,3 +447,15 @@ def test_grpo_init_again_with_another_url_secret_params_keeps_them(assets, tmp_p
     again = init_run(str(tmp_path / "run"), config_mod.resolve(base_config(assets, url_secret_params=["sid"])))
     assert again.cfg.url_secret_params == ["sid"]
     assert "sid" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_a_short_secret_is_masked_in_text_but_never_in_a_stored_answer_a_verdict_is_read_from(monkeypatch):
+    """A `${PORT}` of `1` (expand remembers every value) must not turn a judge's "Score: 1" into "Score: ***"
+    (found by the fresh reviewer of the short-secret change): stored answers are masked of long values only."""
+    from pipeline.config import urls
+
+    monkeypatch.setattr(urls, "_KNOWN", set())
+    urls.remember("1")
+    urls.remember("sk-long-key")
+    assert urls.mask("port 1, Score: 1") == "port ***, Score: ***"
+    assert urls.mask_json({"text": "Score: 1 (key sk-long-key)", "1": 1}) == {"text": "Score: 1 (key ***)", "1": 1}

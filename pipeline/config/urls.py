@@ -223,17 +223,21 @@ def hide(text: str, values) -> str:
 
 
 def mask_json(data):
-    """Parsed JSON (a server's answer, stored whole) with every string in it `mask`ed: a server that
+    """Parsed JSON (a server's answer, stored whole) with every string in it masked: a server that
     echoes the URL or key it was sent in a 200 answer does not put the key in the records. Numbers
-    are left as they are, so the reward read from the answer is the same."""
-    if not _KNOWN:
+    are left as they are, so the reward read from the answer is the same. Only values of SHORT
+    characters or more: a judge's verdict is read from the masked answer, and a 1-character value
+    (`expand` remembers every `${NAME}`, a port's too) would turn "Score: 1" into "Score: ***"; a key
+    under SHORT characters that a server echoes in a 200 answer is therefore stored (docs/rewards.md)."""
+    long = {v for v in _KNOWN if len(v) >= SHORT}
+    if not long:
         return data
     if isinstance(data, str):
-        return mask(data)
+        return hide(data, long)
     if isinstance(data, list):
         return [mask_json(v) for v in data]
     if isinstance(data, dict):
-        return {mask(k) if isinstance(k, str) else k: mask_json(v) for k, v in data.items()}
+        return {hide(k, long) if isinstance(k, str) else k: mask_json(v) for k, v in data.items()}
     return data
 
 
