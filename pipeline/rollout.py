@@ -63,7 +63,8 @@ class RolloutInputs:
                 if cfg.rollout.agent is not None:  # the agent's scripts: run from the run's copies
                     from pipeline.rewards.loading import copy_of
 
-                    agent_command = [cfg.rollout.agent.command[0], *map(copy_of, cfg.rollout.agent.command[1:])]
+                    argv = cfg.rollout.agent.argv
+                    agent_command = [argv[0], *map(copy_of, argv[1:])]
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "

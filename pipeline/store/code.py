@@ -60,7 +60,7 @@ def sources(cfg) -> list[str]:
     agent's command names (`rollout.agent.command: [python, agent.py]`: agent.py, which the rollout runs
     from the run's copy)."""
     agent = cfg.rollout.agent
-    scripts = [a for a in agent.command[1:] if a.endswith(".py")] if agent is not None else []
+    scripts = [a for a in agent.argv[1:] if a.endswith(".py")] if agent is not None else []
     return list(dict.fromkeys([w for t in targets(cfg) if (w := t.rpartition(":")[0])] + scripts))
 
 

@@ -102,10 +102,10 @@ class EndpointRunner:
         self.budget, self.max_prompt_len = cfg.episode_tokens(), max_prompt_len
         self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
-        self.command = list(cfg.agent.command)  # what runs: the rollout names the run's copies of its scripts (RUN/code)
+        self.command = cfg.agent.argv  # what runs: the rollout names the run's copies of its scripts (RUN/code)
 
     def stamp(self) -> dict:
-        return stamp(self.cfg.agent.command)
+        return stamp(self.cfg.agent.argv)
 
     def sampling(self, cap: int) -> dict:
         c = self.cfg
