@@ -84,19 +84,47 @@ def rollout_rows(run: Path, stage: str = "rollout") -> list[dict]:
 @needs_vf
 @pytest.mark.slow
 def test_addition_taskset_through_grpo_iterate(assets, tmp_path):
-    """Two runs of one config through `grpo iterate`: each episode one verifiers `run_episode`."""
+    """Two runs of one config through `grpo iterate`, each episode one verifiers `run_episode` (the null
+    harness's chat program, through verifiers' interception server and eval client, to grpo's endpoint):
+    the record holds the canonical trace, its reward is the column reward_vf_exact_match (weight 1, as
+    verifiers weighs it) and is the taskset's own rule on the trace; mask 1 exactly on the sampled ids;
+    the two runs' rollout and score parts are byte-identical."""
     from conftest import grpo
 
     cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"))
     conf = write_config(tmp_path / "cfg.yaml", cfg)
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
-        out = grpo("init", str(run), "--config", str(conf))
-        assert "vf_exact_match" in (run / "config.yaml").read_text(), out.stdout
+        grpo("init", str(run), "--config", str(conf))
         grpo("iterate", str(run), "--iters", "1", timeout=900)
+    import yaml
+
+    rewards = yaml.safe_load((runs[0] / "config.yaml").read_text())["rewards"]
+    assert [(r["name"], r["weight"], r.get("kwargs")) for r in rewards] == [
+        ("vf_exact_match", 1.0, {"reward": "exact_match"}), ("agent", 0.0, {})]  # agent: logged only (Trace.reward)
+    for stage in ("rollout", "score"):
+        a, b = (sorted((r / f"iter-0000/{stage}").glob("part-*.parquet")) for r in runs)
+        assert a and [p.read_bytes() for p in a] == [p.read_bytes() for p in b], stage
+    scored = {(r["prompt_id"], r["sample_idx"]): r for r in rollout_rows(runs[0], "score")}
     rows = rollout_rows(runs[0])
     assert len(rows) == 4
     for row in rows:
         rec = json.loads(row["episode"])
-        print(json.dumps(rec, indent=1)[:4000])
-        assert rec["route"] == "endpoint" and rec["agent"]["exit_code"] == 0, rec
+        assert rec["route"] == "endpoint" and rec["agent"]["exit_code"] == 0 and rec["ending"] == "finished", rec
+        turns = [q for q in rec["requests"] if q["kind"] == "turn"]
+        assert turns and all(q["kind"] == "turn" for q in rec["requests"])  # the null harness makes no side call
+        mask = [m for q in turns for m in [0] * len(q.get("prompt_delta", [])) + [1] * len(q["completion_ids"])]
+        assert row["completion_mask"] == mask
+        assert [t for t, m in zip(row["completion_ids"], mask) if m] == [t for q in turns for t in q["completion_ids"]]
+        vf = rec["agent"]["result"]["verifiers"]
+        trace = vf["trace"]
+        assert vf["traces"] == 1 and vf["task"]["key"] and vf["task"]["hash"], vf
+        assert "id" not in trace and "timing" not in trace
+        said = [m for m in trace["messages"] if m["role"] == "assistant"]
+        assert [m.get("content") for m in said] == [q["message"]["content"] for q in turns]  # what grpo answered
+        answer = 2 * row["vf_task"]  # the taskset's own rule (exact_match), applied to the trace's last reply
+        want = float((said[-1].get("content") or "") == str(answer))
+        assert trace["rewards"] == {"exact_match": {"score": want, "weight": 1.0}}
+        assert rec["agent"]["result"]["reward"] == trace["reward"] == want
+        got = scored[(row["prompt_id"], row["sample_idx"])]
+        assert got["reward_vf_exact_match"] == got["reward_agent"] == got["reward"] == want

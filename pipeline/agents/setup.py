@@ -102,7 +102,8 @@ def with_environment_rewards(cfg):
     if agent is not None and agent.verifiers is not None:  # the trace's rewards, as verifiers weighs them (endpoint/vf_run.py)
         from pipeline.agents.endpoint.vf_run import reward_specs as vf_specs
 
-        agent_specs = vf_specs(agent.verifiers)
+        # and the reward `agent` at weight 0: Trace.reward logged as reward_agent, the trace's metrics as extra_agent_<name>
+        agent_specs = vf_specs(agent.verifiers) + [{**reward_spec(), "weight": 0.0}]
     else:
         agent_specs = [reward_spec()] if agent is not None else []
     specs = envs.reward_specs(cfg.rollout.environment) + agent_specs

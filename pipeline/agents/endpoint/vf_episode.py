@@ -16,7 +16,7 @@ harness sent it; grpo keeps the tokens). The task is the taskset's `vf_task`-th 
 
 `--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
 into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
-exports no Taskset, a remote runtime.
+exports no Taskset, a remote runtime, an Env that seats several agents (several traces per episode).
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ def load(cfg: dict):
         env = vf.load_environment(vf.resolve_env_config(data))
     except Exception as err:  # noqa: BLE001 - verifiers' own validation: one line
         raise Refused(f"rollout.agent.verifiers: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    seats = sorted(env._agent_specs)
+    if len(seats) != 1:  # several traces per episode: one row holds one conversation
+        raise Refused(f"rollout.agent.verifiers: {type(env).__name__} seats {len(seats)} agents ({', '.join(seats)}); "
+                      "grpo trains one trace per episode (environments with several are not supported yet)")
     return env
 
 
