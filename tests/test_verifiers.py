@@ -68,6 +68,7 @@ def test_verifiers_options_refused_in_one_line(assets, tmp_path, capsys, agent, 
 @pytest.mark.parametrize("over, message", [
     ({"taskset": "no_such_taskset_xyz"}, "rollout.agent.verifiers.taskset 'no_such_taskset_xyz' does not import"),
     ({"taskset": "json"}, "rollout.agent.verifiers.taskset 'json': taskset module 'json' exports no Taskset subclass via `__all__`"),
+    ({"env": "best_of_n"}, "rollout.agent.verifiers.env 'best_of_n': BestOfNEnv is not verifiers' SingleAgentEnv"),
 ])
 def test_a_taskset_that_does_not_import_or_exports_no_taskset_is_refused(assets, tmp_path, capsys, over, message):
     cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"), **over)

@@ -16,7 +16,7 @@ harness sent it; grpo keeps the tokens). The task is the taskset's `vf_task`-th 
 
 `--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
 into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
-exports no Taskset, a remote runtime, an Env that seats several agents (several traces per episode).
+exports no Taskset, a remote runtime, an Env other than SingleAgentEnv (several traces per episode).
 """
 
 from __future__ import annotations
@@ -47,6 +47,16 @@ def env_config(cfg: dict) -> dict:
     return {"id": cfg.get("env") or "", "taskset": {"id": cfg["taskset"], **(cfg.get("taskset_args") or {})}, "agent": agent}
 
 
+def seated(data: dict) -> dict:
+    """`data` with the harness and runtime on every seat the Env declares (`agent` for SingleAgentEnv)."""
+    import verifiers.v1 as vf
+
+    cls = vf.env_config_type(data["taskset"]["id"], data["id"])
+    seats = [n for n, f in cls.model_fields.items() if isinstance(f.default, vf.AgentConfig)]
+    agent = data.pop("agent")
+    return {**data, **{n: agent for n in seats}}
+
+
 def load(cfg: dict):
     """(env, taskset) for the config; Refused with one line when the taskset cannot be used."""
     try:
@@ -69,13 +79,12 @@ def load(cfg: dict):
     except (AttributeError, TypeError, ValueError) as err:
         raise Refused(f"rollout.agent.verifiers.taskset {ts!r}: {str(err).splitlines()[0]}") from None
     try:
-        env = vf.load_environment(vf.resolve_env_config(data))
+        env = vf.load_environment(vf.resolve_env_config(seated(data)))
     except Exception as err:  # noqa: BLE001 - verifiers' own validation: one line
         raise Refused(f"rollout.agent.verifiers: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    seats = sorted(env._agent_specs)
-    if len(seats) != 1:  # several traces per episode: one row holds one conversation
-        raise Refused(f"rollout.agent.verifiers: {type(env).__name__} seats {len(seats)} agents ({', '.join(seats)}); "
-                      "grpo trains one trace per episode (environments with several are not supported yet)")
+    if not isinstance(env, vf.SingleAgentEnv):  # its run() may play several agents or attempts: one row holds one trace
+        raise Refused(f"rollout.agent.verifiers.env {data['id'] or cfg['taskset']!r}: {type(env).__name__} is not verifiers' "
+                      "SingleAgentEnv; an Env that may give several traces per episode is not supported yet")
     return env
 
 
