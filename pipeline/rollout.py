@@ -63,7 +63,9 @@ class RolloutInputs:
                 if cfg.rollout.agent is not None:  # the agent's scripts: run from the run's copies
                     from pipeline.rewards.loading import copy_of
 
-                    argv = cfg.rollout.agent.argv
+                    from pipeline.agents.endpoint.vf_run import agent_argv
+
+                    argv = agent_argv(cfg.rollout.agent)
                     agent_command = [argv[0], *map(copy_of, argv[1:])]
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:

@@ -50,8 +50,9 @@ def check(cfg) -> str | None:
 
     if cfg.rollout.agent is not None:  # its program and the scripts it names exist
         from pipeline.agents.endpoint.process import check_command
+        from pipeline.agents.endpoint.vf_run import agent_argv
 
-        check_command(cfg.rollout.agent.argv)
+        check_command(agent_argv(cfg.rollout.agent))
     model_dir, _ = model_source(cfg.model, "model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

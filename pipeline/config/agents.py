@@ -63,15 +63,6 @@ class AgentCommand(Section):
             raise ValueError("rollout.agent needs exactly one of `command` (an agent program) and `verifiers` (an environment)")
         return self
 
-    @property
-    def argv(self) -> list[str]:
-        """The program grpo starts per episode: `command`, or its verifiers program with the options."""
-        if self.command is not None:
-            return list(self.command)
-        from pipeline.agents.endpoint.vf_run import argv
-
-        return argv(self.verifiers)
-
 
 class AgentOptions(Section):
 

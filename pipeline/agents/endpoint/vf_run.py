@@ -33,6 +33,11 @@ def argv(opts) -> list[str]:
     return [opts.python, PROGRAM, "--config", options_json(opts)]
 
 
+def agent_argv(agent) -> list[str]:
+    """The program grpo starts per episode for `rollout.agent`: its `command`, or this verifiers program."""
+    return list(agent.command) if agent.command is not None else argv(agent.verifiers)
+
+
 def _ask(opts, *extra: str) -> str:
     if opts.path is not None and not Path(opts.path).is_dir():
         raise GRPOError(f"rollout.agent.verifiers.path {opts.path!r}: no such folder (read from the directory grpo runs in)")
