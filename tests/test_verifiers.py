@@ -64,6 +64,22 @@ def test_verifiers_options_refused_in_one_line(assets, tmp_path, capsys, agent, 
     assert message in line and "rollout.agent" in line, line
 
 
+def test_an_endpoint_run_made_before_verifiers_keeps_its_config_hash():
+    """rollout.agent.verifiers added later: a stored agent config without it reads as null and hashes as before."""
+    import yaml
+
+    from pipeline import config as config_mod
+    from test_config import MINIMAL
+
+    tree = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    tree.setdefault("rollout", {})["agent"] = {"command": ["python", "agent.py"]}
+    cfg = config_mod.from_yaml_text(yaml.safe_dump(tree), "config.yaml")
+    assert cfg.rollout.agent.verifiers is None and cfg.rollout.agent.command == ["python", "agent.py"]
+    assert '"verifiers"' not in config_mod.canonical(cfg)
+    with_vf = config_mod.resolve({**tree, "rollout": {**tree["rollout"], "agent": {"verifiers": {"taskset": "addition_v1"}}}})
+    assert '"verifiers"' in config_mod.canonical(with_vf)
+
+
 @needs_vf
 @pytest.mark.parametrize("over, message", [
     ({"taskset": "no_such_taskset_xyz"}, "rollout.agent.verifiers.taskset 'no_such_taskset_xyz' does not import"),
