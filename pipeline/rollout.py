@@ -63,7 +63,10 @@ class RolloutInputs:
                 if cfg.rollout.agent is not None:  # the agent's scripts: run from the run's copies
                     from pipeline.rewards.loading import copy_of
 
-                    agent_command = [cfg.rollout.agent.command[0], *map(copy_of, cfg.rollout.agent.command[1:])]
+                    from pipeline.agents.endpoint.vf_run import agent_argv
+
+                    argv = agent_argv(cfg.rollout.agent)
+                    agent_command = [argv[0], *map(copy_of, argv[1:])]
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "

@@ -50,8 +50,9 @@ def check(cfg) -> str | None:
 
     if cfg.rollout.agent is not None:  # its program and the scripts it names exist
         from pipeline.agents.endpoint.process import check_command
+        from pipeline.agents.endpoint.vf_run import agent_argv
 
-        check_command(cfg.rollout.agent.command)
+        check_command(agent_argv(cfg.rollout.agent))
     model_dir, _ = model_source(cfg.model, "model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -90,14 +91,23 @@ def check_routes(cfg, classes: dict) -> None:
 def with_environment_rewards(cfg):
     """The config with TRL's implicit reward sources written out: each environment class that
     defines get_reward, named after the class, weight 1, and with rollout.agent the reward `agent`
-    (the agent's result file, pipeline.agents.endpoint.result), unless `rewards` names them already.
+    (the agent's result file, pipeline.agents.endpoint.result), or with rollout.agent.verifiers one
+    reward `vf_<name>` per reward of the taskset (its verifiers weight), unless `rewards` names them already.
     A run with no reward function and no get_reward is refused here (before a run directory exists)."""
     from pipeline import config as config_mod
 
     from pipeline.agents.endpoint.result import reward_spec
 
     have = {r.column for r in cfg.rewards}
-    specs = envs.reward_specs(cfg.rollout.environment) + ([reward_spec()] if cfg.rollout.agent is not None else [])
+    agent = cfg.rollout.agent
+    if agent is not None and agent.verifiers is not None:  # the trace's rewards, as verifiers weighs them (endpoint/vf_run.py)
+        from pipeline.agents.endpoint.vf_run import reward_specs as vf_specs
+
+        # and the reward `agent` at weight 0: Trace.reward logged as reward_agent, the trace's metrics as extra_agent_<name>
+        agent_specs = vf_specs(agent.verifiers) + [{**reward_spec(), "weight": 0.0}]
+    else:
+        agent_specs = [reward_spec()] if agent is not None else []
+    specs = envs.reward_specs(cfg.rollout.environment) + agent_specs
     extra = [spec for spec in specs if spec["name"] not in have]
     if not cfg.rewards and not extra:
         raise GRPOError("rewards: none given, and no rollout.environment class defines get_reward; TRL needs reward "

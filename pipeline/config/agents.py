@@ -13,10 +13,39 @@ PYTHON_TOOL = "python"
 """The built-in code interpreter tool: runs the model's code in the reward sandbox (pipeline.rewards.sandbox)."""
 
 
+class VerifiersOptions(Section):
+    """A verifiers (0.4, v1 API) environment run per episode against grpo's endpoint by grpo's own
+    agent program (pipeline/agents/endpoint/vf_episode.py; docs/agents.md, "verifiers")."""
+
+    taskset: str = Field(min_length=1)
+    """The taskset's id as `vf-eval` takes it: a module exporting one Taskset via `__all__`."""
+    taskset_args: dict = {}
+    """The taskset's config fields (`--env.taskset.*`), e.g. {num_tasks: 8}."""
+    env: str = ""
+    """An Env id pairing the taskset (`--env.id`); empty: the taskset's own, else verifiers' SingleAgentEnv."""
+    harness: str | None = "null"
+    """The agent's harness id (`--env.agent.harness.id`): `null` (a tool-less chat loop) or `bash`;
+    None: the taskset's default."""
+    runtime: str = "subprocess"
+    """Where the harness runs (`--env.agent.runtime.type`): a local runtime; a remote one cannot reach grpo's endpoint."""
+    python: str = "python"
+    """The interpreter with verifiers installed (`python`: grpo's own, with the `verifiers` extra)."""
+    path: str | None = None
+    """A folder put first on the program's PYTHONPATH, where the taskset's package lies (None: installed)."""
+
+    @field_validator("runtime")
+    @classmethod
+    def _local(cls, v):
+        if v != "subprocess":
+            raise ValueError(f"{v!r}: only the local `subprocess` runtime reaches grpo's loopback endpoint (a remote sandbox "
+                             "cannot; verifiers' container runtimes are not supported yet)")
+        return v
+
+
 class AgentCommand(Section):
     """An agent program behind grpo's OpenAI-compatible endpoint (pipeline/agents/endpoint)."""
 
-    command: list[str] = Field(min_length=1)
+    command: list[str] | None = Field(None, min_length=1)
     """The program and its arguments, e.g. `[python, agent.py]` (`python`/`python3` is the
     interpreter running grpo). Started once per episode, in the directory grpo runs in, with
     OPENAI_BASE_URL, OPENAI_API_KEY (the episode's key), GRPO_MODEL (the model name to ask for),
@@ -25,6 +54,14 @@ class AgentCommand(Section):
     in its environment."""
     timeout_s: float = Field(300.0, gt=0.0)
     """Wall-clock seconds per episode: an agent still running past it is killed (ending agent_timeout)."""
+    verifiers: VerifiersOptions | None = None
+    """Instead of `command`: a verifiers environment, each episode run by grpo's program for it."""
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.command is None) == (self.verifiers is None):
+            raise ValueError("rollout.agent needs exactly one of `command` (an agent program) and `verifiers` (an environment)")
+        return self
 
 
 class AgentOptions(Section):
@@ -99,5 +136,6 @@ AGENT_NEUTRAL = {
     ("rollout", "tool_timeout_s"): 10.0,
     ("rollout", "tool_format"): "auto",
     ("rollout", "agent"): None,
+    ("rollout", "agent", "verifiers"): None,  # after ("rollout", "agent"): a run without an agent keeps agent null
 }
 """Their values in runs made before them (no tools: a single completion), for config.ADDED_OPTIONS."""

@@ -55,12 +55,18 @@ def targets(cfg) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _argv(agent) -> list[str]:
+    from pipeline.agents.endpoint.vf_run import agent_argv
+
+    return agent_argv(agent)
+
+
 def sources(cfg) -> list[str]:
     """The files and modules those targets name (each once, in order), then the scripts an endpoint
     agent's command names (`rollout.agent.command: [python, agent.py]`: agent.py, which the rollout runs
     from the run's copy)."""
     agent = cfg.rollout.agent
-    scripts = [a for a in agent.command[1:] if a.endswith(".py")] if agent is not None else []
+    scripts = [a for a in _argv(agent)[1:] if a.endswith(".py")] if agent is not None else []
     return list(dict.fromkeys([w for t in targets(cfg) if (w := t.rpartition(":")[0])] + scripts))
 
 

@@ -9,6 +9,7 @@ there, before it exits, one JSON object:
 - `reward`: a finite number, or null (no reward from the agent for this episode); optional.
 - `metrics`: an object of names ([A-Za-z0-9_.-], at most 64 characters) to a finite number, a
   boolean, a string or null; optional.
+- `verifiers`: an object, written by grpo's own verifiers program only (vf_episode.py: the canonical trace).
 - No other key; at most 1 MiB.
 
 What it wrote is read once the agent has exited (or been killed) and recorded in the episode
@@ -61,8 +62,10 @@ def read_result(path: Path) -> tuple[dict | None, str | None]:
 def check_result(value) -> tuple[dict | None, str | None]:
     if not isinstance(value, dict):
         return None, f"the result is a JSON {type(value).__name__}, not an object {{\"reward\": ..., \"metrics\": {{...}}}}"
-    if extra := sorted(set(value) - {"reward", "metrics"}):
+    if extra := sorted(set(value) - {"reward", "metrics", "verifiers"}):
         return None, f"the result has the key {extra[0]!r}; it holds only \"reward\" and \"metrics\""
+    if "verifiers" in value and not isinstance(value["verifiers"], dict):
+        return None, "the result's verifiers (grpo's verifiers program: the canonical trace) is not an object"
     reward = value.get("reward")
     if reward is not None and not _finite(reward):
         return None, f"the result's reward is {json.dumps(reward)[:80]}, not a finite number or null"
@@ -76,7 +79,10 @@ def check_result(value) -> tuple[dict | None, str | None]:
             return None, f"the result's metric name {name[:80]!r} is not 1-64 of letters, digits, _ . -"
         if not (v is None or isinstance(v, (bool, str)) or _finite(v)):
             return None, f"the result's metric {name!r} is {json.dumps(v)[:80]}, not a finite number, a boolean, a string or null"
-    return {"reward": None if reward is None else float(reward), "metrics": dict(sorted(metrics.items()))}, None
+    out = {"reward": None if reward is None else float(reward), "metrics": dict(sorted(metrics.items()))}
+    if "verifiers" in value:
+        out["verifiers"] = value["verifiers"]
+    return out, None
 
 
 def agent_results(records: list[dict | None]) -> list[dict | None]:

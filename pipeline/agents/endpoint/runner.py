@@ -28,6 +28,7 @@ from jinja2 import TemplateError
 from pipeline.agents import inserted
 from pipeline.agents.endpoint import chat
 from pipeline.agents.endpoint.process import AgentProcess, stamp
+from pipeline.agents.endpoint.vf_run import agent_argv
 from pipeline.agents.endpoint.server import Hub, Request, Server
 from pipeline.data.prompts import Prompt, derive_seed, raw_to_json
 from pipeline.errors import GRPOError
@@ -102,10 +103,10 @@ class EndpointRunner:
         self.budget, self.max_prompt_len = cfg.episode_tokens(), max_prompt_len
         self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
-        self.command = list(cfg.agent.command)  # what runs: the rollout names the run's copies of its scripts (RUN/code)
+        self.command = agent_argv(cfg.agent)  # what runs: the rollout names the run's copies of its scripts (RUN/code)
 
     def stamp(self) -> dict:
-        return stamp(self.cfg.agent.command)
+        return stamp(agent_argv(self.cfg.agent))
 
     def sampling(self, cap: int) -> dict:
         c = self.cfg

@@ -1,0 +1,174 @@
+"""One verifiers (0.4, v1 API) episode against grpo's endpoint: the agent program grpo starts per
+episode for `rollout.agent.verifiers` (pipeline/config/agents.py; docs/agents.md, "verifiers").
+
+Standalone on purpose: it imports verifiers and the standard library only, never grpo, so it runs
+under whichever interpreter has verifiers (`rollout.agent.verifiers.python`; grpo's own with the
+`verifiers` extra). grpo starts it as `PYTHON vf_episode.py --config JSON` with OPENAI_BASE_URL,
+OPENAI_API_KEY, GRPO_MODEL, GRPO_TASK and GRPO_RESULT_FILE in its environment (as any endpoint agent).
+
+The episode is what `vf-eval` runs for one slot: `Env.run_episode(task, ModelContext(...))` inside
+`env.serving()`, verifiers' eval client pointed at grpo's endpoint (it relays each chat body as the
+harness sent it; grpo keeps the tokens). The task is the taskset's `vf_task`-th (the row's column;
+`--rows N` prints N such rows). It writes GRPO_RESULT_FILE as
+{"reward": the trace's weighted total (verifiers' Trace.reward), "metrics": the trace's metrics,
+ "verifiers": the canonical trace: task key and hash, messages, rewards {name: {score, weight}},
+ metrics, stop condition, errors (type and message), ok / is_timeout; no id, timestamp or timing}.
+
+`--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
+into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
+exports no Taskset, a remote runtime, an Env other than SingleAgentEnv (several traces per episode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+LOCAL_RUNTIMES = ("subprocess",)
+TASK_COLUMN = "vf_task"
+
+
+class Refused(Exception):
+    pass
+
+
+def env_config(cfg: dict) -> dict:
+    """The verifiers EnvConfig data for grpo's `rollout.agent.verifiers` (v1 ids as vf-eval takes them)."""
+    runtime = cfg.get("runtime") or "subprocess"
+    if runtime not in LOCAL_RUNTIMES:
+        raise Refused(f"rollout.agent.verifiers.runtime {runtime!r}: only a local runtime ({', '.join(LOCAL_RUNTIMES)}) "
+                      "runs against grpo's loopback endpoint")
+    agent = {"runtime": {"type": runtime}}
+    if cfg.get("harness"):
+        agent["harness"] = {"id": cfg["harness"]}
+    return {"id": cfg.get("env") or "", "taskset": {"id": cfg["taskset"], **(cfg.get("taskset_args") or {})}, "agent": agent}
+
+
+def seated(data: dict) -> dict:
+    """`data` with the harness and runtime on every seat the Env declares (`agent` for SingleAgentEnv)."""
+    import verifiers.v1 as vf
+
+    cls = vf.env_config_type(data["taskset"]["id"], data["id"])
+    seats = [n for n, f in cls.model_fields.items() if isinstance(f.default, vf.AgentConfig)]
+    agent = data.pop("agent")
+    return {**data, **{n: agent for n in seats}}
+
+
+def load(cfg: dict):
+    """(env, taskset) for the config; Refused with one line when the taskset cannot be used."""
+    try:
+        import verifiers.v1 as vf
+    except ImportError as err:
+        raise Refused(f"rollout.agent.verifiers: verifiers is not importable by {sys.executable} ({err}); "
+                      "pip install 'grpo[verifiers]' or set rollout.agent.verifiers.python") from None
+    data = env_config(cfg)
+    ts = cfg["taskset"]
+    if cfg.get("path"):
+        sys.path.insert(0, os.path.abspath(cfg["path"]))
+    try:
+        module = vf.import_taskset(ts)
+    except ImportError as err:
+        raise Refused(f"rollout.agent.verifiers.taskset {ts!r} does not import: {str(err).splitlines()[0]}") from None
+    from verifiers.v1.utils.loaders import _plugin_class
+
+    try:
+        _plugin_class(module, vf.Taskset, "taskset")
+    except (AttributeError, TypeError, ValueError) as err:
+        raise Refused(f"rollout.agent.verifiers.taskset {ts!r}: {str(err).splitlines()[0]}") from None
+    try:
+        env = vf.load_environment(vf.resolve_env_config(seated(data)))
+    except Exception as err:  # noqa: BLE001 - verifiers' own validation: one line
+        raise Refused(f"rollout.agent.verifiers: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    if not isinstance(env, vf.SingleAgentEnv):  # its run() may play several agents or attempts: one row holds one trace
+        raise Refused(f"rollout.agent.verifiers.env {data['id'] or cfg['taskset']!r}: {type(env).__name__} is not verifiers' "
+                      "SingleAgentEnv; an Env that may give several traces per episode is not supported yet")
+    return env
+
+
+def nth_task(env, i: int):
+    tasks = list(env.taskset.skip(i).take(1))
+    if not tasks:
+        raise Refused(f"task {TASK_COLUMN}={i}: the taskset has no such task")
+    return tasks[0]
+
+
+def reward_weights(env) -> dict[str, float]:
+    task = nth_task(env, 0)
+    out = {fn.__name__: float(getattr(fn, "_vf_weight", 1.0)) for fn in task.hooks("reward")}
+    out.update({j.reward_name: float(j.config.weight) for j in task.plugged_judges()})
+    return dict(sorted(out.items()))
+
+
+def _message(m) -> dict:
+    d = m.model_dump(mode="json", exclude_none=True) if hasattr(m, "model_dump") else dict(m)
+    return {k: v for k, v in sorted(d.items()) if k not in ("id", "timestamp", "created")}
+
+
+def canonical(episode) -> dict:
+    """The episode's one trace, canonical: what it means, never when or under which id."""
+    traces = list(episode.traces)
+    errors = [{"type": e.type, "message": e.message} for e in episode.errors]
+    out = {"task": {"key": episode.task.key, "hash": episode.task.hash}, "ok": episode.ok, "is_timeout": episode.is_timeout,
+           "episode_errors": errors, "traces": len(traces)}
+    if len(traces) != 1:
+        return {**out, "trace": None}
+    t = traces[0]
+    rewards = {k: None if r is None else {"score": r.score, "weight": r.weight} for k, r in sorted(t.rewards.items())}
+    out["trace"] = {
+        "messages": [_message(m) for m in t.messages], "rewards": rewards, "reward": t.reward,
+        "metrics": dict(sorted(t.metrics.items())), "stop_condition": t.stop_condition, "ok": t.ok,
+        "is_timeout": t.is_timeout, "is_completed": t.is_completed,
+        "errors": [{"type": e.type, "message": e.message} for e in t.errors],
+    }
+    return out
+
+
+async def episode(cfg: dict, task_row: dict) -> dict:
+    from verifiers.v1.clients import EvalClientConfig, ModelContext
+
+    env = load(cfg)
+    if TASK_COLUMN not in task_row:
+        raise Refused(f"the task row has no {TASK_COLUMN!r} column (the taskset's index of its task)")
+    task = nth_task(env, int(task_row[TASK_COLUMN]))
+    client = EvalClientConfig(base_url=os.environ["OPENAI_BASE_URL"], api_key_var="OPENAI_API_KEY")
+    ctx = ModelContext(client=client, model=os.environ["GRPO_MODEL"], sampling=None)
+    async with env.serving():
+        ep = await env.run_episode(task, ctx)
+    rec = canonical(ep)
+    t = rec["trace"]
+    metrics = {} if t is None else {k: v for k, v in t["metrics"].items()}
+    return {"reward": None if t is None else t["reward"], "metrics": metrics, "verifiers": rec}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="rollout.agent.verifiers as JSON")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--rows", type=int, default=None)
+    a = p.parse_args(argv)
+    cfg = json.loads(a.config)
+    # verifiers' harnesses look for `uv` on PATH: the one beside this interpreter first (the extra installs the uv wheel)
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    try:
+        if a.check:
+            print(json.dumps({"rewards": reward_weights(load(cfg))}, sort_keys=True))
+            return 0
+        if a.rows is not None:
+            env = load(cfg)
+            for i, task in enumerate(env.taskset.take(a.rows)):
+                print(json.dumps({"prompt": task.data.prompt, TASK_COLUMN: i}, sort_keys=True, default=str))
+            return 0
+        result = asyncio.run(episode(cfg, json.loads(os.environ["GRPO_TASK"])))
+    except Refused as err:
+        print(f"grpo: {err}", file=sys.stderr)
+        return 2
+    with open(os.environ["GRPO_RESULT_FILE"], "w") as f:
+        json.dump(result, f, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
