@@ -147,6 +147,11 @@ def section(result: dict) -> list[str]:
             a, b = rows[base], rows[f"{base} + busy"]
             notes.append(f"- {base}: a busy core beside it costs {b['wall_s'] / a['wall_s']:.2f} x the update's wall time "
                          f"({b['cpu_s'] / a['cpu_s']:.2f} x its CPU time).")
+    before = result.get("before")  # the same rows from an earlier commit, kept beside this run's
+    if before:
+        notes.append(f"- Before ({before['label']}): " + "; ".join(
+            f"{n} {b['wall_s']:.2f} s wall, {b['cpu_s']:.2f} CPU s, weights "
+            + ("same" if b.get("weights_sha256") == ref else "**differ**") for n, b in before["rows"].items()) + ".")
     notes.append("- Goal (issue 61): under a second per update on a quiet machine, and a busy core not halving it. The "
                  "work is ~8.4k tokens forwarded and backpropagated (the prompts' ~5.8k among them), ~200 GFLOP: see "
                  "docs/performance.md.")

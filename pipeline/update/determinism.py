@@ -36,13 +36,22 @@ def serial_accumulation(device: torch.device):
     cores (the sampler of `train.max_staleness`, another job) gave gradients differing in the
     last bits. The deterministic kernel adds in index order: bit-identical updates, and no
     slower (0.9 ms against 4.3 ms for one layer's keys of 8 prompts x 8 completions here).
+    Without the mode's other half, `torch.utils.deterministic.fill_uninitialized_memory` (every
+    new tensor filled with NaN, a check for code that reads memory it never wrote): nothing here
+    does, and on the demo's update those fills were ~14k calls, 2 % of its CPU time (perf), with
+    the same weights to the bit without them (bench/demo_update.py's weights sha256).
     CUDA is left as it was (its deterministic mode needs cuBLAS set up before the device starts)."""
     if device.type != "cpu":
         yield
         return
+    from torch.utils import deterministic
+
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
+        deterministic.fill_uninitialized_memory = fill
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
