@@ -8,7 +8,9 @@ itself), GRPO_MODEL (the model to ask for), GRPO_TASK (the prompt row as JSON) a
 task's `answer`, else 0.0; null without one, "metrics": {"tool_calls": n, "turns": n}}, which grpo
 scores as the reward `agent` and the columns extra_agent_tool_calls / extra_agent_turns).
 `--stream` asks for streamed answers, and so does a task row whose `stream` column is true (chosen
-per episode from its row, never from timing).
+per episode from its row, never from timing). An answer without a call is followed once by a user
+message asking for the tool; `--no-nudge` ends the episode there instead, as a tool episode of
+`rollout.tools` ends (examples/endpoint_agent.yaml: the same task as examples/agent.yaml's).
 
 Test hooks, read from the environment (tests/test_endpoint.py): AGENT_REWRITE=1 changes the
 assistant's answer before sending the history back; AGENT_SIDE=1 asks another model for a title
@@ -37,7 +39,8 @@ TOOLS = [{
         "parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "The first factor."},
                                                         "b": {"type": "integer", "description": "The second factor."}},
                        "required": ["a", "b"]},
-    },
+        "return": {"type": "integer"},  # as transformers' get_json_schema writes examples/calc_tools.py's multiply:
+    },                                  # the tool block the model sees is examples/agent.yaml's, token for token
 }]
 
 
@@ -81,7 +84,7 @@ def main() -> None:
             message = {**message, "content": (message.get("content") or "") + " (edited)"}
         messages.append(message)
         if not message.get("tool_calls"):
-            if calls or nudged:
+            if calls or nudged or "--no-nudge" in sys.argv:
                 break
             nudged = True  # once, when it answered without calling
             messages.append({"role": "user", "content": "Please call the multiply tool."})
