@@ -120,6 +120,14 @@ def learning(route: str, demo: dict, iters: int) -> dict:
             "grpo_s": round(summary["grpo_s"], 1), "eval_s": round(summary["eval_s"], 1)}
 
 
+def same_episodes(iters: int) -> list[int]:
+    """Per iteration, how many episodes the two routes sampled identically (prompt ids, completion ids, mask)."""
+    key = ("prompt_id", "sample_idx", "prompt_ids", "completion_ids", "completion_mask")
+    runs = [WORK / "endpoint" / route / "run" for route in ROUTES]
+    return [sum(x == y for x, y in zip(*([[tuple(map(str, (r[c] for c in key))) for r in rows(d, k, "rollout")] for d in runs])))
+            for k in range(iters)]
+
+
 class Timed:
     """The engine, its generate calls timed (the real engine runs every call)."""
 
@@ -209,6 +217,10 @@ def section(res: dict) -> list[str]:
         for it in r["iterations"]:
             out.append(f"| {route} | {it['iteration']} | {it['reward']:.3f} | {it['tool_share']:.2f} | {it['rollout_s']:.1f} | "
                        f"{it['turns']} | {it['s_per_turn']:.2f} | {ld['min']:.1f}-{ld['max']:.1f} |")
+    if "same_episodes" in res:
+        n = res["learning"]["tools"]["iterations"][0]["episodes"]
+        out += ["", "Episodes sampled identically by the two routes (prompt ids, completion ids, mask), per iteration: "
+                + ", ".join(f"{s} of {n}" for s in res["same_episodes"]) + "."]
     out += ["", "Held-out (100 problems, greedy, the demo's own eval of policy 0 and the last policy):", "",
             "| route | accuracy | tool use | GRPO s (eval s of it) | CPU s (all processes) |", "|---|---|---|---|---|"]
     for route, r in res["learning"].items():
@@ -253,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             demo = old["learning"][route] if done else run_demo(route, args.iters, args.threads)
             res["learning"][route] = learning(route, {k: demo[k] for k in ("wall_s", "cpu_s", "load")}, args.iters)
             OUT.write_text(json.dumps(res, indent=1))
+        res["same_episodes"] = same_episodes(args.iters)
         res["cost"] = cost(args.threads)
         OUT.write_text(json.dumps(res, indent=1))
     print("\n".join(section(json.loads(OUT.read_text()))))

@@ -44,6 +44,18 @@ TOOLS = [{
 }]
 
 
+def run_call(name: str, arguments: str) -> str:
+    """The tool message for one call, as grpo's own tool episodes answer it (pipeline/agents/tools.py, TRL's
+    texts): the product, or str({"error": ...}) for another tool's name or arguments multiply does not take."""
+    if name != "multiply":
+        return str({"error": f"Tool {name} not found."})
+    try:
+        args = json.loads(arguments)
+        return str(multiply(**{k: int(v) for k, v in args.items()}))
+    except (ValueError, TypeError, AttributeError) as err:
+        return str({"error": str(err)})
+
+
 def ask(client: OpenAI, model: str, messages: list, stream: bool):
     """The assistant message of one completion, as a dict the next request carries back."""
     if not stream:
@@ -72,6 +84,7 @@ def main() -> None:
     client = OpenAI(max_retries=0)  # base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY
     prompt = task["prompt"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    given = len(messages)  # the task's own messages (a few-shot prompt's worked answers are not the model's turns)
     if os.environ.get("AGENT_SIDE"):
         client.chat.completions.create(model="title-model", messages=[{"role": "user", "content": "A title for: " + str(prompt)[:80]}])
     calls, nudged = 0, False
@@ -91,17 +104,13 @@ def main() -> None:
             continue
         for call in message["tool_calls"]:
             calls += 1
-            try:
-                args = json.loads(call["function"]["arguments"])
-                result = str(multiply(int(args["a"]), int(args["b"])))
-            except (ValueError, KeyError, TypeError) as err:
-                result = f"error: {err}"
+            result = run_call(call["function"]["name"], call["function"]["arguments"])
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    said = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+    said = [m.get("content") or "" for m in messages[given:] if m.get("role") == "assistant"]
     numbers = re.findall(r"-?\d+", said[-1] if said else "")
     gold = re.findall(r"-?\d+", str(task.get("answer", "")))
     reward = None if not gold else float(bool(numbers) and numbers[-1] == gold[-1])
-    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    turns = len(said)
     with open(os.environ["GRPO_RESULT_FILE"], "w") as f:
         json.dump({"reward": reward, "metrics": {"tool_calls": calls, "turns": turns}}, f)
 

@@ -165,6 +165,20 @@ def test_the_endpoint_demo_is_the_agent_demos_task_on_another_route():
     assert TOOLS == [get_json_schema(multiply)]
 
 
+def test_the_endpoint_agents_tool_answers_as_grpos_tool_episodes_do():
+    """examples/endpoint_agent.py's tool messages are the texts grpo's own tool episode gives for the same
+    parsed call (pipeline/agents/tools.py:call_tool on calc_tools.multiply): the product, and for a call of
+    another tool or with other arguments the same error (a wrong name once paid as if it were multiply)."""
+    from calc_tools import multiply
+    from endpoint_agent import run_call
+
+    from pipeline.agents.tools import call_tool
+
+    for name, args in [("multiply", {"a": 301, "b": 19}), ("add", {"a": 301, "b": 19}), ("divide", {"a": 5, "b": 2}),
+                       ("multiply", {"a": 3}), ("multiply", {"a": 3, "c": 4})]:
+        assert run_call(name, json.dumps(args)) == call_tool({"multiply": multiply}, name, args, 5.0).content, (name, args)
+
+
 def test_demo_real_refuses_an_unknown_config(tmp_path):
     from pipeline.errors import GRPOError
 
