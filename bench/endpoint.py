@@ -113,11 +113,14 @@ def iteration(run_dir: Path, k: int) -> dict:
 
 
 def learning(route: str, demo: dict, iters: int) -> dict:
+    from pipeline.run.run import Run
+
     run_dir = WORK / "endpoint" / route / "run"
     summary = json.loads((WORK / "endpoint" / route / "summary.json").read_text())
     held = {side: {n: summary[side].get(f"eval/{n}") for n in ("accuracy", "tools/used", "reward")} for side in ("first", "final")}
     return {**demo, "iterations": [iteration(run_dir, k) for k in range(iters)], "held_out": held,
-            "grpo_s": round(summary["grpo_s"], 1), "eval_s": round(summary["eval_s"], 1)}
+            "grpo_s": round(summary["grpo_s"], 1), "eval_s": round(summary["eval_s"], 1),
+            "policy_hash": Run(str(run_dir)).policy_hash(iters)}
 
 
 def same_episodes(iters: int) -> list[int]:
@@ -220,7 +223,10 @@ def section(res: dict) -> list[str]:
     if "same_episodes" in res:
         n = res["learning"]["tools"]["iterations"][0]["episodes"]
         out += ["", "Episodes sampled identically by the two routes (prompt ids, completion ids, mask), per iteration: "
-                + ", ".join(f"{s} of {n}" for s in res["same_episodes"]) + "."]
+                + ", ".join(f"{s} of {n}" for s in res["same_episodes"])
+                + (f"; policy {res['iters']} the same bytes on both (its hash)" if len({r.get("policy_hash") for r in res["learning"].values()}) == 1 else "")
+                + ". The held-out evals differ only in their parts (the endpoint's 25 prompts a part, to bound the agents alive at once): "
+                "vLLM on the CPU is not batch-invariant, so a greedy answer may differ."]
     out += ["", "Held-out (100 problems, greedy, the demo's own eval of policy 0 and the last policy):", "",
             "| route | accuracy | tool use | GRPO s (eval s of it) | CPU s (all processes) |", "|---|---|---|---|---|"]
     for route, r in res["learning"].items():
@@ -237,8 +243,10 @@ def section(res: dict) -> list[str]:
                    f"{r['s_per_turn']:.3f} | {r['engine_s_per_turn']:.3f} | {r['cpu_self_s']:.1f} | {r['cpu_agents_s']:.1f} |")
     t, e, a = c["routes"]["tools"], c["routes"]["endpoint"], c["agent_start"]
     extra = e["wall_s"] - t["wall_s"]
-    out += ["", f"- endpoint / tools per turn: **{e['s_per_turn'] / t['s_per_turn']:.2f} x** ({e['s_per_turn']:.3f} against "
-            f"{t['s_per_turn']:.3f} s/turn).",
+    cpu_t, cpu_e = ((r["cpu_self_s"] + r["cpu_agents_s"]) / r["turns"] for r in (t, e))
+    out += ["", f"- endpoint / tools per turn: **{e['s_per_turn'] / t['s_per_turn']:.2f} x** in wall seconds ({e['s_per_turn']:.3f} against "
+            f"{t['s_per_turn']:.3f} s/turn; noisy on the shared machine: see the engine's own seconds), **{cpu_e / cpu_t:.2f} x** in "
+            f"CPU seconds, grpo's process and the agents together ({cpu_e:.2f} against {cpu_t:.2f} CPU s/turn).",
             f"- Where the endpoint's extra {extra:.1f} s go: the engine's own seconds differ by {e['engine_s'] - t['engine_s']:+.1f} s; "
             f"the {e['episodes']} agents took {e['cpu_agents_s']:.1f} CPU s ({e['cpu_agents_s'] / max(e['episodes'], 1):.2f} a process; "
             f"one agent's interpreter + `import openai` + client alone: {a['wall_s']:.2f} s wall, {a['cpu_s']:.2f} CPU s), "
