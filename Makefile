@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-ray bench-long bench-intervals bench-demo-update docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-endpoint bench-ray bench-long bench-intervals bench-demo-update docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,11 +39,13 @@ demo-real: $(STAMP)
 
 # The agent demo: SmolLM2-135M-Instruct learns to call a calculator tool on multiplications too
 # large for it (examples/agent.yaml, examples/calc_problems.py); held-out accuracy and tool use
-# before and after. DEMO_DIR as for `make demo`.
+# before and after. DEMO_DIR as for `make demo`. AGENT_CONFIG=examples/endpoint_agent.yaml: the same
+# task solved by an OpenAI-SDK agent behind grpo's endpoint (default dir runs/demo-endpoint).
 AGENT_ITERS ?= 2
+AGENT_CONFIG ?= examples/agent.yaml
 demo-agent: $(STAMP)
 	$(BIN)/pip install -q -e ".[real]"
-	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/demo-agent) --iters $(AGENT_ITERS) --config examples/agent.yaml
+	$(BIN)/python examples/demo_real.py --dir $(if $(filter command line environment,$(origin DEMO_DIR)),$(DEMO_DIR),runs/$(if $(findstring endpoint,$(AGENT_CONFIG)),demo-endpoint,demo-agent)) --iters $(AGENT_ITERS) --config $(AGENT_CONFIG)
 
 # TRL 1.16's GRPOTrainer on demo-real's exact work, compared by held-out accuracy gained per
 # minute (bench/calibrate_real.py); run after `make demo-real` with the same DEMO_DIR.
@@ -100,6 +102,15 @@ bench-agent: $(STAMP)
 	$(BIN)/pip install -q -e ".[real,bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m bench.agent
+	$(BIN)/python -m bench.page
+
+# issue 62's learning check and cost per turn: the agent demo's task on grpo's tool episodes and on an
+# OpenAI-SDK agent behind the endpoint (examples/endpoint_agent.yaml), each route's demo, then iteration
+# 0's rollout of both back to back (bench/endpoint.py); ENDPOINT_ITERS iterations each
+ENDPOINT_ITERS ?= 2
+bench-endpoint: $(STAMP)
+	$(BIN)/pip install -q -e ".[real]"
+	$(BIN)/python -m bench.endpoint --iters $(ENDPOINT_ITERS)
 	$(BIN)/python -m bench.page
 
 # one rollout actor against two on the same work, and the Ray executor's cost per iteration against

@@ -17,7 +17,7 @@ GPU = "## On a GPU (bench/gpu)"
 
 def side_sections() -> list[str]:
     """The side benches' sections, in page order, for those that have written their JSON."""
-    from bench import agent, demo_update, intervals, intervals_record, long, overlap, ray, record
+    from bench import agent, demo_update, endpoint, intervals, intervals_record, long, overlap, ray, record
 
     out: list[str] = []
     if record.OUT.exists():  # `make bench-record` (also the last step of `make bench`)
@@ -30,6 +30,8 @@ def side_sections() -> list[str]:
         out += ray.section(by_workload)
     if (ROOT / "agent.json").exists():  # `make bench-agent`
         out += agent.section(json.loads((ROOT / "agent.json").read_text()))
+    if endpoint.OUT.exists():  # `make bench-endpoint`
+        out += endpoint.section(json.loads(endpoint.OUT.read_text()))
     if (ROOT / "long.json").exists():  # `make bench-long`
         out += long.section(json.loads((ROOT / "long.json").read_text()))
     if (ROOT / intervals.OUT_NAME).exists():  # `python -m bench.intervals`

@@ -7,7 +7,8 @@ on this machine.
 Generates the problems its config's task module writes (TASKS: examples/real.yaml takes the
 one-step multiplication word problems of examples/times_problems.py, examples/gsm8k_format.yaml
 the GSM8K-style ones of examples/word_problems.py, examples/agent.yaml the calculator problems of
-examples/calc_problems.py, solved in tool episodes), creates a run from the config (rewards
+examples/calc_problems.py, solved in tool episodes, examples/endpoint_agent.yaml the same ones solved by
+an OpenAI-SDK agent behind grpo's endpoint), creates a run from the config (rewards
 loaded by path from examples/rewards.py, as a user's own file is) and runs `grpo iterate`, a
 line per iteration (its first line the model's own held-out accuracy), then closes with a table of
 the held-out figures of policy 0 and policy K, each with its 95 % interval (accuracy: the share of
@@ -47,7 +48,7 @@ def model_dir(arg: str | None) -> Path:
 
 
 TASKS = {"real.yaml": "times_problems", "gsm8k_format.yaml": "word_problems", "agent.yaml": "calc_problems",
-         "judge.yaml": "times_problems"}
+         "endpoint_agent.yaml": "calc_problems", "judge.yaml": "times_problems"}
 """Each example config's problem generator (a module in examples/ with write() and SYSTEM_PROMPT)."""
 
 

@@ -8,7 +8,9 @@ itself), GRPO_MODEL (the model to ask for), GRPO_TASK (the prompt row as JSON) a
 task's `answer`, else 0.0; null without one, "metrics": {"tool_calls": n, "turns": n}}, which grpo
 scores as the reward `agent` and the columns extra_agent_tool_calls / extra_agent_turns).
 `--stream` asks for streamed answers, and so does a task row whose `stream` column is true (chosen
-per episode from its row, never from timing).
+per episode from its row, never from timing). An answer without a call is followed once by a user
+message asking for the tool; `--no-nudge` ends the episode there instead, as a tool episode of
+`rollout.tools` ends (examples/endpoint_agent.yaml: the same task as examples/agent.yaml's).
 
 Test hooks, read from the environment (tests/test_endpoint.py): AGENT_REWRITE=1 changes the
 assistant's answer before sending the history back; AGENT_SIDE=1 asks another model for a title
@@ -37,8 +39,21 @@ TOOLS = [{
         "parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "The first factor."},
                                                         "b": {"type": "integer", "description": "The second factor."}},
                        "required": ["a", "b"]},
-    },
+        "return": {"type": "integer"},  # as transformers' get_json_schema writes examples/calc_tools.py's multiply:
+    },                                  # the tool block the model sees is examples/agent.yaml's, token for token
 }]
+
+
+def run_call(name: str, arguments: str) -> str:
+    """The tool message for one call, as grpo's own tool episodes answer it (pipeline/agents/tools.py, TRL's
+    texts): the product, or str({"error": ...}) for another tool's name or arguments multiply does not take."""
+    if name != "multiply":
+        return str({"error": f"Tool {name} not found."})
+    try:
+        args = json.loads(arguments)
+        return str(multiply(**{k: int(v) for k, v in args.items()}))
+    except (ValueError, TypeError, AttributeError) as err:
+        return str({"error": str(err)})
 
 
 def ask(client: OpenAI, model: str, messages: list, stream: bool):
@@ -69,6 +84,7 @@ def main() -> None:
     client = OpenAI(max_retries=0)  # base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY
     prompt = task["prompt"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    given = len(messages)  # the task's own messages (a few-shot prompt's worked answers are not the model's turns)
     if os.environ.get("AGENT_SIDE"):
         client.chat.completions.create(model="title-model", messages=[{"role": "user", "content": "A title for: " + str(prompt)[:80]}])
     calls, nudged = 0, False
@@ -81,24 +97,20 @@ def main() -> None:
             message = {**message, "content": (message.get("content") or "") + " (edited)"}
         messages.append(message)
         if not message.get("tool_calls"):
-            if calls or nudged:
+            if calls or nudged or "--no-nudge" in sys.argv:
                 break
             nudged = True  # once, when it answered without calling
             messages.append({"role": "user", "content": "Please call the multiply tool."})
             continue
         for call in message["tool_calls"]:
             calls += 1
-            try:
-                args = json.loads(call["function"]["arguments"])
-                result = str(multiply(int(args["a"]), int(args["b"])))
-            except (ValueError, KeyError, TypeError) as err:
-                result = f"error: {err}"
+            result = run_call(call["function"]["name"], call["function"]["arguments"])
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    said = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+    said = [m.get("content") or "" for m in messages[given:] if m.get("role") == "assistant"]
     numbers = re.findall(r"-?\d+", said[-1] if said else "")
     gold = re.findall(r"-?\d+", str(task.get("answer", "")))
     reward = None if not gold else float(bool(numbers) and numbers[-1] == gold[-1])
-    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    turns = len(said)
     with open(os.environ["GRPO_RESULT_FILE"], "w") as f:
         json.dump({"reward": reward, "metrics": {"tool_calls": calls, "turns": turns}}, f)
 

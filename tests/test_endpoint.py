@@ -332,6 +332,44 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
         engine.close()
 
 
+def test_held_out_eval_runs_the_endpoint_agent_greedy_and_scores_its_result(make_run, tiny2k, tmp_path):
+    """Held-out eval of an endpoint run: each eval prompt an episode of the agent (the run's copy) behind the
+    endpoint, sampled greedy (eval.greedy); its result file scored as `reward_agent` (its turns the model's,
+    not a few-shot prompt's worked answers), its tool use in the figures from the records; a second eval of
+    the same policy writes the same bytes."""
+    from pipeline.eval.run import eval_summary, run_eval
+    from pipeline.run.run import Run
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from calc_problems import WORKED
+
+    data, held = rows(tmp_path / "calc.jsonl"), tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({**r, "prompt": WORKED + r["prompt"]}) + "\n"  # few-shot: worked calls first
+                            for r in map(json.loads, Path(rows(tmp_path / "h.jsonl")).read_text().splitlines())))
+    held = str(held)
+    ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
+          "max_episode_tokens": 120, "agent": {"command": ["python", AGENT]}}
+    runs = [make_run(name, model=tiny2k, data={"train": data, "eval": held, "system_prompt": None}, rollout=ro,
+                     rewards=[{"fn": "correct"}, AGENT_REWARD], eval={"every": 1, "max_prompts": 3, "reward": "correct"})
+            for name in ("one", "two")]
+    run_eval(Run(runs[0]), 0)
+    got = pq.read_table(Path(runs[0]) / "iter-0000/eval/part-00000.parquet").to_pylist()
+    assert [r["prompt_id"] for r in got] == [0, 1, 2]
+    calls = 0
+    for row in got:
+        rec = json.loads(row["episode"])
+        assert rec["route"] == "endpoint" and rec["turns"] >= 1 and rec["agent"]["exit_code"] == 0, rec
+        assert all(q["sampling"]["greedy"] for q in rec["requests"] if q["kind"] == "turn")
+        assert row["reward_agent"] == rec["agent"]["result"]["reward"] in (0.0, 1.0)
+        assert rec["agent"]["result"]["metrics"]["turns"] == rec["turns"]  # the model's turns, not the worked answers
+        calls += rec["agent"]["result"]["metrics"]["tool_calls"]
+    used = sum(any(m["role"] == "tool" for m in json.loads(r["episode"])["messages"]) for r in got) / 3
+    assert eval_summary(Run(runs[0]), 0)["eval/tools/used"] == used and calls >= sum(json.loads(r["episode"])["turns"] > 1 for r in got)
+    run_eval(Run(runs[1]), 0)
+    assert (Path(runs[0]) / "iter-0000/eval/part-00000.parquet").read_bytes() == \
+        (Path(runs[1]) / "iter-0000/eval/part-00000.parquet").read_bytes()
+
+
 def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(make_run, tiny2k, tmp_path):
     """A turn that calls the tool (given, as tests/test_agents.py gives turns): OpenAI's tool_calls in the
     answer, streamed chunks the SDK reassembles to the same message; the SDK's echo of it (its null fields)

@@ -143,12 +143,48 @@ def test_example_configs_validate_and_load_their_rewards(monkeypatch, tmp_path, 
     assert filled.model == str(tmp_path / "model")
 
 
+def test_the_endpoint_demo_is_the_agent_demos_task_on_another_route():
+    """examples/endpoint_agent.yaml differs from examples/agent.yaml only in the route (an agent program
+    instead of rollout.tools), the agent's own reward, weighted 0, and the eval's parts (25 prompts, so 25
+    agent processes at a time; greedy figures per prompt are the same): the same prompts, turns, budget,
+    sampling, total reward, loss, training and eval; and its agent's tool is calc_tools' schema."""
+    from transformers.utils import get_json_schema
+
+    from pipeline import config as config_mod
+
+    tools, endpoint = (config_mod.load(REPO / "examples" / n).model_dump(mode="json") for n in ("agent.yaml", "endpoint_agent.yaml"))
+    assert tools["rollout"].pop("tools") == ["examples/calc_tools.py:multiply"] and tools["rollout"].pop("agent") is None
+    assert endpoint["rollout"].pop("tools") == [] and endpoint["rollout"].pop("agent")["command"][1:] == ["examples/endpoint_agent.py", "--no-nudge"]
+    assert endpoint["eval"].pop("prompts_per_part") == 25 and tools["eval"].pop("prompts_per_part") is None  # fewer agents at once
+    agent_reward = endpoint["rewards"].pop()
+    assert (agent_reward["name"], agent_reward["weight"]) == ("agent", 0.0)
+    assert tools == endpoint
+    from calc_tools import multiply
+    from endpoint_agent import TOOLS
+
+    assert TOOLS == [get_json_schema(multiply)]
+
+
+def test_the_endpoint_agents_tool_answers_as_grpos_tool_episodes_do():
+    """examples/endpoint_agent.py's tool messages are the texts grpo's own tool episode gives for the same
+    parsed call (pipeline/agents/tools.py:call_tool on calc_tools.multiply): the product, and for a call of
+    another tool or with other arguments the same error (a wrong name once paid as if it were multiply)."""
+    from calc_tools import multiply
+    from endpoint_agent import run_call
+
+    from pipeline.agents.tools import call_tool
+
+    for name, args in [("multiply", {"a": 301, "b": 19}), ("add", {"a": 301, "b": 19}), ("divide", {"a": 5, "b": 2}),
+                       ("multiply", {"a": 3}), ("multiply", {"a": 3, "c": 4})]:
+        assert run_call(name, json.dumps(args)) == call_tool({"multiply": multiply}, name, args, 5.0).content, (name, args)
+
+
 def test_demo_real_refuses_an_unknown_config(tmp_path):
     from pipeline.errors import GRPOError
 
     other = tmp_path / "mine.yaml"
     other.write_text((REPO / "examples" / "real.yaml").read_text())
-    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml, judge\.yaml\)"):
+    with pytest.raises(GRPOError, match=r"mine\.yaml: not one of the examples \(real\.yaml, gsm8k_format\.yaml, agent\.yaml, endpoint_agent\.yaml, judge\.yaml\)"):
         demo_real.real_config(other, tmp_path / "data", tmp_path / "model", 0, [])
 
 

@@ -38,9 +38,6 @@ def refusal(c) -> str | None:
         return "cluster.executor ray runs on-policy iterations; with train.max_staleness use the local executor"
     if r.agentic and not c.data.chat_template:
         return "rollout.tools / rollout.environment / rollout.agent need chat prompts; set data.chat_template: true"
-    if r.agent is not None and c.data.eval is not None and c.eval.every:
-        return ("rollout.agent: held-out eval does not run endpoint agents yet (pipeline/agents/endpoint); "
-                "leave data.eval unset or set eval.every: 0")
     return uncorrectable(c)
 
 

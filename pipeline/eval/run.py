@@ -144,7 +144,8 @@ class _Tempered:
 
 
 def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: int) -> list[dict]:
-    """eval.samples episodes per eval prompt (greedy with eval.greedy), as rollout runs them."""
+    """eval.samples episodes per eval prompt (greedy with eval.greedy), as rollout runs them: tool and
+    environment episodes, or an endpoint agent started once per episode (pipeline.agents.endpoint)."""
     from pipeline.agents.episode import EpisodeRunner
     from pipeline.agents.setup import load_agents
     from pipeline.rollout import engine_max_len
@@ -152,9 +153,16 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
     cfg = run.cfg
     with run_code(run):  # the tools and environments the run carries
         agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
+        if cfg.rollout.agent is not None:  # an endpoint agent: its scripts run from the run's copies, as in the rollout
+            from pipeline.agents.endpoint.runner import EndpointRunner as EpisodeRunner
+            from pipeline.rewards.loading import copy_of
+
+            command = [cfg.rollout.agent.command[0], *map(copy_of, cfg.rollout.agent.command[1:])]
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
                            prompt_given=not prompt_made_up(path, cfg.data, True))
+    if cfg.rollout.agent is not None:
+        runner.command = command
     episodes = [runner.start(p, i, j, seed, f"{path} row {p.prompt_id}")
                 for i, (p, seed) in enumerate(zip(prompts, seeds)) for j in range(n)]
     runner.run(engine, episodes)
