@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from pipeline.config.urls import redacted, scrub
 from pipeline.report.tracking_names import TRACKING_JSON, Target, keyed_redacted
 from pipeline.store import cache_dir, sha256_bytes
+from pipeline.run import inflight
 from pipeline.run.run import Run
 from pipeline.update.distributed import is_rank_zero
 
@@ -128,8 +129,11 @@ def _sync(run: Run) -> None:
 
 def _guard(what: str, fn) -> None:
     try:
-        fn()
+        with inflight.kept():  # a failed record met here stays the loop's to raise
+            fn()
     except Exception as err:  # tracking is a copy of the run directory: never let it fail a stage
+        if inflight.failed(err):  # the record's own failure, not MLflow's: the loop's wait raises it, as it reads
+            return
         first = (scrub(str(err)).strip().splitlines() or [""])[0][:300]  # MLflow's quotes the URI, password and all
         log.warning(f"warning: MLflow: could not log {what} ({type(err).__name__}: {first}); "
                     "the run directory is complete, and the next `grpo iterate` logs what is missing")
