@@ -76,19 +76,12 @@ def tracking_info(run: Run) -> dict | None:
 @contextlib.contextmanager
 def reporting(run: Run, k: int, stage: str):
     """Around a stage's work: once it has written its manifest (in this call, on rank 0), log it.
-    The write path knows nothing of MLflow; the stages and `iterate` report through this."""
+    The write path knows nothing of MLflow; the stages and `iterate` report through this (`iterate`'s
+    own update, whose record may still be in flight, through `log_stage` once it is not)."""
     fresh = not run.done(k, stage)
     yield
-    if fresh and stage == "update" and run.writing(k + 1) is not None:
-        pass  # its record is in flight: the loop logs its diagnostics once it settles (`diagnostics`), MLflow at a later sync
-    elif fresh and is_rank_zero() and run.done(k, stage):
+    if fresh and is_rank_zero() and run.done(k, stage):
         log_stage(run, k, stage)
-
-
-def diagnostics(run: Run, k: int) -> None:
-    """Update k's diagnostics, once its record has settled (what `reporting` leaves to the loop
-    where that record was in flight). Never raises."""
-    _guard(f"diagnostics of iteration {k}", lambda: _warn_new(run, k))
 
 
 def log_stage(run: Run, k: int, stage: str) -> None:
