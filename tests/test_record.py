@@ -101,3 +101,18 @@ def test_a_failed_weights_write_keeps_the_state_its_re_creation_starts_from(make
     assert reran == [1]  # update 1 alone, from state 0
     assert run.policy_done(2) and state(1) and not state(0)  # pruned once policy 2 is on disk
 
+
+def test_the_loops_wait_for_the_record_is_an_mlflow_metric_of_its_iteration(make_run):
+    """The seconds a row's `record` timing holds (no manifest holds them) go to MLflow at the
+    iteration's step as `time/record_wait_s`, logged by the process that waited."""
+    from mlflow import MlflowClient
+
+    from pipeline.report import tracking
+    from pipeline.run.run import Run
+
+    run = Run(make_run(tracking={"mlflow": True}))
+    tracking.log_record_wait(run, 0, 0.0)
+    tracking.log_record_wait(run, 1, 2.5)
+    info = tracking.tracking_info(run)
+    history = MlflowClient(tracking.resolve_target(run).uri).get_metric_history(info["run_id"], "time/record_wait_s")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 2.5)]

@@ -91,6 +91,18 @@ def log_stage(run: Run, k: int, stage: str) -> None:
     _guard(f"{stage} of iteration {k}", lambda: _sync(run))
 
 
+def log_record_wait(run: Run, k: int, seconds: float) -> None:
+    """Hook: `iterate`'s row of iteration k is final: the seconds its loop waited for the record
+    (`timings["record"]`) as MLflow's `time/record_wait_s` at step k. No manifest holds them (a
+    sync cannot add them later): logged by the process that waited. Never raises."""
+
+    def log():
+        if (tracker := _tracker(run)) is not None:
+            tracker.log_metrics({"time/record_wait_s": seconds}, k)
+
+    _guard(f"the record's wait of iteration {k}", log)
+
+
 def log_final(run: Run) -> None:
     """Hook: `grpo iterate` finished. Log what is missing, the newest policy, close the run."""
 
