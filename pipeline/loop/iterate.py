@@ -153,5 +153,6 @@ class _Rows:
         try:
             self.run.policy_done(k + 1)  # settles the write: its error, if it failed
         finally:
+            tracking.log_record_wait(self.run, k, row["timings"].get("record", 0.0))
             if self.on_iteration is not None:
                 self.on_iteration(row)

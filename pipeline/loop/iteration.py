@@ -30,7 +30,7 @@ class WarmEngines:
         """Whether every reader of a policy's files is in this process (the sampler is), so that
         the update's record may be written on a thread (`record.in_background` decides)."""
         self.unlogged: int | None = None
-        """The update whose record went to a thread: its diagnostics are logged once it settles (`settle_record`)."""
+        """The update this loop ran, until it is logged: once its record is not in flight (`_log_recorded`)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
         # before any engine or model loads
         self.settings = engine_settings(run, run.completed_iters(), shared=True)
@@ -92,24 +92,31 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
         run_logprobs(run, k, models=warm.logprobs)
     timings["logprobs"] = time.time() - t0 - sum(timings.values())
     timings["record"] = settle_record(run, warm, k)  # update k changes the tensors policy k's file is written from
-    with tracking.reporting(run, k, "update"):
-        if not sampler.update(k):
-            # iterate writes the state at its end; update k's record may be written while rollout k+1 runs
-            _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.readers_here)
-            if run.writing(k + 1) is not None:
-                warm.unlogged = k
+    if not run.done(k, "update"):  # nothing in flight now: never waits
+        warm.unlogged = k
+    if not sampler.update(k):
+        # iterate writes the state at its end; update k's record may be written while rollout k+1 runs
+        _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.readers_here)
+    _log_recorded(run, warm)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
 
 def settle_record(run: Run, warm: WarmEngines, k: int) -> float:
     """The loop's wait for the record of update k-1 (policy k's write, if still in flight): returns
-    the seconds waited. Update k-1's diagnostics are logged once its record has settled (here, or
-    earlier where a reader of the policy's files settled it); its error raised."""
+    the seconds waited; its error raised. Update k-1 is logged then (if it was not already)."""
     waited = record.settle_before_update(run, k) if run.writing(k) is not None else 0.0
-    if warm.unlogged is not None:
-        due, warm.unlogged = warm.unlogged, None
-        tracking.diagnostics(run, due)
+    _log_recorded(run, warm)
     return waited
+
+
+def _log_recorded(run: Run, warm: WarmEngines) -> None:
+    """The update this loop ran and has not logged yet (`warm.unlogged`), logged (diagnostics,
+    MLflow) once its record is no longer in flight: at once where it was written inline, else
+    after the loop's wait for it."""
+    if warm.unlogged is not None and run.writing(warm.unlogged + 1) is None:
+        due, warm.unlogged = warm.unlogged, None
+        if run.done(due, "update"):
+            tracking.log_stage(run, due, "update")
 
 
 def finish_row(run: Run, k: int, t0: float, timings: dict, on_iteration) -> dict:
@@ -136,7 +143,7 @@ def iteration_summary(run: Run, k: int) -> dict:
         rewards = score.column("reward").to_numpy(zero_copy_only=False)
         row["reward/mean"] = float(np.nanmean(rewards))
         row["frac_reward_zero_std"] = float(np.mean(score.column("zero_std").to_numpy(zero_copy_only=False)))
-    if run.writing(k + 1) is not None or run.done(k, "update"):  # its metrics are written before its manifest's background write
+    if run.completed_iters() > k:  # never waits: its metrics are written before its manifest's background write
         m = run.store.read_table(f"iter-{k:04d}/update/metrics.parquet", UPDATE_METRICS)
         kl = m.column("kl/mean").to_numpy(zero_copy_only=False)
         row["kl/mean"] = float(np.nanmean(kl)) if len(kl) and not np.isnan(kl).all() else float("nan")

@@ -186,6 +186,14 @@ class Tracker:
         for i, chunk in enumerate(chunks):
             self.client.log_batch(self.run_id, metrics=chunk, tags=[ledger] if i == len(chunks) - 1 else [])
 
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Metrics no manifest holds (what only the process that ran the iteration measured), at `step`."""
+        from mlflow.entities import Metric
+
+        batch = [Metric(_key(name), float(v), _ms(None), step) for name, v in metrics.items() if _finite(v)]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
     def _log_bytes(self, data: bytes, name: str, artifact_path: str) -> None:
         with tempfile.TemporaryDirectory(prefix="grpo-mlflow-") as tmp:
             path = Path(tmp) / name

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from pipeline.config.urls import redacted, scrub
 from pipeline.report.tracking_names import TRACKING_JSON, Target, keyed_redacted
 from pipeline.store import cache_dir, sha256_bytes
+from pipeline.run import inflight
 from pipeline.run.run import Run
 from pipeline.update.distributed import is_rank_zero
 
@@ -75,19 +76,12 @@ def tracking_info(run: Run) -> dict | None:
 @contextlib.contextmanager
 def reporting(run: Run, k: int, stage: str):
     """Around a stage's work: once it has written its manifest (in this call, on rank 0), log it.
-    The write path knows nothing of MLflow; the stages and `iterate` report through this."""
+    The write path knows nothing of MLflow; the stages and `iterate` report through this (`iterate`'s
+    own update, whose record may still be in flight, through `log_stage` once it is not)."""
     fresh = not run.done(k, stage)
     yield
-    if fresh and stage == "update" and run.writing(k + 1) is not None:
-        pass  # its record is in flight: the loop logs its diagnostics once it settles (`diagnostics`), MLflow at a later sync
-    elif fresh and is_rank_zero() and run.done(k, stage):
+    if fresh and is_rank_zero() and run.done(k, stage):
         log_stage(run, k, stage)
-
-
-def diagnostics(run: Run, k: int) -> None:
-    """Update k's diagnostics, once its record has settled (what `reporting` leaves to the loop
-    where that record was in flight). Never raises."""
-    _guard(f"diagnostics of iteration {k}", lambda: _warn_new(run, k))
 
 
 def log_stage(run: Run, k: int, stage: str) -> None:
@@ -95,6 +89,18 @@ def log_stage(run: Run, k: int, stage: str) -> None:
     if stage == "update":
         _guard(f"diagnostics of iteration {k}", lambda: _warn_new(run, k))
     _guard(f"{stage} of iteration {k}", lambda: _sync(run))
+
+
+def log_record_wait(run: Run, k: int, seconds: float) -> None:
+    """Hook: `iterate`'s row of iteration k is final: the seconds its loop waited for the record
+    (`timings["record"]`) as MLflow's `time/record_wait_s` at step k. No manifest holds them (a
+    sync cannot add them later): logged by the process that waited. Never raises."""
+
+    def log():
+        if (tracker := _tracker(run)) is not None:
+            tracker.log_metrics({"time/record_wait_s": seconds}, k)
+
+    _guard(f"the record's wait of iteration {k}", log)
 
 
 def log_final(run: Run) -> None:
@@ -128,8 +134,11 @@ def _sync(run: Run) -> None:
 
 def _guard(what: str, fn) -> None:
     try:
-        fn()
+        with inflight.kept():  # a failed record met here stays the loop's to raise
+            fn()
     except Exception as err:  # tracking is a copy of the run directory: never let it fail a stage
+        if inflight.failed(err):  # the record's own failure, not MLflow's: the loop's wait raises it, as it reads
+            return
         first = (scrub(str(err)).strip().splitlines() or [""])[0][:300]  # MLflow's quotes the URI, password and all
         log.warning(f"warning: MLflow: could not log {what} ({type(err).__name__}: {first}); "
                     "the run directory is complete, and the next `grpo iterate` logs what is missing")

@@ -217,6 +217,7 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
         if trainer.rank == 0:
             seal(work / STATE, k)  # update k's manifest is written: the state names its own hash
             run.store.put_dir(work / STATE, state_rel(k), move=True)
-            _prune_states(run, k)
+            if run.policy_done(k + 1):  # else its write failed: `restore_policy` re-runs update k from the state before it
+                _prune_states(run, k)
     finally:
         shutil.rmtree(work, ignore_errors=True)
