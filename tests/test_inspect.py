@@ -113,6 +113,25 @@ def test_stage_metrics_of_constructed_parts(make_run):
     assert stage_metrics(run, 0, "update") == {}
 
 
+def test_a_kept_history_reads_a_done_stage_once_and_again_when_its_manifest_changes(make_run, monkeypatch):
+    """`grpo iterate` reads the history after every update (its diagnostics): kept, each done stage's parts
+    are read once for its manifest, so an iteration's cost does not grow with the iterations before it; a
+    stage written anew (another manifest) is read again, and an unkept history always reads."""
+    import pipeline.report.inspect as inspect_mod
+
+    run = constructed_run(make_run)
+    reads = []
+    real = inspect_mod.read_columns
+    monkeypatch.setattr(inspect_mod, "read_columns", lambda *a, **kw: reads.append(a[1:3]) or real(*a, **kw))
+    first = history(run, kept=True)
+    assert len(reads) == 2 and history(run, kept=True) == first and len(reads) == 2
+    assert history(run) == first and len(reads) == 4
+    m = run.manifest(0, "score")
+    run.store.write_manifest(stage_rel(0, "score"), m.model_copy(update={"timings": {"seconds": 3.0}}))
+    again = history(run, kept=True)
+    assert reads[-1] == (0, "score") and len(reads) == 5 and again[0]["time/score_s"] == 3.0
+
+
 def test_prompt_text_of_string_and_chat_prompts():
     assert prompt_text(json.dumps("plain")) == "plain"
     msgs = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "second"}]

@@ -34,10 +34,8 @@ UPDATE_STEP_METRICS = ("loss/policy", "clip/ratio_low", "clip/ratio_high", "clip
 
 
 def read_columns(run: Run, k: int, stage: str, columns: list[str]) -> pl.DataFrame:
-    """Only `columns` of the parts listed in a stage's manifest (schema-checked, errors name the file).
-
-    Reading a projection keeps `status` and the plots cheap: the token-id columns are never loaded.
-    """
+    """Only `columns` of the parts listed in a stage's manifest (schema-checked, errors name the file): a
+    projection keeps `status` and the plots cheap, the token-id columns never loaded."""
     m = run.manifest(k, stage)
     if m is None:
         raise GRPOError(f"iteration {k}: {stage} is not done")
@@ -91,12 +89,20 @@ def reward_names(run: Run) -> list[str]:
 
 
 # -- metrics of one stage --------------------------------------------------------------------
-def stage_metrics(run: Run, k: int, stage: str) -> dict[str, float]:
-    """The iteration-level metrics one stage's artifacts give ({} when the stage is not done)."""
+_DONE: dict[tuple, dict[str, float]] = {}
+
+
+def stage_metrics(run: Run, k: int, stage: str, kept: bool = False) -> dict[str, float]:
+    """The iteration-level metrics one stage's artifacts give ({} when the stage is not done). `kept`: by the
+    manifest's text, from `_DONE` (`grpo iterate`, which reads the history after every update for its
+    diagnostics, every earlier iteration's parts again: 0.5 s by the demo's 24th; a done stage's parts are final)."""
     m = run.manifest(k, stage)
     if m is None:
         return {}
-    return {"rollout": _rollout, "score": _score, "logprobs": _logprobs, "update": _update, "eval": _eval}[stage](run, k, m)
+    key = (run.store.display(), k, stage, m.model_dump_json())
+    if not kept or key not in _DONE:
+        _DONE[key] = {"rollout": _rollout, "score": _score, "logprobs": _logprobs, "update": _update, "eval": _eval}[stage](run, k, m)
+    return dict(_DONE[key])
 
 
 def _rollout(run: Run, k: int, m: dict) -> dict[str, float]:
@@ -189,9 +195,8 @@ def _update(run: Run, k: int, m: dict) -> dict[str, float]:
     how = {"rollout_correction/ratio_min": "min", "rollout_correction/ratio_max": "max"}
     out = {name: _f(getattr(steps[name].fill_nan(None), how.get(name, "mean"))()) for name in UPDATE_STEP_METRICS if name != "lr"}
     out["lr"] = _f(steps["lr"][-1]) if steps.height else float("nan")  # the rate the iteration ended at
-    train_s = float(m.timings.get("train_s", float("nan")))
     out["time/update_s"] = _seconds(m)
-    out["tokens_per_s/update"] = _per_s(float(steps["tokens"].sum()), train_s)
+    out["tokens_per_s/update"] = _per_s(float(steps["tokens"].sum()), float(m.timings.get("train_s", float("nan"))))
     if m.outputs.old_logprobs is not None:  # the update's forward gave the old logprobs: its gap to the sampler's
         df = pl.from_arrow(run.store.read_table(f"{stage_rel(k, 'update')}/{OLD_LOGPROBS}", LOGPROBS))
         out.update({**_sampler_gap(df), **_correction(run, k, df)})
@@ -209,21 +214,18 @@ def _correction(run: Run, k: int, old: pl.DataFrame) -> dict[str, float]:
 
 
 def _eval(run: Run, k: int, m: dict) -> dict[str, float]:
-    return {
-        **eval_summary(run, k),  # every figure with its interval (pipeline/eval/metrics.py)
-        **_judge_counts(m.judge, "eval/judge"),  # the eval's own calls to served rewards
-        "time/eval_s": _seconds(m),
-    }
+    # every figure with its interval (pipeline/eval/metrics.py), the eval's own calls to served rewards
+    return {**eval_summary(run, k), **_judge_counts(m.judge, "eval/judge"), "time/eval_s": _seconds(m)}
 
 
-def history(run: Run) -> list[dict]:
-    """One row per iteration with every stage metric available; row k holds the eval of policy k."""
+def history(run: Run, kept: bool = False) -> list[dict]:
+    """One row per iteration with every stage metric (`kept`: see stage_metrics); row k holds policy k's eval."""
     last = max(run.iterations() + [run.completed_iters()])
     rows = []
     for k in range(last + 1):
         row: dict = {"iteration": k, "done": [s for s in TRACKED_STAGES if run.done(k, s)]}
         for stage in row["done"]:
-            row.update(stage_metrics(run, k, stage))
+            row.update(stage_metrics(run, k, stage, kept))
         secs = [row[f"time/{s}_s"] for s in STAGES if f"time/{s}_s" in row]
         row["seconds"] = float(sum(secs)) if secs else float("nan")  # the iteration's four stages
         rows.append(row)

@@ -149,7 +149,7 @@ def _warn_new(run: Run, k: int) -> None:
     from pipeline.report.diagnostics import diagnose
     from pipeline.report.inspect import history
 
-    for finding in diagnose(history(run)):
+    for finding in diagnose(history(run, kept=True)):  # this process's loop: earlier iterations read once
         if finding.iteration == k:
             log.warning(f"warning: {finding}")
 
