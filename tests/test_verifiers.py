@@ -145,3 +145,14 @@ def test_addition_taskset_through_grpo_iterate(assets, tmp_path):
         assert rec["agent"]["result"]["reward"] == trace["reward"] == want
         got = scored[(row["prompt_id"], row["sample_idx"])]
         assert got["reward_vf_exact_match"] == got["reward_agent"] == got["reward"] == want
+
+
+def test_the_eval_and_rollout_start_a_verifiers_agent_with_grpo_s_program():
+    """rollout.agent.verifiers has no `command`: the program both stages start is vf_episode.py with the
+    options (eval used to read rollout.agent.command[0] and raised TypeError on a verifiers run)."""
+    from pipeline.agents.endpoint.vf_run import PROGRAM, options_json, run_argv
+    from pipeline.config.agents import AgentCommand
+
+    agent = AgentCommand(verifiers={"taskset": "addition_v1", "python": "python"})
+    assert run_argv(agent) == ["python", PROGRAM, "--config", options_json(agent.verifiers)]
+    assert run_argv(AgentCommand(command=["python", "agent.py", "--no-nudge"])) == ["python", "agent.py", "--no-nudge"]

@@ -153,11 +153,11 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
     cfg = run.cfg
     with run_code(run):  # the tools and environments the run carries
         agents = load_agents(cfg.rollout, tok, run.plain_dir(k), cfg.model)
-        if cfg.rollout.agent is not None:  # an endpoint agent: its scripts run from the run's copies, as in the rollout
+        if cfg.rollout.agent is not None:  # an endpoint agent (a command or verifiers'): the run's copies, as in the rollout
             from pipeline.agents.endpoint.runner import EndpointRunner as EpisodeRunner
-            from pipeline.rewards.loading import copy_of
+            from pipeline.agents.endpoint.vf_run import run_argv
 
-            command = [cfg.rollout.agent.command[0], *map(copy_of, cfg.rollout.agent.command[1:])]
+            command = run_argv(cfg.rollout.agent)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
                            prompt_given=not prompt_made_up(path, cfg.data, True))

@@ -38,6 +38,14 @@ def agent_argv(agent) -> list[str]:
     return list(agent.command) if agent.command is not None else argv(agent.verifiers)
 
 
+def run_argv(agent) -> list[str]:
+    """Inside `run_code`: agent_argv with its scripts the run's copies (RUN/code), as rollout and eval start it."""
+    from pipeline.rewards.loading import copy_of
+
+    cmd = agent_argv(agent)
+    return [cmd[0], *map(copy_of, cmd[1:])]
+
+
 def _ask(opts, *extra: str) -> str:
     if opts.path is not None and not Path(opts.path).is_dir():
         raise GRPOError(f"rollout.agent.verifiers.path {opts.path!r}: no such folder (read from the directory grpo runs in)")
