@@ -161,8 +161,8 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
                            prompt_given=not prompt_made_up(path, cfg.data, True))
-    if cfg.rollout.agent is not None:
-        runner.command = command
+    if cfg.rollout.agent is not None:  # what the records say was used: the engine samples at eval.temperature (_Tempered)
+        runner.command, runner.temperature = command, cfg.eval.temperature or cfg.rollout.temperature
     episodes = [runner.start(p, i, j, seed, f"{path} row {p.prompt_id}")
                 for i, (p, seed) in enumerate(zip(prompts, seeds)) for j in range(n)]
     runner.run(engine, episodes)

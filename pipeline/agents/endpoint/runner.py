@@ -104,13 +104,14 @@ class EndpointRunner:
         self.stop_ids = set(agents.stop_ids)
         self.tool_s, self.tool_calls = 0.0, 0  # the agent's tools run in its process: results counted, not timed
         self.command = agent_argv(cfg.agent)  # what runs: the rollout names the run's copies of its scripts (RUN/code)
+        self.temperature = cfg.temperature  # what the engine samples at (a held-out eval: eval.temperature)
 
     def stamp(self) -> dict:
         return stamp(agent_argv(self.cfg.agent))
 
     def sampling(self, cap: int) -> dict:
         c = self.cfg
-        return {"temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p,
+        return {"temperature": self.temperature, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p,
                 "max_tokens": cap, "stop": list(c.stop), "stop_token_ids": sorted(self.stop_ids), "greedy": self.greedy}
 
     def start(self, prompt: Prompt, group_idx: int, sample_idx: int, seed: int, where: str) -> EndpointEpisode:
