@@ -46,13 +46,20 @@ TOOLS = [{
 
 def run_call(name: str, arguments: str) -> str:
     """The tool message for one call, as grpo's own tool episodes answer it (pipeline/agents/tools.py, TRL's
-    texts): the product, or str({"error": ...}) for another tool's name or arguments multiply does not take."""
+    texts): the product, or str({"error": ...}) for another tool's name or arguments multiply does not take.
+    A string argument is cast to the schema's integer, as grpo casts one; other values are passed as they are."""
     if name != "multiply":
         return str({"error": f"Tool {name} not found."})
     try:
         args = json.loads(arguments)
-        return str(multiply(**{k: int(v) for k, v in args.items()}))
-    except (ValueError, TypeError, AttributeError) as err:
+        for k, v in list(args.items()):
+            if isinstance(v, str) and k in ("a", "b"):
+                try:
+                    args[k] = int(v)
+                except ValueError:
+                    return str({"error": f"multiply: argument {k!r} must be integer, got {v!r}"})
+        return str(multiply(**args))
+    except (json.JSONDecodeError, TypeError, AttributeError) as err:
         return str({"error": str(err)})
 
 

@@ -175,7 +175,10 @@ def test_the_endpoint_agents_tool_answers_as_grpos_tool_episodes_do():
     from pipeline.agents.tools import call_tool
 
     for name, args in [("multiply", {"a": 301, "b": 19}), ("add", {"a": 301, "b": 19}), ("divide", {"a": 5, "b": 2}),
-                       ("multiply", {"a": 3}), ("multiply", {"a": 3, "c": 4})]:
+                       ("multiply", {"a": 3}), ("multiply", {"a": 3, "c": 4}),
+                       # arguments of other types, cast as grpo casts them by the schema (strings only):
+                       ("multiply", {"a": 2.5, "b": 3}), ("multiply", {"a": 2.0, "b": 3}), ("multiply", {"a": "7", "b": 3}),
+                       ("multiply", {"a": "seven", "b": 3}), ("multiply", {"a": None, "b": 3}), ("multiply", {"a": True, "b": 3})]:
         assert run_call(name, json.dumps(args)) == call_tool({"multiply": multiply}, name, args, 5.0).content, (name, args)
 
 
