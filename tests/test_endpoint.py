@@ -582,3 +582,26 @@ def test_an_eval_of_faulty_agents_runs_the_runs_copy_samples_at_eval_temperature
     log = capfd.readouterr()
     text = json.dumps(got, default=str) + log.out + log.err
     assert "key ***" in log.out and not re.search(r"grpo-[0-9a-f]{32}", text)
+
+
+@pytest.mark.slow  # three `grpo eval` processes (~75 s on 2 cores), as test_resume.py's
+def test_an_endpoint_eval_killed_after_its_first_part_resumes_to_the_uninterrupted_bytes(make_run, tiny2k, tmp_path):
+    """`grpo eval` of an endpoint run SIGKILLed after its first part (of 2, eval.prompts_per_part), then run
+    again: its parts and figures are those of an eval never killed."""
+    from conftest import grpo
+    from test_resume import KILLED
+
+    ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
+          "max_episode_tokens": 120, "agent": {"command": ["python", AGENT]}}
+    runs = [Path(make_run(name, model=tiny2k, data={"train": rows(tmp_path / "calc.jsonl"), "eval": rows(tmp_path / "held.jsonl"),
+                                                    "system_prompt": None}, rollout=ro, rewards=[{"fn": "correct"}, AGENT_REWARD],
+                          eval={"every": 1, "max_prompts": 4, "prompts_per_part": 2})) for name in ("whole", "killed")]
+    out = grpo("eval", str(runs[1]), "--iter", "0", env={"GRPO_FAULT": "eval:part:0"}, check=False)
+    assert out.returncode == KILLED, out.stderr[-3000:]
+    assert [p.name for p in (runs[1] / "iter-0000/eval").glob("part-*.parquet")] == ["part-00000.parquet"]
+    for run in runs:
+        grpo("eval", str(run), "--iter", "0")
+    a, b = (sorted((r / "iter-0000/eval").glob("part-*.parquet")) for r in runs)
+    assert len(a) == 2 and [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    metrics = [json.loads((r / "iter-0000/eval/MANIFEST.json").read_text())["metrics"] for r in runs]
+    assert metrics[0] == metrics[1] and "tools/used" in metrics[0]
