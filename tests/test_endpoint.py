@@ -582,6 +582,11 @@ def test_an_eval_of_faulty_agents_runs_the_runs_copy_samples_at_eval_temperature
     log = capfd.readouterr()
     text = json.dumps(got, default=str) + log.out + log.err
     assert "key ***" in log.out and not re.search(r"grpo-[0-9a-f]{32}", text)
+    from pipeline.report.audit import audit_run  # `grpo audit` says the held-out episodes' ids were not re-derived
+
+    audited = audit_run(Run(run))
+    assert audited.problems == [] and audited.eval_episodes == 4, audited.problems
+    assert "4 held-out episode row(s) whose ids were not re-derived" in audited.summary()
 
 
 @pytest.mark.slow  # three `grpo eval` processes (~75 s on 2 cores), as test_resume.py's

@@ -161,7 +161,9 @@ def _unmarked(glue: str, spans: list[list[int]], contents: list[str]) -> str | N
 def check_episodes(a, rel: str, data: bytes) -> None:
     """Every episode row of one part (already read and hash-checked: `data`) into `a.audit`."""
     f = pq.ParquetFile(io.BytesIO(data))
-    if not set(COLUMNS) <= set(f.schema_arrow.names):  # no episodes, or no ids kept (an eval part's)
+    if not set(COLUMNS) <= set(f.schema_arrow.names):  # no episodes, or no ids kept (an eval part's: counted)
+        if "episode" in f.schema_arrow.names:
+            a.audit.eval_episodes += f.metadata.num_rows - f.read(columns=["episode"]).column("episode").null_count
         return
     names = list(COLUMNS) + [c for c in ENDPOINT_COLUMNS if c in f.schema_arrow.names]
     rows = f.read(columns=names).to_pylist()

@@ -37,6 +37,9 @@ class Audit:
     unchecked_episodes: int = 0
     """Episode rows whose ids were not re-derived (audit_episodes.py): written before their record kept what
     was inserted (episode version 1), or no policy directory holds the tokenizer any more."""
+    eval_episodes: int = 0
+    """Held-out episode rows (an eval part's): hash-checked and in the recomputed figures, their ids not
+    re-derived (an eval part keeps no ids); counted so the summary says so, not skipped silently."""
 
     @property
     def ok(self) -> bool:
@@ -55,6 +58,8 @@ class Audit:
         if self.unchecked_episodes:
             skipped += (f"; {self.unchecked_episodes} episode row(s) whose ids were not re-derived (recorded before grpo "
                         "kept what an episode inserted, or no tokenizer left)")
+        if self.eval_episodes:
+            skipped += f"; {self.eval_episodes} held-out episode row(s) whose ids were not re-derived (an eval part keeps no ids)"
         if self.ok:
             return (f"audit {self.uri}: ok, {self.iterations} iteration(s), {self.manifests} manifests and "
                     f"{self.files} files verified, lineage intact{skipped}")
