@@ -62,8 +62,9 @@ class RolloutInputs:
                 agents = load_agents(cfg.rollout, self.tokenizer, run.plain_dir(b), cfg.model)  # b(k): policy k may not exist yet
                 if cfg.rollout.agent is not None:  # the agent's scripts: run from the run's copies
                     from pipeline.agents.endpoint.vf_run import run_argv
+                    from pipeline.rewards.loading import copy_of
 
-                    agent_command = run_argv(cfg.rollout.agent)
+                    agent_command = run_argv(cfg.rollout.agent, copy_of)
             room = self.max_model_len - cfg.rollout.episode_tokens()
             if room < 1:
                 raise GRPOError(f"rollout.max_episode_tokens ({cfg.rollout.episode_tokens()}) leaves no room for a prompt "

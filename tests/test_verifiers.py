@@ -154,5 +154,7 @@ def test_the_eval_and_rollout_start_a_verifiers_agent_with_grpo_s_program():
     from pipeline.config.agents import AgentCommand
 
     agent = AgentCommand(verifiers={"taskset": "addition_v1", "python": "python"})
-    assert run_argv(agent) == ["python", PROGRAM, "--config", options_json(agent.verifiers)]
-    assert run_argv(AgentCommand(command=["python", "agent.py", "--no-nudge"])) == ["python", "agent.py", "--no-nudge"]
+    assert run_argv(agent, str) == ["python", PROGRAM, "--config", options_json(agent.verifiers)]
+    copies = {"agent.py": "RUN/code/agent.py"}.get
+    assert run_argv(AgentCommand(command=["python", "agent.py", "--no-nudge"]), lambda a: copies(a, a)) == \
+        ["python", "RUN/code/agent.py", "--no-nudge"]

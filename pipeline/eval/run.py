@@ -156,8 +156,9 @@ def _episode_rows(run: Run, k: int, engine, tok, prompts, seeds, path: str, n: i
         if cfg.rollout.agent is not None:  # an endpoint agent (a command or verifiers'): the run's copies, as in the rollout
             from pipeline.agents.endpoint.runner import EndpointRunner as EpisodeRunner
             from pipeline.agents.endpoint.vf_run import run_argv
+            from pipeline.rewards.loading import copy_of
 
-            command = run_argv(cfg.rollout.agent)
+            command = run_argv(cfg.rollout.agent, copy_of)
     room = engine_max_len(cfg, model_context(run.plain_dir(k))) - cfg.rollout.episode_tokens()
     runner = EpisodeRunner(agents, tok, cfg.rollout, cfg.data, room, greedy=cfg.eval.greedy,
                            prompt_given=not prompt_made_up(path, cfg.data, True))

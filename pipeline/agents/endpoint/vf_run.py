@@ -38,10 +38,9 @@ def agent_argv(agent) -> list[str]:
     return list(agent.command) if agent.command is not None else argv(agent.verifiers)
 
 
-def run_argv(agent) -> list[str]:
-    """Inside `run_code`: agent_argv with its scripts the run's copies (RUN/code), as rollout and eval start it."""
-    from pipeline.rewards.loading import copy_of
-
+def run_argv(agent, copy_of) -> list[str]:
+    """agent_argv with each argument mapped by `copy_of` (pipeline.rewards.loading's, inside `run_code`: the
+    run's copies of its scripts, RUN/code), as rollout and eval start it."""
     cmd = agent_argv(agent)
     return [cmd[0], *map(copy_of, cmd[1:])]
 
