@@ -191,26 +191,30 @@ def span(cfg, values, f: str, observed: dict | None = None) -> tuple[float, floa
     than what the samples took. None: no values."""
     if is_rate(f):
         return 0.0, 1.0
-    seen = _seen(values, f)
+    known = declared_span(cfg, f)
+    scored = known is None and bool(observed) and f in observed  # a declared range is the span, record or not
+    seen = _seen(values, f, observed if scored else None)
     if seen is None:
         return None
-    known = declared_span(cfg, f)
-    if known is None and observed and f in observed:
-        seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
+    if scored:
         known = recorded(*seen)
     a, b = known if known is not None else widened(*seen)
     return min(float(a), seen[0]), max(float(b), seen[1])
 
 
-def _seen(values, f: str) -> tuple[float, float] | None:
-    """The least and largest value figure f's samples took (else its per-prompt values'); None: none."""
+def _seen(values, f: str, observed: dict | None = None) -> tuple[float, float] | None:
+    """The least and largest value figure f's samples took (else its per-prompt values'), joined with the range
+    it took over the run's scored samples where `observed` has it; None: no value."""
     lo = [v[f"#lo/{f}"] for v in values.values() if f"#lo/{f}" in v]
     hi = [v[f"#hi/{f}"] for v in values.values() if f"#hi/{f}" in v]
     if not lo or np.all(np.isnan(lo)):
         lo = hi = [v[f] for v in values.values() if f in v and v[f] == v[f]]
     if not lo:
         return None
-    return float(np.nanmin(lo)), float(np.nanmax(hi))
+    seen = float(np.nanmin(lo)), float(np.nanmax(hi))
+    if observed and f in observed:
+        seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
+    return seen
 
 
 MIN_PROMPTS = 7
@@ -232,12 +236,10 @@ def no_interval(cfg, values, f: str, observed: dict | None = None) -> str | None
     """Why reward figure f gets no interval (`withheld`), in a few words for the page; None: it gets one."""
     if not (f == "reward" or f.startswith("rewards/")) or declared_span(cfg, f) is not None:
         return None
-    seen = _seen(values, f)
+    seen = _seen(values, f, observed)
     if seen is None:
         return None
     scored = bool(observed) and f in observed
-    if scored:
-        seen = min(seen[0], float(observed[f][0])), max(seen[1], float(observed[f][1]))
     m = sum(1 for v in values.values() if f in v and v[f] == v[f])
     if not withheld(m, *seen, scored):
         return None
