@@ -160,6 +160,28 @@ def test_the_agents_result_file_contract(tmp_path):
     assert log.metric_sums() == {"agent_ok": [1.0, 1], "agent_turns": [6.0, 2]}
 
 
+def test_an_agents_timeout_clock_stops_while_its_request_waits():
+    """rollout.agent.timeout_s is the agent's own time: from a request's arrival to its answer (the
+    engine, the other episodes' requests) the clock is held, so a busy engine never times it out."""
+    import time
+
+    from pipeline.agents.endpoint.process import AgentProcess
+
+    p = AgentProcess([sys.executable, "-c", "import time; time.sleep(30)"], {}, 0.3)
+    try:
+        p.hold(time.monotonic())  # a request arrives at once
+        time.sleep(0.5)  # the engine takes longer than the whole timeout
+        assert not p.expired() and p.left > 0.2
+        p.hold(time.monotonic() - 5)  # held again (a second request): nothing counted twice
+        assert not p.expired() and p.left > 0.2
+        p.go()
+        time.sleep(0.5)  # its own time past what is left
+        assert p.expired()
+    finally:
+        p.cleanup()
+    assert p.killed
+
+
 def test_grpo_init_adds_the_agents_reward(assets, tmp_path):
     """A run with rollout.agent and no reward function is the agent scoring itself: `grpo init` writes
     the reward `agent` into its rewards (weight 1), beside any given."""
@@ -287,6 +309,10 @@ def test_openai_sdk_agent_token_exact_and_rerun_identical(make_run, tiny2k, tmp_
         run_rollout(Run(second), 0, engine=engine)
         a, b = (Path(r) / "iter-0000/rollout/part-00000.parquet" for r in (first, second))
         assert a.read_bytes() == b.read_bytes()
+        # one agent at a time (rollout.agent.max_running): the same rows, though no two turns share an engine call
+        one = endpoint_run(make_run, tiny2k, tmp_path, "one", ["python", AGENT], data, max_running=1)
+        run_rollout(Run(one), 0, engine=engine)
+        assert part_rows(one) == got
         # streamed (stream_options.include_usage): the same tokens and messages; only what was asked differs
         streamed = endpoint_run(make_run, tiny2k, tmp_path, "streamed", ["python", AGENT, "--stream"], data)
         run_rollout(Run(streamed), 0, engine=engine)

@@ -53,7 +53,13 @@ class AgentCommand(Section):
     {"reward": x, "metrics": {...}}: the reward `agent` and its metric columns, pipeline/agents/endpoint/result.py)
     in its environment."""
     timeout_s: float = Field(300.0, gt=0.0)
-    """Wall-clock seconds per episode: an agent still running past it is killed (ending agent_timeout)."""
+    """Seconds of the agent's own time per episode: its clock stops while a request of its waits for
+    the engine (and for the other episodes' requests that share the engine call), so a busy engine
+    never times an agent out; an agent still running past it is killed (ending agent_timeout)."""
+    max_running: int | None = Field(None, ge=1)
+    """At most this many agents of a part run at once (null: all of them); the others start in the
+    part's order as earlier ones end, so which share an engine call never depends on timing. Bounds
+    the processes (each ~70 MB, ~0.8 CPU s to import openai) on a small machine."""
     verifiers: VerifiersOptions | None = None
     """Instead of `command`: a verifiers environment, each episode run by grpo's program for it."""
 
@@ -136,6 +142,7 @@ AGENT_NEUTRAL = {
     ("rollout", "tool_timeout_s"): 10.0,
     ("rollout", "tool_format"): "auto",
     ("rollout", "agent"): None,
+    ("rollout", "agent", "max_running"): None,  # every agent of a part at once, as before
     ("rollout", "agent", "verifiers"): None,  # after ("rollout", "agent"): a run without an agent keeps agent null
 }
 """Their values in runs made before them (no tools: a single completion), for config.ADDED_OPTIONS."""

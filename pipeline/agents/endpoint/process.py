@@ -51,14 +51,26 @@ class AgentProcess:
         full = {**os.environ, **env, RESULT_ENV: str(self.result_path)}
         self.proc = subprocess.Popen(command(cmd), env=full, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        self.deadline = time.monotonic() + timeout_s
+        self.left = timeout_s  # seconds of its own time left: the clock runs only while no request of its waits (hold/go)
+        self.since: float | None = time.monotonic()
         self.killed = False
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def hold(self, at: float) -> None:
+        """Its request arrived at `at` (monotonic): from then until `go`, the engine's time, not the agent's."""
+        if self.since is not None:
+            self.left -= max(0.0, at - self.since)
+            self.since = None
+
+    def go(self) -> None:
+        """Its request was answered: its own clock runs again."""
+        if self.since is None:
+            self.since = time.monotonic()
+
     def expired(self) -> bool:
-        return time.monotonic() > self.deadline
+        return self.since is not None and time.monotonic() - self.since > self.left
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -1,12 +1,13 @@
 """The episodes of one part, each an agent program talking to grpo's endpoint (server.py).
 
-The rollout's thread owns every decision. It waits until each live episode has a request waiting
-or its agent has exited (or run past rollout.agent.timeout_s: killed), then takes one request per
-such episode, in the part's episode order, and samples all of them in one engine call (n=1, each
-request its own seed: derive_seed(group seed, sample, turn), as pipeline.agents.episode seeds a
-turn; a side call derive_seed(group seed, sample, turn, SIDE_SEED, k)). So which requests share a
-call depends only on what the agents sent, never on when; and with per-request seeds a request's
-tokens do not depend on which others share it either.
+The rollout's thread owns every decision. Agents start in the part's order (at most
+rollout.agent.max_running at once). It waits until each live episode has a request waiting or its
+agent has exited (or used up rollout.agent.timeout_s of its own time, held while a request of its
+waits: killed), then takes one request per such episode, in the part's order, and samples all of them
+in one engine call (n=1, each request its own seed: derive_seed(group seed, sample, turn), as
+pipeline.agents.episode seeds a turn; a side call derive_seed(group seed, sample, turn, SIDE_SEED, k)).
+So which requests share a call depends only on what the agents sent, never on when; and with
+per-request seeds a request's tokens do not depend on which others share it either.
 
 A request whose `model` is the run's (GRPO_MODEL) is the episode's next turn. The first renders the
 episode's prompt with the run's chat template and tool format (pipeline.agents.format, its `tools`
@@ -121,20 +122,23 @@ class EndpointRunner:
         return json.dumps({self.data.prompt_column: e.prompt.raw, **e.prompt.columns}, ensure_ascii=False, sort_keys=True, default=str)
 
     def run(self, engine, episodes: list[EndpointEpisode]) -> None:
-        hub = Hub(MODEL)
+        hub, waiting, live, cap = Hub(MODEL), list(episodes), [], self.cfg.agent.max_running or len(episodes)
         server = Server(hub)
         try:
-            for e in episodes:
-                e.key = hub.new_key()
-                env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
-                       "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, 0, AGENT_SEED))}
-                e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
-            live = list(episodes)
-            while live:
+            while live or waiting:
+                while waiting and len(live) < cap:  # as earlier ones end: never by timing
+                    e = waiting.pop(0)
+                    e.key = hub.new_key()
+                    env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
+                           "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, 0, AGENT_SEED))}
+                    e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
+                    live.append(e)
                 with hub.cond:
                     while not all(hub.pending[e.key] or e.proc.poll() is not None or e.proc.expired() for e in live):
                         hub.cond.wait(0.05)  # an exit or a timeout is polled; an arrival notifies
                     taken = {e.key: hub.pending[e.key].pop(0) for e in live if hub.pending[e.key]}
+                for e in (e for e in live if e.key in taken):
+                    e.proc.hold(taken[e.key].arrived)  # waiting for others and the engine is not the agent's time
                 jobs = []
                 for e in live:
                     r = taken.get(e.key)
@@ -147,6 +151,8 @@ class EndpointRunner:
                                               max_tokens=[j.cap for j in jobs])
                     for j, group in zip(jobs, samples):
                         self._answer(j, group[0])
+                for e in (e for e in live if e.key in taken):
+                    e.proc.go()  # every request taken this round is answered by now
                 live = [e for e in live if not e.done]
         finally:
             for e in episodes:
@@ -157,8 +163,7 @@ class EndpointRunner:
                 hub.drop(e.key)
             server.close()
 
-    def _exited(self, e: EndpointEpisode) -> None:
-        """The agent exited (or ran past its timeout: killed); the episode's ending if none yet."""
+    def _exited(self, e: EndpointEpisode) -> None:  # it exited (or ran past its timeout: killed); the ending if none yet
         rc = e.proc.poll()
         if rc is None:
             e.proc.kill()

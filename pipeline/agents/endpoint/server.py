@@ -16,6 +16,7 @@ import json
 import secrets
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     answered: bool = False
+    arrived: float = field(default_factory=time.monotonic)  # when it came: the agent's timeout clock stops there
 
     def answer(self, status: int, payload: dict, stream: list[dict] | None = None) -> None:
         """Answered from the rollout's thread: JSON, or (`stream`) SSE chunks."""
