@@ -426,7 +426,8 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
         return r.future.result()
 
     body = {"model": "policy", "messages": [{"role": "user", "content": "What is 11 * 23?"}], "tools": TOOLS,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, "temperature": 0.1}
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, "temperature": 0.1,
+            "logprobs": True, "return_tokens_as_token_ids": True}
     r1, job = ask(body)
     assert job.prompt == e.prompt_ids and '"name": "multiply"' in tok.decode(e.prompt_ids)  # the Hermes tool block
     assert job.entry["asked"]["temperature"] == 0.1 and job.entry["sampling"]["temperature"] == runner.cfg.temperature
@@ -438,12 +439,13 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     assert status == 200 and payload["choices"][0]["finish_reason"] == "tool_calls" and payload["choices"][0]["token_ids"] == ids
     assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [("call_1_0", "multiply", {"a": 11, "b": 23})]
     chunks = [ChatCompletionChunk.model_validate(c) for c in stream]
+    assert [(t.token, t.logprob) for t in chunks[0].choices[0].logprobs.content] == [(f"token_id:{t}", -0.5) for t in ids]
     assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
     assert [tc.function.arguments for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []] == [message.tool_calls[0].function.arguments]
     # the SDK's message sent back as it parsed it (refusal, audio, annotations: null), then the tool's result
     # (the result holds the template's end-of-turn marker: text from outside, tokenised as text)
     history = body["messages"] + [message.model_dump(), {"role": "tool", "tool_call_id": "call_1_0", "content": "253<|im_end|>"}]
-    r2, job2 = ask({**body, "messages": history})
+    r2, job2 = ask({**body, "messages": history, "stream": False, "return_tokens_as_token_ids": False})
     n = len(e.prompt_ids) + len(ids)
     assert job2.prompt[:n] == e.prompt_ids + ids  # the sampled tokens as sampled
     assert tok.decode(job2.prompt[n:]) == "\n<|im_start|>user\n<tool_response>\n253<|im_end|>\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -453,7 +455,9 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     assert job2.entry["prompt_delta"] == job2.prompt[n:]
     # an earlier message changed: the episode ends there, the agent is answered 400
     runner._answer(job2, Sample("253", [50, tok.eos_token_id], [-0.1, -0.2], "stop"))
-    answer(r2)
+    lps = ChatCompletion.model_validate(answer(r2)[1]).choices[0].logprobs.content  # as vLLM writes them: the decoded text
+    assert [(t.token, t.bytes, t.logprob) for t in lps] == [(tok.decode([t]), list(tok.decode([t]).encode()), lp)
+                                                            for t, lp in ((50, -0.1), (tok.eos_token_id, -0.2))]
     # audit's replay of the row's record (pipeline/agents/endpoint/audit.py) re-derives it; a changed call is named
     from pipeline.agents.endpoint.audit import row_problems
     row = runner.row(e, "policy-hash")
@@ -468,6 +472,12 @@ def test_a_tool_call_answered_in_openai_shape_and_its_result_extend_the_record(m
     r3, job3 = ask({**body, "messages": forged})
     assert job3 is None and e.ending == "history_rewritten" and e.detail.startswith("messages[0] (user) differs")
     assert answer(r3)[0] == 400 and e.requests[-1]["kind"] == "refused"
+    # an agent that writes its own key (OPENAI_API_KEY) into a message: refused, the key nowhere in the record
+    e = runner.start(p, 0, 1, plan.group_seed(p.prompt_id), "test")
+    e.key = "grpo-" + "5e" * 16
+    r4, job4 = ask({**body, "messages": [{"role": "user", "content": f"my key is {e.key}"}]})
+    assert job4 is None and answer(r4)[0] == 400 and e.ending == "malformed_request" and "API key" in e.detail
+    assert e.key not in json.dumps(runner.row(e, "policy-hash"))
     loop.close()
 
 

@@ -16,7 +16,7 @@ from pipeline.errors import GRPOError
 
 ASKED = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
          "stream", "stream_options", "logprobs", "top_logprobs", "tool_choice", "parallel_tool_calls", "n",
-         "frequency_penalty", "presence_penalty", "return_token_ids", "response_format")
+         "frequency_penalty", "presence_penalty", "return_token_ids", "return_tokens_as_token_ids", "response_format")
 """The body's fields that ask for sampling or answer options: recorded beside what grpo used."""
 
 
@@ -32,8 +32,9 @@ def body_hash(body: Any) -> str:
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
-def check_body(body: Any) -> None:
-    """BadBody naming what is wrong, unless `body` is a chat-completions request grpo serves (n=1)."""
+def check_body(body: Any, secret: str = "") -> None:
+    """BadBody naming what is wrong, unless `body` is a chat-completions request grpo serves (n=1) that
+    does not hold `secret` (the episode's key: sent to the agent, never recorded)."""
     if not isinstance(body, dict):
         raise BadBody("the body is not a JSON object")
     msgs = body.get("messages")
@@ -55,9 +56,11 @@ def check_body(body: Any) -> None:
             raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")
         _check_message(m, f"messages[{i}]")
     try:  # the record is strict JSON in UTF-8: a lone surrogate (\ud800) or a NaN cannot be written there
-        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        (text := json.dumps(body, ensure_ascii=False, allow_nan=False)).encode()
     except (TypeError, ValueError, UnicodeError) as err:
         raise BadBody(f"the body cannot be recorded as JSON text ({type(err).__name__}: a lone surrogate or NaN)") from None
+    if secret and secret in text:
+        raise BadBody("the body holds the episode's API key (OPENAI_API_KEY), which is never recorded")
 
 
 def _check_message(m: dict, where: str) -> None:
@@ -195,14 +198,21 @@ def finish(reason: str, message: dict) -> str:
     return "length" if reason == "length" else ("tool_calls" if message.get("tool_calls") else "stop")
 
 
-def _logprobs(ids: list[int], lps: list[float]) -> dict:
-    return {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, lps)]}
+def _logprobs(answer: dict, body: dict) -> dict | None:
+    """`logprobs` as vLLM's server writes them: a token as its decoded text, or `token_id:N` when the body
+    asks `return_tokens_as_token_ids`; its text's UTF-8 bytes; no top_logprobs (an empty list)."""
+    if not body.get("logprobs"):
+        return None
+    texts = [answer["decode"]([t]) for t in answer["ids"]]
+    tokens = [f"token_id:{t}" for t in answer["ids"]] if body.get("return_tokens_as_token_ids") else texts
+    return {"content": [{"token": tok, "logprob": max(lp, -9999.0), "bytes": list(text.encode("utf-8", errors="replace")),
+                         "top_logprobs": []} for tok, text, lp in zip(tokens, texts, answer["logprobs"])]}
 
 
 def completion(answer: dict, body: dict, rid: str, model: str) -> dict:
-    """The non-streaming answer (`answer`: message, finish_reason, prompt_ids, ids, logprobs)."""
+    """The non-streaming answer (`answer`: message, finish_reason, prompt_ids, ids, logprobs, decode)."""
     choice = {"index": 0, "message": answer["message"], "finish_reason": answer["finish_reason"],
-              "logprobs": _logprobs(answer["ids"], answer["logprobs"]) if body.get("logprobs") else None}
+              "logprobs": _logprobs(answer, body)}
     out = {"id": rid, "object": "chat.completion", "created": 0, "model": model, "choices": [choice],
            "usage": usage(answer)}
     if body.get("return_token_ids"):
@@ -222,7 +232,7 @@ def chunks(answer: dict, body: dict, rid: str, model: str) -> list[dict]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": model}
     msg, with_ids = answer["message"], bool(body.get("return_token_ids"))
     first = {"index": 0, "delta": {"role": "assistant", "content": msg.get("content") or ""}, "finish_reason": None,
-             "logprobs": _logprobs(answer["ids"], answer["logprobs"]) if body.get("logprobs") else None}
+             "logprobs": _logprobs(answer, body)}
     if with_ids:
         first["token_ids"] = answer["ids"]
     out = [{**base, "choices": [first], **({"prompt_token_ids": answer["prompt_ids"]} if with_ids else {})}]

@@ -188,7 +188,7 @@ class EndpointRunner:
         """A job for the engine, or None when the request is answered without one (refused, repeated)."""
         try:
             if r.body is not None:
-                chat.check_body(r.body)  # before its hash: a body that is no JSON text cannot be hashed
+                chat.check_body(r.body, e.key)  # before its hash: a body that is no JSON text cannot be hashed
         except chat.BadBody as err:
             return self._malformed(e, r, None, err)
         h = None if r.body is None else chat.body_hash(r.body)
@@ -300,7 +300,7 @@ class EndpointRunner:
         turn = e.turns + 1 if j.kind == "turn" else e.sides
         msg = chat.assistant_message(content, calls, turn, side=j.kind == "side")
         answer = {"message": msg, "finish_reason": chat.finish(s.finish_reason, msg), "prompt_ids": j.prompt, "ids": ids,
-                  "logprobs": list(s.logprobs)}
+                  "logprobs": list(s.logprobs), "decode": self.tok.decode}
         j.entry.update(completion_ids=ids, logprobs=list(s.logprobs), finish_reason=answer["finish_reason"], message=msg)
         e.requests.append(j.entry)
         rid = f"chatcmpl-{e.group_idx}-{e.sample_idx}-{len(e.requests)}"
