@@ -5,7 +5,7 @@ costs a warm `grpo iterate` of SmolLM2-135M full fine-tuning (issue 53), at two 
                 (the GPU proof's shape, bench/gpu)
     fp32-8x8x64 fp32, ZeRO 0, 8 prompts x 8 completions x 64 new tokens
 
-Each shape runs `grpo iterate` (rollout.weight_sync memory, MLflow off) in a process of its own,
+Each shape runs `grpo iterate` (rollout.weight_sync at its default, MLflow off) in a process of its own,
 with the product probes of bench/probes.py, for 1 warm-up iteration (engine starts) and `--iters`
 measured ones. Per measured iteration: its seconds; the stages' own compute, the wall seconds of
 the probed calls that do the work: the engine's `generate` (rollout), the reward functions
@@ -47,7 +47,6 @@ def tree_of(name: str) -> dict:
                  max_new_tokens=tokens, mini_batch_size=prompts * g, lr=1e-5)
     tree = config_tree(w)
     tree["train"].update(train)
-    tree["rollout"]["weight_sync"] = "memory"  # the sampler gets policy k+1 from the trainer's memory
     tree["tracking"] = {"mlflow": False}
     return tree
 
@@ -133,7 +132,7 @@ def section(result: dict) -> list[str]:
     m = result["machine"]
     loads = [r["loadavg"][0] for s in result["shapes"].values() for r in s["rows"]]
     head = (f"`make bench-record`, started {result['started']}, code {result['code_version']}: SmolLM2-135M-Instruct full "
-            f"fine-tuning, warm `grpo iterate` (rollout.weight_sync memory, MLflow off, vLLM engine), 1 warm-up iteration and "
+            f"fine-tuning, warm `grpo iterate` (the defaults: rollout.weight_sync unset, auto, which is memory for full fine-tuning; MLflow off, vLLM engine), 1 warm-up iteration and "
             f"the mean of the next {next(iter(result['shapes'].values()))['summary']['iterations']}; {m['cores']} cores, "
             f"OMP_NUM_THREADS={result.get('threads', 'unset')}, load "
             f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the run"

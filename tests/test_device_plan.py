@@ -270,6 +270,11 @@ def test_new_options_keep_the_config_hash_of_runs_made_before_them():
     assert "enforce_eager" not in tree["rollout"] and "weight_sync" not in tree["rollout"]
     changed = make_cfg(rollout={"weight_sync": "memory"})
     assert config_mod.config_hash(changed) != config_mod.config_hash(cfg)
+    # the default auto: memory for full fine-tuning, disk with LoRA; the same bytes, so disk's hash
+    disk = make_cfg(rollout={"weight_sync": "disk"})
+    assert (cfg.rollout.weight_sync, cfg.weight_sync, disk.weight_sync) == ("auto", "memory", "disk")
+    assert config_mod.config_hash(disk) == config_mod.config_hash(cfg)
+    assert make_cfg(train={"lora": {"r": 8}}).weight_sync == "disk"
     with pytest.raises(GRPOError, match="rollout.weight_sync memory hands over full weights"):
         make_cfg(rollout={"weight_sync": "memory"}, train={"lora": {"r": 8}})
 

@@ -51,12 +51,14 @@ class RolloutConfig(AgentOptions):
     enforce_eager: bool | None = None
     """vLLM without CUDA graphs. None (default): CUDA graphs on a GPU, eager on a CPU (vLLM's CPU
     path here always runs eager); true: eager everywhere; false: CUDA graphs on a GPU."""
-    weight_sync: Literal["disk", "memory"] = "disk"
-    """How `iterate` hands a new policy to its warm engine. disk: the engine reloads the stored
-    policy directory; memory: the trainer's weights go to the engine from memory (vLLM's
-    `reload_weights` with a weights iterator), the stored policy still written and hashed as the
-    record, on a thread while the rollout samples (with disk the rollout waits for that write).
-    Full fine-tuning only; a separate `grpo rollout` always reads the stored policy."""
+    weight_sync: Literal["auto", "disk", "memory"] = "auto"
+    """How `iterate` hands a new policy to its warm engine. memory: the trainer's weights go to the
+    engine from memory (vLLM's `reload_weights` with a weights iterator), the stored policy still
+    written and hashed as the record, on a thread while the rollout samples; disk: the engine
+    reloads the stored policy directory, so the rollout waits for that write; auto (default):
+    memory for full fine-tuning, disk with train.lora (whose policy reaches the engine built in
+    memory either way). The same bytes either way, so only `memory` is in the config hash (as runs
+    made with it hashed it). A separate `grpo rollout` always reads the stored policy."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM tensor parallelism (GPU machines)."""
     data_parallel_size: int = Field(1, ge=1)

@@ -105,6 +105,13 @@ class Config(Section):
         return self.ref_model or self.model
 
     @property
+    def weight_sync(self) -> str:
+        """rollout.weight_sync resolved: auto is memory for full fine-tuning, disk with train.lora."""
+        if self.rollout.weight_sync == "auto":
+            return "disk" if self.train.lora is not None else "memory"
+        return self.rollout.weight_sync
+
+    @property
     def dropout(self) -> bool:
         """Whether the trained forward has dropout (a LoRA adapter's), so two forwards of one batch differ."""
         return self.train.lora is not None and self.train.lora.dropout > 0
@@ -180,6 +187,8 @@ def canonical(cfg: Config, legacy: bool = False) -> str:
             section = section.get(part) or {}
         if key in section and section[key] == neutral:
             del section[key]
+    if tree["rollout"].get("weight_sync") == "auto":  # never the bytes: the hash of disk's (memory, as runs made with it hashed it, keeps its own)
+        del tree["rollout"]["weight_sync"]
     for entry in tree.get("rewards") or []:
         for key, neutral in ADDED_REWARD_OPTIONS.items():
             if key in entry and entry[key] == neutral:

@@ -40,7 +40,7 @@ class WarmEngines:
         weights where the trainer just published policy k (else it reads the stored policy).
         `where` names the stage in the error of an engine that does not hold it."""
         weights = None
-        if self.engine is not None and self.trainer is not None and self.run.cfg.rollout.weight_sync == "memory":
+        if self.engine is not None and self.trainer is not None and self.run.cfg.weight_sync == "memory":
             weights = self.trainer.published_weights(self.run.policy_dir(k, weights=False))
         self.engine = policy_engine(self.run, k, self.engine, settings=self.settings, weights=weights, where=where)
         return self.engine

@@ -154,7 +154,7 @@ class Trainer:
         if self.rank != 0:
             return {}
         hashed = self.policy.save(module, out, src_dir, state, later) or {}  # whole weights, or the LoRA adapter
-        if self.cfg.rollout.weight_sync == "memory":  # full weights (the config rules out LoRA)
+        if self.cfg.rollout.weight_sync == "memory" or (later and self.cfg.weight_sync == "memory"):  # full weights (no LoRA); auto: for iterate's engine here
             names = set(hashed.tensors) if isinstance(hashed, DeferredWeights) else None  # as the file will name them
             self.published = (out, state if state is not None else module.state_dict(), names)
         return hashed
