@@ -2,6 +2,9 @@
 
 
 def stage_done(run, k: int, stage: str, manifest: dict | None) -> None:
+    from pipeline.report.tracking import flush
+
+    flush()  # a stage's own command: its MLflow logging is over before it says it is done
     if manifest is None:
         print(f"{stage} iteration {k}: this shard's parts are written; the manifest follows when every shard is in")
         return

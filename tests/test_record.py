@@ -32,6 +32,7 @@ def test_a_record_error_met_inside_a_tracking_call_is_raised_by_the_loops_wait(m
     inflight.start(run.store.root, 1, write).thread.join()
     with caplog.at_level(logging.WARNING, logger="grpo.tracking"):
         tracking.log_stage(run, 0, "update")  # its diagnostics read every update's manifest: they settle the hash
+        tracking.flush()  # on tracking's thread
     assert "could not log" not in caplog.text, caplog.text
     assert run.writing(1) is not None  # still the loop's to settle
     with pytest.raises(GRPOError) as got:
@@ -113,6 +114,7 @@ def test_the_loops_wait_for_the_record_is_an_mlflow_metric_of_its_iteration(make
     run = Run(make_run(tracking={"mlflow": True}))
     tracking.log_record_wait(run, 0, 0.0)
     tracking.log_record_wait(run, 1, 2.5)
+    tracking.flush()
     info = tracking.tracking_info(run)
     history = MlflowClient(tracking.resolve_target(run).uri).get_metric_history(info["run_id"], "time/record_wait_s")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 2.5)]

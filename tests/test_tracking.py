@@ -136,6 +136,7 @@ def test_disabled_tracking_logs_nothing(make_run):
     run = Run(path)
     assert tracking.sync(run) == []
     tracking.log_stage(run, 0, "rollout")
+    tracking.flush()
     assert not (Path(path) / "mlflow.db").exists() and not (Path(path) / "tracking.json").exists()
 
 
@@ -147,6 +148,7 @@ def test_unreachable_server_is_a_warning(make_run, monkeypatch, caplog):
     run = Run(make_run("unreachable", tracking={"mlflow": True, "mlflow_uri": f"http://127.0.0.1:{port}"}))
     with caplog.at_level(logging.WARNING, logger="grpo.tracking"):
         tracking.log_stage(run, 0, "update")  # must not raise
+        tracking.flush()
     assert "could not log update of iteration 0" in caplog.text
     assert not (Path(run.uri) / "tracking.json").exists()
 
