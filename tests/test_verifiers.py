@@ -158,3 +158,36 @@ def test_the_eval_and_rollout_start_a_verifiers_agent_with_grpo_s_program():
     copies = {"agent.py": "RUN/code/agent.py"}.get
     assert run_argv(AgentCommand(command=["python", "agent.py", "--no-nudge"]), lambda a: copies(a, a)) == \
         ["python", "RUN/code/agent.py", "--no-nudge"]
+
+
+@needs_vf
+@pytest.mark.slow
+def test_addition_taskset_through_grpo_iterate_with_verifiers_train_client(assets, tmp_path):
+    """rollout.agent.verifiers.client train: verifiers' train client renders the token ids itself (its
+    renderers package, the tokenizer grpo names in GRPO_TOKENIZER) and POSTs them to grpo's tokens route
+    (/inference/v1/generate); every turn is recorded on that route, mask 1 exactly on the engine's
+    sampled ids, the trace's reply is the sampled ids' text, and two runs' parts are byte-identical."""
+    from conftest import grpo
+
+    cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"), client="train")
+    conf = write_config(tmp_path / "cfg.yaml", cfg)
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        grpo("init", str(run), "--config", str(conf))
+        grpo("iterate", str(run), "--iters", "1", timeout=900)
+    for stage in ("rollout", "score"):
+        a, b = (sorted((r / f"iter-0000/{stage}").glob("part-*.parquet")) for r in runs)
+        assert a and [p.read_bytes() for p in a] == [p.read_bytes() for p in b], stage
+    rows = rollout_rows(runs[0])
+    assert len(rows) == 4
+    for row in rows:
+        rec = json.loads(row["episode"])
+        assert rec["agent"]["exit_code"] == 0 and rec["ending"] == "finished", rec
+        turns = [q for q in rec["requests"] if q["kind"] == "turn"]
+        assert turns and all(q["route"] == "tokens" for q in turns)
+        assert turns[0]["asked"]["sampling_params"]["logprobs"] == 1  # what the train client asks, beside what was used
+        mask = [m for q in turns for m in [0] * len(q.get("prompt_delta", [])) + [1] * len(q["completion_ids"])]
+        assert row["completion_mask"] == mask
+        assert [t for t, m in zip(row["completion_ids"], mask) if m] == [t for q in turns for t in q["completion_ids"]]
+        trace = rec["agent"]["result"]["verifiers"]["trace"]
+        assert trace is not None and trace["rewards"]["exact_match"]["weight"] == 1.0, rec["agent"]

@@ -104,7 +104,7 @@ def with_environment_rewards(cfg):
         from pipeline.agents.endpoint.vf_run import reward_specs as vf_specs
 
         # and the reward `agent` at weight 0: Trace.reward logged as reward_agent, the trace's metrics as extra_agent_<name>
-        agent_specs = vf_specs(agent.verifiers) + [{**reward_spec(), "weight": 0.0}]
+        agent_specs = vf_specs(agent.verifiers, cfg.model) + [{**reward_spec(), "weight": 0.0}]
     else:
         agent_specs = [reward_spec()] if agent is not None else []
     specs = envs.reward_specs(cfg.rollout.environment) + agent_specs

@@ -32,6 +32,16 @@ class VerifiersOptions(Section):
     """The interpreter with verifiers installed (`python`: grpo's own, with the `verifiers` extra)."""
     path: str | None = None
     """A folder put first on the program's PYTHONPATH, where the taskset's package lies (None: installed)."""
+    client: Literal["eval", "train"] = "eval"
+    """verifiers' client the episode's model calls go through (`--client.type`). eval: the chat route, each
+    chat body relayed as sent and rendered by grpo with the run's chat template and tool format; train:
+    the tokens route (`/inference/v1/generate`), verifiers' `renderers` package rendering the token ids
+    itself (with the tokenizer grpo samples with, GRPO_TOKENIZER) and bridging each turn onto the last,
+    grpo checking that each request extends the episode's recorded ids exactly."""
+    renderer: dict | None = None
+    """With client train: the renderers package's RendererConfig (`--client.renderer`), e.g.
+    {name: default, tool_parser: hermes}; None: auto, resolved from the tokenizer (for a model not in
+    renderers' map its default renderer: the chat template, no tool parser, so tools are refused)."""
 
     @field_validator("runtime")
     @classmethod
@@ -144,5 +154,7 @@ AGENT_NEUTRAL = {
     ("rollout", "agent"): None,
     ("rollout", "agent", "max_running"): None,  # every agent of a part at once, as before
     ("rollout", "agent", "verifiers"): None,  # after ("rollout", "agent"): a run without an agent keeps agent null
+    ("rollout", "agent", "verifiers", "client"): "eval",  # the chat route, as verifiers runs did before the tokens route
+    ("rollout", "agent", "verifiers", "renderer"): None,
 }
 """Their values in runs made before them (no tools: a single completion), for config.ADDED_OPTIONS."""

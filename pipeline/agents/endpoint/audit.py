@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.agents.endpoint import chat
+from pipeline.agents.endpoint import chat, tokens
 from pipeline.agents.endpoint.runner import MODEL, EndpointEpisode, EndpointRunner
 from pipeline.models.engine_base import Sample
 
@@ -25,7 +25,7 @@ class _Recorded:
     """A request rebuilt from the record: answered into nothing."""
 
     def __init__(self, body: dict):
-        self.key, self.body, self.raw_error = "audit", body, None
+        self.key, self.body, self.raw_error, self.route = "audit", body, None, "chat"
 
     def answer(self, *args) -> None:
         pass
@@ -47,6 +47,8 @@ def row_problems(runner: EndpointRunner, row: dict, seed: int | None = None) -> 
     """What is wrong with an endpoint episode row (empty: its record replays to it). `seed`: the
     group's seed (derive_seed(run seed, iteration, prompt id)); None leaves the recorded seeds unchecked."""
     rec = json.loads(row["episode"])
+    if any(q.get("route") == tokens.ROUTE for q in rec["requests"]):  # the client's own token ids: no template replay
+        return tokens.row_problems(runner, row, rec, seed)
     turns = [q for q in rec["requests"] if q["kind"] == "turn"]
     said = [m for m in rec["messages"] if m["role"] == "assistant"]
     if len(said) != len(turns) or rec["turns"] != len(turns):

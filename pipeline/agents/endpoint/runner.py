@@ -27,16 +27,14 @@ from dataclasses import dataclass, field
 from jinja2 import TemplateError
 
 from pipeline.agents import inserted
-from pipeline.agents.endpoint import chat
+from pipeline.agents.endpoint import chat, tokens
+from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.vf_run import agent_argv
 from pipeline.agents.endpoint.server import Hub, Request, Server
 from pipeline.data.prompts import Prompt, derive_seed, raw_to_json
 from pipeline.errors import GRPOError
 
-MODEL = "policy"
-"""The model name an episode's turns ask for (GRPO_MODEL); any other name is a side call."""
-SIDE_SEED, AGENT_SEED = 2, 3  # GRPO_SEED: derive_seed(group seed, sample, 0, 3), four parts where a turn has three (no turn's seed)
 ENDPOINT_VERSION = 1
 
 
@@ -84,17 +82,6 @@ class EndpointEpisode:
             self.ending, self.detail = ending, detail
 
 
-@dataclass
-class Job:
-    e: EndpointEpisode
-    r: Request
-    kind: str  # "turn" | "side"
-    prompt: list[int]
-    seed: int
-    cap: int
-    entry: dict
-
-
 class EndpointRunner:
     """Runs a part's endpoint episodes (the interface of pipeline.agents.episode.EpisodeRunner)."""
 
@@ -130,7 +117,7 @@ class EndpointRunner:
                     e = waiting.pop(0)
                     e.key = hub.new_key()
                     env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": e.key, "GRPO_MODEL": MODEL, "GRPO_TASK": self._task(e),
-                           "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, 0, AGENT_SEED))}
+                           "GRPO_SEED": str(derive_seed(e.seed, e.sample_idx, 0, AGENT_SEED)), "GRPO_TOKENIZER": self.tok.name_or_path}
                     e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
                     live.append(e)
                 with hub.cond:
@@ -186,6 +173,8 @@ class EndpointRunner:
 
     def _request(self, e: EndpointEpisode, r: Request) -> Job | None:
         """A job for the engine, or None when the request is answered without one (refused, repeated)."""
+        if r.route == tokens.ROUTE:  # POST /inference/v1/generate: the client's own token ids (tokens.py)
+            return tokens.request(self, e, r)
         try:
             if r.body is not None:
                 chat.check_body(r.body, e.key)  # before its hash: a body that is no JSON text cannot be hashed
@@ -292,6 +281,8 @@ class EndpointRunner:
         return Job(e, r, "side", ids, seed, cap, {"kind": "side", **entry, "seed": seed, "sampling": self.sampling(cap), "prompt_ids": ids})
 
     def _answer(self, j: Job, s) -> None:
+        if j.entry.get("route") == tokens.ROUTE:
+            return tokens.answer(self, j, s)
         e, ids = j.e, list(s.token_ids)
         content, calls = self.a.format.parse_turn(ids, j.prompt, self.stop_ids)
         malformed = any(c.name is None for c in calls)

@@ -6,6 +6,7 @@ when requests arrive (pipeline.agents.endpoint.runner).
 
     GET  /v1/models             the model name the episodes ask for (GRPO_MODEL)
     POST /v1/chat/completions   stream true/false (SSE: text/event-stream, `data: [DONE]` last)
+    POST /inference/v1/generate the tokens route (tokens.py): token ids in and out, as verifiers' train client asks
 
 The bearer key (OPENAI_API_KEY) names the episode; another key is answered 401."""
 
@@ -31,6 +32,7 @@ class Request:
     future: asyncio.Future
     answered: bool = False
     arrived: float = field(default_factory=time.monotonic)  # when it came: the agent's timeout clock stops there
+    route: str = "chat"  # "chat" | "tokens" (POST /inference/v1/generate)
 
     def answer(self, status: int, payload: dict, stream: list[dict] | None = None) -> None:
         """Answered from the rollout's thread: JSON, or (`stream`) SSE chunks."""
@@ -86,6 +88,13 @@ def make_app(hub: Hub):
 
     @app.post("/v1/chat/completions")
     async def chat(req: HTTPRequest):
+        return await take(req, "chat")
+
+    @app.post("/inference/v1/generate")
+    async def generate(req: HTTPRequest):
+        return await take(req, "tokens")
+
+    async def take(req: HTTPRequest, route: str):
         key = key_of(req)
         if key is None:
             return unauthorized()
@@ -96,7 +105,7 @@ def make_app(hub: Hub):
         except ValueError as err:
             why = f"the body is not JSON ({err.msg})"
         loop = asyncio.get_running_loop()
-        r = Request(key, body, why, loop, loop.create_future())
+        r = Request(key, body, why, loop, loop.create_future(), route=route)
         with hub.cond:
             if key not in hub.pending:
                 return unauthorized()

@@ -8,7 +8,9 @@ OPENAI_API_KEY, GRPO_MODEL, GRPO_TASK and GRPO_RESULT_FILE in its environment (a
 
 The episode is what `vf-eval` runs for one slot: `Env.run_episode(task, ModelContext(...))` inside
 `env.serving()`, verifiers' eval client pointed at grpo's endpoint (it relays each chat body as the
-harness sent it; grpo keeps the tokens). The task is the taskset's `vf_task`-th (the row's column;
+harness sent it; grpo keeps the tokens), or with `client: train` verifiers' train client (its renderer,
+built for GRPO_TOKENIZER, renders the token ids and POSTs them to grpo's tokens route,
+/inference/v1/generate: pipeline/agents/endpoint/tokens.py). The task is the taskset's `vf_task`-th (the row's column;
 `--rows N` prints N such rows). It writes GRPO_RESULT_FILE as
 {"reward": the trace's weighted total (verifiers' Trace.reward), "metrics": the trace's metrics,
  "verifiers": the canonical trace: task key and hash, messages, rewards {name: {score, weight}},
@@ -16,7 +18,9 @@ harness sent it; grpo keeps the tokens). The task is the taskset's `vf_task`-th 
 
 `--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
 into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
-exports no Taskset, a remote runtime, an Env other than SingleAgentEnv (several traces per episode).
+exports no Taskset, a remote runtime, an Env other than SingleAgentEnv (several traces per episode),
+with client train a renderer that does not build for GRPO_TOKENIZER or parses no tool calls while the
+episode has tools (a harness other than `null`, toolsets).
 """
 
 from __future__ import annotations
@@ -126,14 +130,55 @@ def canonical(episode) -> dict:
     return out
 
 
+def client_config(cfg: dict):
+    """verifiers' client for grpo's endpoint: eval (the chat route) or train (the tokens route, its
+    renderer built for the tokenizer grpo samples with, GRPO_TOKENIZER)."""
+    from verifiers.v1.clients import EvalClientConfig, TrainClientConfig
+
+    if cfg.get("client", "eval") == "eval":
+        return EvalClientConfig(base_url=os.environ["OPENAI_BASE_URL"], api_key_var="OPENAI_API_KEY")
+    return TrainClientConfig(base_url=os.environ["OPENAI_BASE_URL"], api_key_var="OPENAI_API_KEY",
+                             renderer_model_name=os.environ["GRPO_TOKENIZER"], renderer=cfg.get("renderer"))
+
+
+def tools_of(env, cfg: dict) -> list[str]:
+    """What gives the episode's agent tools: a harness other than `null` (bash's shell, ...), the
+    taskset's or its tasks' toolsets."""
+    ts = env.taskset
+    out = [f"harness {cfg.get('harness')!r}"] if cfg.get("harness") != "null" else []
+    if type(ts).toolsets(ts.config) or ts.task_type().toolsets(nth_task(env, 0).config):
+        out.append(f"taskset {cfg['taskset']!r}'s toolsets")
+    return out
+
+
+def check_renderer(env, cfg: dict) -> None:
+    """Refused when the tokens route (client train) would give tools to a renderer that parses no tool calls."""
+    if cfg.get("client", "eval") != "train":
+        return
+    if not os.environ.get("GRPO_TOKENIZER"):
+        raise Refused("rollout.agent.verifiers.client train: no tokenizer to build verifiers' renderer for (GRPO_TOKENIZER)")
+    from renderers import create_renderer
+    from renderers.base import load_tokenizer
+    from verifiers.v1.clients import TrainClientConfig
+
+    try:
+        renderer = create_renderer(load_tokenizer(os.environ["GRPO_TOKENIZER"]), TrainClientConfig(renderer=cfg.get("renderer")).renderer)
+    except Exception as err:  # noqa: BLE001 - the renderers package's own validation: one line
+        raise Refused(f"rollout.agent.verifiers.renderer: {type(err).__name__}: {' '.join(str(err).splitlines()[:3])}") from None
+    if (tools := tools_of(env, cfg)) and not getattr(renderer, "supports_tools", True):
+        raise Refused(f"rollout.agent.verifiers.client train: the episode has tools ({', '.join(tools)}) and the renderer "
+                      f"{type(renderer).__name__} parses no tool calls; set rollout.agent.verifiers.renderer to one with a "
+                      "tool parser (e.g. {name: default, tool_parser: qwen3}: Hermes-style <tool_call> JSON) or use client eval")
+
+
 async def episode(cfg: dict, task_row: dict) -> dict:
-    from verifiers.v1.clients import EvalClientConfig, ModelContext
+    from verifiers.v1.clients import ModelContext
 
     env = load(cfg)
     if TASK_COLUMN not in task_row:
         raise Refused(f"the task row has no {TASK_COLUMN!r} column (the taskset's index of its task)")
     task = nth_task(env, int(task_row[TASK_COLUMN]))
-    client = EvalClientConfig(base_url=os.environ["OPENAI_BASE_URL"], api_key_var="OPENAI_API_KEY")
+    client = client_config(cfg)
     ctx = ModelContext(client=client, model=os.environ["GRPO_MODEL"], sampling=None)
     async with env.serving():
         ep = await env.run_episode(task, ctx)
@@ -154,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     try:
         if a.check:
-            print(json.dumps({"rewards": reward_weights(load(cfg))}, sort_keys=True))
+            env = load(cfg)
+            check_renderer(env, cfg)
+            print(json.dumps({"rewards": reward_weights(env)}, sort_keys=True))
             return 0
         if a.rows is not None:
             env = load(cfg)

@@ -13,6 +13,7 @@ is in the record as `episode.agent.result.verifiers`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,8 +26,14 @@ REWARD_FN = "pipeline.agents.endpoint.vf_run:trace_reward"
 CHECK_TIMEOUT_S = 120
 
 
+NEUTRAL = {"client": "eval", "renderer": None}
+"""Options added after the program's command line was first stamped: left out at these values, so a
+run made before them starts (and stamps) the same command."""
+
+
 def options_json(opts) -> str:
-    return json.dumps(opts.model_dump(mode="json", exclude={"python"}), sort_keys=True, separators=(",", ":"))
+    data = {k: v for k, v in opts.model_dump(mode="json", exclude={"python"}).items() if k not in NEUTRAL or v != NEUTRAL[k]}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def argv(opts) -> list[str]:
@@ -45,12 +52,13 @@ def run_argv(agent, copy_of) -> list[str]:
     return [cmd[0], *map(copy_of, cmd[1:])]
 
 
-def _ask(opts, *extra: str) -> str:
+def _ask(opts, *extra: str, tokenizer: str | None = None) -> str:
     if opts.path is not None and not Path(opts.path).is_dir():
         raise GRPOError(f"rollout.agent.verifiers.path {opts.path!r}: no such folder (read from the directory grpo runs in)")
     try:
+        env = {**os.environ, **({"GRPO_TOKENIZER": tokenizer} if tokenizer else {})}
         out = subprocess.run(command(argv(opts) + list(extra)), capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, env=env)
     except FileNotFoundError:
         raise GRPOError(f"rollout.agent.verifiers.python {opts.python!r}: no such program") from None
     except subprocess.TimeoutExpired:
@@ -62,9 +70,12 @@ def _ask(opts, *extra: str) -> str:
     return out.stdout
 
 
-def check(opts) -> dict[str, float]:
-    """The taskset's rewards and their weights; a GRPOError (one line) when it cannot be run here."""
-    return json.loads(_ask(opts, "--check").strip().splitlines()[-1])["rewards"]
+def check(opts, model: str | None = None) -> dict[str, float]:
+    """The taskset's rewards and their weights; a GRPOError (one line) when it cannot be run here
+    (with client train: also when the episode has tools and the renderer, built for `model`'s
+    tokenizer, parses no tool calls)."""
+    tokenizer = str(Path(model).resolve()) if model and Path(model).is_dir() else model
+    return json.loads(_ask(opts, "--check", tokenizer=tokenizer).strip().splitlines()[-1])["rewards"]
 
 
 def rows(opts, n: int) -> list[dict]:
@@ -72,8 +83,8 @@ def rows(opts, n: int) -> list[dict]:
     return [json.loads(line) for line in _ask(opts, "--rows", str(n)).splitlines() if line.strip()]
 
 
-def reward_specs(opts) -> list[dict]:
-    return [{"fn": REWARD_FN, "name": PREFIX + name, "weight": w, "kwargs": {"reward": name}} for name, w in check(opts).items()]
+def reward_specs(opts, model: str | None = None) -> list[dict]:
+    return [{"fn": REWARD_FN, "name": PREFIX + name, "weight": w, "kwargs": {"reward": name}} for name, w in check(opts, model).items()]
 
 
 def trace_reward(completions, agent_results=None, reward: str = "", **kwargs) -> list[float | None]:
