@@ -175,6 +175,8 @@ def test_an_agents_timeout_clock_stops_while_its_request_waits():
         p.hold(time.monotonic() - 5)  # held again (a second request): nothing counted twice
         assert not p.expired() and p.left > 0.2
         p.go()
+        now = time.monotonic()
+        assert not p.expired(now + 0.1) and p.expired(now + 1)  # a request arriving then: in its time, or after it
         time.sleep(0.5)  # its own time past what is left
         assert p.expired()
     finally:

@@ -63,9 +63,10 @@ class AgentCommand(Section):
     {"reward": x, "metrics": {...}}: the reward `agent` and its metric columns, pipeline/agents/endpoint/result.py)
     in its environment."""
     timeout_s: float = Field(300.0, gt=0.0)
-    """Seconds of the agent's own time per episode: its clock stops while a request of its waits for
-    the engine (and for the other episodes' requests that share the engine call), so a busy engine
-    never times an agent out; an agent still running past it is killed (ending agent_timeout)."""
+    """Seconds of the agent's own time per episode: its clock stops while a turn of its waits for the
+    engine (and for the other episodes' requests that share the engine call), so a busy engine never
+    times an agent out; a retry (answered at once) or a side call (another model's) does not stop it,
+    so no loop of them outlives it. An agent still running past it is killed (ending agent_timeout)."""
     max_running: int | None = Field(None, ge=1)
     """At most this many agents of a part run at once (null: all of them); the others start in the
     part's order as earlier ones end, so which share an engine call never depends on timing. Bounds

@@ -29,7 +29,13 @@ def canonical_json(value: Any) -> str:
 
 
 def body_hash(body: Any) -> str:
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(body).encode("utf-8", "surrogatepass")).hexdigest()  # any JSON, a lone surrogate too
+
+
+def check_stop(stop: Any, name: str) -> None:
+    """BadBody unless `stop` is none, a string or a list of strings (read as strings: a number there raised out of the runner)."""
+    if not (stop is None or isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))):
+        raise BadBody(f"`{name}` must be a string or a list of strings, not {json.dumps(stop)[:40]}")
 
 
 def check_body(body: Any, secret: str = "") -> None:
@@ -51,6 +57,7 @@ def check_body(body: Any, secret: str = "") -> None:
         raise BadBody("`tools` must be a list of {type: function, function: {name, ...}}")
     if not isinstance(body.get("stream_options"), (dict, type(None))):
         raise BadBody("`stream_options` must be an object")
+    check_stop(body.get("stop"), "stop")
     for i, m in enumerate(msgs):
         if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
             raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")

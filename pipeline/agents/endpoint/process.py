@@ -4,6 +4,7 @@ the endpoint's address, the episode's key and its task in its environment, kille
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -51,7 +52,7 @@ class AgentProcess:
         full = {**os.environ, **env, RESULT_ENV: str(self.result_path)}
         self.proc = subprocess.Popen(command(cmd), env=full, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        self.left = timeout_s  # seconds of its own time left: the clock runs only while no request of its waits (hold/go)
+        self.left = timeout_s  # seconds of its own time left: the clock runs except while a turn of its waits (hold/go)
         self.since: float | None = time.monotonic()
         self.killed = False
 
@@ -69,8 +70,9 @@ class AgentProcess:
         if self.since is None:
             self.since = time.monotonic()
 
-    def expired(self) -> bool:
-        return self.since is not None and time.monotonic() - self.since > self.left
+    def expired(self, at: float | None = None) -> bool:
+        """Its own time used up by `at` (monotonic; now by default)."""
+        return self.since is not None and (time.monotonic() if at is None else at) - self.since > self.left
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -81,15 +83,26 @@ class AgentProcess:
                 pass
             self.proc.wait()
 
-    def result(self) -> tuple[dict | None, str | None]:
-        """What it wrote to GRPO_RESULT_FILE (pipeline.agents.endpoint.result): (result, None) or (None, why not)."""
-        return read_result(self.result_path)
+    def result(self, secret: str = "") -> tuple[dict | None, str | None]:
+        """What it wrote to GRPO_RESULT_FILE (pipeline.agents.endpoint.result): (result, None) or (None, why not);
+        a result (or the reason it is none) that holds `secret`, the episode's key, is refused: it is never recorded."""
+        result, why = read_result(self.result_path)
+        if secret and secret in json.dumps([result, why], ensure_ascii=False):
+            return None, "the result file holds the episode's API key (OPENAI_API_KEY), which is never recorded"
+        return result, why
 
     def output_tail(self, secret: str, lines: int = 5) -> str:
-        """The last lines it printed, the episode's key blanked out (for the log, never the record)."""
+        """The last lines it printed (for the log, never the record), every piece of 6 or more of the episode's
+        key's characters blanked out, so a key printed in parts (or in another case) is no more in the log."""
         self.log.flush()
-        text = (self.dir / "output.txt").read_text(errors="replace")
-        return "\n".join(text.replace(secret, "***").splitlines()[-lines:])
+        text = "\n".join((self.dir / "output.txt").read_text(errors="replace").splitlines()[-lines:])
+        low, hide = "".join(c.lower() if c.isascii() else c for c in text), bytearray(len(text))  # as long as text
+        for piece in {secret[i:i + 6].lower() for i in range(len(secret) - 5)}:
+            at = low.find(piece)
+            while at >= 0:
+                hide[at:at + 6] = b"\1" * 6
+                at = low.find(piece, at + 1)
+        return "".join("*" if h else c for c, h in zip(text, hide))
 
     def cleanup(self) -> None:
         self.kill()

@@ -1,10 +1,11 @@
 """The episodes of one part, each an agent program talking to grpo's endpoint (server.py).
 
 The rollout's thread owns every decision. Agents start in the part's order (at most
-rollout.agent.max_running at once). It waits until each live episode has a request waiting or its
-agent has exited (or used up rollout.agent.timeout_s of its own time, held while a request of its
-waits: killed), then takes one request per such episode, in the part's order, and samples all of them
-in one engine call (n=1, each request its own seed: derive_seed(group seed, sample, turn), as
+rollout.agent.max_running at once). A client's retry (a body answered before) is answered as it
+arrives. Otherwise it waits until each live episode has a request waiting or its agent has exited
+(or used up rollout.agent.timeout_s of its own time: killed; the clock is held while a turn waits,
+never for a retry or a side call), then takes one request per such episode, in the part's order,
+and samples all of them in one engine call (n=1, each request its own seed: derive_seed(group seed, sample, turn), as
 pipeline.agents.episode seeds a turn; a side call derive_seed(group seed, sample, turn, SIDE_SEED, k)).
 So which requests share a call depends only on what the agents sent, never on when; and with
 per-request seeds a request's tokens do not depend on which others share it either.
@@ -28,7 +29,7 @@ from jinja2 import TemplateError
 
 from pipeline.agents import inserted
 from pipeline.agents.endpoint import chat, tokens
-from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job
+from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.vf_run import agent_argv
 from pipeline.agents.endpoint.server import Hub, Request, Server
@@ -121,17 +122,22 @@ class EndpointRunner:
                     e.proc = AgentProcess(self.command, env, self.cfg.agent.timeout_s)
                     live.append(e)
                 with hub.cond:
-                    while not all(hub.pending[e.key] or e.proc.poll() is not None or e.proc.expired() for e in live):
+                    while True:
+                        for e in live:  # a retry is answered as it comes: it never waits for a round, nor holds the clock
+                            while hub.pending[e.key] and again(e, hub.pending[e.key][0]):
+                                hub.pending[e.key].pop(0)
+                        if all(hub.pending[e.key] or e.proc.poll() is not None or e.proc.expired() for e in live):
+                            break
                         hub.cond.wait(0.05)  # an exit or a timeout is polled; an arrival notifies
                     taken = {e.key: hub.pending[e.key].pop(0) for e in live if hub.pending[e.key]}
-                for e in (e for e in live if e.key in taken):
-                    e.proc.hold(taken[e.key].arrived)  # waiting for others and the engine is not the agent's time
                 jobs = []
                 for e in live:
                     r = taken.get(e.key)
-                    if r is None:
-                        self._exited(e)
+                    if r is None or (e.proc.poll() is None and e.proc.expired(r.arrived)):
+                        self._exited(e)  # exited, or out of its own time (before this request came: killed)
                     elif (job := self._request(e, r)) is not None:
+                        if job.kind == "turn":  # waiting for the others' requests and the engine is not the agent's time
+                            e.proc.hold(r.arrived)
                         jobs.append(job)
                 if jobs:
                     samples = engine.generate([j.prompt for j in jobs], [j.seed for j in jobs], 1, greedy=self.greedy,
@@ -162,7 +168,7 @@ class EndpointRunner:
             e.end("no_calls", "the agent exited without asking for a turn")
         else:
             e.end("finished")
-        result, why = e.proc.result()
+        result, why = e.proc.result(e.key)
         e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
         e.done = True
 
@@ -181,11 +187,7 @@ class EndpointRunner:
         except chat.BadBody as err:
             return self._malformed(e, r, None, err)
         h = None if r.body is None else chat.body_hash(r.body)
-        # the same body again (a client's retry, which timing drives): the answer it had, nothing recorded,
-        # so a part's bytes never depend on retries; the turn that ended the episode included
-        again = e.last[1:] if e.last is not None and h is not None and e.last[0] == h else e.side_answers.get(h)
-        if again is not None:
-            r.answer(*again)
+        if again(e, r, h):
             return None
         if e.ending is not None:
             self._refuse(e, r, h, f"the episode has ended ({e.ending})")

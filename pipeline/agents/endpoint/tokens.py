@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 
 from pipeline.agents.endpoint import chat
-from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job
+from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again
 from pipeline.data.prompts import derive_seed
 
 ROUTE = "tokens"
@@ -46,6 +46,7 @@ def check_body(body, secret: str, vocab: int) -> None:
     sp = body.get("sampling_params", {})
     if not isinstance(sp, dict):
         raise chat.BadBody("`sampling_params` must be an object")
+    chat.check_stop(sp.get("stop"), "sampling_params.stop")
     if sp.get("n", 1) != 1:
         raise chat.BadBody(f"sampling_params.n={sp.get('n')!r}: grpo's endpoint samples one choice per request (n=1)")
     if any(k in body for k in UNSERVED):
@@ -76,9 +77,7 @@ def request(runner, e, r) -> Job | None:
     except chat.BadBody as err:
         return runner._malformed(e, r, None, err)
     h = None if body is None else chat.body_hash(body)
-    again = e.last[1:] if e.last is not None and h is not None and e.last[0] == h else e.side_answers.get(h)
-    if again is not None:  # a client's retry: the answer it had, nothing recorded (as the chat route)
-        r.answer(*again)
+    if again(e, r, h):  # a client's retry: the answer it had, nothing recorded (as the chat route)
         return None
     if e.ending is not None:
         runner._refuse(e, r, h, f"the episode has ended ({e.ending})")
