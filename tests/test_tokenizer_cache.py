@@ -18,6 +18,7 @@ def test_same_bytes_load_once_and_each_caller_owns_its_copy(assets, tmp_path):
     first, second = tokenizer_of(a), tokenizer_of(b)
     assert files_key(a) == files_key(b)
     assert first is not second and first._tokenizer is second._tokenizer  # one parse, two copies
+    assert (first.name_or_path, second.name_or_path) == (str(a), str(b))  # each names its caller's files (GRPO_TOKENIZER)
     assert second(TEXT)["input_ids"] == AutoTokenizer.from_pretrained(a)(TEXT)["input_ids"]
     first.apply_chat_template = None  # what template_date.dated does to its copy
     assert tokenizer_of(a).apply_chat_template is not None

@@ -53,4 +53,6 @@ def tokenizer_of(model_dir: Path):
             _CACHE[key] = tok
             while len(_CACHE) > KEEP:
                 _CACHE.popitem(last=False)
-    return copy.copy(tok)
+    tok = copy.copy(tok)
+    tok.name_or_path = str(model_dir)  # where this caller's files are (the cached one's may be gone): GRPO_TOKENIZER names it
+    return tok
