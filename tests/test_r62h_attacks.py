@@ -57,8 +57,49 @@ def test_a_body_quoting_the_key_in_a_bad_field_leaves_it_out_of_the_record(world
     run = run_of(world, "leak", LEAK, modes)
     rows, finished, _ = drive(run, world["engine"], limit=90)
     keys = {n["key"] for n in notes_of(notes)}
-    assert finished and len(keys) == 2 * len(modes)
+    assert finished and len(keys) == len(modes)  # drive runs sample 0 of each prompt
     got = {m: rec["ending"] for m, (_, rec) in by_mode(rows).items()}
     assert set(got.values()) == {"malformed_request"}, got
     text = json.dumps(rows, default=str)
     assert not [k for k in keys if k[16:] in text], [(r["mode"], json.loads(r["episode"])["detail"]) for r in rows]
+
+
+SIDES = '''
+client = OpenAI(max_retries=0, timeout=120)
+for i in range(3):  # an honest harness: three side calls (a judge, a title), each at once, then its one turn
+    client.chat.completions.create(model="judge-model", messages=[{"role": "user", "content": f"Judge {i}: " + Q}])
+r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": Q}])
+note(content=r.choices[0].message.content)
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="f3f9348: a side call's wait (for the engine and the other episodes) runs the agent's "
+                   "clock, so a slow engine times out an agent that spends no time of its own; config.md still says "
+                   "'a busy engine never times an agent out' (fix: hold the clock for a side call too and bound side "
+                   "calls by count, e.g. rollout.agent.max_side_calls, which stops the side-call loop deterministically)")
+def test_a_busy_engine_never_times_out_an_agent_whose_side_calls_wait_for_it(world, notes):
+    """timeout_s 12 (~3 s of it importing openai); an engine taking 5 s a call; the agent's three side calls
+    and its turn take 20 s of the engine's time and almost none of its own."""
+    run = run_of(world, "slowsides", SIDES, ["sides"], timeout_s=12)
+    slow = Slow(world["engine"], 5.0)
+    rows, finished, _ = drive(run, slow, limit=150)
+    rec = json.loads(rows[0]["episode"])
+    assert finished and rec["ending"] in ("finished", "length"), (rec["ending"], rec["detail"], [q["kind"] for q in rec["requests"]])
+
+
+@pytest.mark.xfail(strict=True, reason="AgentProcess.result refuses only the whole key (not fixed here: refusing 6-character pieces "
+                   "as output_tail blanks them would refuse a result holding a hex hash at random, the key being random; "
+                   "pieces of 12 or more would not)")
+def test_a_result_file_holding_the_key_in_pieces_is_refused(tmp_path):
+    """The log blanks every 6-character piece of the key (f3f9348), but AgentProcess.result refuses only the
+    whole key: a result writing it in two halves (metrics a and b) puts both in the record's episode.agent."""
+    from pipeline.agents.endpoint.process import AgentProcess
+
+    p = AgentProcess([sys.executable, "-c", "pass"], {}, 30)
+    try:
+        p.proc.wait()
+        p.result_path.write_text(json.dumps({"reward": 1, "metrics": {"a": KEY[:18], "b": KEY[18:]}}))
+        result, why = p.result(KEY)
+        assert result is None and "API key" in why, result
+    finally:
+        p.cleanup()
