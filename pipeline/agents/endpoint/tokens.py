@@ -34,7 +34,7 @@ UNSERVED = ("features", "content_parts", "multi_modal_data")
 
 def check_body(body, secret: str, vocab: int) -> None:
     """chat.BadBody naming what is wrong, unless `body` is a tokens request grpo serves (one choice, text ids)."""
-    chat.check_text(body, secret)  # first: the messages below quote the body's values (a `stop` or `n` that is the key)
+    chat.check_secret(body, secret)  # first: the messages below quote the body's values (a `stop` or `n` that is the key)
     if not isinstance(body, dict):
         raise chat.BadBody("the body is not a JSON object")
     if not isinstance(body.get("model"), str):
@@ -52,6 +52,7 @@ def check_body(body, secret: str, vocab: int) -> None:
         raise chat.BadBody(f"{', '.join(k for k in UNSERVED if k in body)}: grpo's tokens route takes text token ids only")
     if body.get("stream"):
         raise chat.BadBody("`stream`: the tokens route answers in one piece")
+    chat.check_text(body)
 
 
 def _stops(sp: dict) -> list:
