@@ -38,9 +38,24 @@ def check_stop(stop: Any, name: str) -> None:
         raise BadBody(f"`{name}` must be a string or a list of strings, not {json.dumps(stop)[:40]}")
 
 
+def check_secret(body: Any, secret: str) -> None:
+    """BadBody when `body`'s text holds `secret` (the episode's key): first, as the other messages quote the body's values."""
+    if secret and secret in json.dumps(body, ensure_ascii=False):
+        raise BadBody("the body holds the episode's API key (OPENAI_API_KEY), which is never recorded")
+
+
+def check_text(body: Any) -> None:
+    """BadBody unless `body` can be recorded as strict JSON in UTF-8 (no lone surrogate, no NaN)."""
+    try:
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError, UnicodeError) as err:
+        raise BadBody(f"the body cannot be recorded as JSON text ({type(err).__name__}: a lone surrogate or NaN)") from None
+
+
 def check_body(body: Any, secret: str = "") -> None:
     """BadBody naming what is wrong, unless `body` is a chat-completions request grpo serves (n=1) that
     does not hold `secret` (the episode's key: sent to the agent, never recorded)."""
+    check_secret(body, secret)  # first: the messages below quote the body's values (a `stop` or `n` that is the key)
     if not isinstance(body, dict):
         raise BadBody("the body is not a JSON object")
     msgs = body.get("messages")
@@ -62,12 +77,7 @@ def check_body(body: Any, secret: str = "") -> None:
         if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
             raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")
         _check_message(m, f"messages[{i}]")
-    try:  # the record is strict JSON in UTF-8: a lone surrogate (\ud800) or a NaN cannot be written there
-        (text := json.dumps(body, ensure_ascii=False, allow_nan=False)).encode()
-    except (TypeError, ValueError, UnicodeError) as err:
-        raise BadBody(f"the body cannot be recorded as JSON text ({type(err).__name__}: a lone surrogate or NaN)") from None
-    if secret and secret in text:
-        raise BadBody("the body holds the episode's API key (OPENAI_API_KEY), which is never recorded")
+    check_text(body)  # the record is strict JSON in UTF-8: a lone surrogate (\ud800) or a NaN cannot be written there
 
 
 def _check_message(m: dict, where: str) -> None:

@@ -21,8 +21,6 @@ A request's record entry is a chat turn's (runner.py) with `"route": "tokens"` a
 
 from __future__ import annotations
 
-import json
-
 from pipeline.agents.endpoint import chat
 from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again
 from pipeline.data.prompts import derive_seed
@@ -36,6 +34,7 @@ UNSERVED = ("features", "content_parts", "multi_modal_data")
 
 def check_body(body, secret: str, vocab: int) -> None:
     """chat.BadBody naming what is wrong, unless `body` is a tokens request grpo serves (one choice, text ids)."""
+    chat.check_secret(body, secret)  # first: the messages below quote the body's values (a `stop` or `n` that is the key)
     if not isinstance(body, dict):
         raise chat.BadBody("the body is not a JSON object")
     if not isinstance(body.get("model"), str):
@@ -53,13 +52,7 @@ def check_body(body, secret: str, vocab: int) -> None:
         raise chat.BadBody(f"{', '.join(k for k in UNSERVED if k in body)}: grpo's tokens route takes text token ids only")
     if body.get("stream"):
         raise chat.BadBody("`stream`: the tokens route answers in one piece")
-    try:
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
-        text.encode()
-    except (TypeError, ValueError, UnicodeError) as err:
-        raise chat.BadBody(f"the body cannot be recorded as JSON text ({type(err).__name__}: a lone surrogate or NaN)") from None
-    if secret and secret in text:
-        raise chat.BadBody("the body holds the episode's API key (OPENAI_API_KEY), which is never recorded")
+    chat.check_text(body)
 
 
 def _stops(sp: dict) -> list:
