@@ -149,17 +149,20 @@ if task["mode"] == "retries":
         threading.Thread(target=loop, daemon=True).start()
     time.sleep(100000)  # the main program hangs
 i = 0
-while True:  # a harness asking for a title again until one parses (a tiny model's never does)
+while True:  # a harness asking for a title again until one parses (a tiny model's never does), refused or not
     i += 1
-    client.chat.completions.create(model="title-model", messages=[{"role": "user", "content": f"Title {i}: " + Q}])
+    try:
+        client.chat.completions.create(model="title-model", messages=[{"role": "user", "content": f"Title {i}: " + Q}])
+    except BadRequestError:
+        time.sleep(0.05)
 '''
 
 
 def test_agents_whose_retries_or_side_calls_never_stop_are_still_timed_out(world, notes):
     """timeout_s fires for an agent whose hung main program leaves four threads retrying, one request always
-    waiting, and for one looping side calls (max_turns counts turns): a retry is answered as it comes and a
-    side call's wait is the agent's own time, so neither holds its clock (found: both ran for ever)."""
-    run = run_of(world, "runaway", RUNAWAY, ["retries", "sides"], timeout_s=10)
+    waiting, and for one looping side calls (max_turns counts turns): a retry is answered as it comes, and side
+    calls past rollout.agent.max_side_calls are refused at once, neither holding its clock (found: both ran for ever)."""
+    run = run_of(world, "runaway", RUNAWAY, ["retries", "sides"], timeout_s=10, max_side_calls=5)
     rows, finished, took = drive(run, world["engine"], limit=90)
     got = by_mode(rows)
     assert finished, f"the part never ended: agents still alive after 90 s with timeout_s 10 ({took:.0f} s)"
@@ -168,7 +171,8 @@ def test_agents_whose_retries_or_side_calls_never_stop_are_still_timed_out(world
         assert rec["ending"] == "agent_timeout" and rec["agent"]["killed"], (mode, rec["ending"], rec["detail"])
         assert rec["turns"] == 1 and rec["requests"][0]["kind"] == "turn", mode
     assert [q["kind"] for q in got["retries"][1]["requests"]] == ["turn"]  # the retries recorded nothing
-    assert {q["kind"] for q in got["sides"][1]["requests"][1:]} == {"side"}
+    sides = [q["kind"] for q in got["sides"][1]["requests"][1:]]
+    assert sides[:5] == ["side"] * 5 and set(sides[5:]) == {"side_refused"}  # max_side_calls, then refused
 
 
 SLOW_SDK = '''

@@ -73,10 +73,6 @@ note(content=r.choices[0].message.content)
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="f3f9348: a side call's wait (for the engine and the other episodes) runs the agent's "
-                   "clock, so a slow engine times out an agent that spends no time of its own; config.md still says "
-                   "'a busy engine never times an agent out' (fix: hold the clock for a side call too and bound side "
-                   "calls by count, e.g. rollout.agent.max_side_calls, which stops the side-call loop deterministically)")
 def test_a_busy_engine_never_times_out_an_agent_whose_side_calls_wait_for_it(world, notes):
     """timeout_s 12 (~3 s of it importing openai); an engine taking 5 s a call; the agent's three side calls
     and its turn take 20 s of the engine's time and almost none of its own."""
@@ -87,12 +83,9 @@ def test_a_busy_engine_never_times_out_an_agent_whose_side_calls_wait_for_it(wor
     assert finished and rec["ending"] in ("finished", "length"), (rec["ending"], rec["detail"], [q["kind"] for q in rec["requests"]])
 
 
-@pytest.mark.xfail(strict=True, reason="AgentProcess.result refuses only the whole key (not fixed here: refusing 6-character pieces "
-                   "as output_tail blanks them would refuse a result holding a hex hash at random, the key being random; "
-                   "pieces of 12 or more would not)")
 def test_a_result_file_holding_the_key_in_pieces_is_refused(tmp_path):
-    """The log blanks every 6-character piece of the key (f3f9348), but AgentProcess.result refuses only the
-    whole key: a result writing it in two halves (metrics a and b) puts both in the record's episode.agent."""
+    """A result writing the key in two halves (metrics a and b) is refused, as the whole key is (found: both
+    halves reached the record's episode.agent); pieces of 12 characters, so a hex hash never matches by chance."""
     from pipeline.agents.endpoint.process import AgentProcess
 
     p = AgentProcess([sys.executable, "-c", "pass"], {}, 30)

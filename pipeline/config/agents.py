@@ -63,10 +63,14 @@ class AgentCommand(Section):
     {"reward": x, "metrics": {...}}: the reward `agent` and its metric columns, pipeline/agents/endpoint/result.py)
     in its environment."""
     timeout_s: float = Field(300.0, gt=0.0)
-    """Seconds of the agent's own time per episode: its clock stops while a turn of its waits for the
-    engine (and for the other episodes' requests that share the engine call), so a busy engine never
-    times an agent out; a retry (answered at once) or a side call (another model's) does not stop it,
+    """Seconds of the agent's own time per episode: its clock stops while a turn or a side call of its
+    waits for the engine (and for the other episodes' requests that share the engine call), so a busy
+    engine never times an agent out; a retry (answered at once) or a refused request does not stop it,
     so no loop of them outlives it. An agent still running past it is killed (ending agent_timeout)."""
+    max_side_calls: int | None = Field(100, ge=0)
+    """At most this many side calls (requests for another model, answered and recorded, never trained
+    on) per episode; the next are refused (side_refused), so a harness looping on them is timed out
+    by its own clock. null: no bound (runs made before this option)."""
     max_running: int | None = Field(None, ge=1)
     """At most this many agents of a part run at once (null: all of them); the others start in the
     part's order as earlier ones end, so which share an engine call never depends on timing. Bounds
@@ -154,6 +158,7 @@ AGENT_NEUTRAL = {
     ("rollout", "tool_format"): "auto",
     ("rollout", "agent"): None,
     ("rollout", "agent", "max_running"): None,  # every agent of a part at once, as before
+    ("rollout", "agent", "max_side_calls"): None,  # side calls unbounded, as before
     ("rollout", "agent", "verifiers"): None,  # after ("rollout", "agent"): a run without an agent keeps agent null
     ("rollout", "agent", "verifiers", "client"): "eval",  # the chat route, as verifiers runs did before the tokens route
     ("rollout", "agent", "verifiers", "renderer"): None,

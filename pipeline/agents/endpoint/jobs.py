@@ -36,3 +36,13 @@ def again(e: EndpointEpisode, r: Request, h: str | None = None) -> bool:
     if answer is not None:
         r.answer(*answer)
     return answer is not None
+
+
+def side_refused(runner, e: EndpointEpisode, prompt_len: int) -> str | None:
+    """Why a side call is refused (its prompt too long; rollout.agent.max_side_calls used up), or None."""
+    if prompt_len > runner.max_prompt_len:
+        return f"side call: {prompt_len} prompt tokens, more than {runner.max_prompt_len}"
+    cap = runner.cfg.agent.max_side_calls
+    if cap is not None and e.sides >= cap:
+        return f"side call: the episode has made its rollout.agent.max_side_calls ({cap})"
+    return None

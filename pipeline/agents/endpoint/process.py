@@ -42,6 +42,11 @@ def stamp(cmd: list[str]) -> dict:
     return {"command": list(cmd), "files": files}
 
 
+def pieces(secret: str, n: int) -> set[str]:
+    """Every run of `n` characters of `secret`, lower case (none for an empty secret)."""
+    return {secret[i:i + n].lower() for i in range(len(secret) - n + 1)} if secret else set()
+
+
 class AgentProcess:
     """One episode's agent: its own process group, stdout and stderr kept in a temporary file."""
 
@@ -85,9 +90,10 @@ class AgentProcess:
 
     def result(self, secret: str = "") -> tuple[dict | None, str | None]:
         """What it wrote to GRPO_RESULT_FILE (pipeline.agents.endpoint.result): (result, None) or (None, why not);
-        a result (or the reason it is none) that holds `secret`, the episode's key, is refused: it is never recorded."""
+        a result (or the reason it is none) that holds `secret`, the episode's key, or 12 characters of it, is refused."""
         result, why = read_result(self.result_path)
-        if secret and secret in json.dumps([result, why], ensure_ascii=False):
+        text = json.dumps([result, why], ensure_ascii=False).lower()  # pieces of 12: a hex hash there never matches by chance
+        if any(piece in text for piece in pieces(secret, 12)):
             return None, "the result file holds the episode's API key (OPENAI_API_KEY), which is never recorded"
         return result, why
 
@@ -97,7 +103,7 @@ class AgentProcess:
         self.log.flush()
         text = "\n".join((self.dir / "output.txt").read_text(errors="replace").splitlines()[-lines:])
         low, hide = "".join(c.lower() if c.isascii() else c for c in text), bytearray(len(text))  # as long as text
-        for piece in {secret[i:i + 6].lower() for i in range(len(secret) - 5)}:
+        for piece in pieces(secret, 6):
             at = low.find(piece)
             while at >= 0:
                 hide[at:at + 6] = b"\1" * 6

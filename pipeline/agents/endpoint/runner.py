@@ -3,8 +3,8 @@
 The rollout's thread owns every decision. Agents start in the part's order (at most
 rollout.agent.max_running at once). A client's retry (a body answered before) is answered as it
 arrives. Otherwise it waits until each live episode has a request waiting or its agent has exited
-(or used up rollout.agent.timeout_s of its own time: killed; the clock is held while a turn waits,
-never for a retry or a side call), then takes one request per such episode, in the part's order,
+(or used up rollout.agent.timeout_s of its own time: killed; the clock is held while a turn or a side
+call waits, never for a retry or a refusal; side calls are bounded by rollout.agent.max_side_calls), then takes one request per such episode, in the part's order,
 and samples all of them in one engine call (n=1, each request its own seed: derive_seed(group seed, sample, turn), as
 pipeline.agents.episode seeds a turn; a side call derive_seed(group seed, sample, turn, SIDE_SEED, k)).
 So which requests share a call depends only on what the agents sent, never on when; and with
@@ -29,7 +29,7 @@ from jinja2 import TemplateError
 
 from pipeline.agents import inserted
 from pipeline.agents.endpoint import chat, tokens
-from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again
+from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again, side_refused
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.vf_run import agent_argv
 from pipeline.agents.endpoint.server import Hub, Request, Server
@@ -136,8 +136,7 @@ class EndpointRunner:
                     if r is None or (e.proc.poll() is None and e.proc.expired(r.arrived)):
                         self._exited(e)  # exited, or out of its own time (before this request came: killed)
                     elif (job := self._request(e, r)) is not None:
-                        if job.kind == "turn":  # waiting for the others' requests and the engine is not the agent's time
-                            e.proc.hold(r.arrived)
+                        e.proc.hold(r.arrived)  # waiting for the others' requests and the engine is not the agent's time
                         jobs.append(job)
                 if jobs:
                     samples = engine.generate([j.prompt for j in jobs], [j.seed for j in jobs], 1, greedy=self.greedy,
@@ -274,8 +273,8 @@ class EndpointRunner:
     def _side(self, e: EndpointEpisode, r: Request, msgs: list[dict], tools: list, entry: dict) -> Job | None:
         text = self.a.format.render([chat.render_shape(m, {}) for m in msgs], tools, True)
         ids = list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"])
-        if len(ids) > self.max_prompt_len:
-            self._refuse(e, r, entry["body_sha256"], f"side call: {len(ids)} prompt tokens, more than {self.max_prompt_len}", "side_refused")
+        if (why := side_refused(self, e, len(ids))) is not None:
+            self._refuse(e, r, entry["body_sha256"], why, "side_refused")
             return None
         e.sides += 1
         seed = derive_seed(e.seed, e.sample_idx, e.turns, SIDE_SEED, e.sides)

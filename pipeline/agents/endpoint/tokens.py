@@ -22,7 +22,7 @@ A request's record entry is a chat turn's (runner.py) with `"route": "tokens"` a
 from __future__ import annotations
 
 from pipeline.agents.endpoint import chat
-from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again
+from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again, side_refused
 from pipeline.data.prompts import derive_seed
 
 ROUTE = "tokens"
@@ -80,8 +80,8 @@ def request(runner, e, r) -> Job | None:
     ids, sp = list(body["token_ids"]), body.get("sampling_params") or {}
     entry = {"route": ROUTE, "body_sha256": h, "asked": {k: body[k] for k in ASKED if k in body}}
     if body["model"] != MODEL:
-        if len(ids) > runner.max_prompt_len:
-            runner._refuse(e, r, h, f"side call: {len(ids)} prompt tokens, more than {runner.max_prompt_len}", "side_refused")
+        if (why := side_refused(runner, e, len(ids))) is not None:
+            runner._refuse(e, r, h, why, "side_refused")
             return None
         e.sides += 1
         seed, cap = derive_seed(e.seed, e.sample_idx, e.turns, SIDE_SEED, e.sides), runner.cfg.max_new_tokens
