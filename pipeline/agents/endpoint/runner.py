@@ -171,6 +171,11 @@ class EndpointRunner:
         e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
         e.done = True
 
+    def _over(self, e: EndpointEpisode, r: Request, h: str | None, ending: str, detail: str | None = None, message: str | None = None) -> None:
+        """Ends the episode (`ending`, `detail`) and refuses the request that met it (`message`, else the detail)."""
+        e.end(ending, detail)
+        self._refuse(e, r, h, message or detail or ending)
+
     def _refuse(self, e: EndpointEpisode, r: Request, h: str | None, message: str, kind: str = "refused") -> None:
         e.requests.append({"kind": kind, "body_sha256": h, "why": message})
         e.last = (h, 400, chat.error(message), None)
@@ -216,9 +221,7 @@ class EndpointRunner:
             return self._side(e, r, msgs, tools, entry)
         stops = [body["stop"]] if isinstance(body.get("stop"), str) else list(body.get("stop") or [])
         if any(x not in self.cfg.stop for x in stops):  # the engine stops on the run's strings alone: refused, never ignored
-            e.end("unsupported_request", f"`stop` {stops!r}: the engine stops on rollout.stop {list(self.cfg.stop)!r} only")
-            self._refuse(e, r, h, e.detail)
-            return None
+            return self._over(e, r, h, "unsupported_request", f"`stop` {stops!r}: the engine stops on rollout.stop {list(self.cfg.stop)!r} only")
         if not e.convo:
             shapes = [chat.render_shape(m, {}) for m in msgs]
             text, spans = chat.first_prompt(self.a.format, shapes, tools, self.tokens.marked)
@@ -233,13 +236,9 @@ class EndpointRunner:
             entry.update(new_messages=msgs, prompt_tokens=len(ids))
         else:
             if (why := chat.extension_problem(e.schemas, e.convo, e.convo_answer, msgs, tools)) is not None:
-                e.end("history_rewritten", why)
-                self._refuse(e, r, h, f"the conversation does not extend the episode's record: {why}")
-                return None
+                return self._over(e, r, h, "history_rewritten", why, f"the conversation does not extend the episode's record: {why}")
             if self.cfg.max_turns is not None and e.turns >= self.cfg.max_turns:
-                e.end("max_turns")
-                self._refuse(e, r, h, f"the episode has ended (max_turns {self.cfg.max_turns})")
-                return None
+                return self._over(e, r, h, "max_turns", None, f"the episode has ended (max_turns {self.cfg.max_turns})")
             new = msgs[len(e.convo):]
             shapes = [chat.render_shape(m, e.calls_by_id) for m in new]
             last = e.last_ids
@@ -248,14 +247,10 @@ class EndpointRunner:
             try:
                 glue, spans = self.a.format.glue(e.shapes + shapes, len(shapes), e.schemas, eot, eot_sampled)
             except GRPOError as err:
-                e.end("template_rewrites_history", str(err))
-                self._refuse(e, r, h, str(err))
-                return None
+                return self._over(e, r, h, "template_rewrites_history", str(err))
             glue_ids = self.tokens.encode(glue, spans)  # the new messages' text as text: a marker in it is no special token
             if len(e.ids) + len(glue_ids) >= self.budget:  # no room for a token of the next turn
-                e.end("max_episode_tokens")
-                self._refuse(e, r, h, f"the episode has ended (rollout.max_episode_tokens {self.budget})")
-                return None
+                return self._over(e, r, h, "max_episode_tokens", None, f"the episode has ended (rollout.max_episode_tokens {self.budget})")
             e.extend(glue_ids, None, glue)
             e.convo, e.shapes = msgs, e.shapes + shapes
             for m in new:

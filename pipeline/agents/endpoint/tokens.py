@@ -87,9 +87,7 @@ def request(runner, e, r) -> Job | None:
         seed, cap = derive_seed(e.seed, e.sample_idx, e.turns, SIDE_SEED, e.sides), runner.cfg.max_new_tokens
         return Job(e, r, "side", ids, seed, cap, {"kind": "side", **entry, "seed": seed, "sampling": runner.sampling(cap), "prompt_ids": ids})
     if any(x not in runner.cfg.stop for x in _stops(sp)):  # the engine stops on the run's strings alone
-        e.end("unsupported_request", f"`stop` {_stops(sp)!r}: the engine stops on rollout.stop {list(runner.cfg.stop)!r} only")
-        runner._refuse(e, r, h, e.detail)
-        return None
+        return runner._over(e, r, h, "unsupported_request", f"`stop` {_stops(sp)!r}: the engine stops on rollout.stop {list(runner.cfg.stop)!r} only")
     if not e.prompt_ids:
         if len(ids) > runner.max_prompt_len:
             e.end("prompt_too_long", f"{len(ids)} tokens, more than the {runner.max_prompt_len} the context leaves beside "
@@ -101,18 +99,12 @@ def request(runner, e, r) -> Job | None:
     else:
         have = e.prompt_ids + e.ids
         if (why := extension_problem(have, ids, len(e.prompt_ids))) is not None:
-            e.end("history_rewritten", why)
-            runner._refuse(e, r, h, f"the token ids do not extend the episode's record: {why}")
-            return None
+            return runner._over(e, r, h, "history_rewritten", why, f"the token ids do not extend the episode's record: {why}")
         if runner.cfg.max_turns is not None and e.turns >= runner.cfg.max_turns:
-            e.end("max_turns")
-            runner._refuse(e, r, h, f"the episode has ended (max_turns {runner.cfg.max_turns})")
-            return None
+            return runner._over(e, r, h, "max_turns", None, f"the episode has ended (max_turns {runner.cfg.max_turns})")
         glue = ids[len(have):]
         if len(e.ids) + len(glue) >= runner.budget:  # no room for a token of the next turn
-            e.end("max_episode_tokens")
-            runner._refuse(e, r, h, f"the episode has ended (rollout.max_episode_tokens {runner.budget})")
-            return None
+            return runner._over(e, r, h, "max_episode_tokens", None, f"the episode has ended (rollout.max_episode_tokens {runner.budget})")
         text = runner.tok.decode(glue)
         e.extend(glue, None, text)
         if glue:
