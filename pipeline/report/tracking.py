@@ -140,21 +140,18 @@ def _sync(run: Run) -> None:
         tracker.sync(run, plots=False)
 
 
-_LANE: list[ThreadPoolExecutor] = []
-"""Tracking's thread (made on first use): every hook's MLflow calls, one at a time, in order."""
+_LANE = ThreadPoolExecutor(1, thread_name_prefix="grpo-tracking")
+"""Tracking's thread (started on the first submit): every hook's MLflow calls, one at a time, in order."""
 
 
 def _later(what: str, fn) -> None:
     """`fn`, `_guard`ed, on tracking's thread after everything submitted before it."""
-    if not _LANE:
-        _LANE.append(ThreadPoolExecutor(1, thread_name_prefix="grpo-tracking"))
-    _LANE[0].submit(_guard, what, fn)
+    _LANE.submit(_guard, what, fn)
 
 
 def flush() -> None:
     """Wait for what the hooks have left on tracking's thread (never raises: `_guard` caught it)."""
-    if _LANE:
-        _LANE[0].submit(lambda: None).result()
+    _LANE.submit(lambda: None).result()
 
 
 def _guard(what: str, fn) -> None:

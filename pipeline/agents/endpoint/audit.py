@@ -26,6 +26,7 @@ class _Recorded:
 
     def __init__(self, body: dict):
         self.key, self.body, self.raw_error, self.route = "audit", body, None, "chat"
+        self.digest = chat.body_hash(body)  # as server.Request's
 
     def answer(self, *args) -> None:
         pass

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.agents.endpoint.chat import body_hash
-
 if TYPE_CHECKING:
     from pipeline.agents.endpoint.runner import EndpointEpisode
     from pipeline.agents.endpoint.server import Request
@@ -28,10 +26,10 @@ class Job:
     entry: dict
 
 
-def again(e: EndpointEpisode, r: Request, h: str | None = None) -> bool:
+def again(e: EndpointEpisode, r: Request) -> bool:
     """The same body again (a client's retry, which timing drives; the turn that ended the episode included):
-    answered as it was, nothing recorded, so a part's bytes never depend on retries. `h`: the body's hash."""
-    h = h or (None if r.body is None else body_hash(r.body))
+    answered as it was, nothing recorded, so a part's bytes never depend on retries."""
+    h = r.digest
     answer = e.last[1:] if h and e.last is not None and e.last[0] == h else e.side_answers.get(h)
     if answer is not None:
         r.answer(*answer)

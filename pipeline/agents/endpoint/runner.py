@@ -187,11 +187,11 @@ class EndpointRunner:
             return tokens.request(self, e, r)
         try:
             if r.body is not None:
-                chat.check_body(r.body, e.key)  # before its hash: a body that is no JSON text cannot be hashed
+                chat.check_body(r.body, e.key)  # first: a body that is no request grpo serves is recorded with no hash
         except chat.BadBody as err:
             return self._malformed(e, r, None, err)
-        h = None if r.body is None else chat.body_hash(r.body)
-        if again(e, r, h):
+        h = r.digest
+        if again(e, r):
             return None
         if e.ending is not None:
             self._refuse(e, r, h, f"the episode has ended ({e.ending})")

@@ -19,7 +19,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+from pipeline.agents.endpoint.chat import body_hash
 
 
 @dataclass
@@ -33,6 +36,12 @@ class Request:
     answered: bool = False
     arrived: float = field(default_factory=time.monotonic)  # when it came: the agent's timeout clock stops there
     route: str = "chat"  # "chat" | "tokens" (POST /inference/v1/generate)
+
+    @cached_property
+    def digest(self) -> str | None:
+        """The body's sha256 (chat.body_hash; None when it did not parse), computed once: the runner's
+        wait loop looks at a waiting request each time it wakes."""
+        return None if self.body is None else body_hash(self.body)
 
     def answer(self, status: int, payload: dict, stream: list[dict] | None = None) -> None:
         """Answered from the rollout's thread: JSON, or (`stream`) SSE chunks."""

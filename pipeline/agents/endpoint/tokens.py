@@ -69,8 +69,8 @@ def request(runner, e, r) -> Job | None:
             check_body(body, e.key, len(runner.tok))
     except chat.BadBody as err:
         return runner._malformed(e, r, None, err)
-    h = None if body is None else chat.body_hash(body)
-    if again(e, r, h):  # a client's retry: the answer it had, nothing recorded (as the chat route)
+    h = r.digest
+    if again(e, r):  # a client's retry: the answer it had, nothing recorded (as the chat route)
         return None
     if e.ending is not None:
         runner._refuse(e, r, h, f"the episode has ended ({e.ending})")
