@@ -258,8 +258,9 @@ def test_replay_rescores_through_task_score_with_no_harness_engine_or_endpoint(c
         new = Path(replay(str(src), 0, str(tmp_path / src.parent.name), until="score").uri)
         parts = sorted((new / "iter-0000/score").glob("part-*.parquet"))
         assert started == {"engines": 0, "agents": 0, "servers": 0}
-        assert parts and len(commands) == len(parts), commands  # one scoring process per part, nothing else
-        assert all(c[1] == vf_run.PROGRAM and c[-1] == "--score" for c in commands), commands
+        started_here = [c for c in commands if c[0] != "git"]  # git: `git describe`, grpo's own version stamp
+        assert parts and len(started_here) == len(parts), commands  # one scoring process per part, nothing else
+        assert all(c[1] == vf_run.PROGRAM and c[-1] == "--score" for c in started_here), commands
         old = {(r["prompt_id"], r["sample_idx"]): r for r in score_rows(src)}
         for row, rec in zip(score_rows(new), rollout_rows(new)):
             trace = json.loads(rec["episode"])["agent"]["result"]["verifiers"]["trace"]
@@ -278,15 +279,18 @@ def test_replay_rescores_through_task_score_with_no_harness_engine_or_endpoint(c
     assert [ln for ln in out.splitlines() if "not replayable" in ln] == [
         "grpo: replay: the verifiers reward 'runtime_alive' reads the runtime (no runtime runs in a replay): not replayable, "
         "its recorded score is kept (column extra_vf_runtime_alive_replay)"] * len(parts)
-    # it re-scores the trace, never copies the recorded score: a recorded score forged to the wrong value comes back right
+    # it re-scores the trace, never copies the recorded score: a recorded score forged to the wrong value comes
+    # back right, and a trace whose last reply is the right answer scores 1 (the tiny model's replies never are)
     opts = Run(str(chat_runs[0])).cfg.rollout.agent.verifiers
-    rec = json.loads(rollout_rows(chat_runs[0])[0]["episode"])
-    result = rec["agent"]["result"]
-    right = result["verifiers"]["trace"]["rewards"]["exact_match"]["score"]
-    result["verifiers"]["trace"]["rewards"]["exact_match"]["score"] = 1.0 - right
+    row = rollout_rows(chat_runs[0])[0]
+    forged, solved = (json.loads(row["episode"])["agent"]["result"] for _ in range(2))
+    right = forged["verifiers"]["trace"]["rewards"]["exact_match"]["score"]
+    forged["verifiers"]["trace"]["rewards"]["exact_match"]["score"] = 1.0 - right
+    [m for m in solved["verifiers"]["trace"]["messages"] if m["role"] == "assistant"][-1]["content"] = str(2 * row["vf_task"])
     commands.clear()
-    got = vf_run.rescore(opts, [result, None], [rollout_rows(chat_runs[0])[0]["vf_task"], None])
-    assert got[0]["verifiers"]["trace"]["rewards"]["exact_match"]["score"] == right and got[1] is None and len(commands) == 1
+    got = vf_run.rescore(opts, [forged, solved, None], [row["vf_task"], row["vf_task"], None])
+    assert [g and g["verifiers"]["trace"]["rewards"]["exact_match"]["score"] for g in got] == [right, 1.0, None]
+    assert [c[-1] for c in commands] == ["--score"]
 
 
 @needs_vf
