@@ -95,6 +95,10 @@ def score_table(run: Run, k: int, rollout: pa.Table, batch_stats: tuple[float, f
         # inside run_code: the environments rebuilt here are the classes get_reward resolves (the run's copy), or
         # `type(e) is cls` fails for every row and each get_reward is None
         prompts, completions, completion_ids, columns = trl_inputs(rollout, cfg.data.system_prompt, cfg.rollout.environment)
+        if "agent_results" in columns and cfg.rollout.agent.verifiers is not None and run.require(k, "score", "rollout").replayed_from:
+            from pipeline.agents.endpoint.vf_run import rescore  # a replay: verifiers' Task.score on the recorded traces
+
+            columns["agent_results"] = rescore(cfg.rollout.agent.verifiers, columns["agent_results"], columns["vf_task"])
         log = RewardLog(len(completions))
         per_fn = compute_rewards(cfg.rewards, prompts, completions, completion_ids, columns, iteration=k,
                                  trainer_state=trainer_state(run, k), log=log, completion_masks=completion_masks(rollout),

@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO, base_config, init_error_line, write_config
 
 FIXTURE = str(REPO / "tests/fixtures/verifiers/addition_v1")
+RUNTIME_FIXTURE = str(REPO / "tests/fixtures/verifiers/runtime_reward_v1")  # one trace-only reward, one that reads the runtime
 
 
 def vf_python() -> str | None:
@@ -98,22 +99,39 @@ def rollout_rows(run: Path, stage: str = "rollout") -> list[dict]:
     return [r for p in sorted((Path(run) / f"iter-0000/{stage}").glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
 
 
+def iterated(assets, tmp: Path, n: int = 2, **over) -> list[Path]:
+    """n runs of one config through `grpo init` and `grpo iterate --iters 1`."""
+    from conftest import grpo
+
+    conf = write_config(tmp / "cfg.yaml", vf_config(assets, addition_rows(tmp / "rows.jsonl"), **over))
+    runs = [tmp / name for name in "ab"[:n]]
+    for run in runs:
+        grpo("init", str(run), "--config", str(conf))
+        grpo("iterate", str(run), "--iters", "1", timeout=900)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def chat_runs(assets, tmp_path_factory) -> list[Path]:
+    """Two runs of the Addition taskset on the chat route (verifiers' eval client): shared by the tests below."""
+    return iterated(assets, tmp_path_factory.mktemp("vf_chat"))
+
+
+@pytest.fixture(scope="module")
+def train_runs(assets, tmp_path_factory) -> list[Path]:
+    """Two runs of the Addition taskset on the tokens route (verifiers' train client): shared."""
+    return iterated(assets, tmp_path_factory.mktemp("vf_train"), client="train")
+
+
 @needs_vf
 @pytest.mark.slow
-def test_addition_taskset_through_grpo_iterate(assets, tmp_path):
+def test_addition_taskset_through_grpo_iterate(chat_runs):
     """Two runs of one config through `grpo iterate`, each episode one verifiers `run_episode` (the null
     harness's chat program, through verifiers' interception server and eval client, to grpo's endpoint):
     the record holds the canonical trace, its reward is the column reward_vf_exact_match (weight 1, as
     verifiers weighs it) and is the taskset's own rule on the trace; mask 1 exactly on the sampled ids;
     the two runs' rollout and score parts are byte-identical."""
-    from conftest import grpo
-
-    cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"))
-    conf = write_config(tmp_path / "cfg.yaml", cfg)
-    runs = [tmp_path / "a", tmp_path / "b"]
-    for run in runs:
-        grpo("init", str(run), "--config", str(conf))
-        grpo("iterate", str(run), "--iters", "1", timeout=900)
+    runs = chat_runs
     import yaml
 
     rewards = yaml.safe_load((runs[0] / "config.yaml").read_text())["rewards"]
@@ -136,6 +154,7 @@ def test_addition_taskset_through_grpo_iterate(assets, tmp_path):
         vf = rec["agent"]["result"]["verifiers"]
         trace = vf["trace"]
         assert vf["traces"] == 1 and vf["task"]["key"] and vf["task"]["hash"], vf
+        assert trace["branches"] == 1 and rec["agent"]["trace_problem"] is None  # the trace is the record's conversation
         assert "id" not in trace and "timing" not in trace
         said = [m for m in trace["messages"] if m["role"] == "assistant"]
         assert [m.get("content") for m in said] == [q["message"]["content"] for q in turns]  # what grpo answered
@@ -162,19 +181,12 @@ def test_the_eval_and_rollout_start_a_verifiers_agent_with_grpo_s_program():
 
 @needs_vf
 @pytest.mark.slow
-def test_addition_taskset_through_grpo_iterate_with_verifiers_train_client(assets, tmp_path):
+def test_addition_taskset_through_grpo_iterate_with_verifiers_train_client(train_runs):
     """rollout.agent.verifiers.client train: verifiers' train client renders the token ids itself (its
     renderers package, the tokenizer grpo names in GRPO_TOKENIZER) and POSTs them to grpo's tokens route
     (/inference/v1/generate); every turn is recorded on that route, mask 1 exactly on the engine's
     sampled ids, the trace's reply is the sampled ids' text, and two runs' parts are byte-identical."""
-    from conftest import grpo
-
-    cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"), client="train")
-    conf = write_config(tmp_path / "cfg.yaml", cfg)
-    runs = [tmp_path / "a", tmp_path / "b"]
-    for run in runs:
-        grpo("init", str(run), "--config", str(conf))
-        grpo("iterate", str(run), "--iters", "1", timeout=900)
+    runs = train_runs
     for stage in ("rollout", "score"):
         a, b = (sorted((r / f"iter-0000/{stage}").glob("part-*.parquet")) for r in runs)
         assert a and [p.read_bytes() for p in a] == [p.read_bytes() for p in b], stage
@@ -191,3 +203,139 @@ def test_addition_taskset_through_grpo_iterate_with_verifiers_train_client(asset
         assert [t for t, m in zip(row["completion_ids"], mask) if m] == [t for q in turns for t in q["completion_ids"]]
         trace = rec["agent"]["result"]["verifiers"]["trace"]
         assert trace is not None and trace["rewards"]["exact_match"]["weight"] == 1.0, rec["agent"]
+        assert trace["sampled_ids"] == [q["completion_ids"] for q in turns]  # verifiers' own ids of its sampled nodes
+        assert rec["agent"]["trace_problem"] is None
+
+
+@pytest.fixture(scope="module")
+def runtime_run(assets, tmp_path_factory) -> Path:
+    """One run of the runtime_reward_v1 taskset (exact_match reads the trace; runtime_alive the runtime)."""
+    return iterated(assets, tmp_path_factory.mktemp("vf_runtime"), n=1, taskset="runtime_reward_v1", path=RUNTIME_FIXTURE)[0]
+
+
+def score_rows(run: Path) -> list[dict]:
+    return rollout_rows(run, "score")
+
+
+@needs_vf
+@pytest.mark.slow
+def test_replay_rescores_through_task_score_with_no_harness_engine_or_endpoint(chat_runs, runtime_run, tmp_path, monkeypatch, capsys):
+    """`grpo replay --until score` of a verifiers run re-scores its trace rewards through verifiers' own
+    Task.score(trace, runtime=None): one scoring process per score part and nothing else started (no
+    engine, no agent process, no endpoint server: real constructions, counted on the way through); a
+    reward that reads the runtime keeps its recorded score, is named in a printed line and marked
+    `recorded` in extra_vf_<name>_replay."""
+    import subprocess
+
+    from pipeline.agents.endpoint import vf_run
+    from pipeline.agents.endpoint.process import AgentProcess
+    from pipeline.agents.endpoint.server import Server
+    from pipeline.loop.replay import replay
+    from pipeline.models.hf_engine import HFEngine
+    from pipeline.models.vllm_engine import VLLMEngine
+    from pipeline.run.run import Run
+
+    started = {"engines": 0, "agents": 0, "servers": 0}
+    commands: list[list[str]] = []
+
+    def counted(cls, what):
+        init = cls.__init__
+
+        def counting(self, *args, **kwargs):
+            if what == "processes":
+                commands.append(list(args[0] if args else kwargs["args"]))
+            else:
+                started[what] += 1
+            init(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", counting)
+
+    for cls, what in ((HFEngine, "engines"), (VLLMEngine, "engines"), (AgentProcess, "agents"), (Server, "servers"),
+                      (subprocess.Popen, "processes")):
+        counted(cls, what)
+    for src in (chat_runs[0], runtime_run):
+        commands.clear()
+        new = Path(replay(str(src), 0, str(tmp_path / src.parent.name), until="score").uri)
+        parts = sorted((new / "iter-0000/score").glob("part-*.parquet"))
+        assert started == {"engines": 0, "agents": 0, "servers": 0}
+        started_here = [c for c in commands if c[0] != "git"]  # git: `git describe`, grpo's own version stamp
+        assert parts and len(started_here) == len(parts), commands  # one scoring process per part, nothing else
+        assert all(c[1] == vf_run.PROGRAM and c[-1] == "--score" for c in started_here), commands
+        old = {(r["prompt_id"], r["sample_idx"]): r for r in score_rows(src)}
+        for row, rec in zip(score_rows(new), rollout_rows(new)):
+            trace = json.loads(rec["episode"])["agent"]["result"]["verifiers"]["trace"]
+            said = [m for m in trace["messages"] if m["role"] == "assistant"]
+            rule = float((said[-1].get("content") or "").strip() == str(2 * rec["vf_task"]))  # the taskset's own rule
+            was = old[(row["prompt_id"], row["sample_idx"])]
+            assert row["reward_vf_exact_match"] == rule == was["reward_vf_exact_match"]
+            assert row["extra_vf_exact_match_replay"] == "rescored"
+            if src == runtime_run:  # read the runtime: the recorded score, kept and marked
+                assert row["reward_vf_runtime_alive"] == was["reward_vf_runtime_alive"] == 1.0
+                assert row["extra_vf_runtime_alive_replay"] == "recorded"
+                assert row["reward"] == was["reward"] == rule + 0.5
+            else:
+                assert "extra_vf_runtime_alive_replay" not in row
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if "not replayable" in ln] == [
+        "grpo: replay: the verifiers reward 'runtime_alive' reads the runtime (no runtime runs in a replay): not replayable, "
+        "its recorded score is kept (column extra_vf_runtime_alive_replay)"] * len(parts)
+    # it re-scores the trace, never copies the recorded score: a recorded score forged to the wrong value comes
+    # back right, and a trace whose last reply is the right answer scores 1 (the tiny model's replies never are)
+    opts = Run(str(chat_runs[0])).cfg.rollout.agent.verifiers
+    row = rollout_rows(chat_runs[0])[0]
+    forged, solved = (json.loads(row["episode"])["agent"]["result"] for _ in range(2))
+    right = forged["verifiers"]["trace"]["rewards"]["exact_match"]["score"]
+    forged["verifiers"]["trace"]["rewards"]["exact_match"]["score"] = 1.0 - right
+    [m for m in solved["verifiers"]["trace"]["messages"] if m["role"] == "assistant"][-1]["content"] = str(2 * row["vf_task"])
+    commands.clear()
+    got = vf_run.rescore(opts, [forged, solved, None], [row["vf_task"], row["vf_task"], None])
+    assert [g and g["verifiers"]["trace"]["rewards"]["exact_match"]["score"] for g in got] == [right, 1.0, None]
+    assert [c[-1] for c in commands] == ["--score"]
+
+
+@needs_vf
+@pytest.mark.slow
+def test_audit_of_a_verifiers_run_catches_a_forged_token_and_a_forged_trace(chat_runs, train_runs):
+    """`grpo audit` of verifiers runs on both routes is clean; a forged token, a forged trace (its reply
+    not what grpo sampled), a second branch and a fake trace_problem are each named in one line."""
+    from pipeline.agents.endpoint.audit import row_problems as endpoint_problems
+    from pipeline.report.audit import audit_run
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    for run in (chat_runs[0], train_runs[0]):
+        audited = audit_run(Run(run))
+        assert audited.problems == [] and audited.unchecked_episodes == 0, audited.problems
+        inputs = RolloutInputs(Run(run), 0)
+
+        def check(r):
+            return endpoint_problems(inputs.episodes, r, inputs.group_seed(r["prompt_id"]))
+
+        rows = rollout_rows(run)
+        assert all(check(r) == [] for r in rows)
+        row = rows[0]
+        ids = list(row["completion_ids"])
+        i = len(ids) - 1 - row["completion_mask"][::-1].index(1)  # the last sampled token
+        ids[i] ^= 1
+        found = check({**row, "completion_ids": ids})
+        assert len(found) == 1 and "recorded completion ids" in found[0], found
+
+        def forged(edit) -> list[str]:
+            rec = json.loads(row["episode"])
+            edit(rec, rec["agent"]["result"]["verifiers"]["trace"])
+            return check({**row, "episode": json.dumps(rec)})
+
+        def reply(rec, trace):  # what verifiers scored is not what grpo sampled
+            if "sampled_ids" in trace:
+                trace["sampled_ids"][-1][-1] ^= 1
+            else:
+                said = [m for m in trace["messages"] if m["role"] == "assistant"][-1]
+                said["content"] = (said.get("content") or "") + " 42"
+
+        found = forged(reply)
+        assert len(found) == 1 and "no trace_problem says so" in found[0] and "rewrote the history" in found[0], found
+        assert forged(lambda rec, t: t.update(branches=2)) == [
+            "its verifiers trace disagrees with its record and no trace_problem says so "
+            "(the verifiers trace has 2 branches; grpo's record holds one conversation)"]
+        assert forged(lambda rec, t: rec["agent"].update(trace_problem="made up")) == [
+            "its trace_problem ('made up') is not what its trace and record give (they agree)"]

@@ -27,7 +27,8 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
                | "malformed_request" | "agent_crashed" | "agent_timeout" | "no_calls" | "prompt_too_long"
                | "template_rewrites_history" | "unsupported_request" (a `stop` the run's rollout.stop lacks),
      "detail": str | null, "agent": {"exit_code", "killed", "result": {"reward", "metrics"} | null,
-               "result_error": why there is no result | null} (pipeline.agents.endpoint.result),
+               "result_error": why there is no result | null (pipeline.agents.endpoint.result),
+               "trace_problem": with a verifiers trace only, how it disagrees with the record | null (vf_trace.py)},
      "model_tokens", "context_tokens"}
 
 No timestamp, request id, port, key or timing is recorded: a rerun writes the same bytes.

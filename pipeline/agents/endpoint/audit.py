@@ -10,13 +10,14 @@ give the recorded answer message; and the ids, mask and sampler logprobs the rep
 the row's: the turns' ids exactly where the mask is 1, the glue where it is 0. So a forged token (an
 id of the row that is not its turn's recorded one), a forged answer (a message that is not what its
 ids parse to) and a forged prompt each name the row. Side calls are in no token of the row and are
-not replayed."""
+not replayed. A verifiers episode's trace must agree with the record as vf_trace.py checks it, and
+its recorded `agent.trace_problem` must be what that check gives."""
 
 from __future__ import annotations
 
 import json
 
-from pipeline.agents.endpoint import chat, tokens
+from pipeline.agents.endpoint import chat, tokens, vf_trace
 from pipeline.agents.endpoint.runner import MODEL, EndpointEpisode, EndpointRunner
 from pipeline.models.engine_base import Sample
 
@@ -46,8 +47,13 @@ def openai_shape(m: dict) -> dict:
 
 def row_problems(runner: EndpointRunner, row: dict, seed: int | None = None) -> list[str]:
     """What is wrong with an endpoint episode row (empty: its record replays to it). `seed`: the
-    group's seed (derive_seed(run seed, iteration, prompt id)); None leaves the recorded seeds unchecked."""
+    group's seed (derive_seed(run seed, iteration, prompt id)); None leaves the recorded seeds unchecked.
+    A verifiers episode's trace is then checked against the record (vf_trace.py: its trace_problem)."""
     rec = json.loads(row["episode"])
+    return _token_problems(runner, row, rec, seed) or [p for p in [vf_trace.row_problem(rec)] if p]
+
+
+def _token_problems(runner: EndpointRunner, row: dict, rec: dict, seed: int | None) -> list[str]:
     if any(q.get("route") == tokens.ROUTE for q in rec["requests"]):  # the client's own token ids: no template replay
         return tokens.row_problems(runner, row, rec, seed)
     turns = [q for q in rec["requests"] if q["kind"] == "turn"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from jinja2 import TemplateError
 
 from pipeline.agents import inserted
-from pipeline.agents.endpoint import chat, tokens
+from pipeline.agents.endpoint import chat, tokens, vf_trace
 from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again, side_refused
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.vf_run import agent_argv
@@ -169,6 +169,8 @@ class EndpointRunner:
             e.end("finished")
         result, why = e.proc.result(e.key)
         e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
+        if result is not None and "verifiers" in result:  # the trace verifiers scored, checked against what grpo recorded
+            e.agent["trace_problem"] = vf_trace.problem(e.requests, result["verifiers"])
         e.done = True
 
     def _over(self, e: EndpointEpisode, r: Request, h: str | None, ending: str, detail: str | None = None, message: str | None = None) -> None:

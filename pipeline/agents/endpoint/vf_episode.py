@@ -14,7 +14,10 @@ built for GRPO_TOKENIZER, renders the token ids and POSTs them to grpo's tokens 
 `--rows N` prints N such rows). It writes GRPO_RESULT_FILE as
 {"reward": the trace's weighted total (verifiers' Trace.reward), "metrics": the trace's metrics,
  "verifiers": the canonical trace: task key and hash, messages, rewards {name: {score, weight}},
- metrics, stop condition, errors (type and message), ok / is_timeout; no id, timestamp or timing}.
+ metrics, stop condition, errors (type and message), ok / is_timeout, its number of branches, on
+ the tokens route each sampled node's ids; no id, timestamp or timing}.
+
+`--score` re-scores recorded traces with no harness, runtime or model (vf_score.py: `grpo replay`).
 
 `--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
 into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
@@ -125,8 +128,12 @@ def canonical(episode) -> dict:
         "messages": [_message(m) for m in t.messages], "rewards": rewards, "reward": t.reward,
         "metrics": dict(sorted(t.metrics.items())), "stop_condition": t.stop_condition, "ok": t.ok,
         "is_timeout": t.is_timeout, "is_completed": t.is_completed,
-        "errors": [{"type": e.type, "message": e.message} for e in t.errors],
+        "errors": [{"type": e.type, "message": e.message} for e in t.errors], "branches": t.num_branches,
     }
+    branch = t.branches[-1] if t.branches else None  # the train client's own ids of each sampled node (none on eval)
+    sampled = [[i for i, m in zip(n.token_ids, n.mask) if m] for n in (branch.nodes if branch else []) if n.sampled]
+    if any(sampled):
+        out["trace"]["sampled_ids"] = sampled
     return out
 
 
@@ -193,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="rollout.agent.verifiers as JSON")
     p.add_argument("--check", action="store_true")
     p.add_argument("--rows", type=int, default=None)
+    p.add_argument("--score", action="store_true", help="re-score recorded traces (stdin) with no runtime: vf_score.py")
     a = p.parse_args(argv)
     cfg = json.loads(a.config)
     # verifiers' harnesses look for `uv` on PATH: the one beside this interpreter first (the extra installs the uv wheel)
@@ -203,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             check_renderer(env, cfg)
             print(json.dumps({"rewards": reward_weights(env)}, sort_keys=True))
             return 0
+        if a.score:
+            import vf_score  # the sibling module: this file's folder is sys.path[0]
+
+            return vf_score.main(cfg, load, nth_task)
         if a.rows is not None:
             env = load(cfg)
             for i, task in enumerate(env.taskset.take(a.rows)):
