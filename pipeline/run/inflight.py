@@ -34,9 +34,6 @@ class Inflight:
     k: int
     hash: Future = field(default_factory=Future)
     files: Future = field(default_factory=Future)
-    reference: tuple | None = None
-    """The sampler proof's reference of the policy (from the tensors the file is written from), set
-    before `hash` settles; None where it could not be computed beside the write."""
     thread: threading.Thread | None = None
 
     def record(self, policy_hash: str) -> None:

@@ -44,7 +44,7 @@ from pipeline.errors import GRPOError
 from pipeline.run import inflight
 from pipeline.run.retention import prune_policies
 from pipeline.run.run import Run, policy_manifest, with_hashed
-from pipeline.run.sampler_proof import reference_meanwhile
+from pipeline.run.sampler_proof import reference_meanwhile, remember
 from pipeline.run.weights_file import DeferredWeights
 from pipeline.store import canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
@@ -144,8 +144,9 @@ def _write_later(run: Run, k: int, pm: PolicyManifest, body, weights: DeferredWe
 
     def write(p: inflight.Inflight) -> None:
         try:
-            p.reference = _reference(reference, weights, where)
-            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4 (its reference just above)
+            probe = _reference(reference, weights, where)
+            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4
+            remember(final.policy_hash, probe)  # before the hash settles: the proof of policy k+1 finds it
             fault_point("update:record", k)
             try:  # 5
                 store.write_manifest(stage_rel(k, "update"), body(final))
