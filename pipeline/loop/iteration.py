@@ -30,7 +30,7 @@ class WarmEngines:
         self.trainer = None
         self.readers_here = False
         """Whether every reader of a policy's files is in this process (the sampler is), so that
-        the update's record may be written on a thread (`record.in_background` decides)."""
+        the update's record may be written on a thread (`record.save_policy` decides)."""
         self.unlogged: int | None = None
         """The update this loop ran, until it is logged: once its record is not in flight (`_log_recorded`)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
@@ -58,7 +58,8 @@ class WarmEngines:
         """A record still in flight is settled and the trainer's state written if it is not on disk
         (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the engines close."""
         try:
-            flush_state(self.run, self.trainer)  # settles the record in flight first (the tensors it is written from)
+            record.settle_before_update(self.run, None)  # a record in flight is written from the trainer's tensors
+            flush_state(self.run, self.trainer)
         finally:
             if self.engine is not None:
                 self.engine.close()
@@ -98,7 +99,7 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
         warm.unlogged = k
     if not sampler.update(k):
         # iterate writes the state at its end; update k's record may be written while rollout k+1 runs
-        _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.readers_here)
+        _, warm.trainer = run_update(run, k, warm.trainer, final=False, readers_here=warm.readers_here)
     _log_recorded(run, warm)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
