@@ -26,8 +26,12 @@ On the thread (`_write_later`), while rollout k+1 runs:
    the `files` future settles (a failed prune reaches its reader as the write's error).
 Until the thread ends:
 - the master's tensors the file is written from must not change: the loop settles the write
-  before update k+1 (`settle_before_update`, timed), and before the trainer closes;
-- a question about update k or policy k+1 waits through `Run.settle` (pipeline/run/inflight.py).
+  before update k+1 (`settle_before_update`, timed), and before the trainer closes; what changes
+  or reads them (an update, the trainer's state) checks that it did (`check_none_in_flight`);
+- a question about update k or policy k+1 waits through `Run.settle` (pipeline/run/inflight.py);
+  tracking reads `Run.unwaited`, which never waits;
+- another process sees the write's lock: it waits before update k (`wait_for_other_writer`) and
+  never re-creates policy k+1 beside it (`recreating`).
 """
 
 from __future__ import annotations
