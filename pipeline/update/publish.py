@@ -115,7 +115,7 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
             state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 and with_state else None
-            saved = record.save_policy(run, k, trainer, work, readers_here)  # {file: sha256}, or a DeferredWeights
+            saved = record.save_policy(run, k, trainer, work, readers_here)  # what record.publish is handed
             _barrier()
             manifest = None
             if trainer.rank == 0:
