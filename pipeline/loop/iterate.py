@@ -22,7 +22,7 @@ from typing import Callable
 from pipeline.report import tracking
 from pipeline.eval.run import run_eval
 from pipeline.loop.sampler import Sampler
-from pipeline.loop.iteration import LocalSampler, WarmEngines, finish_row, learn, settle_record
+from pipeline.loop.iteration import LocalSampler, Rows, WarmEngines, finish_row, learn, wait_at_end
 from pipeline.schedule import eval_due, iteration_plan
 from pipeline.rollout import run_rollout
 from pipeline.run.run import Run
@@ -87,7 +87,7 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
     except BaseException:
         warm.close()
         raise
-    rows, shown = [], _Rows(run, on_iteration)
+    rows, shown = [], Rows(run, on_iteration)
     try:
         # policy 0's eval, and the newest policy's where a kill or Ctrl-C came between its update and
         # its eval (the loop below evaluates only the policies it makes)
@@ -112,47 +112,12 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
             shown.hold(k, rows[-1])
         sampler.drain()  # the eval of policy 0, when it was asked of a sampler that runs ahead
         sampler.close()  # the rollouts it ran are all below `iters`: asking stops there
-        waited = settle_record(run, warm, run.completed_iters())  # the newest policy's record: the loop's one wait at its end
-        if rows:  # the last iteration's: its row waits for it (`shown`)
-            rows[-1]["timings"]["record"] += waited
-            rows[-1]["seconds"] += waited
-        shown.show(wait=True)
+        wait_at_end(run, warm, rows, shown)  # the newest policy's record: the loop's one wait at its end
         tracking.log_final(run)  # the newest policy; plots were refreshed by each update/eval
     finally:
         try:
             sampler.close()
-            warm.close()  # waits for a background write still running
+            warm.close()  # settles a record still in flight first
         finally:
             shown.show(wait=False)  # a Ctrl-C or an error after an iteration's write finished: its row still shows
     return rows
-
-
-class _Rows:
-    """Iteration k's row is shown once its record is safe: update k's manifest and policy k+1 on disk
-    (their write, pipeline/update/record.py, may run on while rollout k+1 does), or together with
-    that write's failure, never before it. A row waits while its write is in flight; the next
-    iteration's start, the loop's end, or an unwinding Ctrl-C shows it."""
-
-    def __init__(self, run: Run, on_iteration: Callable[[dict], None] | None):
-        self.run, self.on_iteration, self.waiting = run, on_iteration, None
-
-    def hold(self, k: int, row: dict) -> None:
-        self.show(wait=True)  # the one before (its write has finished: this update waited for it)
-        self.waiting = (k, row)
-        self.show(wait=False)
-
-    def show(self, wait: bool) -> None:
-        """The waiting row, if its write has ended (`wait`: once it has); the write's failure raised after it."""
-        if self.waiting is None:
-            return
-        k, row = self.waiting
-        w = self.run.writing(k + 1)
-        if w is not None and not wait and not w.files.done():
-            return
-        self.waiting = None
-        try:
-            self.run.policy_done(k + 1)  # settles the write: its error, if it failed
-        finally:
-            tracking.log_record_wait(self.run, k, row["timings"].get("record", 0.0))
-            if self.on_iteration is not None:
-                self.on_iteration(row)

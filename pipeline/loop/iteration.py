@@ -1,10 +1,12 @@
 """One iteration's pieces for the loop (pipeline/loop/iterate.py): the warm engines, what the loop
 asks of a sampler besides rollouts (`LocalSampler`), the learning half of an iteration (score,
-logprobs, update) and the row a person reads per iteration."""
+logprobs, update), the row a person reads per iteration, and the loop's waits for the record
+(`settle_record` before each update, `wait_at_end`, and `Rows`, which shows a row once its record is safe)."""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from pipeline.report import tracking
 from pipeline.eval.run import eval_summary
@@ -28,7 +30,7 @@ class WarmEngines:
         self.trainer = None
         self.readers_here = False
         """Whether every reader of a policy's files is in this process (the sampler is), so that
-        the update's record may be written on a thread (`record.in_background` decides)."""
+        the update's record may be written on a thread (`record.save_policy` decides)."""
         self.unlogged: int | None = None
         """The update this loop ran, until it is logged: once its record is not in flight (`_log_recorded`)."""
         # the engine shares the machine with the trainer: a GPU split that cannot fit fails here,
@@ -56,7 +58,8 @@ class WarmEngines:
         """A record still in flight is settled and the trainer's state written if it is not on disk
         (train.state_every: at the end of `iterate`, on Ctrl-C or an error), then the engines close."""
         try:
-            flush_state(self.run, self.trainer)  # settles the record in flight first (the tensors it is written from)
+            record.settle_before_update(self.run, None)  # a record in flight is written from the trainer's tensors
+            flush_state(self.run, self.trainer)
         finally:
             if self.engine is not None:
                 self.engine.close()
@@ -96,7 +99,7 @@ def learn(run: Run, warm: WarmEngines, k: int, t0: float, timings: dict, sampler
         warm.unlogged = k
     if not sampler.update(k):
         # iterate writes the state at its end; update k's record may be written while rollout k+1 runs
-        _, warm.trainer = run_update(run, k, warm.trainer, final=False, background=warm.readers_here)
+        _, warm.trainer = run_update(run, k, warm.trainer, final=False, readers_here=warm.readers_here)
     _log_recorded(run, warm)
     timings["update"] = time.time() - t0 - sum(timings.values())
 
@@ -107,6 +110,16 @@ def settle_record(run: Run, warm: WarmEngines, k: int) -> float:
     waited = record.settle_before_update(run, k) if run.writing(k) is not None else 0.0
     _log_recorded(run, warm)
     return waited
+
+
+def wait_at_end(run: Run, warm: WarmEngines, rows: list[dict], shown: "Rows") -> None:
+    """The loop's one wait at its end, for the newest policy's record: its seconds go into the last
+    iteration's row (its timings' `record`), which is then shown."""
+    waited = settle_record(run, warm, run.completed_iters())
+    if rows:
+        rows[-1]["timings"]["record"] += waited
+        rows[-1]["seconds"] += waited
+    shown.show(wait=True)
 
 
 def _log_recorded(run: Run, warm: WarmEngines) -> None:
@@ -148,3 +161,34 @@ def iteration_summary(run: Run, k: int) -> dict:
         kl = m.column("kl/mean").to_numpy(zero_copy_only=False)
         row["kl/mean"] = float(np.nanmean(kl)) if len(kl) and not np.isnan(kl).all() else float("nan")
     return row
+
+
+class Rows:
+    """Iteration k's row is shown once its record is safe: update k's manifest and policy k+1 on disk
+    (their write, pipeline/update/record.py, may run on while rollout k+1 does), or together with
+    that write's failure, never before it. A row waits while its write is in flight; the next
+    iteration's start, the loop's end, or an unwinding Ctrl-C shows it."""
+
+    def __init__(self, run: Run, on_iteration: Callable[[dict], None] | None):
+        self.run, self.on_iteration, self.waiting = run, on_iteration, None
+
+    def hold(self, k: int, row: dict) -> None:
+        self.show(wait=True)  # the one before (its write has finished: this update waited for it)
+        self.waiting = (k, row)
+        self.show(wait=False)
+
+    def show(self, wait: bool) -> None:
+        """The waiting row, if its write has ended (`wait`: once it has); the write's failure raised after it."""
+        if self.waiting is None:
+            return
+        k, row = self.waiting
+        w = self.run.writing(k + 1)
+        if w is not None and not wait and not w.files.done():
+            return
+        self.waiting = None
+        try:
+            self.run.policy_done(k + 1)  # settles the write: its error, if it failed
+        finally:
+            tracking.log_record_wait(self.run, k, row["timings"].get("record", 0.0))
+            if self.on_iteration is not None:
+                self.on_iteration(row)

@@ -138,7 +138,8 @@ class Tracker:
     def sync(self, run: Run, plots: bool = True) -> list[str]:
         """Log each stage with a manifest and no ledger tag, in iteration order; then refresh the
         plots if an update or eval was logged and `plots` (else only every tracking.plots_every
-        iterations)."""
+        iterations). On `Run.unwaited` (the hooks'), an update whose record is in flight is not done:
+        a later sync logs it with its policy's manifest."""
         from pipeline.report.inspect import TRACKED_STAGES
 
         with run.store.lock(LOCK, "MLflow logging", wait=300):
@@ -148,8 +149,6 @@ class Tracker:
             for k in range(last + 1):
                 for stage in TRACKED_STAGES:
                     tag = f"{LEDGER}{iter_name(k)}.{stage}"
-                    if stage == "update" and run.writing(k + 1) is not None:
-                        continue  # logged with its policy's manifest by a sync after the background write
                     if tag not in tags and run.done(k, stage):
                         self.log_stage(run, k, stage, tag)
                         done.append((k, stage))

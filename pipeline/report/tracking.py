@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 from pipeline.config.urls import redacted, scrub
 from pipeline.report.tracking_names import TRACKING_JSON, Target, keyed_redacted
 from pipeline.store import cache_dir, sha256_bytes
-from pipeline.run import inflight
 from pipeline.run.run import Run
 from pipeline.update.distributed import is_rank_zero
 
@@ -92,6 +91,7 @@ def reporting(run: Run, k: int, stage: str):
 
 def log_stage(run: Run, k: int, stage: str) -> None:
     """Hook: stage `stage` of iteration k has just written its manifest. Never raises."""
+    run = run.unwaited  # read on tracking's thread: a record in flight is not waited for there
     if stage == "update":
         _later(f"diagnostics of iteration {k}", lambda: _warn_new(run, k))
     _later(f"{stage} of iteration {k}", lambda: _sync(run))
@@ -102,6 +102,8 @@ def log_record_wait(run: Run, k: int, seconds: float) -> None:
     (`timings["record"]`) as MLflow's `time/record_wait_s` at step k. No manifest holds them (a
     sync cannot add them later): logged by the process that waited. Never raises."""
 
+    run = run.unwaited
+
     def log():
         if (tracker := _tracker(run)) is not None:
             tracker.log_metrics({"time/record_wait_s": seconds}, k)
@@ -111,6 +113,8 @@ def log_record_wait(run: Run, k: int, seconds: float) -> None:
 
 def log_final(run: Run) -> None:
     """Hook: `grpo iterate` finished. Log what is missing, the newest policy, close the run."""
+
+    run = run.unwaited
 
     def final():
         tracker = _tracker(run)
@@ -156,11 +160,8 @@ def flush() -> None:
 
 def _guard(what: str, fn) -> None:
     try:
-        with inflight.kept():  # a failed record met here stays the loop's to raise
-            fn()
+        fn()
     except Exception as err:  # tracking is a copy of the run directory: never let it fail a stage
-        if inflight.failed(err):  # the record's own failure, not MLflow's: the loop's wait raises it, as it reads
-            return
         first = (scrub(str(err)).strip().splitlines() or [""])[0][:300]  # MLflow's quotes the URI, password and all
         log.warning(f"warning: MLflow: could not log {what} ({type(err).__name__}: {first}); "
                     "the run directory is complete, and the next `grpo iterate` logs what is missing")

@@ -10,9 +10,8 @@ thread runs, the run holds one `Inflight`:
   released by the thread after the policy's manifest: another process tells a write running here
   from one a kill stopped (`held`, `hold`).
 A failed write settles both futures with its one-line error (`_one_line`), raised once, to the
-first that settles `files` (`settle`), unless that one runs under `kept` (a tracking call: the
-error is raised to it and stays, for the loop's wait). `pipeline.run.run.Run.settle` is how a
-reader waits.
+first that settles `files` (`settle`). `pipeline.run.run.Run.settle` is how a reader waits
+(tracking reads `Run.unwaited`, which never does).
 """
 
 from __future__ import annotations
@@ -35,9 +34,6 @@ class Inflight:
     k: int
     hash: Future = field(default_factory=Future)
     files: Future = field(default_factory=Future)
-    reference: tuple | None = None
-    """The sampler proof's reference of the policy (from the tensors the file is written from), set
-    before `hash` settles; None where it could not be computed beside the write."""
     thread: threading.Thread | None = None
 
     def record(self, policy_hash: str) -> None:
@@ -88,34 +84,6 @@ def start(root: str, k: int, write: Callable[[Inflight], None], policy_hash: str
     return p
 
 
-_LOCAL = threading.local()
-
-
-@contextlib.contextmanager
-def kept():
-    """For the block, a failed write this thread settles is raised to it and stays in flight: the
-    next `settle` outside raises it again (tracking's calls: the record's error is the loop's to
-    raise with its own message, never an MLflow warning). `failed` tells such an error."""
-    before = getattr(_LOCAL, "kept", False)
-    _LOCAL.kept = True
-    try:
-        yield
-    finally:
-        _LOCAL.kept = before
-
-
-def failed(err: BaseException) -> bool:
-    """Whether `err`, or an error it was raised from, is the failure of a write still in flight here."""
-    errors = {id(p.files.exception()) for p in list(_RUNS.values()) if p.files.done() and p.files.exception() is not None}
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if id(err) in errors:
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
-
-
 def get(root: str, k: int) -> Inflight | None:
     """Policy k's write if it is in flight (or finished and not yet settled). Never waits."""
     p = _RUNS.get(key(root)) if _RUNS else None
@@ -143,8 +111,7 @@ def settle(root: str, k: int | None, what: str) -> str | None:
         p.files.result()
     finally:
         p.thread.join()
-        stays = getattr(_LOCAL, "kept", False) and isinstance(p.files.exception(), Exception)
-        if _RUNS.get(p.root) is p and not stays:
+        if _RUNS.get(p.root) is p:
             _RUNS.pop(p.root, None)
     return p.hash.result() if not p.hash.exception() else None
 

@@ -7,6 +7,7 @@ as it was). Everything else reads a run through `Run`.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from functools import cached_property
@@ -86,6 +87,18 @@ def model_source(path: str, what: str = "model") -> tuple[Path, dict | None]:
 class Run:
     uri: str
 
+    waits = True
+    """False on the `unwaited` view."""
+
+    @cached_property
+    def unwaited(self) -> Run:
+        """This run for a reader that must never wait for this process's write in flight, nor meet its
+        error (tracking, on its own thread: the error is the loop's to raise). An update whose record
+        is in flight is not done to it yet (no manifest, its policy's hash unknown until on disk)."""
+        view = copy.copy(self)
+        view.waits = False
+        return view
+
     @cached_property
     def store(self) -> RunStore:
         return RunStore(self.uri)
@@ -141,7 +154,7 @@ class Run:
         "hash" until update k-1's manifest names policy k's hash (returned), "files" until the
         policy's MANIFEST.json is written; its error raised. The one place a question about a
         policy or an update may wait."""
-        return inflight.settle(self.store.root, k, what) if self.store.local else None
+        return inflight.settle(self.store.root, k, what) if self.store.local and self.waits else None
 
     def writing(self, k: int):
         """Policy k's write while this process has it in flight (`inflight.Inflight`), else None. Never waits."""
@@ -154,7 +167,7 @@ class Run:
 
     def policy_hash(self, k: int) -> str:
         """Policy k's hash: settles only its hash where this process writes it (known before its files)."""
-        if self.writing(k) is not None:
+        if self.waits and self.writing(k) is not None:
             return self.settle(k, "hash")
         if not self.policy_done(k):
             if k > 0 and (self.done(k - 1, "update") or (self.store.local and inflight.held(self.store.root, k))):
@@ -204,14 +217,17 @@ class Run:
     # -- stages --------------------------------------------------------------------------
     def done(self, k: int, stage: str) -> bool:
         """Whether iteration k's `stage` is done; an update whose record is in flight settles its hash."""
-        return self.store.exists(f"{self._settled(k, stage)}/{MANIFEST}")
+        return (rel := self._settled(k, stage)) is not None and self.store.exists(f"{rel}/{MANIFEST}")
 
     def manifest(self, k: int, stage: str) -> Manifest | None:
-        return self.store.manifest(self._settled(k, stage))
+        return None if (rel := self._settled(k, stage)) is None else self.store.manifest(rel)
 
-    def _settled(self, k: int, stage: str) -> str:
-        """The stage's directory, once an update whose record is in flight has its manifest written."""
+    def _settled(self, k: int, stage: str) -> str | None:
+        """The stage's directory, once an update whose record is in flight has its manifest written
+        (`unwaited`: None while it is in flight)."""
         if stage == "update":
+            if not self.waits and self.writing(k + 1) is not None:
+                return None
             self.settle(k + 1, "hash")
         return stage_rel(k, stage)
 

@@ -47,12 +47,9 @@ def probe_ids(tokenizer) -> list[int]:
 def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
     """Policy k's logprobs of ids[1:] given the tokens before each, at temperature 1, from its stored
     files in fp32 on the CPU (`policy`, the run's `pipeline.run.policy` object, loads it: a LoRA
-    policy is the base with its adapter). Cached per policy hash. A policy whose write is in flight:
-    the reference that write computed from the same tensors (`reference_meanwhile`), set before its hash settles."""
-    writing = run.writing(k)
-    key = (run.policy_hash(k), tuple(ids))  # a write in flight: settles its hash, its reference set before it
-    if writing is not None and (ready := writing.reference) is not None and ready[0] == tuple(ids):
-        return ready[1]
+    policy is the base with its adapter). Cached per policy hash; a policy whose write is in flight
+    here: the reference that write computed from the same tensors (`remember`), before its hash settles."""
+    key = (run.policy_hash(k), tuple(ids))  # a write in flight: settles its hash, remembered before it
     if key not in _REFERENCE:
         import torch
 
@@ -65,6 +62,13 @@ def reference_probe(run, k: int, ids: list[int], policy) -> np.ndarray:
 
 
 _REFERENCE: dict[tuple, np.ndarray] = {}
+
+
+def remember(policy_hash: str, reference: tuple[tuple, np.ndarray] | None) -> None:
+    """The reference of the policy `policy_hash` names, as `reference_meanwhile`'s function computed
+    it beside the policy's write (None: not computed there; the proof reads the stored file)."""
+    if reference is not None:
+        _REFERENCE[(policy_hash, reference[0])] = reference[1]
 
 
 def _logprobs_of(logits, ids: list[int]) -> np.ndarray:

@@ -81,6 +81,12 @@ class DeferredWeights:
         atomic_write(Path(path or self.path), _chunks(self.tensors, self.metadata), sync_dir=True)
 
 
+def names_to_write(saved) -> set[str] | None:
+    """The tensor names the weights file of `saved` (what saving a policy returned) will hold, where
+    it is a `DeferredWeights` not written yet; None where its files are written (read from them)."""
+    return set(saved.tensors) if isinstance(saved, DeferredWeights) else None
+
+
 def streamable(tensors: dict[str, torch.Tensor]) -> bool:
     return all(t.dtype in SAFETENSORS_DTYPE and t.device.type == "cpu" for t in tensors.values())
 

@@ -56,7 +56,7 @@ def targets(cfg) -> list[str]:
 
 
 def _argv(agent) -> list[str]:
-    from pipeline.agents.endpoint.vf_run import agent_argv
+    from pipeline.config.agent_command import agent_argv
 
     return agent_argv(agent)
 

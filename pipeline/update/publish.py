@@ -31,7 +31,6 @@ import torch
 from pipeline.errors import GRPOError
 from pipeline.run.sampler_proof import check_sampler_gap
 from pipeline.store import cache_dir, canonical_hash, hash_dir, policy_rel, stage_rel
-from pipeline.run import inflight
 from pipeline.store.faults import fault_point
 from pipeline.run.retention import prune_policies
 from pipeline.run.run import Run
@@ -68,13 +67,13 @@ def _work_dir(run: Run, k: int) -> Path:
 
 
 def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = True,
-               background: bool = False) -> tuple[UpdateManifest | None, Trainer | None]:
+               readers_here: bool = False) -> tuple[UpdateManifest | None, Trainer | None]:
     """Train policy k -> k+1. Returns the manifest and the (warm) trainer. `final`: the command's
     last update, whose trainer state is always written (`iterate` passes False and writes the
-    state at its end, `flush_state`). `background`: every reader of policy k+1 is in this process
+    state at its end, `flush_state`). `readers_here`: every reader of policy k+1 is in this process
     (`iterate`'s sampler), so its record may be written on a thread after this returns
-    (`record.in_background`)."""
-    record.settle_before_update(run, k)  # the loop's own wait, timed, came first: a no-op then
+    (`record.save_policy` decides)."""
+    record.check_none_in_flight(run, f"update iteration {k}")  # the loop's own wait, timed, came first
     if run.done(k, "update"):
         if not run.policy_done(k + 1):  # a kill stopped its background write
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -91,9 +90,8 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
     t0 = time.time()
     lock = store.lock(f"{sd}/.lock", f"update iteration {k}") if is_rank_zero() else contextlib.nullcontext()
     with lock:
-        if store.local and is_rank_zero() and inflight.held(store.root, k + 1):
-            with inflight.hold(store.root, k + 1, wait=600):  # another process records update k on its background write
-                pass
+        if is_rank_zero():
+            record.wait_for_other_writer(run, k)  # another process records update k on its thread
         if _agreed_done(run, k):  # another process finished it while this one waited to start
             return run.manifest(k, "update"), trainer
         if trainer is None:
@@ -109,16 +107,15 @@ def run_update(run: Run, k: int, trainer: Trainer | None = None, final: bool = T
         fault_point("update:train", k)
 
         work = _fresh_work(run, k, trainer)
-        state_dir, policy_dir = work / STATE, work / "policy"
+        state_dir = work / STATE
         with_state = final or state_due(cfg, k, trainer)
         if with_state:
             trainer.save_state(state_dir)
             _barrier()  # every rank's shard of the state is written
-        later = record.in_background(run, trainer.world, background)
         with ThreadPoolExecutor(1) as pool:
             # the state's sha256 (1 s for 1.6 GB) runs on the other core while the policy is saved and hashed
             state_hash = pool.submit(lambda: canonical_hash(hash_dir(state_dir))) if trainer.rank == 0 and with_state else None
-            saved = trainer.save_policy(policy_dir, run.policy_dir(k), state_dir, later)  # {file: sha256}, or a DeferredWeights
+            saved = record.save_policy(run, k, trainer, work, readers_here)  # what record.publish is handed
             _barrier()
             manifest = None
             if trainer.rank == 0:
@@ -176,8 +173,7 @@ def restore_policy(run: Run, k: int, trainer: Trainer | None = None) -> Trainer:
     update k re-run from its stored parts (on the trainer before it, `resume_trainer`), its
     policy checked against the hash update k recorded (one line naming the iteration if not) and
     written as the uninterrupted update wrote it. Returns the trainer, holding the state after update k."""
-    # another process's background write of it may still run (a second `iterate`, say): refused, never raced
-    with inflight.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext():
+    with record.recreating(run, k):  # not while another process still writes it
         if run.policy_done(k + 1):  # that write finished meanwhile
             return trainer
         if trainer is None or trainer.clean_after != k - 1:
@@ -203,7 +199,7 @@ def flush_state(run: Run, trainer: Trainer | None) -> None:
     """The warm trainer's state after the last update it published, written if it is not on disk
     yet: at the end of `iterate`, also on Ctrl-C or an error outside an update (a trainer stopped
     mid-update holds no iteration's state and writes nothing)."""
-    record.settle_before_update(run, k=None)  # the record in flight is written from these weights (a no-op after the loop's wait)
+    record.check_none_in_flight(run, "the trainer's state")  # a record in flight is written from these weights: the loop waited
     k = getattr(trainer, "clean_after", None)
     if trainer is None or k is None or k < 0 or _has_state(run, k):
         return

@@ -2,7 +2,7 @@
 
 `publish` runs on rank 0 once update k has trained and saved policy k+1 into its scratch
 directory. Saving it returned either {file: sha256} (the weights written and hashed: the record
-is written here, inline) or a `DeferredWeights` (`iterate`, `in_background`: the weights file is
+is written here, inline) or a `DeferredWeights` (`iterate`, `save_policy` decides: the weights file is
 not written yet, and the record's last steps go to a thread while rollout k+1 runs).
 
 The steps, one numbering for both ways (the code's comments follow it):
@@ -26,12 +26,17 @@ On the thread (`_write_later`), while rollout k+1 runs:
    the `files` future settles (a failed prune reaches its reader as the write's error).
 Until the thread ends:
 - the master's tensors the file is written from must not change: the loop settles the write
-  before update k+1 (`settle_before_update`, timed), and before the trainer closes;
-- a question about update k or policy k+1 waits through `Run.settle` (pipeline/run/inflight.py).
+  before update k+1 (`settle_before_update`, timed), and before the trainer closes; what changes
+  or reads them (an update, the trainer's state) checks that it did (`check_none_in_flight`);
+- a question about update k or policy k+1 waits through `Run.settle` (pipeline/run/inflight.py);
+  tracking reads `Run.unwaited`, which never waits;
+- another process sees the write's lock: it waits before update k (`wait_for_other_writer`) and
+  never re-creates policy k+1 beside it (`recreating`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -44,7 +49,7 @@ from pipeline.errors import GRPOError
 from pipeline.run import inflight
 from pipeline.run.retention import prune_policies
 from pipeline.run.run import Run, policy_manifest, with_hashed
-from pipeline.run.sampler_proof import reference_meanwhile
+from pipeline.run.sampler_proof import reference_meanwhile, remember
 from pipeline.run.weights_file import DeferredWeights
 from pipeline.store import canonical_hash, hash_dir, policy_rel, stage_rel
 from pipeline.store.faults import fault_point
@@ -57,20 +62,45 @@ log = logging.getLogger("grpo.update")
 _WARNED: list = []
 
 
-def in_background(run: Run, world: int, readers_here: bool) -> bool:
-    """Whether update k's record may go to a thread: the one place that decides. Every reader of
-    policy k+1's files must be in this process (`readers_here`: `iterate`'s sampler is), with one
-    rank, on a local run; it does where saving the policy then returns a `DeferredWeights`."""
-    return readers_here and world == 1 and run.store.local
+def save_policy(run: Run, k: int, trainer, work: Path, readers_here: bool):
+    """Policy k+1 saved into `work`/policy (every rank), what `publish` is then handed: {file: sha256},
+    or the `DeferredWeights` of its weights file. The one place that decides whether update k's
+    record goes to a thread: every reader of policy k+1's files must be in this process
+    (`readers_here`: `iterate`'s sampler is), with one rank, on a local run, and saving must then
+    stream the weights (whole weights do; a LoRA adapter is small and written at once)."""
+    later = readers_here and trainer.world == 1 and run.store.local
+    return trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE, later)
 
 
 def settle_before_update(run: Run, k: int | None) -> float:
-    """Before update k changes the master's tensors (or the trainer holding them is closed): the
-    write in flight from them finished, its error raised (whichever is in flight: policy k's, as the
-    loop calls it; `k` names the update for a reader). Returns the seconds waited."""
+    """The loop's wait before update k changes the master's tensors (or the trainer holding them is
+    closed): the write in flight from them finished, its error raised (whichever is in flight:
+    policy k's, as the loop calls it; `k` names the update for a reader). Returns the seconds waited."""
     t = time.time()
     run.settle(None, "files")
     return time.time() - t
+
+
+def check_none_in_flight(run: Run, what: str) -> None:
+    """`what` (an update, the trainer's state) is about to change or read the master's tensors: no
+    write from them may be in flight here. Never waits: the loop has waited (`settle_before_update`)."""
+    if run.store.local and (j := run.completed_iters()) > 0 and run.writing(j) is not None:
+        raise RuntimeError(f"{what}: policy {j}'s record is still being written from the master's tensors; "
+                           "the loop settles it first (record.settle_before_update)")
+
+
+def wait_for_other_writer(run: Run, k: int) -> None:
+    """Before update k runs (its lock held): where another process's `iterate` is still writing
+    policy k+1 (update k's record, on its thread), wait for it (at most 600 s) to end."""
+    if run.store.local and inflight.held(run.store.root, k + 1):
+        with inflight.hold(run.store.root, k + 1, wait=600):
+            pass
+
+
+def recreating(run: Run, k: int):
+    """Policy k+1's write lock for a block that re-creates it (`publish.restore_policy`), else a
+    one-line error: another process's write of it may still run (a second `iterate`): refused, never raced."""
+    return inflight.hold(run.store.root, k + 1) if run.store.local else contextlib.nullcontext()
 
 
 def publish(run: Run, k: int, trainer, data, rows, work: Path, t0: float, train_s: float, state_hash: Future | None,
@@ -144,8 +174,9 @@ def _write_later(run: Run, k: int, pm: PolicyManifest, body, weights: DeferredWe
 
     def write(p: inflight.Inflight) -> None:
         try:
-            p.reference = _reference(reference, weights, where)
-            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4 (its reference just above)
+            probe = _reference(reference, weights, where)
+            final = with_hashed(pm, {weights.path.name: weights.hash()})  # 4
+            remember(final.policy_hash, probe)  # before the hash settles: the proof of policy k+1 finds it
             fault_point("update:record", k)
             try:  # 5
                 store.write_manifest(stage_rel(k, "update"), body(final))

@@ -135,8 +135,8 @@ class Trainer:
         the fp32 master weights: views of the optimizer's own where they are whole in this process
         (pipeline.update.weights), consolidated from the checkpoint `ckpt` under ZeRO-3 or several
         ranks. Returns {file: sha256} of the files hashed as they were written, or, with `later`,
-        where the weights are streamed, the `DeferredWeights` their file is left to (not hashed yet)."""
-        from pipeline.run.weights_file import DeferredWeights
+        where the weights are streamed, what their file is left to (pipeline.run.weights_file; not hashed yet)."""
+        from pipeline.run.weights_file import names_to_write
         from pipeline.update.weights import fp32_masters, master_state_dict
 
         module, t = self.engine.module, self.cfg.train
@@ -155,7 +155,7 @@ class Trainer:
             return {}
         hashed = self.policy.save(module, out, src_dir, state, later) or {}  # whole weights, or the LoRA adapter
         if self.cfg.rollout.weight_sync == "memory" or (later and self.cfg.weight_sync == "memory"):  # full weights (no LoRA); auto: for iterate's engine here
-            names = set(hashed.tensors) if isinstance(hashed, DeferredWeights) else None  # as the file will name them
+            names = names_to_write(hashed)  # as the file will name them
             self.published = (out, state if state is not None else module.state_dict(), names)
         return hashed
 

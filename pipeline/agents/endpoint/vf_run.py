@@ -25,32 +25,13 @@ import subprocess
 from pathlib import Path
 
 from pipeline.agents.endpoint.process import command
+from pipeline.config.agent_command import PROGRAM, agent_argv, argv, options_json  # noqa: F401 (named here too)
 from pipeline.errors import GRPOError
 
-PROGRAM = str(Path(__file__).with_name("vf_episode.py"))
 PREFIX = "vf_"
 REWARD_FN = "pipeline.agents.endpoint.vf_run:trace_reward"
 CHECK_TIMEOUT_S = 120
 SCORE_TIMEOUT_S = 600
-
-
-NEUTRAL = {"client": "eval", "renderer": None}
-"""Options added after the program's command line was first stamped: left out at these values, so a
-run made before them starts (and stamps) the same command."""
-
-
-def options_json(opts) -> str:
-    data = {k: v for k, v in opts.model_dump(mode="json", exclude={"python"}).items() if k not in NEUTRAL or v != NEUTRAL[k]}
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def argv(opts) -> list[str]:
-    return [opts.python, PROGRAM, "--config", options_json(opts)]
-
-
-def agent_argv(agent) -> list[str]:
-    """The program grpo starts per episode for `rollout.agent`: its `command`, or this verifiers program."""
-    return list(agent.command) if agent.command is not None else argv(agent.verifiers)
 
 
 def run_argv(agent, copy_of) -> list[str]:
