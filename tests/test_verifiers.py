@@ -191,3 +191,18 @@ def test_addition_taskset_through_grpo_iterate_with_verifiers_train_client(asset
         assert [t for t, m in zip(row["completion_ids"], mask) if m] == [t for q in turns for t in q["completion_ids"]]
         trace = rec["agent"]["result"]["verifiers"]["trace"]
         assert trace is not None and trace["rewards"]["exact_match"]["weight"] == 1.0, rec["agent"]
+
+
+@needs_vf
+def test_a_taskset_importing_and_running_its_sibling_modules_loads_from_its_path():
+    """Reviewer F4: verifiers' own environments import sibling modules of their folder (environments/scratchpad), and
+    the subprocess runtime's processes inherit the episode's environment. vf_episode puts rollout.agent.verifiers.path
+    (relative: read from the directory grpo runs in) on sys.path and on the children's PYTHONPATH: the fixture imports
+    its sibling and runs it as `python -m` to build its tasks."""
+    here = REPO / "tests/fixtures/verifiers"
+    cfg = json.dumps({"taskset": "sibling_v1", "path": "sibling_v1", "harness": "null", "runtime": "subprocess"})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([VF, str(REPO / "pipeline/agents/endpoint/vf_episode.py"), "--check", "--config", cfg],
+                         capture_output=True, text=True, cwd=here, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"rewards": {"exact_sum": 0.5}}
