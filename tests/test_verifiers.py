@@ -206,3 +206,14 @@ def test_a_taskset_importing_and_running_its_sibling_modules_loads_from_its_path
                          capture_output=True, text=True, cwd=here, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {"rewards": {"exact_sum": 0.5}}
+
+
+@pytest.mark.slow  # SmolLM2's GGUF is fetched and converted once per machine
+@needs_vf
+def test_the_init_check_of_a_gguf_model_builds_the_renderer_from_its_converted_folder(smollm2):
+    """`grpo init`'s check (vf_run.check) with client train builds verifiers' renderer for the run's tokenizer: for a
+    GGUF model that is its converted folder (as the run loads its tokenizer, run.model_source), not the .gguf file."""
+    from pipeline.agents.endpoint.vf_run import check
+    from pipeline.config.agents import VerifiersOptions
+
+    assert check(VerifiersOptions(**vf_options(client="train")), smollm2["gguf"]) == {"exact_match": 1.0}
