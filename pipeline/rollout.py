@@ -193,6 +193,10 @@ def episode_part(inputs: RolloutInputs, engine, groups: list[int], prompts: list
     episodes = [runner.start(p, g, j, inputs.group_seed(p.prompt_id), f"{where} row {p.prompt_id}")
                 for g, p in zip(groups, prompts) for j in range(G)]
     runner.run(engine, episodes)
+    if episodes and all(getattr(e, "ending", None) == "agent_crashed" for e in episodes):  # endpoint agents (runner.py)
+        e = episodes[0]  # no turn to train on: a broken agent program, not a rollout (nothing written)
+        raise GRPOError(f"rollout.agent: every episode of the part with {where} rows {sorted({p.prompt_id for p in prompts})} "
+                        f"ended agent_crashed; the first's agent ({where} row {e.prompt.prompt_id}) {e.detail}: {e.tail}")
     return pa.Table.from_pylist([runner.row(e, inputs.policy_hash) for e in episodes])
 
 

@@ -468,3 +468,28 @@ def test_rewrites_and_markers_in_a_later_user_message(world, notes):
     for rec in recs[2:]:
         if rec["turns"] >= 1 and rec["requests"][0]["finish_reason"] != "length":
             assert rec["ending"] == "history_rewritten", rec
+
+
+def test_a_part_whose_every_agent_crashed_fails_the_rollout_naming_its_output(world, capfd):
+    """Reviewer F4: agents that all crash (an import error in the agent's own code) gave a part of rows with no turn, and
+    `grpo iterate` exited 0. Every episode of a part crashed: the rollout fails with one line naming the first one's
+    last output (its key blanked), no part written; a part where some agent ran is written as before."""
+    from pipeline.errors import GRPOError
+    from pipeline.rollout import run_rollout
+    from pipeline.run.run import Run
+
+    crash = ('print("my key is " + KEY, flush=True)\n'
+             'if task["mode"] == "crash":\n    import helper_of_the_agent  # noqa: F401 - not on its path\n')
+    run = run_of(world, "crashed", crash, ["crash", "crash"])
+    with pytest.raises(GRPOError) as got:
+        run_rollout(Run(run), 0, engine=world["engine"])
+    msg = str(got.value)
+    assert "\n" not in msg and "every episode of the part" in msg and "ended agent_crashed" in msg, msg
+    assert "exit status 1" in msg and msg.endswith("ModuleNotFoundError: No module named 'helper_of_the_agent'"), msg
+    assert not list(Path(run).glob("iter-0000/rollout/part-*"))
+    assert not __import__("re").search(r"grpo-[0-9a-f]{32}", msg + capfd.readouterr().out)
+    mixed = run_of(world, "mixed", crash, ["crash", "fine"])  # "fine" exits 0 without a call: no_calls, not a crash
+    run_rollout(Run(mixed), 0, engine=world["engine"])
+    endings = sorted(json.loads(r["episode"])["ending"] for r in
+                     __import__("pyarrow.parquet").parquet.read_table(Path(mixed) / "iter-0000/rollout/part-00000.parquet").to_pylist())
+    assert endings == ["agent_crashed"] * 2 + ["no_calls"] * 2

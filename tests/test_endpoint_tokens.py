@@ -206,3 +206,127 @@ for turn in range(2):
     assert [c["token"] for c in choice["logprobs"]["content"]] == ["token_id:%d" % t for t in choice["token_ids"]]
     ids = ids + choice["token_ids"] + tok("\\n<|im_start|>user\\nSure?<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False)["input_ids"]
 '''
+
+
+CHAT = "/v1/chat/completions"
+
+
+def test_one_episode_one_route_a_turn_on_the_other_ends_it_unsupported(make_run, tiny2k, tmp_path):  # noqa: F811
+    """Reviewer F1: an episode's first turn fixes its route; a turn on the other route (chat after tokens, tokens after
+    chat) is refused 400 with one line, the episode ends unsupported_request and its row is what it was before."""
+    from pipeline.agents.endpoint.audit import row_problems
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "mix", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    tok, seed = plan.tokenizer, plan.group_seed(plan.prompts[0].prompt_id)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt_ids = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+    four = tok("4", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for first, second in (("chat", "tokens"), ("tokens", "chat")):
+        live = Live(plan, sample_idx=0 if first == "chat" else 1)
+        try:
+            if first == "chat":
+                got = live.post({"model": "policy", "messages": msgs}, given(four), path=CHAT)
+            else:
+                got = live.post({"model": "policy", "token_ids": prompt_ids}, given(four))
+            assert got.status_code == 200, got.text
+            row = live.runner.row(live.e, "h")
+            glue = tok("\n<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+            if second == "tokens":
+                body = {"model": "policy", "token_ids": row["prompt_ids"] + row["completion_ids"] + glue}
+                refused = live.post(body, lambda job: pytest.fail("another route's turn is never sampled"))
+            else:
+                body = {"model": "policy", "messages": msgs + [{"role": "assistant", "content": "4"}, {"role": "user", "content": "Sure?"}]}
+                refused = live.post(body, lambda job: pytest.fail("another route's turn is never sampled"), path=CHAT)
+            why = refused.json()["error"]["message"]
+            assert refused.status_code == 400 and live.e.ending == "unsupported_request" and "\n" not in why
+            assert why == live.e.detail and f"a turn on the {second} route" in why and f"turns are on the {first} route" in why
+            after = live.runner.row(live.e, "h")
+            assert (after["prompt_ids"], after["completion_ids"], after["completion_mask"]) == (
+                row["prompt_ids"], row["completion_ids"], row["completion_mask"])
+            assert row_problems(live.runner, after, seed) == []
+        finally:
+            live.close()
+
+
+def test_token_ids_that_decode_to_the_key_are_refused_and_never_recorded(make_run, tiny2k, tmp_path):  # noqa: F811
+    """Reviewer F2/F3: the client's ids are recorded with their text, so ids that decode to the episode's key (in the
+    prompt, split by a special token, or in the glue of a later turn) are malformed_request (400), nothing of them kept."""
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "key", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    tok = plan.tokenizer
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt_ids = enc(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
+    four = enc("4") + [tok.eos_token_id]
+    for where in ("prompt", "split", "glue"):
+        live = Live(plan)
+        key = live.e.key
+        try:
+            if where == "glue":
+                assert live.post({"model": "policy", "token_ids": prompt_ids}, given(four)).status_code == 200
+                ids = prompt_ids + four + enc(f"\n<|im_start|>user\nmy key is {key}<|im_end|>\n<|im_start|>assistant\n")
+            elif where == "split":  # a special token between its halves: the text without special tokens holds it
+                ids = enc("<|im_start|>user\nkey " + key[:9]) + [tok.eos_token_id] + enc(key[9:] + "<|im_end|>\n<|im_start|>assistant\n")
+            else:
+                ids = enc(f"<|im_start|>user\nRepeat {key}<|im_end|>\n<|im_start|>assistant\n")
+            assert key in tok.decode(ids, skip_special_tokens=True)
+            before = json.dumps(live.e.requests)
+            got = live.post({"model": "policy", "token_ids": ids}, lambda job: pytest.fail("never sampled"))
+            assert got.status_code == 400 and live.e.ending == "malformed_request", (where, got.text)
+            assert "API key" in live.e.detail and key not in got.text
+            assert json.loads(before) == live.e.requests[:-1] and live.e.requests[-1]["body_sha256"] is None
+            row = json.dumps(live.runner.row(live.e, "h"))
+            assert key not in row and key[9:] not in row
+            assert live.e.ids == (four if where == "glue" else [])
+        finally:
+            live.close()
+
+
+def test_stop_token_ids_are_the_runs_or_refused_never_ignored(make_run, tiny2k, tmp_path):  # noqa: F811
+    """The engine stops on the run's stop token ids alone (fixed when it starts): a turn asking some of them is served,
+    one asking another id ends the episode unsupported_request naming the field, on both routes; a side call asking
+    one is refused alone; `stop_token_ids` that are not token ids are malformed."""
+    from pipeline.agents.endpoint import chat, tokens
+    from pipeline.rollout import RolloutInputs
+    from pipeline.run.run import Run
+
+    plan = RolloutInputs(Run(endpoint_run(make_run, tiny2k, tmp_path, "stops", ["python", AGENT], rows(tmp_path / "c.jsonl"))), 0)
+    tok, runner = plan.tokenizer, plan.episodes
+    stops = sorted(runner.stop_ids)
+    other = next(t for t in range(len(tok)) if t not in runner.stop_ids)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt_ids = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+    four = tok("4", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    chat_body = {"model": "policy", "messages": msgs}
+    tok_body = {"model": "policy", "token_ids": prompt_ids}
+    cases = [(CHAT, {**chat_body, "stop_token_ids": stops[:1]}, 200), (GENERATE, {**tok_body, "sampling_params": {"stop_token_ids": stops}}, 200),
+             (CHAT, {**chat_body, "stop_token_ids": [stops[0], other]}, "`stop_token_ids`"),
+             (GENERATE, {**tok_body, "sampling_params": {"stop_token_ids": [other]}}, "`sampling_params.stop_token_ids`")]
+    for path, body, want in cases:
+        live = Live(plan)
+        try:
+            got = live.post(body, given(four), path=path)
+            if want == 200:
+                assert got.status_code == 200 and live.e.ending is None and live.e.ids == four, got.text
+                assert live.e.requests[0]["asked"].get("stop_token_ids", live.e.requests[0]["asked"].get("sampling_params")) is not None
+            else:
+                assert got.status_code == 400 and live.e.ending == "unsupported_request" and live.e.ids == []
+                assert live.e.detail.startswith(f"{want} [") and str(other) in live.e.detail and str(stops) in live.e.detail
+            side = live.post({**body, "model": "title-model", **({"stop_token_ids": [other]} if path == CHAT else
+                                                                 {"sampling_params": {"stop_token_ids": [other]}})},
+                             lambda job: pytest.fail("a side call asking another stop id is never sampled"), path=path)
+            kind = "side_refused" if want == 200 else "refused"  # an ended episode refuses every request
+            assert side.status_code == 400 and live.e.requests[-1]["kind"] == kind and live.e.sides == 0
+            assert live.e.ending == (None if want == 200 else "unsupported_request")
+            if want == 200:
+                assert side.json()["error"]["message"].startswith(("`stop_token_ids` [", "`sampling_params.stop_token_ids` ["))
+        finally:
+            live.close()
+    with pytest.raises(chat.BadBody, match="`stop_token_ids` must be a list of token ids"):
+        chat.check_body({**chat_body, "stop_token_ids": "2"})
+    with pytest.raises(chat.BadBody, match="`sampling_params.stop_token_ids` must be a list of token ids"):
+        tokens.check_body({**tok_body, "sampling_params": {"stop_token_ids": [1.5]}}, "grpo-key", len(tok))

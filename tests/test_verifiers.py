@@ -339,3 +339,29 @@ def test_audit_of_a_verifiers_run_catches_a_forged_token_and_a_forged_trace(chat
             "(the verifiers trace has 2 branches; grpo's record holds one conversation)"]
         assert forged(lambda rec, t: rec["agent"].update(trace_problem="made up")) == [
             "its trace_problem ('made up') is not what its trace and record give (they agree)"]
+
+
+@needs_vf
+def test_a_taskset_importing_and_running_its_sibling_modules_loads_from_its_path():
+    """Reviewer F4: verifiers' own environments import sibling modules of their folder (environments/scratchpad), and
+    the subprocess runtime's processes inherit the episode's environment. vf_episode puts rollout.agent.verifiers.path
+    (relative: read from the directory grpo runs in) on sys.path and on the children's PYTHONPATH: the fixture imports
+    its sibling and runs it as `python -m` to build its tasks."""
+    here = REPO / "tests/fixtures/verifiers"
+    cfg = json.dumps({"taskset": "sibling_v1", "path": "sibling_v1", "harness": "null", "runtime": "subprocess"})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([VF, str(REPO / "pipeline/agents/endpoint/vf_episode.py"), "--check", "--config", cfg],
+                         capture_output=True, text=True, cwd=here, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"rewards": {"exact_sum": 0.5}}
+
+
+@pytest.mark.slow  # SmolLM2's GGUF is fetched and converted once per machine
+@needs_vf
+def test_the_init_check_of_a_gguf_model_builds_the_renderer_from_its_converted_folder(smollm2):
+    """`grpo init`'s check (vf_run.check) with client train builds verifiers' renderer for the run's tokenizer: for a
+    GGUF model that is its converted folder (as the run loads its tokenizer, run.model_source), not the .gguf file."""
+    from pipeline.agents.endpoint.vf_run import check
+    from pipeline.config.agents import VerifiersOptions
+
+    assert check(VerifiersOptions(**vf_options(client="train")), smollm2["gguf"]) == {"exact_match": 1.0}

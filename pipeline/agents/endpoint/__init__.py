@@ -25,7 +25,8 @@ An episode's row has a tool episode's columns (pipeline/agents/__init__.py); its
         {"kind": "refused" | "malformed" | "side_refused", "body_sha256", "why"}],
      "turns", "ending": "finished" | "history_rewritten" | "max_turns" | "max_episode_tokens" | "length"
                | "malformed_request" | "agent_crashed" | "agent_timeout" | "no_calls" | "prompt_too_long"
-               | "template_rewrites_history" | "unsupported_request" (a `stop` the run's rollout.stop lacks),
+               | "template_rewrites_history" | "unsupported_request" (a `stop` or stop id the run lacks,
+                 a turn on the other route than the first turn's),
      "detail": str | null, "agent": {"exit_code", "killed", "result": {"reward", "metrics"} | null,
                "result_error": why there is no result | null (pipeline.agents.endpoint.result),
                "trace_problem": with a verifiers trace only, how it disagrees with the record | null (vf_trace.py)},

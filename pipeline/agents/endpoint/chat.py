@@ -16,7 +16,7 @@ from pipeline.errors import GRPOError
 
 ASKED = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
          "stream", "stream_options", "logprobs", "top_logprobs", "tool_choice", "parallel_tool_calls", "n",
-         "frequency_penalty", "presence_penalty", "return_token_ids", "return_tokens_as_token_ids", "response_format")
+         "frequency_penalty", "presence_penalty", "stop_token_ids", "return_token_ids", "return_tokens_as_token_ids", "response_format")
 """The body's fields that ask for sampling or answer options: recorded beside what grpo used."""
 
 
@@ -36,6 +36,12 @@ def check_stop(stop: Any, name: str) -> None:
     """BadBody unless `stop` is none, a string or a list of strings (read as strings: a number there raised out of the runner)."""
     if not (stop is None or isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))):
         raise BadBody(f"`{name}` must be a string or a list of strings, not {json.dumps(stop)[:40]}")
+
+
+def check_ids(ids: Any, name: str) -> None:
+    """BadBody unless `ids` is none or a list of token ids (integers), as `stop_token_ids` must be."""
+    if not (ids is None or (isinstance(ids, list) and all(type(t) is int for t in ids))):
+        raise BadBody(f"`{name}` must be a list of token ids (integers), not {json.dumps(ids)[:40]}")
 
 
 def check_secret(body: Any, secret: str) -> None:
@@ -73,6 +79,7 @@ def check_body(body: Any, secret: str = "") -> None:
     if not isinstance(body.get("stream_options"), (dict, type(None))):
         raise BadBody("`stream_options` must be an object")
     check_stop(body.get("stop"), "stop")
+    check_ids(body.get("stop_token_ids"), "stop_token_ids")
     for i, m in enumerate(msgs):
         if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
             raise BadBody(f"messages[{i}]: role {m['role']!r} is not one of system, developer, user, assistant, tool")

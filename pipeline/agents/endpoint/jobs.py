@@ -44,3 +44,30 @@ def side_refused(runner, e: EndpointEpisode, prompt_len: int) -> str | None:
     if cap is not None and e.sides >= cap:
         return f"side call: the episode has made its rollout.agent.max_side_calls ({cap})"
     return None
+
+
+ROUTE_PATHS = {"chat": "/v1/chat/completions", "tokens": "/inference/v1/generate"}
+
+
+def other_route(e: EndpointEpisode, r: Request) -> str | None:
+    """Why a turn on `r.route` cannot extend `e`, whose first turn fixed the other route (each route keeps its own
+    record of the history: chat messages, or the client's token ids), or None (the route fixed by the first turn)."""
+    if e.route is None:
+        e.route = r.route
+    if e.route == r.route:
+        return None
+    return (f"a turn on the {r.route} route ({ROUTE_PATHS[r.route]}) in an episode whose turns are on the {e.route} route "
+            f"({ROUTE_PATHS[e.route]}): one episode's turns use one route")
+
+
+def stops_unserved(runner, stop, stop_ids, prefix: str = "") -> str | None:
+    """Why a request's `stop` strings or `stop_token_ids` cannot be honoured, or None. The engine stops on the run's
+    rollout.stop strings and stop token ids alone (fixed when it starts, never per request): asking for some of them is
+    served, anything else is refused (never silently ignored)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(x not in runner.cfg.stop for x in stops):
+        return f"`{prefix}stop` {stops!r}: the engine stops on rollout.stop {list(runner.cfg.stop)!r} only"
+    if stop_ids and any(t not in runner.stop_ids for t in stop_ids):
+        return (f"`{prefix}stop_token_ids` {list(stop_ids)!r}: the engine stops on the run's stop token ids "
+                f"{sorted(runner.stop_ids)!r} only (the model's end-of-turn tokens, fixed when it starts)")
+    return None

@@ -29,7 +29,7 @@ from jinja2 import TemplateError
 
 from pipeline.agents import inserted
 from pipeline.agents.endpoint import chat, tokens, vf_trace
-from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again, side_refused
+from pipeline.agents.endpoint.jobs import AGENT_SEED, MODEL, SIDE_SEED, Job, again, other_route, side_refused, stops_unserved
 from pipeline.agents.endpoint.process import AgentProcess, stamp
 from pipeline.agents.endpoint.vf_run import agent_argv
 from pipeline.agents.endpoint.server import Hub, Request, Server
@@ -71,6 +71,8 @@ class EndpointEpisode:
     finish_reason: str = "stop"
     agent: dict | None = None
     done: bool = False
+    route: str | None = None  # "chat" | "tokens": fixed by the first turn (jobs.other_route)
+    tail: str = ""  # a crashed agent's last output line, its key blanked (for the log and the rollout's error, never the record)
 
     def extend(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
         self.ids += ids
@@ -162,7 +164,9 @@ class EndpointRunner:
             e.end("agent_timeout", f"still running after rollout.agent.timeout_s ({self.cfg.agent.timeout_s} s)")
         elif rc != 0:
             e.end("agent_crashed", f"exit status {rc}")
-            print(f"grpo: agent of episode {e.group_idx}/{e.sample_idx} exited {rc}:\n{e.proc.output_tail(e.key)}", flush=True)
+            tail = e.proc.output_tail(e.key)
+            e.tail = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "(no output)")[:300]
+            print(f"grpo: agent of episode {e.group_idx}/{e.sample_idx} exited {rc}:\n{tail}", flush=True)
         elif e.turns == 0:
             e.end("no_calls", "the agent exited without asking for a turn")
         else:
@@ -219,11 +223,11 @@ class EndpointRunner:
         """`_request` for a body that reads as a chat completion (`msgs`: its canonical messages)."""
         body, tools = r.body, r.body.get("tools") or []
         entry = {"body_sha256": h, "asked": chat.asked(body)}
+        unserved = stops_unserved(self, body.get("stop"), body.get("stop_token_ids"))  # refused, never ignored
         if body["model"] != MODEL:
-            return self._side(e, r, msgs, tools, entry)
-        stops = [body["stop"]] if isinstance(body.get("stop"), str) else list(body.get("stop") or [])
-        if any(x not in self.cfg.stop for x in stops):  # the engine stops on the run's strings alone: refused, never ignored
-            return self._over(e, r, h, "unsupported_request", f"`stop` {stops!r}: the engine stops on rollout.stop {list(self.cfg.stop)!r} only")
+            return self._side(e, r, msgs, tools, entry, unserved)
+        if (why := other_route(e, r) or unserved) is not None:  # one route per episode (jobs.other_route)
+            return self._over(e, r, h, "unsupported_request", why)
         if not e.convo:
             shapes = [chat.render_shape(m, {}) for m in msgs]
             text, spans = chat.first_prompt(self.a.format, shapes, tools, self.tokens.marked)
@@ -267,10 +271,10 @@ class EndpointRunner:
         seed = derive_seed(e.seed, e.sample_idx, e.turns)
         return Job(e, r, "turn", e.prompt_ids + e.ids, seed, cap, {"kind": "turn", **entry, "seed": seed, "sampling": self.sampling(cap)})
 
-    def _side(self, e: EndpointEpisode, r: Request, msgs: list[dict], tools: list, entry: dict) -> Job | None:
+    def _side(self, e: EndpointEpisode, r: Request, msgs: list[dict], tools: list, entry: dict, unserved: str | None) -> Job | None:
         text = self.a.format.render([chat.render_shape(m, {}) for m in msgs], tools, True)
         ids = list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"])
-        if (why := side_refused(self, e, len(ids))) is not None:
+        if (why := unserved or side_refused(self, e, len(ids))) is not None:
             self._refuse(e, r, entry["body_sha256"], why, "side_refused")
             return None
         e.sides += 1

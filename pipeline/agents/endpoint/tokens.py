@@ -22,7 +22,7 @@ A request's record entry is a chat turn's (runner.py) with `"route": "tokens"` a
 from __future__ import annotations
 
 from pipeline.agents.endpoint import chat
-from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again, side_refused
+from pipeline.agents.endpoint.jobs import MODEL, SIDE_SEED, Job, again, other_route, side_refused, stops_unserved
 from pipeline.data.prompts import derive_seed
 
 ROUTE = "tokens"
@@ -46,6 +46,7 @@ def check_body(body, secret: str, vocab: int) -> None:
     if not isinstance(sp, dict):
         raise chat.BadBody("`sampling_params` must be an object")
     chat.check_stop(sp.get("stop"), "sampling_params.stop")
+    chat.check_ids(sp.get("stop_token_ids"), "sampling_params.stop_token_ids")
     if sp.get("n", 1) != 1:
         raise chat.BadBody(f"sampling_params.n={sp.get('n')!r}: grpo's endpoint samples one choice per request (n=1)")
     if any(k in body for k in UNSERVED):
@@ -55,9 +56,13 @@ def check_body(body, secret: str, vocab: int) -> None:
     chat.check_text(body)
 
 
-def _stops(sp: dict) -> list:
-    stop = sp.get("stop")
-    return [stop] if isinstance(stop, str) else list(stop or [])
+def check_decoded(tok, ids: list[int], secret: str) -> None:
+    """chat.BadBody when `ids` decode to text holding `secret` (the episode's key), special tokens kept or skipped
+    (a key split by one): the record keeps the ids and their text, as the chat route keeps a body's (chat.check_secret)."""
+    try:
+        chat.check_secret([tok.decode(ids), tok.decode(ids, skip_special_tokens=True)], secret)
+    except chat.BadBody:
+        raise chat.BadBody("`token_ids` decode to text holding the episode's API key (OPENAI_API_KEY), which is never recorded") from None
 
 
 def request(runner, e, r) -> Job | None:
@@ -67,6 +72,7 @@ def request(runner, e, r) -> Job | None:
     try:
         if body is not None:
             check_body(body, e.key, len(runner.tok))
+            check_decoded(runner.tok, body["token_ids"], e.key)  # the prompt's ids or the glue: recorded, so never the key
     except chat.BadBody as err:
         return runner._malformed(e, r, None, err)
     h = r.digest
@@ -79,15 +85,16 @@ def request(runner, e, r) -> Job | None:
         return runner._malformed(e, r, h, chat.BadBody(r.raw_error))
     ids, sp = list(body["token_ids"]), body.get("sampling_params") or {}
     entry = {"route": ROUTE, "body_sha256": h, "asked": {k: body[k] for k in ASKED if k in body}}
+    unserved = stops_unserved(runner, sp.get("stop"), sp.get("stop_token_ids"), "sampling_params.")
     if body["model"] != MODEL:
-        if (why := side_refused(runner, e, len(ids))) is not None:
+        if (why := unserved or side_refused(runner, e, len(ids))) is not None:
             runner._refuse(e, r, h, why, "side_refused")
             return None
         e.sides += 1
         seed, cap = derive_seed(e.seed, e.sample_idx, e.turns, SIDE_SEED, e.sides), runner.cfg.max_new_tokens
         return Job(e, r, "side", ids, seed, cap, {"kind": "side", **entry, "seed": seed, "sampling": runner.sampling(cap), "prompt_ids": ids})
-    if any(x not in runner.cfg.stop for x in _stops(sp)):  # the engine stops on the run's strings alone
-        return runner._over(e, r, h, "unsupported_request", f"`stop` {_stops(sp)!r}: the engine stops on rollout.stop {list(runner.cfg.stop)!r} only")
+    if (why := other_route(e, r) or unserved) is not None:  # one route per episode; the engine's stops alone
+        return runner._over(e, r, h, "unsupported_request", why)
     if not e.prompt_ids:
         if len(ids) > runner.max_prompt_len:
             e.end("prompt_too_long", f"{len(ids)} tokens, more than the {runner.max_prompt_len} the context leaves beside "

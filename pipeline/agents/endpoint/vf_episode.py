@@ -73,8 +73,10 @@ def load(cfg: dict):
                       "pip install 'grpo[verifiers]' or set rollout.agent.verifiers.python") from None
     data = env_config(cfg)
     ts = cfg["taskset"]
-    if cfg.get("path"):
-        sys.path.insert(0, os.path.abspath(cfg["path"]))
+    if cfg.get("path"):  # the taskset's folder: its module and the siblings it imports, here and in every child
+        where = os.path.abspath(cfg["path"])  # (the subprocess runtime's processes inherit this environment)
+        sys.path.insert(0, where)
+        os.environ["PYTHONPATH"] = os.pathsep.join([where, *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
         module = vf.import_taskset(ts)
     except ImportError as err:

@@ -63,7 +63,13 @@ def check(opts, model: str | None = None) -> dict[str, float]:
     """The taskset's rewards and their weights; a GRPOError (one line) when it cannot be run here
     (with client train: also when the episode has tools and the renderer, built for `model`'s
     tokenizer, parses no tool calls)."""
-    tokenizer = str(Path(model).resolve()) if model and Path(model).is_dir() else model
+    from pipeline.run import gguf_import
+
+    tokenizer = model
+    if model and gguf_import.is_gguf_path(model):  # the converted folder, as the run's tokenizer is (run.model_source)
+        tokenizer = str(gguf_import.converted(model, "model")[0].resolve())
+    elif model and Path(model).is_dir():
+        tokenizer = str(Path(model).resolve())
     return json.loads(_ask(opts, "--check", tokenizer=tokenizer).strip().splitlines()[-1])["rewards"]
 
 
