@@ -14,25 +14,14 @@ a fake or hidden trace_problem).
 
 from __future__ import annotations
 
-import json
-
 from pipeline.agents.endpoint import chat
-
-
-def _args(a):
-    if isinstance(a, str):
-        try:
-            return json.loads(a)
-        except ValueError:
-            return a
-    return a
 
 
 def _calls(m: dict) -> list:
     out = []
     for c in m.get("tool_calls") or []:
         f = c.get("function") or c
-        out.append((f.get("name"), _args(f.get("arguments"))))
+        out.append((f.get("name"), chat._arguments(f.get("arguments"))))
     return out
 
 
