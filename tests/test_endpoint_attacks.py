@@ -7,6 +7,7 @@ is the real engine, each call longer (a busy engine)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -405,6 +406,35 @@ def test_a_stop_that_is_no_string_is_a_bad_body_a_result_holding_the_key_is_refu
             assert p.result(key) == (None, "the result file holds the episode's API key (OPENAI_API_KEY), which is never recorded")
         p.result_path.write_text(json.dumps({"reward": 1, "metrics": {"note": "fine"}}))
         assert p.result(key) == ({"reward": 1.0, "metrics": {"note": "fine"}}, None)
+    finally:
+        p.cleanup()
+
+
+def test_a_timed_out_agent_s_children_in_sessions_of_their_own_are_killed_too(tmp_path):
+    """r63b's finding: verifiers' subprocess runtime starts each harness program in a session of its own
+    (start_new_session), outside the agent's process group: a hanging harness program outlived the agent
+    grpo killed past rollout.agent.timeout_s, left running as the init process's child."""
+    from pipeline.agents.endpoint.process import AgentProcess
+
+    pid_file = tmp_path / "child.pid"
+    child = "import time; time.sleep(600)"
+    agent = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True); "
+             f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(600)")
+    p = AgentProcess([sys.executable, "-c", agent], {}, 30)
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        assert os.getsid(pid) == pid != os.getsid(p.proc.pid)  # its own session: the agent's group kill misses it
+        p.kill()
+        assert p.killed and p.poll() is not None
+        for _ in range(100):  # SIGKILLed: gone once the init process reaps it
+            if not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                break
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     finally:
         p.cleanup()
 

@@ -42,6 +42,23 @@ def stamp(cmd: list[str]) -> dict:
     return {"command": list(cmd), "files": files}
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (Linux /proc; none elsewhere): a child that started a session
+    of its own (verifiers' subprocess runtime starts each harness program so) is outside the agent's
+    group, and once the agent dies it is the init process's, out of reach."""
+    below: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            below.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        out += (kids := below.get(todo.pop(), []))
+        todo += kids
+    return out
+
+
 def pieces(secret: str, n: int) -> set[str]:
     """Every run of `n` characters of `secret`, lower case (none for an empty secret)."""
     return {secret[i:i + n].lower() for i in range(len(secret) - n + 1)} if secret else set()
@@ -82,10 +99,12 @@ class AgentProcess:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.killed = True
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group (start_new_session): its children too
-            except ProcessLookupError:
-                pass
+            below = descendants(self.proc.pid)  # before the kill: its children in sessions of their own too
+            for pid, kill in [(self.proc.pid, os.killpg), *((p, os.kill) for p in below)]:
+                try:
+                    kill(pid, signal.SIGKILL)  # its own group (start_new_session), then each process below it
+                except (ProcessLookupError, PermissionError):
+                    pass
             self.proc.wait()
 
     def result(self, secret: str = "") -> tuple[dict | None, str | None]:
