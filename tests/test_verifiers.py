@@ -365,3 +365,24 @@ def test_the_init_check_of_a_gguf_model_builds_the_renderer_from_its_converted_f
     from pipeline.config.agents import VerifiersOptions
 
     assert check(VerifiersOptions(**vf_options(client="train")), smollm2["gguf"]) == {"exact_match": 1.0}
+
+
+@needs_vf
+def test_replay_keeps_the_recorded_scores_of_a_trace_whose_rollout_errored(capsys):
+    """r63b's finding: verifiers' replay skips a trace whose rollout errored (`ok` false: a harness that
+    crashed, a reward that raised) and records a scoring error per trace; grpo's re-scored such a trace
+    from its partial messages (a reward None at rollout came back a number), and one reward raising in
+    the replay failed the whole `grpo replay`. Now its recorded scores are kept, a line names it."""
+    from pipeline.agents.endpoint.vf_run import rescore
+    from pipeline.config.agents import AgentCommand
+
+    opts = AgentCommand(verifiers=vf_options()).verifiers
+    said = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
+    traces = [{"messages": said, "rewards": {"exact_match": None}, "ok": False, "stop_condition": "harness_error"},
+              {"messages": said, "rewards": {"exact_match": {"score": 0.0, "weight": 1.0}}, "ok": True, "stop_condition": "agent_completed"}]
+    out = rescore(opts, [{"verifiers": {"trace": t}} for t in traces], [2, 2])
+    errored, fine = (r["verifiers"] for r in out)
+    assert errored["trace"]["rewards"] == {"exact_match": None}  # kept: verifiers' replay does not re-score it
+    assert errored["replay"] == {"rescored": [], "recorded": ["exact_match"], "skipped": "its rollout errored (verifiers' replay skips it)"}
+    assert fine["trace"]["rewards"] == {"exact_match": {"score": 1.0, "weight": 1.0}} and fine["replay"]["rescored"] == ["exact_match"]
+    assert "(vf_task 2) is not re-scored, its rollout errored" in capsys.readouterr().out

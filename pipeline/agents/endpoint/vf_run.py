@@ -115,6 +115,11 @@ def rescore(opts, results: list[dict | None], tasks: list) -> list[dict | None]:
         r = out[i] = copy.deepcopy(results[i])
         trace = r["verifiers"]["trace"]
         old = trace.get("rewards") or {}
+        if "skipped" in g:  # not re-scored (an errored rollout, a scoring that raised): every recorded score kept
+            r["verifiers"]["replay"] = {"rescored": [], "recorded": sorted(old), "skipped": g["skipped"]}
+            print(f"grpo: replay: a verifiers trace (vf_task {tasks[i]}) is not re-scored, {g['skipped']}: its recorded "
+                  "scores are kept", flush=True)
+            continue
         trace["rewards"] = dict(sorted({**{k: old[k] for k in g["not_replayable"]}, **g["rewards"]}.items()))
         r["verifiers"]["replay"] = {"rescored": sorted(g["rewards"]), "recorded": g["not_replayable"]}
         kept.update(g["not_replayable"])

@@ -8,7 +8,9 @@ Standalone on purpose, as vf_episode.py: verifiers and the standard library only
 stdin: one JSON object a line, {"vf_task": the taskset's index of the task, "trace": the canonical
 trace vf_episode.py recorded (its messages, its recorded rewards)}, or {"vf_task": ..., "trace": null}.
 stdout: one JSON object a line, in the same order, {"rewards": {name: {score, weight}} as re-scored,
-"not_replayable": [names of the recorded rewards verifiers did not re-score without a runtime]}.
+"not_replayable": [names of the recorded rewards verifiers did not re-score without a runtime]}, with
+"skipped": why, its recorded scores kept, for a trace verifiers' replay does not re-score (its
+rollout errored: `ok` false) or whose scoring raises (verifiers' replay records that trace's error).
 
 The trace is rebuilt as verifiers' replay reads a saved one: the recorded messages in order as one
 branch of message nodes (an assistant message is a sampled node), the task from the taskset (its
@@ -40,9 +42,14 @@ async def rescore(env, line: dict, nth_task) -> dict:
     recorded = (line.get("trace") or {}).get("rewards") or {}
     if line.get("trace") is None:
         return {"rewards": {}, "not_replayable": []}
+    if not line["trace"].get("ok", True):  # verifiers' replay skips a trace whose rollout errored (cli/replay.py)
+        return {"rewards": {}, "not_replayable": [], "skipped": "its rollout errored (verifiers' replay skips it)"}
     task = nth_task(env, int(line["vf_task"]))
     trace = rebuild(task, line["trace"])
-    await task.score(trace, runtime=None)
+    try:
+        await task.score(trace, runtime=None)
+    except Exception as err:  # noqa: BLE001 - as verifiers' replay: that trace's error, never the whole replay's
+        return {"rewards": {}, "not_replayable": [], "skipped": f"scoring raised {type(err).__name__}: {str(err).splitlines()[0]}"}
     rewards = {k: None if r is None else {"score": r.score, "weight": r.weight} for k, r in sorted(trace.rewards.items())}
     return {"rewards": rewards, "not_replayable": sorted(set(recorded) - set(rewards))}
 
