@@ -386,3 +386,18 @@ def test_replay_keeps_the_recorded_scores_of_a_trace_whose_rollout_errored(capsy
     assert errored["replay"] == {"rescored": [], "recorded": ["exact_match"], "skipped": "its rollout errored (verifiers' replay skips it)"}
     assert fine["trace"]["rewards"] == {"exact_match": {"score": 1.0, "weight": 1.0}} and fine["replay"]["rescored"] == ["exact_match"]
     assert "(vf_task 2) is not re-scored, its rollout errored" in capsys.readouterr().out
+
+
+def test_a_trace_with_no_branch_agrees_with_a_record_whose_first_request_was_refused():
+    """r63b's finding: an episode whose first request grpo refused (prompt_too_long: verifiers' own
+    glossary environment's tool schemas on the tiny model) has a trace with no branch and a record with
+    no turn; trace_problem called that a disagreement ("0 branches"). A trace with turns grpo has not
+    answered still disagrees."""
+    from pipeline.agents.endpoint.vf_trace import problem
+
+    refused = [{"kind": "refused", "body_sha256": "x", "why": "610 tokens, more than the 416 ..."}]
+    assert problem(refused, {"trace": {"messages": [], "branches": 0}}) is None
+    said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}]
+    assert problem(refused, {"trace": {"messages": said, "branches": 1}}) == \
+        "the verifiers trace holds 1 assistant message(s), grpo's record 0 turn(s)"
+    assert "has 2 branches" in problem(refused, {"trace": {"messages": said, "branches": 2}})

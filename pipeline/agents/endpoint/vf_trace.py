@@ -36,7 +36,7 @@ def problem(requests: list[dict], vf: dict | None) -> str | None:
     trace = (vf or {}).get("trace")
     if trace is None:
         return None
-    if trace.get("branches", 1) != 1:
+    if trace.get("branches", 1) > 1:  # none: no turn was answered (a first request refused), as the record holds none
         return f"the verifiers trace has {trace['branches']} branches; grpo's record holds one conversation"
     turns = [q for q in requests if q["kind"] == "turn"]
     msgs = trace.get("messages") or []
