@@ -439,6 +439,17 @@ def test_a_timed_out_agent_s_children_in_sessions_of_their_own_are_killed_too(tm
         p.cleanup()
 
 
+def test_the_score_stage_reads_a_tokens_route_episode_with_glue_between_turns():
+    """r63b's finding: a tokens-route episode of two turns (verifiers' train client on a multi-turn
+    environment) records its glue as {role: context}; the score stage's TRL completion read it as a tool
+    message and `grpo iterate` died with KeyError 'name' after the rollout."""
+    from pipeline.agents.episode import trl_completion
+
+    said = {"role": "assistant", "content": "a", "text": "a", "tokens": 2, "finish_reason": "stop"}
+    rec = {"messages": [said, {"role": "context", "content": "<|im_end|>\nuser: more", "tokens": 4}, {**said, "content": "b"}]}
+    assert trl_completion(rec) == [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+
+
 ODD = ["stop_int", "stop_bool", "max_tokens_str", "tools_params_str", "side_tool_first", "args_list"]
 
 

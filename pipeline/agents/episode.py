@@ -304,6 +304,8 @@ def trl_completion(record: dict) -> list[dict]:
             out.append({"role": "assistant", "content": m["content"], **({"tool_calls": calls} if calls else {})})
         elif m["role"] == "user":  # an endpoint agent's own message between turns (pipeline.agents.endpoint)
             out.append({"role": "user", "content": m["content"]})
+        elif m["role"] == "context":  # the tokens route's glue, the client's own ids between turns: no message TRL holds
+            continue
         elif not m.get("dropped"):
             out.append({"role": "tool", "name": m["name"] or "unknown", "content": tool_content(m)})
     return out
