@@ -401,3 +401,15 @@ def test_a_trace_with_no_branch_agrees_with_a_record_whose_first_request_was_ref
     assert problem(refused, {"trace": {"messages": said, "branches": 1}}) == \
         "the verifiers trace holds 1 assistant message(s), grpo's record 0 turn(s)"
     assert "has 2 branches" in problem(refused, {"trace": {"messages": said, "branches": 2}})
+
+
+def test_what_verifiers_recorded_as_going_wrong_is_one_log_line():
+    """r63b's finding: a harness program that crashed, a reward that raised or a tool server that failed
+    to start is recorded in the trace's errors alone: the row ends finished (or length, no_calls), is
+    trained at reward 0 and nothing in `grpo iterate`'s output said so. The runner now prints this line."""
+    from pipeline.agents.endpoint.vf_trace import errors
+
+    assert errors({"episode_errors": [], "trace": {"errors": []}}) is None and errors({"trace": None, "episode_errors": []}) is None
+    vf = {"episode_errors": [{"type": "EnvError", "message": "\nthe env broke"}],
+          "trace": {"errors": [{"type": "TaskError", "message": "task BreakTask scoring: RuntimeError: raises\nmore"}]}}
+    assert errors(vf) == "EnvError: the env broke; TaskError: task BreakTask scoring: RuntimeError: raises"

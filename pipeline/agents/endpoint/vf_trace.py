@@ -62,6 +62,15 @@ def problem(requests: list[dict], vf: dict | None) -> str | None:
     return None
 
 
+def errors(vf: dict | None) -> str | None:
+    """One line naming what verifiers recorded as going wrong in the episode (a harness that crashed, a
+    reward or a tool server that raised: the trace's and the episode's errors), or None: for the log,
+    as a crashed agent's output is (the row is trained at the rewards that did run, None left out)."""
+    errs = [*(vf or {}).get("episode_errors", []), *(((vf or {}).get("trace") or {}).get("errors") or [])]
+    said = [f"{e.get('type')}: {next((ln for ln in str(e.get('message')).splitlines() if ln.strip()), '')[:200]}" for e in errs]
+    return "; ".join(said) or None
+
+
 def row_problem(rec: dict) -> str | None:
     """`grpo audit`'s line for a verifiers episode whose recorded trace_problem is not the one its record gives."""
     agent = rec.get("agent") or {}
