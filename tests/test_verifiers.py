@@ -373,7 +373,7 @@ def test_replay_keeps_the_recorded_scores_of_a_trace_whose_rollout_errored(capsy
     crashed, a reward that raised) and records a scoring error per trace; grpo's re-scored such a trace
     from its partial messages (a reward None at rollout came back a number), and one reward raising in
     the replay failed the whole `grpo replay`. Now its recorded scores are kept, a line names it."""
-    from pipeline.agents.endpoint.vf_run import rescore
+    from pipeline.agents.endpoint.vf_run import rescore, trace_reward
     from pipeline.config.agents import AgentCommand
 
     opts = AgentCommand(verifiers=vf_options()).verifiers
@@ -386,6 +386,10 @@ def test_replay_keeps_the_recorded_scores_of_a_trace_whose_rollout_errored(capsy
     assert errored["replay"] == {"rescored": [], "recorded": ["exact_match"], "skipped": "its rollout errored (verifiers' replay skips it)"}
     assert fine["trace"]["rewards"] == {"exact_match": {"score": 1.0, "weight": 1.0}} and fine["replay"]["rescored"] == ["exact_match"]
     assert "(vf_task 2) is not re-scored, its rollout errored" in capsys.readouterr().out
+    logged = {}
+    crashed = {"verifiers": {"trace": {"rewards": {}}, "replay": {"rescored": [], "recorded": [], "skipped": "its rollout errored"}}}
+    assert trace_reward([None] * 3, [*out, crashed], reward="exact_match", log_extra=logged.__setitem__) == [None, 1.0, None]
+    assert logged == {"vf_exact_match_replay": ["recorded", "rescored", "recorded"]}  # a harness crash records no score at all
 
 
 def test_a_trace_with_no_branch_agrees_with_a_record_whose_first_request_was_refused():

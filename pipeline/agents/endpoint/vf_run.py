@@ -92,7 +92,7 @@ def trace_reward(completions, agent_results=None, reward: str = "", log_extra=No
         got = ((vf.get("trace") or {}).get("rewards") or {}).get(reward)
         out.append(None if got is None else float(got["score"]))
         replay = vf.get("replay")
-        source.append(None if replay is None else "recorded" if reward in replay["recorded"] else "rescored")
+        source.append(None if replay is None else "recorded" if reward in replay["recorded"] or "skipped" in replay else "rescored")
     if log_extra is not None and any(s is not None for s in source):
         log_extra(f"{PREFIX}{reward}_replay", source)
     return out
