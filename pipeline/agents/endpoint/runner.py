@@ -175,8 +175,9 @@ class EndpointRunner:
         e.agent = {"exit_code": None if e.proc.killed else rc, "killed": e.proc.killed, "result": result, "result_error": why}
         if result is not None and "verifiers" in result:  # the trace verifiers scored, checked against what grpo recorded
             e.agent["trace_problem"] = vf_trace.problem(e.requests, result["verifiers"])
-            if (errs := vf_trace.errors(result["verifiers"])) is not None:
-                print(f"grpo: verifiers episode {e.group_idx}/{e.sample_idx} recorded errors: {errs}", flush=True)
+            said = [p for p in (e.agent["trace_problem"], vf_trace.errors(result["verifiers"])) if p]  # else in the record alone
+            if said:
+                print(f"grpo: verifiers episode {e.group_idx}/{e.sample_idx}: {'; recorded errors: '.join(said)}", flush=True)
         e.done = True
 
     def _over(self, e: EndpointEpisode, r: Request, h: str | None, ending: str, detail: str | None = None, message: str | None = None) -> None:

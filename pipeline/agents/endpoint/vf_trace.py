@@ -5,7 +5,8 @@ scored; the record's requests are what grpo sampled and trained on. They must te
 trace has a single branch, its assistant messages are the record's turns in order (on the chat route
 each is the answer grpo sent and the messages before it are the ones the turn's request added; on the
 tokens route, where the trace carries the sampled ids of each assistant node, those ids are the turn's
-completion ids). A harness that rewrote the history after grpo answered (so its reward read another
+completion ids). A harness (or a taskset's `@vf.intercept` hook, rewriting grpo's answer before the harness
+sees it) that rewrote the history after grpo answered (so its reward read another
 conversation than the one trained on) gives `problem` one line, recorded at rollout as
 `episode.agent.trace_problem` (null when they agree); `grpo audit` recomputes it from the record and
 names a row whose recorded trace_problem is not the recomputed one (a forged trace, a second branch,
@@ -46,7 +47,7 @@ def problem(requests: list[dict], vf: dict | None) -> str | None:
     if "sampled_ids" in trace:  # the tokens route: verifiers' own ids of each sampled node
         for j, (ids, q) in enumerate(zip(trace["sampled_ids"], turns)):
             if list(ids) != list(q["completion_ids"]):
-                return f"the verifiers trace's assistant message {j + 1} is not turn {j + 1}'s sampled ids: the harness rewrote the history"
+                return f"the verifiers trace's assistant message {j + 1} is not turn {j + 1}'s sampled ids: the harness or a taskset hook (@vf.intercept) rewrote the history"
         return None
     if any(q.get("route") == "tokens" for q in turns):
         want = [("assistant", (q["message"].get("content") or "").strip(), []) for q in turns]
@@ -56,9 +57,9 @@ def problem(requests: list[dict], vf: dict | None) -> str | None:
         got = [shape(m) for m in msgs]
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
-            return f"the verifiers trace's message {i + 1} ({a[0]}) is not the one grpo's record holds there: the harness rewrote the history"
+            return f"the verifiers trace's message {i + 1} ({a[0]}) is not the one grpo's record holds there: the harness or a taskset hook (@vf.intercept) rewrote the history"
     if len(got) != len(want):
-        return f"the verifiers trace holds {len(got)} message(s), grpo's record {len(want)}: the harness rewrote the history"
+        return f"the verifiers trace holds {len(got)} message(s), grpo's record {len(want)}: the harness or a taskset hook (@vf.intercept) rewrote the history"
     return None
 
 
