@@ -86,6 +86,9 @@ def test_an_endpoint_run_made_before_verifiers_keeps_its_config_hash():
     ({"taskset": "no_such_taskset_xyz"}, "rollout.agent.verifiers.taskset 'no_such_taskset_xyz' does not import"),
     ({"taskset": "json"}, "rollout.agent.verifiers.taskset 'json': taskset module 'json' exports no Taskset subclass via `__all__`"),
     ({"env": "best_of_n"}, "rollout.agent.verifiers.env 'best_of_n': BestOfNEnv is not verifiers' SingleAgentEnv"),
+    # r63b: a tool parser but a chat template without tools (the tiny model's, SmolLM2's): the schemas never reach the prompt
+    ({"client": "train", "harness": "bash", "renderer": {"name": "default", "tool_parser": "qwen3"}},
+     "the episode has tools (harness 'bash') and the renderer DefaultRenderer renders no tool schemas for"),
 ])
 def test_a_taskset_that_does_not_import_or_exports_no_taskset_is_refused(assets, tmp_path, capsys, over, message):
     cfg = vf_config(assets, addition_rows(tmp_path / "rows.jsonl"), **over)

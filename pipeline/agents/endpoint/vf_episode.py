@@ -22,8 +22,9 @@ built for GRPO_TOKENIZER, renders the token ids and POSTs them to grpo's tokens 
 `--check` prints {"rewards": {name: weight}} for the taskset's first task (what `grpo init` turns
 into reward columns), or one line on stderr and exit status 2: a taskset that does not import or
 exports no Taskset, a remote runtime, an Env other than SingleAgentEnv (several traces per episode),
-with client train a renderer that does not build for GRPO_TOKENIZER or parses no tool calls while the
-episode has tools (a harness other than `null`, toolsets).
+with client train a renderer that does not build for GRPO_TOKENIZER, or parses no tool calls or renders
+no tool schemas (a chat template without tools) while the episode has tools (a harness other than `null`,
+toolsets).
 """
 
 from __future__ import annotations
@@ -171,13 +172,20 @@ def check_renderer(env, cfg: dict) -> None:
     from verifiers.v1.clients import TrainClientConfig
 
     try:
-        renderer = create_renderer(load_tokenizer(os.environ["GRPO_TOKENIZER"]), TrainClientConfig(renderer=cfg.get("renderer")).renderer)
+        tok = load_tokenizer(os.environ["GRPO_TOKENIZER"])
+        renderer = create_renderer(tok, TrainClientConfig(renderer=cfg.get("renderer")).renderer)
     except Exception as err:  # noqa: BLE001 - the renderers package's own validation: one line
         raise Refused(f"rollout.agent.verifiers.renderer: {type(err).__name__}: {' '.join(str(err).splitlines()[:3])}") from None
     if (tools := tools_of(env, cfg)) and not getattr(renderer, "supports_tools", True):
         raise Refused(f"rollout.agent.verifiers.client train: the episode has tools ({', '.join(tools)}) and the renderer "
                       f"{type(renderer).__name__} parses no tool calls; set rollout.agent.verifiers.renderer to one with a "
                       "tool parser (e.g. {name: default, tool_parser: qwen3}: Hermes-style <tool_call> JSON) or use client eval")
+    probe = {"name": "grpo_probe_tool", "description": "a probe", "parameters": {"type": "object", "properties": {}}}
+    if tools and probe["name"] not in tok.decode(renderer.render_ids([{"role": "user", "content": "hi"}], tools=[probe],
+                                                                     add_generation_prompt=True)):  # the template drops them
+        raise Refused(f"rollout.agent.verifiers.client train: the episode has tools ({', '.join(tools)}) and the renderer "
+                      f"{type(renderer).__name__} renders no tool schemas for {os.environ['GRPO_TOKENIZER']!r} (its chat "
+                      "template has no tools): the model would never see them; use a renderer for a template with tools or client eval")
 
 
 async def episode(cfg: dict, task_row: dict) -> dict:
