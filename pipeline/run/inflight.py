@@ -1,7 +1,8 @@
 """The record of an update still being written: at most one per run, in this process.
 
-`iterate` hands policy k+1 to the sampler in memory and leaves its record to a thread
-(pipeline/update/record.py says in what order, and what a kill at each step leaves). While that
+`iterate` leaves policy k+1's record to a thread (the sampler takes the policy from the trainer's
+memory with `rollout.weight_sync: memory`, or waits for its files with `disk`);
+pipeline/update/record.py says in what order, and what a kill at each step leaves. While that
 thread runs, the run holds one `Inflight`:
 - `hash`: a future, settled once update k's MANIFEST.json names policy k+1's hash;
 - `files`: a future, settled once the thread has ended: policy k+1's MANIFEST.json written (its

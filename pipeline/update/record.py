@@ -19,7 +19,7 @@ On the thread (`_write_later`), while rollout k+1 runs:
    -- a kill here (`update:record`) leaves update k undone: nothing names the hash;
 5. update k's MANIFEST.json naming it: update k is done (the `hash` future settles);
 6. the weights file, synced, renamed into place, its directory synced;
-   -- a kill here (`update:write`) leaves update k done and policy k+1 missing:
+   -- a kill during it, or after it (`update:write`), leaves update k done and policy k+1 missing:
    `publish.restore_policy` re-runs update k from the state before it and checks the hash;
 7. policy k+1's MANIFEST.json: the policy exists; the lock released;
 8. older trainer states (kept until now for that re-run) and policies pruned; the thread ends and
@@ -67,7 +67,8 @@ def save_policy(run: Run, k: int, trainer, work: Path, readers_here: bool):
     or the `DeferredWeights` of its weights file. The one place that decides whether update k's
     record goes to a thread: every reader of policy k+1's files must be in this process
     (`readers_here`: `iterate`'s sampler is), with one rank, on a local run, and saving must then
-    stream the weights (whole weights do; a LoRA adapter is small and written at once)."""
+    stream the weights (unsharded fp32 weights do, run/weights_file.save_fp32_policy; a sharded or
+    non-fp32 model goes through save_pretrained, and a LoRA adapter is small: both are written at once)."""
     later = readers_here and trainer.world == 1 and run.store.local
     return trainer.save_policy(work / "policy", run.policy_dir(k), work / STATE, later)
 
