@@ -43,20 +43,15 @@ def stamp(cmd: list[str]) -> dict:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every living process below `pid` (Linux /proc; none elsewhere): a child that started a session
-    of its own (verifiers' subprocess runtime starts each harness program so) is outside the agent's
-    group, and once the agent dies it is the init process's, out of reach."""
-    below: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            below.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        out += (kids := below.get(todo.pop(), []))
-        todo += kids
-    return out
+    """Every living process below `pid` (psutil's process tree): a child that started a session of its
+    own (verifiers' subprocess runtime starts each harness program so) is outside the agent's group, and
+    once the agent dies it is the init process's, out of reach."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def pieces(secret: str, n: int) -> set[str]:
