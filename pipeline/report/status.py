@@ -65,10 +65,8 @@ def driver_alive(driver: dict) -> bool | None:
         return False
     except PermissionError:  # another user's process holds the pid: not our driver
         return False
-    try:
-        import psutil
-    except ImportError:  # without psutil (no Ray here): the pid alone
-        return True
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
