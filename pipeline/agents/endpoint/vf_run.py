@@ -64,12 +64,11 @@ def check(opts, model: str | None = None) -> dict[str, float]:
     (with client train: also when the episode has tools and the renderer, built for `model`'s
     tokenizer, parses no tool calls)."""
     from pipeline.run import gguf_import
+    from pipeline.run.run import model_source
 
-    tokenizer = model
-    if model and gguf_import.is_gguf_path(model):  # the converted folder, as the run's tokenizer is (run.model_source)
-        tokenizer = str(gguf_import.converted(model, "model")[0].resolve())
-    elif model and Path(model).is_dir():
-        tokenizer = str(Path(model).resolve())
+    tokenizer = model  # a local model as the run reads it: a GGUF file's converted folder (run.model_source)
+    if model and (gguf_import.is_gguf_path(model) or Path(model).is_dir()):
+        tokenizer = str(model_source(model)[0].resolve())
     return json.loads(_ask(opts, "--check", tokenizer=tokenizer).strip().splitlines()[-1])["rewards"]
 
 
