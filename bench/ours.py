@@ -77,9 +77,11 @@ def main(workload_json: str, out: str) -> None:
         warm = held["warm"]
         data = bare.iteration_data(run, k)
         gc_before = sum(probes.gc_seconds.values())
-        warm.engine.wake()  # iterate gave its KV cache and policy k's weights back after the rollout
-        row["bare"] = {"rollout": bare.vllm_generate(warm.engine.llm, cfg, k, data)}
-        warm.engine.sleep()  # as iterate left it: our next rollout pays the wake, as it would without this baseline
+        row["bare"] = {}
+        if cfg.rollout.engine == "vllm":  # the HF engine's bare baseline is TRL's own `generate` (bench.trl_run)
+            warm.engine.wake()  # iterate gave its KV cache and policy k's weights back after the rollout
+            row["bare"]["rollout"] = bare.vllm_generate(warm.engine.llm, cfg, k, data)
+            warm.engine.sleep()  # as iterate left it: our next rollout pays the wake, as it would without this baseline
         old_model = warm.logprobs.old
         if old_model is None:  # the run made no old pass (the update's forward gave them): policy k for the baseline
             # a LoRA policy k > 0 is an adapter: the base with it, as the logprobs stage would load it

@@ -52,6 +52,8 @@ class Workload:
     lora: bool = False
     """real-* only: LoRA r=16 (`train.lora`) instead of full fine-tuning."""
     temperature: float = 1.0
+    engine: str = "vllm"
+    """rollout.engine: hf is grpo's transformers-`generate` engine, TRL's generation on the same rows (issue 61)."""
     trl_micro_batch: int | None = None
     """TRL's per-device micro-batch (gradient accumulation over the mini-batch); None = the
     whole mini-batch, except real-*: 16, since TRL with all 64 sequences in one micro-batch needs
@@ -67,7 +69,8 @@ class Workload:
             return "agent-lora"
         if self.size == "real":  # real-full, real-lora, real-lora-e2 (issue 17's names)
             kind = "lora" if self.lora else "full"
-            return f"real-{kind}" + (f"-e{self.epochs}" if self.epochs > 1 else "")
+            tail = (f"-e{self.epochs}" if self.epochs > 1 else "") + ("-hf" if self.engine == "hf" else "")
+            return f"real-{kind}" + tail + (f"-t{self.max_new_tokens}" if self.max_new_tokens != 128 else "")
         return f"{self.size}-e{self.epochs}"
 
     def as_dict(self) -> dict:
@@ -102,7 +105,15 @@ def real_workloads() -> list[Workload]:
         Workload("real", 1, commands=1, profile=True, **common),
         Workload("real", 1, commands=0, lora=True, **common),
         Workload("real", 2, commands=0, lora=True, **common),  # 2 epochs: the old logprobs are really needed
+        *hf_workloads(),
     ]
+
+
+def hf_workloads() -> list[Workload]:
+    """real-full on grpo's HF engine (`rollout.engine: hf`), the CPU stand-in for the GPU claim against
+    TRL's `generate` (issue 61): the same rows as real-full, and a longer completion budget."""
+    common = dict(iters=2, trl_steps=2, num_generations=8, prompts_per_iter=8, mini_batch_size=64, lr=1e-5, engine="hf", commands=0)
+    return [Workload("real", 1, max_new_tokens=128, **common), Workload("real", 1, max_new_tokens=512, **common)]
 
 
 def data_dir(size: str = "tiny") -> Path:
@@ -174,7 +185,7 @@ def config_tree(w: Workload) -> dict:
     tree["model"] = str(model_dir(w.size))
     tree["data"].update(train=str(train_path(w.size)), eval=None, system_prompt=SYSTEM_PROMPT)
     tree["rollout"] = {
-        "engine": "vllm", "num_generations": w.num_generations, "prompts_per_iter": w.prompts_per_iter,
+        "engine": w.engine, "num_generations": w.num_generations, "prompts_per_iter": w.prompts_per_iter,
         "groups_per_part": w.prompts_per_iter, "max_new_tokens": w.max_new_tokens, "temperature": w.temperature,
     }
     tree["advantages"] = {"scale": "group", "std": "sample"}

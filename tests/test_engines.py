@@ -94,29 +94,31 @@ def test_vllm_sampler_logprobs_match_the_trainer(two_policies):
         assert logp[i, : len(s.token_ids)].tolist() == pytest.approx(s.logprobs, abs=2e-4)
 
 
-def test_hf_engine_is_seeded_per_group(two_policies):
+@pytest.mark.parametrize("sampler", ["batched", "per_group", "gumbel"])
+def test_hf_engine_is_seeded_per_group(two_policies, sampler):
     from pipeline.models.hf_engine import HFEngine
 
     a, _ = two_policies
-    eng = HFEngine(a, RolloutConfig(engine="hf", max_new_tokens=10), 256, seed=0)
+    eng = HFEngine(a, RolloutConfig(engine="hf", max_new_tokens=10, hf_sampler=sampler), 256, seed=0)
     one = eng.generate(PROMPT * 2, [1, 2], n=3)
     two = eng.generate(PROMPT, [2], n=3)
     assert [s.token_ids for s in one[1]] == [s.token_ids for s in two[0]]  # batching does not matter
     assert len({tuple(s.token_ids) for s in one[0] + one[1]}) > 1
 
 
-def test_hf_engine_batched_groups_sample_softmax_over_temperature_from_their_own_seed(two_policies):
-    """The GPU path of the HF engine (every group of a call in one padded batch, each drawn from
-    its own generator; forced here on the CPU): a group's tokens do not depend on the other
-    groups of the call, greedy equals the one-group-at-a-time engine, and the recorded logprobs
-    are the trainer's log softmax(logits / T) of the sampled tokens."""
+@pytest.mark.parametrize("sampler", ["batched", "gumbel"])
+def test_hf_engine_batched_groups_sample_softmax_over_temperature_from_their_own_seed(two_policies, sampler):
+    """The HF engine's one-batch paths (every group of a call in one padded batch, each drawn from
+    its own generator): a group's tokens do not depend on the other groups of the call, greedy
+    equals the one-group-at-a-time engine, and the recorded logprobs are the trainer's
+    log softmax(logits / T) of the sampled tokens."""
     from pipeline.models.hf_engine import HFEngine
 
     a, _ = two_policies
-    cfg = RolloutConfig(engine="hf", max_new_tokens=10, temperature=0.7)
+    cfg = RolloutConfig(engine="hf", max_new_tokens=10, temperature=0.7, hf_sampler="per_group")
     eng = HFEngine(a, cfg, 256, seed=0)
     plain = eng.generate([PROMPT[0], [9, 3]], [1, 2], n=1, greedy=True)
-    eng.batched = True
+    eng.sampler = sampler
     greedy = eng.generate([PROMPT[0], [9, 3]], [1, 2], n=1, greedy=True)
     assert [[s.token_ids for s in g] for g in greedy] == [[s.token_ids for s in g] for g in plain]
     both = eng.generate([PROMPT[0], [9, 3, 4]], [1, 2], n=3)
@@ -152,20 +154,40 @@ class _ReferenceGroupDraw:
         return torch.full_like(s, float("-inf")).scatter(-1, choice[:, None], 0.0)
 
 
+class _ReferenceCdfDraw(_ReferenceGroupDraw):
+    """The default batched draw written out plainly: one uniform u per row from its group's own
+    generator; p = softmax(s); the token is the first index whose cumulative sum of p exceeds
+    u x sum(p) (u x sum kept below the sum); its logprob is log p there."""
+
+    def __call__(self, input_ids, scores):
+        s = scores.float() / self.temperature
+        for w in self.warpers:
+            s = w(input_ids, s)
+        u = torch.cat([torch.rand(self.copies, generator=g) for g in self.gens])
+        p = torch.softmax(s, -1)
+        cdf = torch.cumsum(p, -1)
+        total = cdf[:, -1]
+        target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        choice = torch.tensor([int((row > t).nonzero()[0]) for row, t in zip(cdf, target)])
+        self.chosen.append(torch.log(p.gather(-1, choice[:, None]).squeeze(-1)))
+        return torch.full_like(s, float("-inf")).scatter(-1, choice[:, None], 0.0)
+
+
+@pytest.mark.parametrize("draw", ["gumbel", "batched"])
 @pytest.mark.parametrize("trunc", [{}, {"top_k": 50, "top_p": 0.9}])
-def test_hf_engine_group_sampler_draws_what_the_plain_reference_draws_bit_for_bit(trunc):
+def test_hf_engine_group_sampler_draws_what_the_plain_reference_draws_bit_for_bit(trunc, draw):
     """The sampler's in-place, buffer-reusing form (fewer passes over the vocabulary) changes no
-    token and no logprob bit against the plain reference, step after step, with and without
-    top-k / top-p, and leaves `generate`'s scores as it got them."""
+    token and no logprob bit against the plain reference of its draw, step after step, with and
+    without top-k / top-p, and leaves `generate`'s scores as it got them."""
     from transformers import TopKLogitsWarper, TopPLogitsWarper
 
     from pipeline.models.hf_engine import GroupSampler
 
     cfg = RolloutConfig(engine="hf", temperature=0.7, **trunc)
     seeds, copies, V = [11, 5, 2026], 4, 3001
-    ours = GroupSampler(cfg, False, seeds, copies, torch.device("cpu"))
+    ours = GroupSampler(cfg, False, seeds, copies, torch.device("cpu"), draw=draw)
     warpers = [TopKLogitsWarper(50), TopPLogitsWarper(0.9)] if trunc else []
-    ref = _ReferenceGroupDraw(seeds, copies, 0.7, warpers)
+    ref = (_ReferenceGroupDraw if draw == "gumbel" else _ReferenceCdfDraw)(seeds, copies, 0.7, warpers)
     g = torch.Generator().manual_seed(0)
     ids = torch.zeros((len(seeds) * copies, 1), dtype=torch.long)
     for _ in range(6):
@@ -189,7 +211,7 @@ def test_hf_engine_rollouts_equal_the_plain_reference_samplers_bit_for_bit(two_p
     from pipeline.models.hf_engine import HFEngine, sampling_config
 
     a, _ = two_policies
-    cfg = RolloutConfig(engine="hf", max_new_tokens=12, temperature=0.8)
+    cfg = RolloutConfig(engine="hf", max_new_tokens=12, temperature=0.8, hf_sampler="per_group")
     eng = HFEngine(a, cfg, 256, seed=0)
     prompts, seeds, n = [PROMPT[0], [9, 3, 4]], [7, 8], 3
     plain = eng.generate(prompts, seeds, n=n)
@@ -205,21 +227,57 @@ def test_hf_engine_rollouts_equal_the_plain_reference_samplers_bit_for_bit(two_p
         for j, smp in enumerate(group):
             assert smp.token_ids == new[j, : len(smp.token_ids)].tolist()
             assert smp.logprobs == [float(x) for x in tok_lp[j, : len(smp.token_ids)]]
-    eng.batched = True
-    batched = eng.generate(prompts, seeds, n=n)
-    width = max(map(len, prompts))
-    rows = [ids for ids in prompts for _ in range(n)]
-    inp = torch.tensor([[eng.pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    ref = _ReferenceGroupDraw(seeds, n, 0.8)
-    with torch.no_grad():
-        out = eng.model.generate(inp, attention_mask=mask, logits_processor=LogitsProcessorList([ref]),
-                                 generation_config=sampling_config(cfg, True, cfg.max_new_tokens, eng.stop_ids, eng.pad_id))
-    new, tok_lp = out.sequences[:, width:], torch.stack(ref.chosen, 1)
-    for j, smp in enumerate(s for group in batched for s in group):
-        assert smp.token_ids == new[j, : len(smp.token_ids)].tolist()
-        assert smp.logprobs == [float(x) for x in tok_lp[j, : len(smp.token_ids)]]
-    assert len({tuple(s.token_ids) for s in batched[0]}) > 1
+    draws = {}
+    for sampler, reference in (("gumbel", _ReferenceGroupDraw), ("batched", _ReferenceCdfDraw)):
+        eng.sampler = sampler
+        batched = draws[sampler] = eng.generate(prompts, seeds, n=n)
+        width = max(map(len, prompts))
+        rows = [ids for ids in prompts for _ in range(n)]
+        inp = torch.tensor([[eng.pad_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ref = reference(seeds, n, 0.8)
+        with torch.no_grad():
+            out = eng.model.generate(inp, attention_mask=mask, logits_processor=LogitsProcessorList([ref]),
+                                     generation_config=sampling_config(cfg, True, cfg.max_new_tokens, eng.stop_ids, eng.pad_id))
+        new, tok_lp = out.sequences[:, width:], torch.stack(ref.chosen, 1)
+        for j, smp in enumerate(s for group in batched for s in group):
+            assert smp.token_ids == new[j, : len(smp.token_ids)].tolist()
+            assert smp.logprobs == [float(x) for x in tok_lp[j, : len(smp.token_ids)]]
+        assert len({tuple(s.token_ids) for s in batched[0]}) > 1
+    # the three paths are three draws: the same seeds give other tokens on each
+    tokens = {k: [[s.token_ids for s in g] for g in v] for k, v in (("per_group", plain), *draws.items())}
+    assert len({repr(v) for v in tokens.values()}) == 3
+
+
+@pytest.mark.parametrize("trunc", [{}, {"top_k": 5}, {"top_p": 0.8}])
+def test_hf_engine_batched_draw_is_softmax_over_temperature(trunc):
+    """The default draw's tokens follow softmax(logits / T) as truncated: 40,000 rows of one
+    fixed score vector, counted against their probabilities by Pearson's chi-square (scipy),
+    and never a truncated token."""
+    from scipy.stats import chisquare
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    from pipeline.models.hf_engine import GroupSampler
+
+    cfg = RolloutConfig(engine="hf", temperature=0.7, **trunc)
+    V, rows = 12, 40_000
+    scores = torch.linspace(-3.0, 2.0, V).repeat(rows, 1)
+    ours = GroupSampler(cfg, False, [3, 4], rows // 2, torch.device("cpu"), draw="batched")
+    chosen = ours(torch.zeros((rows, 1), dtype=torch.long), scores).argmax(-1)
+    s = scores[:1] / 0.7
+    for w in [TopKLogitsWarper(5)] if "top_k" in trunc else [TopPLogitsWarper(0.8)] if "top_p" in trunc else []:
+        s = w(None, s)
+    p = torch.softmax(s, -1)[0].double()
+    counts = torch.bincount(chosen, minlength=V).double()
+    assert counts[p == 0].sum() == 0  # a truncated token is never drawn
+    kept = p > 0
+    if "top_k" in trunc:
+        assert int(kept.sum()) == 5
+    assert chisquare(counts[kept].numpy(), (p[kept] / p[kept].sum() * rows).numpy()).pvalue > 1e-3
+    # a biased draw fails the same check: the probabilities of one temperature off
+    off = torch.softmax(s * 0.7 / 0.8, -1)[0].double() if not trunc else None
+    if off is not None:
+        assert chisquare(counts.numpy(), (off / off.sum() * rows).numpy()).pvalue < 1e-6
 
 
 def _rss_mb() -> float:

@@ -16,6 +16,15 @@ class RolloutConfig(AgentOptions):
 
     engine: Literal["vllm", "hf"] = "vllm"
     """Generation engine: vllm (default) or hf (transformers generate, for machines without vLLM)."""
+    hf_sampler: Literal["batched", "per_group", "gumbel"] | None = "batched"
+    """engine hf: how a call's groups are drawn, each from its own seed either way. batched
+    (default): every group of the call in one left-padded `generate` batch, a row's token drawn by
+    inverse CDF from one uniform of its group's own generator (one pass over the vocabulary for
+    all rows, as TRL's one `generate` batch costs); per_group: one `generate` per group under the
+    group's seed with transformers' own sampler; gumbel: one batch, Gumbel-max with each group's
+    generator filling its rows' noise (a vocabulary of uniforms per row). null: as runs made before
+    this option, per_group on a CPU and gumbel on a GPU. Each is exact (tests hold each to a plain
+    reference); they draw different tokens from the same seed, so the value is in the config hash."""
     num_generations: int = Field(8, ge=2, le=1024)
     """G: completions sampled per prompt; the group whose rewards are normalised together."""
     prompts_per_iter: int = Field(16, ge=1)

@@ -150,6 +150,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "state_every"): 1,  # the trainer state after every update, as every update wrote it
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
+    ("rollout", "hf_sampler"): None,  # per group on a CPU, Gumbel-max in one batch on a GPU, as before
     ("data", "template_date"): None,  # a template that reads no date: nothing pinned
     **EVAL_NEUTRAL,
     ("cluster",): ClusterConfig().model_dump(mode="json"),  # where the stages run: out of the hash at any value (canonical)
@@ -187,6 +188,8 @@ def canonical(cfg: Config, legacy: bool = False) -> str:
             section = section.get(part) or {}
         if key in section and section[key] == neutral:
             del section[key]
+    if tree["rollout"].get("engine") != "hf":  # vLLM samples with its own sampler: the HF engine's computes nothing
+        tree["rollout"].pop("hf_sampler", None)
     if tree["rollout"].get("weight_sync") == "auto":  # never the bytes: the hash of disk's (memory, as runs made with it hashed it, keeps its own)
         del tree["rollout"]["weight_sync"]
     for entry in tree.get("rewards") or []:

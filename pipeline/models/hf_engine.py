@@ -35,9 +35,9 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.dtype = engine_dtype(cfg.dtype, precision)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
-        # on a GPU the engine lives there and samples every group of a call in one batch (see `generate`)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.batched = self.device.type == "cuda"
+        # how a call's groups are drawn (rollout.hf_sampler; null: as runs made before it did)
+        self.sampler = cfg.hf_sampler or ("gumbel" if self.device.type == "cuda" else "per_group")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
         # the stop tokens are the one thing taken from the model's files (the eos ids of its
         # generation_config.json and tokenizer, and its template's end of turn), as for vLLM
@@ -75,7 +75,7 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], n: int, greedy: bool = False,
                  max_tokens: list[int] | None = None, temperature: float | None = None) -> list[list[Sample]]:
         """`temperature`: the eval's, else rollout.temperature."""
-        if self.batched:
+        if self.sampler != "per_group":
             return self._generate_batched(prompt_ids, seeds, n, greedy, max_tokens, temperature)
         torch, c, tok = self.torch, self.cfg, self.tokenizer
         stop_ids = set(self.stop_ids)
@@ -106,10 +106,11 @@ class HFEngine:
         return groups
 
     def _generate_batched(self, prompt_ids, seeds, n, greedy, max_tokens, temperature=None):
-        """Every group of the call in one left-padded `generate` batch (a GPU's way: one step of 128
-        rows costs what one of 8 does), each group still drawn from its own seed: `GroupSampler`
-        samples softmax(logits / temperature) by the Gumbel-max rule with noise from the group's
-        own generator, so a group's tokens do not depend on the torch global generator."""
+        """Every group of the call in one left-padded `generate` batch (one step of 64 rows costs
+        far less than 8 steps of 8, on a GPU and on a CPU), each group still drawn from its own
+        seed: `GroupSampler` samples softmax(logits / temperature) with the group's own generator
+        (inverse CDF or Gumbel-max, `self.sampler`), so a group's tokens do not depend on the torch
+        global generator."""
         from transformers import LogitsProcessorList
 
         torch, c = self.torch, self.cfg
@@ -119,7 +120,7 @@ class HFEngine:
         rows = [ids for ids in prompt_ids for _ in range(copies)]
         inp = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows], device=self.device)
-        sampler = GroupSampler(c, greedy, seeds, copies, self.device, temperature)
+        sampler = GroupSampler(c, greedy, seeds, copies, self.device, temperature, draw=self.sampler)
         gen = sampling_config(c, True, max(budgets), self.stop_ids, self.pad_id)  # argmax of what the sampler returns
         gen.output_scores = False
         with torch.no_grad():
@@ -145,50 +146,77 @@ class HFEngine:
 
 
 class GroupSampler:
-    """A logits processor that samples itself: for rows grouped `copies` at a time, group g's
-    token is argmax(logits / T + Gumbel noise from generator g) (a draw from softmax(logits / T),
-    truncated by the config's top_k / top_p / min_p), or the plain argmax when greedy. It keeps the
-    chosen tokens' logprobs and hands `generate` a score that makes its argmax that token."""
+    """A logits processor that samples itself, rows grouped `copies` at a time, each group from
+    its own generator g, a draw from p = softmax(logits / T) truncated by the config's top_k /
+    top_p / min_p (or the plain argmax when greedy):
+    - draw "batched": inverse CDF. One uniform u per row from g; the token is the first whose
+      cumulative probability exceeds u x the total; its logprob is log p there. A softmax and a
+      cumulative sum over the vocabulary for all rows, and k uniforms per group.
+    - draw "gumbel": argmax(log p + Gumbel noise), the noise a vocabulary of uniforms per row from
+      g; its logprob is log_softmax(logits / T) there.
+    It keeps the chosen tokens' logprobs and hands `generate` a score that makes its argmax that token."""
 
-    def __init__(self, cfg: RolloutConfig, greedy: bool, seeds: list[int], copies: int, device, temperature: float | None = None):
+    def __init__(self, cfg: RolloutConfig, greedy: bool, seeds: list[int], copies: int, device, temperature: float | None = None,
+                 draw: str = "gumbel"):
         import torch
         from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-        self.torch, self.greedy, self.copies = torch, greedy, copies
+        self.torch, self.greedy, self.copies, self.draw = torch, greedy, copies, draw
         self.temperature = cfg.temperature if temperature is None else temperature  # `temperature`: the eval's
         self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
         self.warpers = [w for w in (TopKLogitsWarper(cfg.top_k) if cfg.top_k and cfg.top_k > 0 else None,
                                     TopPLogitsWarper(cfg.top_p) if cfg.top_p < 1.0 else None,
                                     MinPLogitsWarper(cfg.min_p) if cfg.min_p else None) if w is not None]
         self.chosen: list = []
-        self._noise = None  # the [B, V] uniforms buffer, reused every step
+        self._buffers: list = [None, None]  # [B, V] buffers (uniforms; probabilities, their cumulative sums)
 
     def __call__(self, input_ids, scores):
-        # Every op is the same elementwise op on the same [B, V] float32 shape as the plain
-        # out-of-place form (tests/test_engines.py holds it as the reference), only in place and in
-        # buffers kept across steps: the same tokens and logprobs bit for bit, with fewer passes
-        # over the vocabulary and no allocation per step (s - log(-log u) is exactly s + (-log(-log u))).
+        # Each draw is the same ops on the same [B, V] float32 shapes as its plain out-of-place form
+        # (tests/test_engines.py holds both as references), only in place and in a buffer kept
+        # across steps: the same tokens and logprobs bit for bit, with fewer passes over the
+        # vocabulary and no allocation per step (s - log(-log u) is exactly s + (-log(-log u))).
         torch = self.torch
         s = scores.float()
         if not self.greedy:
-            s = s / self.temperature  # a copy: `scores` is not changed
-            for w in self.warpers:
+            if self.temperature != 1.0:  # x / 1 is x to the bit: no pass over the vocabulary for it
+                s = s / self.temperature  # a copy: `scores` is not changed
+            for w in self.warpers:  # transformers' warpers mask out of place
                 s = w(input_ids, s)
-        logp = torch.log_softmax(s, -1)
+        k, out = self.copies, None
         if self.greedy:
             choice = s.argmax(-1)
+            chosen = torch.log_softmax(s, -1).gather(-1, choice[:, None])
+        elif self.draw == "batched":
+            u = torch.cat([torch.rand(k, generator=g, device=s.device) for g in self.gens])[:, None]  # [B, 1]
+            p = torch.softmax(s, -1, out=self._buffer(0, s))  # 0 where a warper truncated the token to -inf
+            cdf = torch.cumsum(p, -1, out=self._buffer(1, s))
+            total = cdf[:, -1:]
+            # u x total is kept below total (rounding could reach it), so the token found has p > 0
+            target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+            choice = torch.searchsorted(cdf, target, right=True)[:, 0]
+            chosen = p.gather(-1, choice[:, None]).log_()
+            out = cdf  # read by `generate` for its argmax alone (output_scores off), then free again
         else:
-            k = self.copies
-            if self._noise is None or self._noise.shape != s.shape or self._noise.device != s.device:
-                self._noise = torch.empty(s.shape, dtype=torch.float32, device=s.device)
-            u = self._noise
+            logp = torch.log_softmax(s, -1)
+            u = self._buffer(0, s)
             for i, g in enumerate(self.gens):  # each group's uniforms from its own generator, into its rows
                 torch.rand((k, s.shape[-1]), generator=g, device=s.device, out=u[i * k:(i + 1) * k])
             u.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_()  # log(-log u)
             choice = torch.sub(s, u, out=u).argmax(-1)  # argmax(s + Gumbel noise)
-        self.chosen.append(logp.gather(-1, choice[:, None]).squeeze(-1))
-        out = s if s is not scores else torch.empty_like(s)  # s is ours once divided by T
+            chosen = logp.gather(-1, choice[:, None])
+        self.chosen.append(chosen.squeeze(-1))
+        if out is None:
+            out = s if s is not scores else torch.empty_like(s)  # s is ours once divided by T
         return out.fill_(float("-inf")).scatter_(-1, choice[:, None], 0.0)
+
+    def _buffer(self, i: int, like):
+        """Buffer i, [B, V] float32 on the scores' device, kept across steps: a fresh one each
+        step is a fresh allocation whose first touch faults in every page (on a CPU, as long as
+        the arithmetic itself)."""
+        buf = self._buffers[i]
+        if buf is None or buf.shape != like.shape or buf.device != like.device:
+            buf = self._buffers[i] = self.torch.empty(like.shape, dtype=self.torch.float32, device=like.device)
+        return buf
 
 
 def sampling_config(c: RolloutConfig, greedy: bool, max_new_tokens: int, stop_ids: list[int], pad_id: int,
