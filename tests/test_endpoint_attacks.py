@@ -60,7 +60,9 @@ def make(assets, model: str, root: Path, name: str, script: str, modes: list[str
 
     root.mkdir(parents=True, exist_ok=True)
     (root / f"{name}.py").write_text(PRELUDE + script)
-    ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": len(modes), "groups_per_part": len(modes),
+    # the endings asserted here follow what the tiny model samples (an answer that runs to the episode's
+    # budget ends `length`): the draw these cases were written against, one generate per group
+    ro = {"engine": "hf", "hf_sampler": "per_group", "num_generations": 2, "prompts_per_iter": len(modes), "groups_per_part": len(modes),
           "max_new_tokens": 12, "max_episode_tokens": budget,
           "agent": {"command": [sys.executable, str(root / f"{name}.py")], **agent}}
     cfg = config_mod.resolve(base_config(assets, model=model, rollout=ro, rewards=[{"fn": "correct"}],

@@ -220,7 +220,7 @@ def test_bf16_and_fp32_logprobs_stages_write_the_same_schema(make_run):
 
     tables, manifests = {}, {}
     for precision in ("fp32", "bf16"):
-        path = make_run(precision, rollout={"engine": "hf"}, train={"precision": precision})
+        path = make_run(precision, rollout={"engine": "hf", "dtype": "float32"}, train={"precision": precision})  # the same rollout under both
         run = Run(path)
         run_rollout(run, 0)
         run_score(run, 0)
