@@ -48,13 +48,13 @@ def run_worker(module: str, workload, out: Path, env: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one tiny workload, fewer iterations (harness development)")
-    ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2, real-full, real-lora, real-lora-e2)")
+    ap.add_argument("--only", nargs="*", help="workload names to run (tiny-e1, tiny-e2, small-e1, small-e2, real-full, real-lora, real-lora-e2, real-full-hf, real-full-hf-t512)")
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS for every process (default 1: robust when other processes share the cores; 0 leaves it unset)")
     ap.add_argument("--skip-trl", action="store_true", help="leave TRL out")
-    ap.add_argument("--trl-bf16", choices=("auto", "always", "never"), default="auto",
+    ap.add_argument("--trl-bf16", choices=("auto", "always", "never", "only"), default="auto",
                     help="also run TRL with bf16=True (auto: where the CPU has AVX512-bf16 or AMX; without them "
-                         "bf16 is emulated in fp32 and slower, as real-full measured)")
+                         "bf16 is emulated in fp32 and slower, as real-full measured); only: TRL at bf16 alone")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
                     help="results JSON files of earlier runs whose workloads (those not run now) join this table")
     ap.add_argument("--out", type=Path, default=None, help="markdown results, the JSON next to it (default bench/results.md; --quick: bench/work/results-quick.md)")
@@ -105,8 +105,8 @@ def main() -> None:
         if not args.skip_trl:
             # TRL at its fastest setting on this CPU: bf16 off and, where the CPU computes in bf16
             # (as ours then does: train.precision auto), on; the faster counts
-            bf16 = args.trl_bf16 == "always" or (args.trl_bf16 == "auto" and {"avx512_bf16", "amx_tile"} & set(results["machine"]["isa"]))
-            precisions = ["fp32", "bf16"] if bf16 else ["fp32"]
+            bf16 = args.trl_bf16 in ("always", "only") or (args.trl_bf16 == "auto" and {"avx512_bf16", "amx_tile"} & set(results["machine"]["isa"]))
+            precisions = ["bf16"] if args.trl_bf16 == "only" else ["fp32", "bf16"] if bf16 else ["fp32"]
             runs = {}
             for prec in precisions:
                 print(f"== {w.name}: TRL GRPOTrainer x{w.trl_steps} ({prec})", flush=True)

@@ -83,6 +83,12 @@ class TrainConfig(Section):
     where the model's attention allows (SDPA through transformers' attention interface, no sliding
     window, no dynamic or longrope rope), on requires it (checked at `grpo init`), off (default: the update's token-budget pieces already leave little
     padding, 8.5 % on the bench's uneven mix, none at equal lengths) pads rows."""
+    cpu_attention: Literal["auto", "sdpa"] = "auto"
+    """The update's attention kernel on a CPU. auto (default): SDPA's math kernel for a piece whose
+    longest row (prompt and completion) is at most 128 tokens, where its backward is ~1.6x faster
+    than the flash kernel torch picks (25 % of the demo's update went to that backward), torch's
+    choice otherwise; sdpa: torch's choice everywhere (runs made before this option). Other bits
+    either way, so it is in the config hash; a GPU keeps torch's choice."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (HF's
     gradient checkpointing, non-reentrant): the update's activations shrink to ~1/10 for about a

@@ -150,6 +150,7 @@ ADDED_OPTIONS: dict[tuple[str, ...], object] = {
     ("train", "state_every"): 1,  # the trainer state after every update, as every update wrote it
     ("rollout", "enforce_eager"): None,  # eager on the CPU, as before; on a GPU, CUDA graphs
     ("rollout", "weight_sync"): "disk",
+    ("train", "cpu_attention"): "sdpa",  # torch's SDPA kernel choice in every update piece, as before
     ("rollout", "hf_sampler"): None,  # per group on a CPU, Gumbel-max in one batch on a GPU, as before
     ("data", "template_date"): None,  # a template that reads no date: nothing pinned
     **EVAL_NEUTRAL,

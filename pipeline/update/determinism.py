@@ -1,5 +1,6 @@
 """What makes an update the same bytes on every path to it: torch's deterministic kernels on a CPU
-(`serial_accumulation`) and the RNG it draws from (`update_rng`).
+(`serial_accumulation`), its attention kernel there (`piece_attention`, chosen from the piece's
+shape alone) and the RNG it draws from (`update_rng`).
 
 `update_rng`: LoRA dropout (train.lora.dropout) draws from torch's RNG, seeded from (seed,
 iteration, rank) at the update's start, so what update K draws does not depend on what ran before
@@ -55,3 +56,24 @@ def serial_accumulation(device: torch.device):
     finally:
         deterministic.fill_uninitialized_memory = fill
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+SHORT_ATTENTION = 128
+"""train.cpu_attention auto: the longest row (tokens) of a piece that runs SDPA's math kernel on a CPU.
+Forward and backward of one layer's attention, bf16, one thread (2026-12-06, Intel Xeon with AMX):
+math 15 against flash 24 ms at 16 x 64 tokens, 32 against 52 at 8 x 128; flash wins from 256
+(26 against 64 ms at 4 x 256, 62 against 275 at 1 x 1024), and math keeps a T x T matrix a layer."""
+
+
+@contextlib.contextmanager
+def piece_attention(device: torch.device, choice: str, longest: int):
+    """SDPA's math kernel inside, for a piece whose longest row is `longest` tokens, where
+    train.cpu_attention (`choice`) is auto on a CPU and the rows are short; torch's choice otherwise.
+    The forward picks the kernel, and its backward follows it."""
+    if device.type != "cpu" or choice != "auto" or longest > SHORT_ATTENTION:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield

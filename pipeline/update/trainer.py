@@ -31,7 +31,7 @@ from pipeline.objective.correction import combine
 from pipeline.objective.kl import make_kl_controller
 from pipeline.update.step_metrics import across_ranks
 from pipeline.update.distributed import close_distributed, deepspeed_env, ds_config, init_distributed
-from pipeline.update.determinism import serial_accumulation, update_rng
+from pipeline.update.determinism import piece_attention, serial_accumulation, update_rng
 from pipeline.update.threads import update_threads
 from schemas.artifacts import STEP_METRICS
 
@@ -295,7 +295,9 @@ class Trainer:
             self.engine.set_gradient_accumulation_boundary(boundary and j == len(pieces) - 1)
             share_tokens = data.mask_sum(piece) / tokens
             loss_share = self.loss_kind.piece_share(len(piece) / rows, share_tokens)
-            metrics = self._piece_step(data, piece, mb_tokens, weight * loss_share)
+            longest = max(len(data.prompt_ids[i]) + len(data.completion_ids[i]) for i in piece)
+            with piece_attention(self.engine.device, cfg.train.cpu_attention, longest):  # a checkpointed layer's recompute too
+                metrics = self._piece_step(data, piece, mb_tokens, weight * loss_share)
             for key, v in metrics.items():
                 combine(out, key, v, loss_share if key.startswith("loss/") else share_tokens)
         return out
