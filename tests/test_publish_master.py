@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,53 @@ def test_an_iterations_row_is_shown_once_its_record_is_safe_or_with_its_writes_f
     assert str(err.value) == f"{run.store.display(policy_rel(2))}: write failed: No space left on device"
     assert shown == [(0, True, True), (1, False, True)]  # row 1 with the failure of its write, not before it ended
     assert run.done(1, "update") and not run.policy_done(2)  # the update recorded, its policy to re-create (restore_policy)
+
+
+@pytest.mark.slow
+def test_a_row_shown_at_the_next_iterations_start_is_not_timed_in_that_iteration(make_run, monkeypatch):
+    """Iteration 0's row is shown (`on_iteration`, which the bench uses for minutes of baselines) once
+    policy 1's write has finished: here during rollout 1, so the row shows right after it. The
+    callback's time (1000 s on the loop's clock) is in neither iteration 1's rollout nor its seconds."""
+    import threading
+    import types
+
+    from pipeline.loop import iterate as iterate_mod
+    from pipeline.loop import iteration as iteration_mod
+    from pipeline.loop.iterate import iterate
+    from pipeline.run.run import Run
+    from pipeline.run.weights_file import DeferredWeights
+
+    run = Run(make_run(rollout={"engine": "hf", "weight_sync": "memory"}))
+    offset = [0.0]
+    clock = types.SimpleNamespace(time=lambda: time.time() + offset[0])
+    monkeypatch.setattr(iterate_mod, "time", clock)
+    monkeypatch.setattr(iteration_mod, "time", clock)
+    rollout_1, written, real_write, real_rollout = threading.Event(), threading.Event(), DeferredWeights.write, iterate_mod.run_rollout
+
+    def write(self, path=None) -> None:
+        assert rollout_1.wait(120), "rollout 1 never started"  # policy 1's write ends during rollout 1
+        real_write(self, path)
+
+    def rollout(r, k, **kw):
+        if k == 1:
+            rollout_1.set()
+            w = r.writing(1)
+            assert w is not None  # policy 1's write is in flight as rollout 1 starts
+            w.files.result(timeout=120)  # and has ended before rollout 1 samples: its row shows right after it
+        return real_rollout(r, k, **kw)
+
+    shown = []
+
+    def on_iteration(row: dict) -> None:
+        shown.append(row["iteration"])
+        offset[0] += 1000.0
+
+    monkeypatch.setattr(DeferredWeights, "write", write)
+    monkeypatch.setattr(iterate_mod, "run_rollout", rollout)
+    rows = iterate(run, 2, on_iteration=on_iteration)
+    assert shown == [0, 1]
+    assert rows[1]["timings"]["rollout"] < 1000 and rows[1]["seconds"] < 1000, rows[1]
+    assert rows[0]["seconds"] < 1000
 
 
 @pytest.mark.slow

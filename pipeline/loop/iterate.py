@@ -100,8 +100,10 @@ def iterate(run: Run, iters: int, on_iteration: Callable[[dict], None] | None = 
                 if iteration_plan(cfg, j).behaviour <= k and not run.done(j, "rollout"):
                     sampler.ask("rollout", j)
             sampler.wait("rollout", k)
-            shown.show(wait=False)  # iteration k-1's row, if policy k's write finished while rollout k ran
             timings = {"rollout": time.time() - t0}  # overlapped: the wait, what the overlap did not hide
+            shown_at = time.time()
+            shown.show(wait=False)  # iteration k-1's row, if policy k's write finished while rollout k ran
+            t0 += time.time() - shown_at  # its `on_iteration` is not iteration k's work (nor its seconds)
             learn(run, warm, k, t0, timings, sampler)
             if eval_due(cfg, k + 1) and not run.done(k + 1, "eval"):
                 sampler.ask("eval", k + 1)  # overlapped: behind rollout k+1 (running), ahead of rollout k+2
