@@ -155,17 +155,17 @@ class _ReferenceGroupDraw:
 
 
 class _ReferenceCdfDraw(_ReferenceGroupDraw):
-    """The default batched draw written out plainly: one uniform u per row from its group's own
-    generator; p = softmax(s); the token is the first index whose cumulative sum of p exceeds
-    u x sum(p) (u x sum kept below the sum); its logprob is log p there."""
+    """The default batched draw written out plainly: one float64 uniform u per row from its group's
+    own generator; p = softmax(s); the token is the first index whose cumulative sum of p (in
+    float64) exceeds u x sum(p) (u x sum kept below the sum); its logprob is log p there."""
 
     def __call__(self, input_ids, scores):
         s = scores.float() / self.temperature
         for w in self.warpers:
             s = w(input_ids, s)
-        u = torch.cat([torch.rand(self.copies, generator=g) for g in self.gens])
+        u = torch.cat([torch.rand(self.copies, generator=g, dtype=torch.float64) for g in self.gens])
         p = torch.softmax(s, -1)
-        cdf = torch.cumsum(p, -1)
+        cdf = torch.cumsum(p.double(), -1)
         total = cdf[:, -1]
         target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
         choice = torch.tensor([int((row > t).nonzero()[0]) for row, t in zip(cdf, target)])
@@ -278,6 +278,32 @@ def test_hf_engine_batched_draw_is_softmax_over_temperature(trunc):
     off = torch.softmax(s * 0.7 / 0.8, -1)[0].double() if not trunc else None
     if off is not None:
         assert chisquare(counts.numpy(), (off / off.sum() * rows).numpy()).pvalue < 1e-6
+
+
+def test_hf_engine_batched_draw_resolves_probabilities_below_float32s_step():
+    """The inverse CDF draws a token of p below 2^-24 with probability p, not 0 or a multiple of
+    2^-24 (a float32 uniform takes 2^24 values; a float32 cumulative sum near 1 steps by 2^-24;
+    at T = 1 most of a 150k vocabulary, ~1e-3 of its mass, lies there). Each row here puts its own
+    uniform (its group's generator's, 53 bits) inside a run of 4096 tokens of p = 2^-34 between two
+    large ones: the token drawn is the exact inverse CDF's, spread over that run."""
+    from pipeline.models.hf_engine import GroupSampler
+
+    seeds, copies, tail = [1, 2, 3], 64, 4096
+    u = torch.cat([torch.rand(copies, generator=torch.Generator().manual_seed(x), dtype=torch.float64) for x in seeds])
+    width = tail * 2.0 ** -34
+    head = (u - width / 2).clamp(min=2.0 ** -10)  # the run's middle at u
+    probs = torch.cat([head[:, None], torch.full((len(u), tail), 2.0 ** -34, dtype=torch.float64),
+                       (1 - head - width)[:, None].clamp(min=2.0 ** -10)], 1)
+    scores = probs.log().float()
+    ours = GroupSampler(RolloutConfig(engine="hf"), False, seeds, copies, torch.device("cpu"), draw="batched")
+    got = ours(torch.zeros((len(u), 1), dtype=torch.long), scores).argmax(-1)
+    p = torch.softmax(scores, -1).double()
+    cdf = p.cumsum(-1)
+    want = torch.tensor([int((row > x * row[-1]).nonzero()[0]) for row, x in zip(cdf, u)])
+    assert got.tolist() == want.tolist()
+    in_run = (want >= 1) & (want <= tail)
+    assert int(in_run.sum()) > len(u) // 2 and len(set(want[in_run].tolist())) > len(u) // 3
+    assert torch.isfinite(ours.chosen[-1]).all()
 
 
 def _rss_mb() -> float:

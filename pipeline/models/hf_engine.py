@@ -149,8 +149,8 @@ class GroupSampler:
     """A logits processor that samples itself, rows grouped `copies` at a time, each group from
     its own generator g, a draw from p = softmax(logits / T) truncated by the config's top_k /
     top_p / min_p (or the plain argmax when greedy):
-    - draw "batched": inverse CDF. One uniform u per row from g; the token is the first whose
-      cumulative probability exceeds u x the total; its logprob is log p there. A softmax and a
+    - draw "batched": inverse CDF. One float64 uniform u per row from g; the token is the first
+      whose cumulative probability (summed in float64) exceeds u x the total; its logprob is log p there. A softmax and a
       cumulative sum over the vocabulary for all rows, and k uniforms per group.
     - draw "gumbel": argmax(log p + Gumbel noise), the noise a vocabulary of uniforms per row from
       g; its logprob is log_softmax(logits / T) there.
@@ -187,15 +187,19 @@ class GroupSampler:
             choice = s.argmax(-1)
             chosen = torch.log_softmax(s, -1).gather(-1, choice[:, None])
         elif self.draw == "batched":
-            u = torch.cat([torch.rand(k, generator=g, device=s.device) for g in self.gens])[:, None]  # [B, 1]
+            # u and the cumulative sums in float64: a float32 uniform takes 2^24 values and a float32
+            # cumulative sum near 1 steps by 2^-24, so a token of p below 6e-8 (most of a 150k
+            # vocabulary at T = 1, ~1e-3 of its mass) would be drawn with probability 0 or a multiple
+            # of 2^-24, not p (a total variation of ~1e-3 a step); float64 resolves p down to ~1e-16
+            u = torch.cat([torch.rand(k, generator=g, device=s.device, dtype=torch.float64) for g in self.gens])[:, None]  # [B, 1]
             p = torch.softmax(s, -1, out=self._buffer(0, s))  # 0 where a warper truncated the token to -inf
-            cdf = torch.cumsum(p, -1, out=self._buffer(1, s))
+            cdf = self._buffer(1, s, torch.float64).copy_(p).cumsum_(-1)  # as fast as float32's cumsum on a CPU
             total = cdf[:, -1:]
             # u x total is kept below total (rounding could reach it), so the token found has p > 0
             target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
             choice = torch.searchsorted(cdf, target, right=True)[:, 0]
             chosen = p.gather(-1, choice[:, None]).log_()
-            out = cdf  # read by `generate` for its argmax alone (output_scores off), then free again
+            out = p  # read by `generate` for its argmax alone (output_scores off), then free again
         else:
             logp = torch.log_softmax(s, -1)
             u = self._buffer(0, s)
@@ -209,13 +213,14 @@ class GroupSampler:
             out = s if s is not scores else torch.empty_like(s)  # s is ours once divided by T
         return out.fill_(float("-inf")).scatter_(-1, choice[:, None], 0.0)
 
-    def _buffer(self, i: int, like):
-        """Buffer i, [B, V] float32 on the scores' device, kept across steps: a fresh one each
-        step is a fresh allocation whose first touch faults in every page (on a CPU, as long as
-        the arithmetic itself)."""
+    def _buffer(self, i: int, like, dtype=None):
+        """Buffer i, [B, V] (float32 unless `dtype`) on the scores' device, kept across steps: a
+        fresh one each step is a fresh allocation whose first touch faults in every page (on a CPU,
+        as long as the arithmetic itself)."""
+        dtype = dtype or self.torch.float32
         buf = self._buffers[i]
-        if buf is None or buf.shape != like.shape or buf.device != like.device:
-            buf = self._buffers[i] = self.torch.empty(like.shape, dtype=self.torch.float32, device=like.device)
+        if buf is None or buf.shape != like.shape or buf.device != like.device or buf.dtype != dtype:
+            buf = self._buffers[i] = self.torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf
 
 
