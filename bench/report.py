@@ -290,6 +290,11 @@ def render(results: dict, sides: list[str] = ()) -> str:
         names = [n for n, e in results["workloads"].items() if e.get("from_run", {}).get("file") == mg["file"]]
         out.append(f"Merged from an earlier run on this machine ({mg['file']}, started {mg['started']}, "
                    f"{(mg.get('total_s') or 0) / 60:.1f} min, code {mg.get('code_version') or 'not recorded'}): {', '.join(names)}.")
+    for name, e in results["workloads"].items():
+        if e.get("spliced"):  # one workload measured in two runs: ours again after a fix to our side's clock
+            sp = e["spliced"]
+            out.append(f"{name}: `grpo iterate` from the run started {sp['ours_from']['started']} (code {sp['ours_from']['code_version']}), "
+                       f"TRL from the run started {sp['trl_from']['started']} (code {sp['trl_from']['code_version']}), same machine.")
     out.append("")
     out += ["## Machine", ""]
     v = m["versions"]
