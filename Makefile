@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 ITERS ?= 24
 
-.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-endpoint bench-ray bench-long bench-intervals bench-demo-update docs clean-demo
+.PHONY: install demo demo-real demo-agent calibrate-real test test-fast conformance bench bench-record bench-overlap bench-agent bench-endpoint bench-ray bench-long bench-intervals bench-demo-update bench-hf docs clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -83,6 +83,14 @@ bench: $(STAMP)
 # thread choice and 2 threads, each alone and beside a busy core (bench/demo_update.py)
 bench-demo-update: $(STAMP)
 	$(BIN)/python -m bench.demo_update
+	$(BIN)/python -m bench.page
+
+# grpo's HF engine against TRL 1.16's GRPOTrainer with HF `generate` on real-full's rows, per phase
+# (bench/hf_engine.py): the CPU stand-in for the GPU claim; HF_ONLY=real-full-hf-t512 for the longer shape
+bench-hf: $(STAMP)
+	$(BIN)/pip install -q -e ".[real,bench]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m bench.hf_engine $(if $(HF_ONLY),--only $(HF_ONLY))
 	$(BIN)/python -m bench.page
 
 # what the record costs warm `iterate` (SmolLM2-135M full fine-tuning, two shapes): seconds outside

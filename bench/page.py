@@ -17,9 +17,11 @@ GPU = "## On a GPU (bench/gpu)"
 
 def side_sections() -> list[str]:
     """The side benches' sections, in page order, for those that have written their JSON."""
-    from bench import agent, demo_update, endpoint, intervals, intervals_record, long, overlap, ray, record
+    from bench import agent, demo_update, endpoint, hf_engine, intervals, intervals_record, long, overlap, ray, record
 
     out: list[str] = []
+    if hf_engine.OUT.exists():  # `make bench-hf`
+        out += hf_engine.section(json.loads(hf_engine.OUT.read_text()))
     if record.OUT.exists():  # `make bench-record` (also the last step of `make bench`)
         out += record.section(json.loads(record.OUT.read_text()))
     if demo_update.OUT.exists():  # `make bench-demo-update` (also a step of `make bench`)

@@ -105,13 +105,13 @@ def real_workloads() -> list[Workload]:
         Workload("real", 1, commands=1, profile=True, **common),
         Workload("real", 1, commands=0, lora=True, **common),
         Workload("real", 2, commands=0, lora=True, **common),  # 2 epochs: the old logprobs are really needed
-        *hf_workloads(),
     ]
 
 
 def hf_workloads() -> list[Workload]:
     """real-full on grpo's HF engine (`rollout.engine: hf`), the CPU stand-in for the GPU claim against
-    TRL's `generate` (issue 61): the same rows as real-full, and a longer completion budget."""
+    TRL's `generate` (issue 61; bench/hf_engine.py, `make bench-hf`, not `make bench`): the same rows as
+    real-full, and a longer completion budget."""
     common = dict(iters=2, trl_steps=2, num_generations=8, prompts_per_iter=8, mini_batch_size=64, lr=1e-5, engine="hf", commands=0)
     return [Workload("real", 1, max_new_tokens=128, **common), Workload("real", 1, max_new_tokens=512, **common)]
 
