@@ -24,7 +24,8 @@ class RolloutConfig(AgentOptions):
     group's seed with transformers' own sampler; gumbel: one batch, Gumbel-max with each group's
     generator filling its rows' noise (a vocabulary of uniforms per row). null: as runs made before
     this option, per_group on a CPU and gumbel on a GPU. Each is exact (tests hold each to a plain
-    reference); they draw different tokens from the same seed, so the value is in the config hash."""
+    reference); they draw different tokens from the same seed, so the value is in the config hash:
+    `grpo init` again on an HF-engine run made before it needs `rollout.hf_sampler: null` in the YAML."""
     num_generations: int = Field(8, ge=2, le=1024)
     """G: completions sampled per prompt; the group whose rewards are normalised together."""
     prompts_per_iter: int = Field(16, ge=1)
