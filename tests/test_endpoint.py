@@ -49,7 +49,9 @@ def rows(path: Path, modes: list[str] | None = None) -> str:
 
 
 def endpoint_run(make_run, tiny2k, tmp_path, name: str, command: list[str], data: str, budget: int = 120, **agent) -> str:
-    ro = {"engine": "hf", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
+    # what the agents do next follows what the tiny model samples (a second turn, an answer run to the
+    # budget): the draw these cases were written against, one generate per group
+    ro = {"engine": "hf", "hf_sampler": "per_group", "num_generations": 2, "prompts_per_iter": 2, "groups_per_part": 2, "max_new_tokens": 12,
           "max_episode_tokens": budget, "agent": {"command": command, **agent}}
     return make_run(name, model=tiny2k, data={"train": data, "eval": None, "system_prompt": None}, rollout=ro,
                     rewards=[{"fn": "correct"}, AGENT_REWARD])

@@ -289,9 +289,9 @@ def test_a_run_made_before_the_option_keeps_its_behaviour_and_hash(tmp_path):
     # in the form its manifests were written with (train.state_every hashed: Run.legacy_hash reads that
     # form off a run's first manifest; this one has none, so it is asked for here)
     assert config_mod.config_hash(run.cfg, True) == old_hash
-    # the same run written today (the key present, at none; the trainer state after every update, as then)
-    # has the same hash; any correction changes it
-    now = config_mod.resolve(tree, ["loss.rollout_correction.mode=none", "train.state_every=1"])
+    # the same run written today (the key present, at none; the trainer state after every update and
+    # torch's attention kernel in the update, as then) has the same hash; any correction changes it
+    now = config_mod.resolve(tree, ["loss.rollout_correction.mode=none", "train.state_every=1", "train.cpu_attention=sdpa"])
     assert config_mod.config_hash(now, True) == old_hash
     assert config_mod.config_hash(config_mod.resolve(tree), True) != old_hash
 

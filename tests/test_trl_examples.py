@@ -938,7 +938,7 @@ def test_gptoss_template_trl_examples_on_the_hf_engine(assets, examples, gptoss_
     ex = str(examples)
     cfg = base_config(assets, model=str(gptoss_model), data={"train": str(rows_file), "eval": None, "system_prompt": None,
                                                              "template_date": GPTOSS_DAY},  # the warm start's day
-                      rollout={"engine": "hf", "num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 32,
+                      rollout={"engine": "hf", "hf_sampler": "per_group", "num_generations": 4, "prompts_per_iter": 2, "groups_per_part": 1, "max_new_tokens": 32,
                                "temperature": 1.0, "tools": [f"{ex}:query_biogrid"], "environment": f"{ex}:Game2048Env",
                                "max_turns": 2, "max_episode_tokens": 160},
                       rewards=[{"fn": f"{ex}:{n}"} for n in EXAMPLE_REWARDS])
