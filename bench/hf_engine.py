@@ -49,7 +49,7 @@ def section(results: dict) -> list[str]:
         s = report.summarize(e)
         t, st = s["trl"], s["stages"]
         rest = s["iter_s"] - st["rollout"]["seconds"] - st["score"]["seconds"]
-        trl_tokens = sum(c["tokens"] for c in report.measured(e["trl"]["cycles"])) / len(report.measured(e["trl"]["cycles"]))
+        trl_tokens = report.mean(c["tokens"] for c in report.measured(e["trl"]["cycles"]))
         out.append(f"| {name} | {s['iter_s']:.1f} | {t['cycle_s']:.1f} | {t['ratio']:.2f} x {report._ok(t['ratio'], 1.0)} | "
                    f"{st['rollout']['seconds']:.1f} | {t['generate_s']:.1f} | {st['rollout']['seconds'] / t['generate_s']:.2f} x "
                    f"{report._ok(st['rollout']['seconds'] / t['generate_s'], 1.0)} | {rest:.1f} (update {st['update']['seconds']:.1f}, "

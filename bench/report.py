@@ -28,10 +28,6 @@ TRL_TARGET, ARTIFACT_TARGET = 0.5, 0.05
 HF_TRL_TARGET = 1.0
 """grpo's HF engine (`rollout.engine: hf`) against TRL, both on transformers' `generate`: the iteration at
 most 1.0 x TRL's and the rollout at most TRL's generation of the same rows (issue 61)."""
-
-
-def trl_target(s: dict) -> float:
-    return HF_TRL_TARGET if s["workload"].get("engine") == "hf" else TRL_TARGET
 COMMANDS_TARGET = 1.5
 """The four separate commands, cold, per iteration <= 1.5x warm `grpo iterate` (real-full)."""
 SCORE_COLD_TARGET_S = 5.0
@@ -41,6 +37,10 @@ BENCH_TARGET_MIN = 30.0
 LORA_RSS_LEVER = ("measured 2026-11-24 in one process each on the bench's runs: `train.update_token_budget: 512` instead of "
                   "the default 1024 gives real-lora 2547 MB against real-full 4662 MB, 0.55 x, at 13-20 % more update time")
 """What the real-lora RSS ratio would take: a lever measured apart (the bench runs the defaults)."""
+
+
+def trl_target(s: dict) -> float:
+    return HF_TRL_TARGET if s["workload"].get("engine") == "hf" else TRL_TARGET
 
 
 def measured(rows: list[dict]) -> list[dict]:
@@ -290,11 +290,6 @@ def render(results: dict, sides: list[str] = ()) -> str:
         names = [n for n, e in results["workloads"].items() if e.get("from_run", {}).get("file") == mg["file"]]
         out.append(f"Merged from an earlier run on this machine ({mg['file']}, started {mg['started']}, "
                    f"{(mg.get('total_s') or 0) / 60:.1f} min, code {mg.get('code_version') or 'not recorded'}): {', '.join(names)}.")
-    for name, e in results["workloads"].items():
-        if e.get("spliced"):  # one workload measured in two runs: ours again after a fix to our side's clock
-            sp = e["spliced"]
-            out.append(f"{name}: `grpo iterate` from the run started {sp['ours_from']['started']} (code {sp['ours_from']['code_version']}), "
-                       f"TRL from the run started {sp['trl_from']['started']} (code {sp['trl_from']['code_version']}), same machine.")
     out.append("")
     out += ["## Machine", ""]
     v = m["versions"]
